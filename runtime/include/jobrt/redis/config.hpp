@@ -1,0 +1,35 @@
+// Where and how to connect to Redis.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <string_view>
+
+namespace jobrt::redis {
+
+/// Connection settings. Build one from a URL with config::from_url, then adjust timings.
+struct config {
+  std::string host = "127.0.0.1";
+  std::string port = "6379";
+  /// When not empty, connect to this unix socket instead of host:port.
+  std::string unix_path;
+  std::string username;  ///< empty: AUTH with the password only
+  std::string password;  ///< empty: no AUTH
+  int database = 0;      ///< SELECTed when not 0
+  std::string client_name = "jobrt";  ///< sent with CLIENT SETNAME; empty: not sent
+
+  std::chrono::milliseconds connect_timeout{2000};
+  /// PING after one idle interval; the connection is dead when nothing was read for two.
+  std::chrono::milliseconds health_interval{1000};
+  std::chrono::milliseconds reconnect_wait_min{50};
+  std::chrono::milliseconds reconnect_wait_max{2000};
+
+  /// Parses `redis://[[user]:password@]host[:port][/db]` or `unix:///path[?db=N]`.
+  /// Throws std::invalid_argument whose message names the part that is wrong.
+  static config from_url(std::string_view url);
+
+  /// The address as a URL, without the password (for logs and error messages).
+  std::string address() const;
+};
+
+}  // namespace jobrt::redis

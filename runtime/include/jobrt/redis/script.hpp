@@ -1,0 +1,50 @@
+// A Lua script run with EVALSHA, loaded again on NOSCRIPT (server restarted, SCRIPT FLUSH).
+#pragma once
+
+#include <jobrt/redis/connection.hpp>
+
+#include <boost/asio/awaitable.hpp>
+
+#include <ranges>
+#include <string>
+
+namespace jobrt::redis {
+
+class script {
+ public:
+  explicit script(std::string source);
+
+  const std::string& source() const noexcept { return source_; }
+  /// The SHA1 of the source, in hex, as EVALSHA wants it.
+  const std::string& sha1() const noexcept { return sha1_; }
+
+  /// The EVALSHA request for these keys and arguments (ranges or single values).
+  template <class Keys, class Args>
+  request make_request(const Keys& keys, const Args& args) const {
+    return request("EVALSHA", sha1_, key_count(keys), keys, args);
+  }
+
+  /// Runs the request made by make_request: EVALSHA, and on NOSCRIPT, SCRIPT LOAD and EVALSHA
+  /// again in one round trip. Returns the script's reply; throws boost::system::system_error on
+  /// failure (a script error's what() holds Redis' message).
+  boost::asio::awaitable<reply> run(connection& c, request evalsha) const;
+
+  template <class Keys, class Args>
+  boost::asio::awaitable<reply> run(connection& c, const Keys& keys, const Args& args) const {
+    return run(c, make_request(keys, args));
+  }
+
+ private:
+  template <class T>
+  static std::size_t key_count(const T& keys) {
+    if constexpr (std::ranges::range<T> && !std::convertible_to<const T&, std::string_view>)
+      return static_cast<std::size_t>(std::ranges::distance(keys));
+    else
+      return 1;
+  }
+
+  std::string source_;
+  std::string sha1_;
+};
+
+}  // namespace jobrt::redis

@@ -1,0 +1,2 @@
+// The one translation unit that compiles Asio (BOOST_ASIO_SEPARATE_COMPILATION).
+#include <boost/asio/impl/src.hpp>

@@ -1,0 +1,37 @@
+#include <jobrt/error.hpp>
+
+#include <string>
+
+namespace jobrt {
+namespace {
+
+class category final : public boost::system::error_category {
+ public:
+  const char* name() const noexcept override { return "jobrt"; }
+
+  std::string message(int ev) const override {
+    switch (static_cast<error>(ev)) {
+      case error::not_connected: return "not connected to the Redis server";
+      case error::connection_lost:
+        return "connection lost after the request was written; it may or may not have run";
+      case error::timeout: return "request timed out";
+      case error::closed: return "connection closed";
+      case error::protocol_error: return "the server sent data that is not RESP";
+      case error::server_error: return "the server answered with an error reply";
+      case error::blocking_command_on_shared_connection:
+        return "blocking command on the shared connection; use a blocking_connection";
+      case error::health_check_failed: return "nothing read from the server for two health intervals";
+      case error::handshake_failed: return "the server refused the connection handshake";
+    }
+    return "unknown jobrt error";
+  }
+};
+
+}  // namespace
+
+const boost::system::error_category& error_category() noexcept {
+  static const category instance;
+  return instance;
+}
+
+}  // namespace jobrt

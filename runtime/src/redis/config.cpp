@@ -1,0 +1,78 @@
+#include <jobrt/redis/config.hpp>
+
+#include <boost/url/parse.hpp>
+#include <boost/url/url_view.hpp>
+#include <fmt/format.h>
+
+#include <charconv>
+#include <stdexcept>
+
+namespace jobrt::redis {
+namespace {
+
+[[noreturn]] void bad_url(std::string_view url, std::string_view why) {
+  throw std::invalid_argument(fmt::format("invalid Redis URL '{}': {}", url, why));
+}
+
+int parse_db(std::string_view url, std::string_view text) {
+  int db = -1;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), db);
+  if (ec != std::errc{} || end != text.data() + text.size() || db < 0)
+    bad_url(url, fmt::format("database '{}' is not a non-negative number", text));
+  return db;
+}
+
+}  // namespace
+
+config config::from_url(std::string_view url) {
+  auto parsed = boost::urls::parse_uri(url);
+  if (!parsed) bad_url(url, "not a URL (expected redis://host:port/db or unix:///path)");
+  boost::urls::url_view u = *parsed;
+  config cfg;
+  std::string scheme = u.scheme();
+  if (u.has_userinfo()) {
+    cfg.username = u.user();
+    cfg.password = u.password();
+  }
+  if (scheme == "unix") {
+    if (u.path().empty()) bad_url(url, "unix socket path is empty");
+    if (!u.host().empty()) bad_url(url, fmt::format("unix URL has a host '{}'; use unix:///path", u.host()));
+    cfg.unix_path = u.path();
+    for (auto param : u.params()) {
+      if (param.key == "db")
+        cfg.database = parse_db(url, param.value);
+      else
+        bad_url(url, fmt::format("unknown parameter '{}'", param.key));
+    }
+    return cfg;
+  }
+  if (scheme != "redis") bad_url(url, fmt::format("scheme '{}' is neither redis:// nor unix://", scheme));
+  if (u.host().empty()) bad_url(url, "host is empty");
+  cfg.host = u.host();
+  if (cfg.host.size() > 2 && cfg.host.front() == '[') cfg.host = cfg.host.substr(1, cfg.host.size() - 2);
+  if (u.has_port()) {
+    std::string_view port = u.port();
+    if (port.empty()) {  // Boost.URL leaves a non-numeric port out; show what was written
+      std::string_view rest = url.substr(url.find("://") + 3);
+      rest = rest.substr(0, rest.find('/'));
+      port = rest.substr(rest.rfind(':') + 1);
+    }
+    unsigned value = 0;
+    auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+    if (port.empty() || ec != std::errc{} || end != port.data() + port.size() || value == 0 || value > 65535)
+      bad_url(url, fmt::format("port '{}' is not a number from 1 to 65535", port));
+    cfg.port = std::string(port);
+  }
+  std::string path = u.path();
+  if (!path.empty() && path != "/") cfg.database = parse_db(url, std::string_view(path).substr(1));
+  if (u.has_query()) bad_url(url, fmt::format("unexpected query '{}'", u.query()));
+  return cfg;
+}
+
+std::string config::address() const {
+  if (!unix_path.empty()) return fmt::format("unix://{}", unix_path);
+  if (host.find(':') != std::string::npos) return fmt::format("redis://[{}]:{}/{}", host, port, database);
+  return fmt::format("redis://{}:{}/{}", host, port, database);
+}
+
+}  // namespace jobrt::redis

@@ -1,0 +1,564 @@
+#include <jobrt/redis/connection.hpp>
+
+#include "redis/multiplexer.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/associated_cancellation_slot.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <set>
+
+namespace jobrt::redis {
+namespace detail {
+
+namespace asio = boost::asio;
+using boost::system::error_code;
+using namespace asio::experimental::awaitable_operators;
+
+namespace {
+
+constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+// Completes a user's handler through its own executor. That may run it inline when this thread
+// runs that executor; it is safe because every entry point of the connection posts to the strand
+// instead of touching state, and a completion never happens inside its initiating function.
+template <class Handler, class... Args>
+void post_completion(Handler handler, const asio::any_io_executor& fallback, Args... args) {
+  auto ex = asio::get_associated_executor(handler, fallback);
+  asio::dispatch(ex, [h = std::move(handler), ... a = std::move(args)]() mutable {
+    auto slot = asio::get_associated_cancellation_slot(h);
+    if (slot.is_connected()) slot.clear();
+    std::move(h)(std::move(a)...);
+  });
+}
+
+bool cancelled(asio::cancellation_state cs) { return cs.cancelled() != asio::cancellation_type::none; }
+
+}  // namespace
+
+// A request from a user; its handler runs on the user's executor.
+class exec_op final : public pending {
+ public:
+  exec_op(request req, exec_handler handler, asio::any_io_executor fallback)
+      : pending(std::move(req).payload(), req.size(), req.options, req.has_blocking_command()),
+        handler_(std::move(handler)),
+        fallback_(std::move(fallback)) {}
+
+  exec_handler& handler() noexcept { return handler_; }
+
+ private:
+  void on_complete(error_code ec, reply r) override { post_completion(std::move(handler_), fallback_, ec, std::move(r)); }
+
+  exec_handler handler_;
+  asio::any_io_executor fallback_;
+};
+
+// A request of the connection's own (PING, SUBSCRIBE); its callback runs on the strand.
+class internal_op final : public pending {
+ public:
+  using callback = std::function<void(error_code, reply&)>;
+  internal_op(request req, std::size_t replies, callback cb)
+      : pending(std::move(req).payload(), replies, {}, false), cb_(std::move(cb)) {}
+
+ private:
+  void on_complete(error_code ec, reply r) override {
+    if (cb_) cb_(ec, r);
+  }
+  callback cb_;
+};
+
+struct receive_op {
+  receive_handler handler;
+};
+
+class connection_impl : public std::enable_shared_from_this<connection_impl> {
+ public:
+  connection_impl(asio::any_io_executor ex, config cfg, connection_role role)
+      : ex_(ex),
+        strand_(asio::make_strand(ex)),
+        cfg_(std::move(cfg)),
+        role_(role),
+        socket_(strand_),
+        write_wake_(strand_),
+        deadline_timer_(strand_),
+        backoff_timer_(strand_),
+        connect_timer_(strand_),
+        read_buffer_(64 * 1024) {
+    if (role_ == connection_role::subscriber)
+      mux_.push_filter = [this](reply& r) { return on_push(r); };
+  }
+
+  const asio::any_io_executor& get_executor() const noexcept { return ex_; }
+  const config& get_config() const noexcept { return cfg_; }
+  bool is_connected() const noexcept { return connected_; }
+  std::uint64_t connect_count() const noexcept { return connects_; }
+  std::int64_t client_id() const noexcept { return client_id_; }
+
+  std::string last_error() const {
+    std::lock_guard lock(error_mutex_);
+    return last_error_;
+  }
+
+  void start() {
+    asio::post(strand_, [self = shared_from_this()] {
+      if (self->started_ || self->closed_) return;
+      self->started_ = true;
+      auto rethrow = [](std::exception_ptr e) {
+        if (e) std::rethrow_exception(e);  // a bug: let io_context::run() report it
+      };
+      asio::co_spawn(self->strand_, run(self), rethrow);
+      asio::co_spawn(self->strand_, deadline_loop(self), rethrow);
+    });
+  }
+
+  void close() {
+    asio::post(strand_, [self = shared_from_this()] { self->do_close(); });
+  }
+
+  void exec(request req, exec_handler handler) {
+    auto op = std::make_shared<exec_op>(std::move(req), std::move(handler), ex_);
+    auto slot = asio::get_associated_cancellation_slot(op->handler());
+    if (slot.is_connected()) {
+      slot.assign([weak_op = std::weak_ptr<exec_op>(op), weak_self = weak_from_this()](asio::cancellation_type) {
+        auto self = weak_self.lock();
+        if (!self) return;
+        asio::post(self->strand_, [self, weak_op] {
+          if (auto o = weak_op.lock()) self->cancel(*o, asio::error::operation_aborted);
+        });
+      });
+    }
+    asio::post(strand_, [self = shared_from_this(), op = std::move(op)]() mutable { self->enqueue(std::move(op)); });
+  }
+
+  void change_subscriptions(std::vector<std::string> names, bool pattern, bool add) {
+    asio::post(strand_, [self = shared_from_this(), names = std::move(names), pattern, add]() mutable {
+      auto& set = pattern ? self->patterns_ : self->channels_;
+      std::vector<std::string> changed;
+      for (auto& n : names)
+        if (add ? set.insert(n).second : set.erase(n) > 0) changed.push_back(std::move(n));
+      if (changed.empty() || !self->connected_) return;  // (re)connecting sends the whole set
+      const char* command = add ? (pattern ? "PSUBSCRIBE" : "SUBSCRIBE") : (pattern ? "PUNSUBSCRIBE" : "UNSUBSCRIBE");
+      auto confirmed = [self = self.get(), add](error_code ec, reply&) {
+        if (!ec && add) self->deliver(message{{}, {}, {}, true});
+      };
+      self->send_internal(request(command, changed), changed.size(), confirmed);
+    });
+  }
+
+  void receive(receive_handler handler) {
+    auto op = std::make_shared<receive_op>(receive_op{std::move(handler)});
+    auto slot = asio::get_associated_cancellation_slot(op->handler);
+    if (slot.is_connected()) {
+      slot.assign([weak_op = std::weak_ptr<receive_op>(op), weak_self = weak_from_this()](asio::cancellation_type) {
+        auto self = weak_self.lock();
+        if (!self) return;
+        asio::post(self->strand_, [self, weak_op] {
+          auto o = weak_op.lock();
+          auto& q = self->receivers_;
+          auto it = std::find(q.begin(), q.end(), o);
+          if (!o || it == q.end()) return;
+          q.erase(it);
+          post_completion(std::move(o->handler), self->ex_, error_code(asio::error::operation_aborted), message{});
+        });
+      });
+    }
+    asio::post(strand_, [self = shared_from_this(), op = std::move(op)]() mutable {
+      if (self->closed_)
+        post_completion(std::move(op->handler), self->ex_, error_code(error::closed), message{});
+      else if (!self->messages_.empty()) {
+        post_completion(std::move(op->handler), self->ex_, error_code(), std::move(self->messages_.front()));
+        self->messages_.pop_front();
+      } else
+        self->receivers_.push_back(std::move(op));
+    });
+  }
+
+ private:
+  // --- requests (all on the strand) ---
+
+  void enqueue(std::shared_ptr<exec_op> op) {
+    if (closed_) {
+      mux_.cancel(*op, error::closed);
+      return;
+    }
+    if (role_ == connection_role::shared && op->blocking()) {
+      mux_.cancel(*op, error::blocking_command_on_shared_connection);
+      return;
+    }
+    auto deadline = op->deadline();
+    if (op->done()) return;  // cancelled before it got here
+    mux_.add(std::move(op));
+    if (deadline < armed_deadline_) {
+      armed_deadline_ = deadline;
+      deadline_timer_.expires_at(deadline);  // wakes deadline_loop, which re-arms
+    }
+    if (connected_) write_wake_.cancel();
+  }
+
+  void send_internal(request req, std::size_t replies, internal_op::callback cb) {
+    mux_.add(std::make_shared<internal_op>(std::move(req), replies, std::move(cb)));
+    write_wake_.cancel();
+  }
+
+  void cancel(pending& op, error_code ec) {
+    if (mux_.cancel(op, ec) && role_ != connection_role::shared) reset_connection();
+  }
+
+  // A blocking command cannot be taken back once written: drop the connection so the server
+  // stops serving it, and reconnect at once.
+  void reset_connection() {
+    reset_requested_ = true;
+    error_code ignored;
+    socket_.close(ignored);
+  }
+
+  void do_close() {
+    if (closed_) return;
+    closed_ = true;
+    connected_ = false;
+    error_code ignored;
+    socket_.close(ignored);
+    write_wake_.cancel();
+    deadline_timer_.cancel();
+    backoff_timer_.cancel();
+    connect_timer_.cancel();
+    mux_.fail_all(error::closed);
+    for (auto& r : receivers_) post_completion(std::move(r->handler), ex_, error_code(error::closed), message{});
+    receivers_.clear();
+  }
+
+  void set_last_error(std::string text) {
+    std::lock_guard lock(error_mutex_);
+    last_error_ = std::move(text);
+  }
+
+  // --- pub/sub ---
+
+  bool on_push(reply& r) {
+    if (r.kind() != reply_kind::array) return false;
+    auto& e = r.as_array();
+    if (e.empty() || e[0].kind() != reply_kind::string) return false;
+    const std::string& kind = e[0].as_string();
+    if (kind == "message" && e.size() == 3 && e[1].kind() == reply_kind::string && e[2].kind() == reply_kind::string)
+      deliver(message{e[1].as_string(), e[2].as_string(), {}, false});
+    else if (kind == "pmessage" && e.size() == 4 && e[2].kind() == reply_kind::string &&
+             e[3].kind() == reply_kind::string)
+      deliver(message{e[2].as_string(), e[3].as_string(), e[1].as_string(), false});
+    else
+      return false;
+    return true;
+  }
+
+  void deliver(message m) {
+    if (receivers_.empty()) {
+      messages_.push_back(std::move(m));
+      return;
+    }
+    auto op = std::move(receivers_.front());
+    receivers_.pop_front();
+    post_completion(std::move(op->handler), ex_, error_code(), std::move(m));
+  }
+
+  void resubscribe() {
+    std::size_t pending_confirmations = channels_.size() + patterns_.size();
+    if (pending_confirmations == 0) return;
+    auto remaining = std::make_shared<std::size_t>(0);
+    auto confirmed = [this, remaining](error_code ec, reply&) {
+      if (!ec && --*remaining == 0) deliver(message{{}, {}, {}, true});
+    };
+    if (!channels_.empty()) {
+      ++*remaining;
+      send_internal(request("SUBSCRIBE", channels_), channels_.size(), confirmed);
+    }
+    if (!patterns_.empty()) {
+      ++*remaining;
+      send_internal(request("PSUBSCRIBE", patterns_), patterns_.size(), confirmed);
+    }
+  }
+
+  // --- the loops ---
+
+  static asio::awaitable<void> deadline_loop(std::shared_ptr<connection_impl> self) {
+    while (!self->closed_) {
+      self->deadline_timer_.expires_at(self->armed_deadline_);
+      co_await self->deadline_timer_.async_wait(use_tuple);
+      if (self->closed_) break;
+      // A request that times out while there is no connection says so: the cause is the
+      // connection, and last_error() tells why.
+      error_code ec = self->connected_ ? error_code(error::timeout) : error_code(error::not_connected);
+      auto expired = self->mux_.expire(clock::now(), ec);
+      self->armed_deadline_ = expired.next;
+      if (expired.abandoned_written && self->role_ != connection_role::shared) self->reset_connection();
+    }
+  }
+
+  static asio::awaitable<void> run(std::shared_ptr<connection_impl> self) {
+    auto wait = self->cfg_.reconnect_wait_min;
+    while (!self->closed_) {
+      std::string failure = co_await self->connect_with_timeout();
+      if (self->closed_) break;
+      if (failure.empty()) {
+        wait = self->cfg_.reconnect_wait_min;
+        self->loss_reason_.clear();
+        self->connected_ = true;
+        ++self->connects_;
+        self->resubscribe();
+        co_await (self->read_loop() || self->write_loop() || self->health_loop());
+        self->connected_ = false;
+        self->client_id_ = 0;
+        error_code ignored;
+        self->socket_.close(ignored);
+        self->mux_.on_connection_lost();
+        if (self->closed_) break;
+        self->set_last_error(fmt::format("connection to {} lost: {}", self->cfg_.address(), self->loss_reason_));
+        if (std::exchange(self->reset_requested_, false)) continue;
+      } else {
+        self->set_last_error(std::move(failure));
+      }
+      self->backoff_timer_.expires_after(wait);
+      co_await self->backoff_timer_.async_wait(use_tuple);
+      wait = std::min(wait * 2, self->cfg_.reconnect_wait_max);
+    }
+  }
+
+  // Returns "" on success, else what went wrong.
+  asio::awaitable<std::string> connect_with_timeout() {
+    connect_timer_.expires_after(cfg_.connect_timeout);
+    // `||` waits for the first branch that *succeeds*, so the attempt reports failure as a value.
+    auto result = co_await (try_connect() || connect_timer_.async_wait(use_tuple));
+    std::string failure = result.index() == 0 ? std::get<0>(result)
+                                              : fmt::format("timed out after {} ms", cfg_.connect_timeout.count());
+    if (failure.empty()) co_return failure;
+    error_code ignored;
+    socket_.close(ignored);
+    co_return fmt::format("connect to {}: {}", cfg_.address(), failure);
+  }
+
+  asio::awaitable<std::string> try_connect() {
+    try {
+      co_await connect_and_handshake();
+    } catch (const std::exception& e) {
+      co_return e.what();
+    }
+    co_return std::string();
+  }
+
+  asio::awaitable<void> connect_and_handshake() {
+    error_code ec;
+    socket_.close(ec);
+    if (!cfg_.unix_path.empty()) {
+      std::tie(ec) = co_await socket_.async_connect(asio::local::stream_protocol::endpoint(cfg_.unix_path), use_tuple);
+      if (ec) throw std::runtime_error(fmt::format("{}: {}", cfg_.unix_path, ec.message()));
+    } else {
+      asio::ip::tcp::resolver resolver(strand_);
+      auto [rec, endpoints] = co_await resolver.async_resolve(cfg_.host, cfg_.port, use_tuple);
+      if (rec) throw std::runtime_error(fmt::format("cannot resolve '{}': {}", cfg_.host, rec.message()));
+      ec = asio::error::host_not_found;
+      for (const auto& entry : endpoints) {
+        error_code ignored;
+        socket_.close(ignored);
+        std::tie(ec) = co_await socket_.async_connect(entry.endpoint(), use_tuple);
+        if (!ec) break;
+      }
+      if (ec) throw std::runtime_error(ec.message());
+      error_code ignored;
+      socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
+    }
+
+    // AUTH, SELECT and CLIENT SETNAME in one write, before any queued request.
+    request hello;
+    std::vector<std::string_view> names;
+    if (!cfg_.password.empty()) {
+      if (cfg_.username.empty())
+        hello.push("AUTH", cfg_.password);
+      else
+        hello.push("AUTH", cfg_.username, cfg_.password);
+      names.push_back("AUTH");
+    }
+    if (cfg_.database != 0) {
+      hello.push("SELECT", cfg_.database);
+      names.push_back("SELECT");
+    }
+    if (!cfg_.client_name.empty()) {
+      hello.push("CLIENT", "SETNAME", cfg_.client_name);
+      names.push_back("CLIENT SETNAME");
+    }
+    hello.push("CLIENT", "ID");
+    names.push_back("CLIENT ID");
+    co_await asio::async_write(socket_, asio::buffer(hello.payload()), asio::use_awaitable);
+
+    resp_parser parser;
+    std::vector<reply> replies;
+    while (replies.size() < names.size()) {
+      reply r;
+      auto res = parser.next(r);
+      if (res == resp_parser::result::reply) {
+        replies.push_back(std::move(r));
+      } else if (res == resp_parser::result::error) {
+        throw std::runtime_error(fmt::format("protocol error in handshake: {}", parser.error_message()));
+      } else {
+        std::size_t n = co_await socket_.async_read_some(asio::buffer(read_buffer_), asio::use_awaitable);
+        parser.feed(read_buffer_.data(), n);
+      }
+    }
+    for (std::size_t i = 0; i < names.size(); ++i)
+      if (replies[i].is_error())
+        throw std::runtime_error(fmt::format("{} refused: {}", names[i], replies[i].error_message()));
+    client_id_ = replies.back().as_integer();
+    last_read_ = clock::now();
+  }
+
+  void lost(std::string why) {
+    if (loss_reason_.empty()) loss_reason_ = std::move(why);
+  }
+
+  asio::awaitable<void> read_loop() {
+    for (;;) {
+      auto [ec, n] = co_await socket_.async_read_some(asio::buffer(read_buffer_), use_tuple);
+      if (ec) {
+        lost(ec == asio::error::eof ? "the server closed the connection" : ec.message());
+        co_return;
+      }
+      last_read_ = clock::now();
+      if (auto perr = mux_.on_data(read_buffer_.data(), n)) {
+        lost(fmt::format("{}: {}", perr.message(), mux_.last_protocol_error()));
+        co_return;
+      }
+    }
+  }
+
+  asio::awaitable<void> write_loop() {
+    for (;;) {
+      if (!mux_.has_waiting()) {
+        write_wake_.expires_at(clock::time_point::max());
+        co_await write_wake_.async_wait(use_tuple);
+        if (cancelled(co_await asio::this_coro::cancellation_state)) co_return;
+        continue;
+      }
+      const std::string& bytes = mux_.prepare_write();
+      auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(bytes), use_tuple);
+      mux_.commit_write();
+      if (ec) {
+        lost(ec.message());
+        co_return;
+      }
+    }
+  }
+
+  asio::awaitable<void> health_loop() {
+    const auto interval = cfg_.health_interval;
+    asio::steady_timer timer(strand_);
+    if (interval.count() <= 0) {  // disabled: wait until the connection ends
+      timer.expires_at(clock::time_point::max());
+      co_await timer.async_wait(use_tuple);
+      co_return;
+    }
+    for (;;) {
+      timer.expires_after(interval / 2);
+      co_await timer.async_wait(use_tuple);
+      if (cancelled(co_await asio::this_coro::cancellation_state)) co_return;
+      if (mux_.blocked()) continue;  // a blocking command is silent on purpose
+      auto idle = clock::now() - last_read_;
+      if (mux_.in_flight() > 0 && idle >= 2 * interval) {
+        lost(fmt::format("{} (no reply for {} ms)", error_code(error::health_check_failed).message(),
+                         std::chrono::duration_cast<std::chrono::milliseconds>(idle).count()));
+        co_return;
+      }
+      if (mux_.in_flight() == 0 && !mux_.has_waiting() && idle >= interval)
+        send_internal(request("PING"), 1, nullptr);
+    }
+  }
+
+  asio::any_io_executor ex_;
+  asio::strand<asio::any_io_executor> strand_;
+  config cfg_;
+  connection_role role_;
+  multiplexer mux_;
+  asio::generic::stream_protocol::socket socket_;
+  asio::steady_timer write_wake_;      // the writer's condition variable
+  asio::steady_timer deadline_timer_;  // armed at the earliest request deadline
+  asio::steady_timer backoff_timer_;
+  asio::steady_timer connect_timer_;
+  clock::time_point armed_deadline_ = clock::time_point::max();
+  clock::time_point last_read_{};
+  std::vector<char> read_buffer_;
+  std::string loss_reason_;
+  bool started_ = false;
+  bool closed_ = false;
+  bool reset_requested_ = false;
+  std::atomic<bool> connected_{false};
+  std::atomic<std::uint64_t> connects_{0};
+  std::atomic<std::int64_t> client_id_{0};
+  mutable std::mutex error_mutex_;
+  std::string last_error_;
+  // subscriber
+  std::set<std::string> channels_;
+  std::set<std::string> patterns_;
+  std::deque<message> messages_;
+  std::deque<std::shared_ptr<receive_op>> receivers_;
+};
+
+}  // namespace detail
+
+basic_connection::basic_connection(executor_type ex, config cfg, connection_role role)
+    : impl_(std::make_shared<detail::connection_impl>(std::move(ex), std::move(cfg), role)) {}
+
+basic_connection::~basic_connection() { impl_->close(); }
+
+void basic_connection::start() { impl_->start(); }
+void basic_connection::close() { impl_->close(); }
+basic_connection::executor_type basic_connection::get_executor() const noexcept { return impl_->get_executor(); }
+const config& basic_connection::get_config() const noexcept { return impl_->get_config(); }
+bool basic_connection::is_connected() const noexcept { return impl_->is_connected(); }
+std::string basic_connection::last_error() const { return impl_->last_error(); }
+std::uint64_t basic_connection::connect_count() const noexcept { return impl_->connect_count(); }
+std::int64_t basic_connection::client_id() const noexcept { return impl_->client_id(); }
+
+void basic_connection::exec_impl(const std::shared_ptr<detail::connection_impl>& impl, request req,
+                                 exec_handler handler) {
+  impl->exec(std::move(req), std::move(handler));
+}
+
+void subscriber::subscribe(std::vector<std::string> channels) { impl_->change_subscriptions(std::move(channels), false, true); }
+void subscriber::psubscribe(std::vector<std::string> patterns) { impl_->change_subscriptions(std::move(patterns), true, true); }
+void subscriber::unsubscribe(std::vector<std::string> channels) { impl_->change_subscriptions(std::move(channels), false, false); }
+void subscriber::punsubscribe(std::vector<std::string> patterns) { impl_->change_subscriptions(std::move(patterns), true, false); }
+
+void subscriber::receive_impl(const std::shared_ptr<detail::connection_impl>& impl, receive_handler handler) {
+  impl->receive(std::move(handler));
+}
+
+namespace {
+template <class Connection>
+boost::asio::awaitable<reply> exec_or_throw(Connection& c, request req) {
+  auto [ec, r] = co_await c.async_exec(std::move(req), boost::asio::as_tuple(boost::asio::use_awaitable));
+  if (ec) {
+    std::string what = r.is_error() ? std::string(r.error_message()) : std::string();
+    if (ec == error::not_connected) what = c.last_error();
+    throw boost::system::system_error(ec, what);
+  }
+  co_return r;
+}
+}  // namespace
+
+boost::asio::awaitable<reply> exec(connection& c, request req) { return exec_or_throw(c, std::move(req)); }
+boost::asio::awaitable<reply> exec(blocking_connection& c, request req) { return exec_or_throw(c, std::move(req)); }
+
+}  // namespace jobrt::redis

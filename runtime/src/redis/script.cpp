@@ -1,0 +1,43 @@
+#include <jobrt/redis/script.hpp>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/uuid/detail/sha1.hpp>
+#include <fmt/format.h>
+
+namespace jobrt::redis {
+
+script::script(std::string source) : source_(std::move(source)) {
+  boost::uuids::detail::sha1 hash;
+  hash.process_bytes(source_.data(), source_.size());
+  unsigned int digest[5];
+  hash.get_digest(digest);
+  for (unsigned int word : digest) sha1_ += fmt::format("{:08x}", word);
+}
+
+boost::asio::awaitable<reply> script::run(connection& c, request evalsha) const {
+  using boost::asio::as_tuple;
+  using boost::asio::use_awaitable;
+  // Keep a copy: after NOSCRIPT the same call goes out again, behind a SCRIPT LOAD.
+  request again = evalsha;
+  auto [ec, r] = co_await c.async_exec(std::move(evalsha), as_tuple(use_awaitable));
+  if (ec == error::server_error && r.error_message().starts_with("NOSCRIPT")) {
+    request reload("SCRIPT", "LOAD", source_);
+    reload.options = again.options;
+    reload.append(again);
+    std::tie(ec, r) = co_await c.async_exec(std::move(reload), as_tuple(use_awaitable));
+    if (!ec) {
+      reply second = std::move(r.as_array().at(1));
+      r = std::move(second);
+      if (r.is_error()) ec = error::server_error;
+    }
+  }
+  if (ec) {
+    std::string what = r.is_error() ? std::string(r.error_message()) : std::string();
+    if (ec == error::not_connected) what = c.last_error();
+    throw boost::system::system_error(ec, what);
+  }
+  co_return r;
+}
+
+}  // namespace jobrt::redis

@@ -1,0 +1,265 @@
+// The connection against a real redis-server on loopback.
+#include "support/redis_server.hpp"
+#include "support/run.hpp"
+
+#include <jobrt/redis/connection.hpp>
+#include <jobrt/redis/script.hpp>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <string>
+#include <vector>
+
+namespace asio = boost::asio;
+using namespace jobrt;
+using namespace jobrt::redis;
+using namespace jobrt::test;
+using asio::awaitable;
+using asio::use_awaitable;
+constexpr auto use_tuple = asio::as_tuple(use_awaitable);
+
+TEST_CASE("10,000 commands from 200 coroutines on one connection, each reply to its request") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), shared_redis());
+    conn.start();
+    const std::string prefix = key_prefix();
+    int finished = 0;
+    int mismatches = 0;
+    auto worker = [&](int id) -> awaitable<void> {
+      for (int i = 0; i < 50; ++i) {
+        std::string key = fmt::format("{}{}:{}", prefix, id, i);
+        std::string value = fmt::format("value-{}-{}", id, i);
+        request req;
+        req.push("SET", key, value).push("GET", key);
+        reply r = co_await exec(conn, std::move(req));
+        if (r.as_array()[1].as_string() != value) ++mismatches;
+        // A single command too: INCRBY by the id returns id * (i + 1).
+        reply n = co_await exec(conn, request("INCRBY", prefix + "n:" + std::to_string(id), id));
+        if (n.as_integer() != static_cast<std::int64_t>(id) * (i + 1)) ++mismatches;
+      }
+      ++finished;
+    };
+    for (int id = 0; id < 200; ++id) asio::co_spawn(ctx, worker(id), asio::detached);
+    asio::steady_timer t(ctx);
+    while (finished < 200) {
+      t.expires_after(std::chrono::milliseconds(5));
+      co_await t.async_wait(use_awaitable);
+    }
+    CHECK(mismatches == 0);
+    CHECK(conn.connect_count() == 1);
+  });
+}
+
+TEST_CASE("binary values round-trip: NUL bytes and 1 MiB") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), shared_redis());
+    conn.start();
+    std::string key = key_prefix() + "bin";
+    std::string small("\0\r\n\x01\xff$*", 7);
+    co_await exec(conn, request("SET", key, small));
+    CHECK((co_await exec(conn, request("GET", key))).as_string() == small);
+    std::string big(1 << 20, '\0');
+    for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7 + i / 251);
+    co_await exec(conn, request("SET", key, big));
+    CHECK((co_await exec(conn, request("GET", key))).as_string() == big);
+  });
+}
+
+TEST_CASE("Redis error replies surface as errors with their message") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), shared_redis());
+    conn.start();
+    std::string key = key_prefix() + "list";
+    co_await exec(conn, request("RPUSH", key, "x"));
+    auto [ec, r] = co_await conn.async_exec(request("INCR", key), use_tuple);
+    CHECK(ec == error::server_error);
+    CHECK(r.error_message().starts_with("WRONGTYPE"));
+    std::string what;
+    try {
+      co_await exec(conn, request("NOSUCHCOMMAND"));
+    } catch (const boost::system::system_error& e) {
+      what = e.what();
+    }
+    CHECK(what.find("unknown command") != std::string::npos);
+    // The connection goes on.
+    CHECK((co_await exec(conn, request("PING"))).as_string() == "PONG");
+  });
+}
+
+TEST_CASE("the shared connection refuses blocking commands") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), shared_redis());
+    conn.start();
+    auto [ec, r] = co_await conn.async_exec(request("BLMOVE", "a", "b", "LEFT", "RIGHT", 0), use_tuple);
+    CHECK(ec == error::blocking_command_on_shared_connection);
+    auto [ec2, r2] = co_await conn.async_exec(request("SUBSCRIBE", "ch"), use_tuple);
+    CHECK(ec2 == error::blocking_command_on_shared_connection);
+  });
+}
+
+TEST_CASE("a BLMOVE on its own connection wakes within milliseconds of an LPUSH") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), shared_redis());
+    blocking_connection blocking(ctx.get_executor(), shared_redis());
+    conn.start();
+    blocking.start();
+    std::string src = key_prefix() + "src", dst = key_prefix() + "dst";
+    co_await exec(blocking, request("PING"));
+    std::chrono::steady_clock::time_point pushed{};
+    std::chrono::steady_clock::duration worst{};
+    for (int i = 0; i < 20; ++i) {
+      auto pusher = [&]() -> awaitable<void> {
+        asio::steady_timer t(ctx);
+        t.expires_after(std::chrono::milliseconds(20));
+        co_await t.async_wait(use_awaitable);
+        pushed = std::chrono::steady_clock::now();
+        co_await exec(conn, request("LPUSH", src, std::to_string(i)));
+      };
+      asio::co_spawn(ctx, pusher(), asio::detached);
+      reply r = co_await exec(blocking, request("BLMOVE", src, dst, "RIGHT", "LEFT", 5));
+      auto latency = std::chrono::steady_clock::now() - pushed;
+      worst = std::max(worst, latency);
+      CHECK(r.as_string() == std::to_string(i));
+    }
+    MESSAGE("worst BLMOVE wake-up: " << std::chrono::duration<double, std::milli>(worst).count() << " ms");
+    CHECK(worst < std::chrono::milliseconds(50));
+  });
+}
+
+TEST_CASE("cancelling a BLMOVE resets the blocking connection, which goes on working") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    blocking_connection blocking(ctx.get_executor(), shared_redis());
+    blocking.start();
+    std::string src = key_prefix() + "src", dst = key_prefix() + "dst";
+    co_await exec(blocking, request("PING"));
+    using namespace asio::experimental::awaitable_operators;
+    asio::steady_timer t(ctx);
+    t.expires_after(std::chrono::milliseconds(100));
+    auto result = co_await (blocking.async_exec(request("BLMOVE", src, dst, "RIGHT", "LEFT", 0), use_tuple) ||
+                            t.async_wait(use_awaitable));
+    CHECK(result.index() == 1);
+    CHECK((co_await exec(blocking, request("PING"))).as_string() == "PONG");
+    CHECK(blocking.connect_count() == 2);
+  });
+}
+
+TEST_CASE("a subscriber gets messages, and a reconnect notice") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), shared_redis());
+    subscriber sub(ctx.get_executor(), shared_redis());
+    conn.start();
+    sub.start();
+    std::string ch = key_prefix() + "ch";
+    sub.subscribe({ch});
+    message m = co_await sub.async_receive(use_awaitable);
+    CHECK(m.confirmation);  // the subscription is in place
+    co_await exec(conn, request("PUBLISH", ch, "hello"));
+    m = co_await sub.async_receive(use_awaitable);
+    CHECK(m.channel == ch);
+    CHECK(m.payload == "hello");
+    sub.psubscribe({ch + ":*"});
+    // PUBLISH until the pattern subscription is in place.
+    for (;;) {
+      if ((co_await exec(conn, request("PUBLISH", ch + ":x", "p"))).as_integer() > 0) break;
+    }
+    do m = co_await sub.async_receive(use_awaitable);
+    while (m.confirmation);
+    CHECK(m.pattern == ch + ":*");
+    CHECK(m.channel == ch + ":x");
+  });
+}
+
+TEST_CASE("a script runs with EVALSHA and is loaded on NOSCRIPT") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), shared_redis());
+    conn.start();
+    script add("return redis.call('INCRBY', KEYS[1], ARGV[1])");
+    CHECK(add.sha1().size() == 40);
+    std::string key = key_prefix() + "counter";
+    std::vector<std::string> keys{key};
+    // (Arguments are built before co_await: GCC 12 cannot keep an initializer_list across it.)
+    std::vector<std::string> five{"5"}, two{"2"}, none;
+    reply r = co_await add.run(conn, keys, five);
+    CHECK(r.as_integer() == 5);
+    auto sha = co_await exec(conn, request("SCRIPT", "EXISTS", add.sha1()));
+    CHECK(sha.as_array()[0].as_integer() == 1);
+    r = co_await add.run(conn, keys, two);
+    CHECK(r.as_integer() == 7);
+    std::string what;
+    try {
+      script broken("return redis.call('NOPE')");
+      co_await broken.run(conn, none, none);
+    } catch (const boost::system::system_error& e) {
+      what = e.what();
+    }
+    CHECK(what.find("Unknown Redis command") != std::string::npos);
+  });
+}
+
+TEST_CASE("AUTH, SELECT and CLIENT SETNAME on connect; a wrong password is a clear error") {
+  redis_server server({"--requirepass", "s3cret"});
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    auto cfg = config::from_url(fmt::format("redis://:s3cret@127.0.0.1:{}/5", server.port()));
+    cfg.client_name = "jobrt-test";
+    connection conn(ctx.get_executor(), cfg);
+    conn.start();
+    co_await exec(conn, request("SET", "where", "db5"));
+    reply info = co_await exec(conn, request("CLIENT", "INFO"));
+    CHECK(info.as_string().find("name=jobrt-test") != std::string::npos);
+    CHECK(info.as_string().find("db=5") != std::string::npos);
+
+    auto bad = config::from_url(fmt::format("redis://:wrong@127.0.0.1:{}", server.port()));
+    bad.reconnect_wait_min = bad.reconnect_wait_max = std::chrono::milliseconds(50);
+    connection refused(ctx.get_executor(), bad);
+    refused.start();
+    request ping("PING");
+    ping.options.timeout = std::chrono::milliseconds(300);
+    auto [ec, r] = co_await refused.async_exec(std::move(ping), use_tuple);
+    CHECK(ec == error::not_connected);
+    MESSAGE(refused.last_error());
+    CHECK(refused.last_error().find("AUTH refused: WRONGPASS") != std::string::npos);
+  });
+}
+
+TEST_CASE("unix socket URLs") {
+  redis_server server;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), config::from_url("unix://" + server.unix_socket()));
+    conn.start();
+    CHECK((co_await exec(conn, request("PING"))).as_string() == "PONG");
+  });
+}
+
+TEST_CASE("an unreachable server: waiting requests time out with not_connected, naming the address") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    auto cfg = config::from_url("redis://127.0.0.1:1");
+    connection conn(ctx.get_executor(), cfg);
+    conn.start();
+    request ping("PING");
+    ping.options.timeout = std::chrono::milliseconds(200);
+    auto [ec, r] = co_await conn.async_exec(std::move(ping), use_tuple);
+    CHECK(ec == error::not_connected);
+    CHECK(conn.last_error().find("connect to redis://127.0.0.1:1/0: Connection refused") != std::string::npos);
+  });
+}
+
+TEST_CASE("closing completes everything with error::closed") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), config::from_url("redis://127.0.0.1:1"));
+    conn.start();
+    asio::steady_timer t(ctx);
+    t.expires_after(std::chrono::milliseconds(20));
+    co_await t.async_wait(use_awaitable);
+    auto waiter = conn.async_exec(request("PING"), use_tuple);
+    conn.close();
+    auto [ec, r] = co_await std::move(waiter);
+    CHECK(ec == error::closed);
+  });
+}

@@ -1,0 +1,37 @@
+#include <jobrt/redis/request.hpp>
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+using jobrt::redis::request;
+
+TEST_CASE("a command is encoded as a RESP array of bulk strings") {
+  request r("SET", "key", "value");
+  CHECK(r.payload() == "*3\r\n$3\r\nSET\r\n$3\r\nkey\r\n$5\r\nvalue\r\n");
+  CHECK(r.size() == 1);
+  CHECK_FALSE(r.has_blocking_command());
+}
+
+TEST_CASE("integers, ranges and binary arguments") {
+  std::vector<std::string> keys{"a", "b"};
+  using namespace std::string_literals;
+  std::string binary = "x\0y\r\n"s;
+  request r("MSET", keys, 42, binary, -7);
+  CHECK(r.payload() == "*6\r\n$4\r\nMSET\r\n$1\r\na\r\n$1\r\nb\r\n$2\r\n42\r\n$5\r\nx\0y\r\n\r\n$2\r\n-7\r\n"s);
+}
+
+TEST_CASE("a pipeline counts its commands and flags blocking ones in any case") {
+  request r;
+  r.push("GET", "a").push("blmove", "a", "b", "LEFT", "RIGHT", 1);
+  CHECK(r.size() == 2);
+  CHECK(r.has_blocking_command());
+  request s("subscribe", "ch");
+  CHECK(s.has_blocking_command());
+  CHECK(s.has_pubsub_command());
+  request both("GET", "x");
+  both.append(r);
+  CHECK(both.size() == 3);
+  CHECK(both.has_blocking_command());
+}
