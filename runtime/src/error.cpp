@@ -12,8 +12,7 @@ class category final : public boost::system::error_category {
   std::string message(int ev) const override {
     switch (static_cast<error>(ev)) {
       case error::not_connected: return "not connected to the Redis server";
-      case error::connection_lost:
-        return "connection lost after the request was written; it may or may not have run";
+      case error::connection_lost: return "connection lost after the request was written; it may or may not have run";
       case error::timeout: return "request timed out";
       case error::closed: return "connection closed";
       case error::protocol_error: return "the server sent data that is not RESP";

@@ -5,14 +5,14 @@
 #include <jobrt/redis/connection.hpp>
 #include <jobrt/redis/script.hpp>
 
+#include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/detached.hpp>
-#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <fmt/format.h>
 
 #include <string>
 #include <vector>
@@ -25,7 +25,7 @@ using asio::awaitable;
 using asio::use_awaitable;
 constexpr auto use_tuple = asio::as_tuple(use_awaitable);
 
-TEST_CASE("10,000 commands from 200 coroutines on one connection, each reply to its request") {
+TEST_CASE("10000 commands from 200 coroutines on one connection - each reply to its request") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     connection conn(ctx.get_executor(), shared_redis());
     conn.start();
@@ -133,7 +133,7 @@ TEST_CASE("a BLMOVE on its own connection wakes within milliseconds of an LPUSH"
   });
 }
 
-TEST_CASE("cancelling a BLMOVE resets the blocking connection, which goes on working") {
+TEST_CASE("cancelling a BLMOVE resets the blocking connection - which goes on working") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     blocking_connection blocking(ctx.get_executor(), shared_redis());
     blocking.start();
@@ -150,7 +150,7 @@ TEST_CASE("cancelling a BLMOVE resets the blocking connection, which goes on wor
   });
 }
 
-TEST_CASE("a subscriber gets messages, and a reconnect notice") {
+TEST_CASE("a subscriber gets messages - and a reconnect notice") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     connection conn(ctx.get_executor(), shared_redis());
     subscriber sub(ctx.get_executor(), shared_redis());
@@ -203,7 +203,7 @@ TEST_CASE("a script runs with EVALSHA and is loaded on NOSCRIPT") {
   });
 }
 
-TEST_CASE("AUTH, SELECT and CLIENT SETNAME on connect; a wrong password is a clear error") {
+TEST_CASE("AUTH - SELECT and CLIENT SETNAME on connect - a wrong password is a clear error") {
   redis_server server({"--requirepass", "s3cret"});
   run([&](asio::io_context& ctx) -> awaitable<void> {
     auto cfg = config::from_url(fmt::format("redis://:s3cret@127.0.0.1:{}/5", server.port()));
@@ -237,7 +237,7 @@ TEST_CASE("unix socket URLs") {
   });
 }
 
-TEST_CASE("an unreachable server: waiting requests time out with not_connected, naming the address") {
+TEST_CASE("an unreachable server: waiting requests time out with not_connected - naming the address") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     auto cfg = config::from_url("redis://127.0.0.1:1");
     connection conn(ctx.get_executor(), cfg);

@@ -6,13 +6,13 @@
 #include <jobrt/redis/connection.hpp>
 #include <jobrt/redis/script.hpp>
 
+#include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <fmt/format.h>
 
 #include <string>
 #include <thread>
@@ -91,7 +91,7 @@ TEST_CASE("CLIENT KILL under load: the connection comes back and no reply reache
   });
 }
 
-TEST_CASE("redis-server stopped and started: reconnection, then EVALSHA after the script cache is gone") {
+TEST_CASE("redis-server stopped and started: reconnection - then EVALSHA after the script cache is gone") {
   redis_server server;
   run([&](asio::io_context& ctx) -> awaitable<void> {
     connection conn(ctx.get_executor(), fast(server.config()));

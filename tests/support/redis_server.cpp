@@ -76,11 +76,27 @@ redis_server::~redis_server() {
 }
 
 void redis_server::start() {
-  std::vector<std::string> args{"redis-server", "--port", std::to_string(port_), "--bind", "127.0.0.1",
-                                "--save", "", "--appendonly", "no", "--dir", dir_,
-                                "--unixsocket", unix_socket(), "--unixsocketperm", "700",
-                                "--daemonize", "no", "--loglevel", "warning",
-                                "--logfile", dir_ + "/redis.log"};
+  std::vector<std::string> args{"redis-server",
+                                "--port",
+                                std::to_string(port_),
+                                "--bind",
+                                "127.0.0.1",
+                                "--save",
+                                "",
+                                "--appendonly",
+                                "no",
+                                "--dir",
+                                dir_,
+                                "--unixsocket",
+                                unix_socket(),
+                                "--unixsocketperm",
+                                "700",
+                                "--daemonize",
+                                "no",
+                                "--loglevel",
+                                "warning",
+                                "--logfile",
+                                dir_ + "/redis.log"};
   args.insert(args.end(), extra_.begin(), extra_.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

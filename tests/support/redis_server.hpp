@@ -4,8 +4,8 @@
 
 #include <jobrt/redis/config.hpp>
 
-#include <string>
 #include <sys/types.h>
+#include <string>
 #include <vector>
 
 namespace jobrt::test {

@@ -1,10 +1,10 @@
 // Test support: run a coroutine on an io_context with a time bound.
 #pragma once
 
+#include <doctest/doctest.h>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
-#include <doctest/doctest.h>
 
 #include <chrono>
 #include <exception>

@@ -3,8 +3,8 @@
 
 #include <jobrt/error.hpp>
 
-#include <boost/asio/error.hpp>
 #include <doctest/doctest.h>
+#include <boost/asio/error.hpp>
 
 #include <memory>
 #include <string>
@@ -86,7 +86,7 @@ TEST_CASE_FIXTURE(fixture, "a pipeline completes once with an array of its repli
   CHECK(p->value.as_array()[1].is_error());
 }
 
-TEST_CASE_FIXTURE(fixture, "cancelling a waiting request removes it; a written one is abandoned") {
+TEST_CASE_FIXTURE(fixture, "cancelling a waiting request removes it - a written one is abandoned") {
   auto a = add(request("GET", "a"));
   mux.prepare_write();
   mux.commit_write();
@@ -106,7 +106,7 @@ TEST_CASE_FIXTURE(fixture, "cancelling a waiting request removes it; a written o
   CHECK(mux.size() == 0);
 }
 
-TEST_CASE_FIXTURE(fixture, "connection lost: written requests fail unless resend-safe; waiting ones stay") {
+TEST_CASE_FIXTURE(fixture, "connection lost: written requests fail unless resend-safe - waiting ones stay") {
   auto a = add(request("INCR", "a"));
   request safe("GET", "b");
   safe.options.resend_safe = true;
@@ -124,7 +124,7 @@ TEST_CASE_FIXTURE(fixture, "connection lost: written requests fail unless resend
   CHECK(c->value.as_string() == "C");
 }
 
-TEST_CASE_FIXTURE(fixture, "expired requests time out; the next deadline is reported") {
+TEST_CASE_FIXTURE(fixture, "expired requests time out - the next deadline is reported") {
   request quick("GET", "a");
   quick.options.timeout = std::chrono::milliseconds(10);
   request slow("GET", "b");
@@ -162,4 +162,22 @@ TEST_CASE_FIXTURE(fixture, "a push filter takes pub/sub messages out of the repl
   mux.prepare_write();
   CHECK_FALSE(feed("*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$1\r\nx\r\n+PONG\r\n"));
   CHECK(a->value.as_string() == "PONG");
+}
+
+TEST_CASE_FIXTURE(fixture, "drain completes at most the replies asked for, then the rest") {
+  auto a = add(request("GET", "a"));
+  auto b = add(request("GET", "b"));
+  auto c = add(request("GET", "c"));
+  mux.prepare_write();
+  std::string bytes = ":1\r\n:2\r\n:3\r\n";
+  mux.feed(bytes.data(), bytes.size());
+  bool more = false;
+  CHECK_FALSE(mux.drain(2, more));
+  CHECK(more);
+  CHECK(a->completed);
+  CHECK(b->completed);
+  CHECK_FALSE(c->completed);
+  CHECK_FALSE(mux.drain(2, more));
+  CHECK_FALSE(more);
+  CHECK(c->value.as_integer() == 3);
 }

@@ -14,7 +14,7 @@ TEST_CASE("a command is encoded as a RESP array of bulk strings") {
   CHECK_FALSE(r.has_blocking_command());
 }
 
-TEST_CASE("integers, ranges and binary arguments") {
+TEST_CASE("integers - ranges and binary arguments") {
   std::vector<std::string> keys{"a", "b"};
   using namespace std::string_literals;
   std::string binary = "x\0y\r\n"s;

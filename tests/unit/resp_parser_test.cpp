@@ -53,7 +53,7 @@ TEST_CASE("replies split at every byte and merged come out the same") {
   }
 }
 
-TEST_CASE("garbage is a protocol error, and reset starts over") {
+TEST_CASE("garbage is a protocol error - and reset starts over") {
   resp_parser p;
   std::string in = "+OK\r\n!nonsense\r\n";
   p.feed(in.data(), in.size());

@@ -32,9 +32,7 @@ enum class error {
 /// The category of jobrt::error.
 const boost::system::error_category& error_category() noexcept;
 
-inline boost::system::error_code make_error_code(error e) noexcept {
-  return {static_cast<int>(e), error_category()};
-}
+inline boost::system::error_code make_error_code(error e) noexcept { return {static_cast<int>(e), error_category()}; }
 
 }  // namespace jobrt
 

@@ -1,8 +1,8 @@
 #include <jobrt/redis/config.hpp>
 
+#include <fmt/format.h>
 #include <boost/url/parse.hpp>
 #include <boost/url/url_view.hpp>
-#include <fmt/format.h>
 
 #include <charconv>
 #include <stdexcept>

@@ -2,22 +2,22 @@
 
 #include "redis/multiplexer.hpp"
 
+#include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/associated_cancellation_slot.hpp>
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
-#include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
-#include <fmt/format.h>
 
 #include <atomic>
 #include <deque>
@@ -36,17 +36,28 @@ namespace {
 
 constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 
-// Completes a user's handler through its own executor. That may run it inline when this thread
-// runs that executor; it is safe because every entry point of the connection posts to the strand
-// instead of touching state, and a completion never happens inside its initiating function.
+// Completes a user's handler through its own executor. With may_run_inline, that may run it at
+// once when this thread runs that executor (the common case: one io_context thread), which saves
+// a post per request; the caller must not be inside the operation's initiating function then.
+// Re-entering the connection from the handler is safe: no iterator into its state is held across
+// a completion.
 template <class Handler, class... Args>
-void post_completion(Handler handler, const asio::any_io_executor& fallback, Args... args) {
+void complete_handler(bool may_run_inline, Handler handler, const asio::any_io_executor& fallback, Args... args) {
   auto ex = asio::get_associated_executor(handler, fallback);
-  asio::dispatch(ex, [h = std::move(handler), ... a = std::move(args)]() mutable {
+  auto f = [h = std::move(handler), ... a = std::move(args)]() mutable {
     auto slot = asio::get_associated_cancellation_slot(h);
     if (slot.is_connected()) slot.clear();
     std::move(h)(std::move(a)...);
-  });
+  };
+  if (may_run_inline)
+    asio::dispatch(ex, std::move(f));
+  else  // (an any_completion_executor cannot be posted to: post to the I/O executor, then dispatch)
+    asio::post(fallback, [ex, f = std::move(f)]() mutable { asio::dispatch(ex, std::move(f)); });
+}
+
+template <class Handler, class... Args>
+void post_completion(Handler handler, const asio::any_io_executor& fallback, Args... args) {
+  complete_handler(false, std::move(handler), fallback, std::move(args)...);
 }
 
 bool cancelled(asio::cancellation_state cs) { return cs.cancelled() != asio::cancellation_type::none; }
@@ -56,18 +67,24 @@ bool cancelled(asio::cancellation_state cs) { return cs.cancelled() != asio::can
 // A request from a user; its handler runs on the user's executor.
 class exec_op final : public pending {
  public:
-  exec_op(request req, exec_handler handler, asio::any_io_executor fallback)
+  // fallback: the connection's executor, which outlives every op it holds.
+  exec_op(request req, exec_handler handler, const asio::any_io_executor& fallback)
       : pending(std::move(req).payload(), req.size(), req.options, req.has_blocking_command()),
         handler_(std::move(handler)),
-        fallback_(std::move(fallback)) {}
+        fallback_(fallback) {}
 
   exec_handler& handler() noexcept { return handler_; }
+  /// Queued: from now on it completes from I/O or a timer, never inside its initiating function.
+  void set_queued() noexcept { queued_ = true; }
 
  private:
-  void on_complete(error_code ec, reply r) override { post_completion(std::move(handler_), fallback_, ec, std::move(r)); }
+  void on_complete(error_code ec, reply r) override {
+    complete_handler(queued_, std::move(handler_), fallback_, ec, std::move(r));
+  }
 
   exec_handler handler_;
-  asio::any_io_executor fallback_;
+  const asio::any_io_executor& fallback_;
+  bool queued_ = false;
 };
 
 // A request of the connection's own (PING, SUBSCRIBE); its callback runs on the strand.
@@ -101,8 +118,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         backoff_timer_(strand_),
         connect_timer_(strand_),
         read_buffer_(64 * 1024) {
-    if (role_ == connection_role::subscriber)
-      mux_.push_filter = [this](reply& r) { return on_push(r); };
+    if (role_ == connection_role::subscriber) mux_.push_filter = [this](reply& r) { return on_push(r); };
   }
 
   const asio::any_io_executor& get_executor() const noexcept { return ex_; }
@@ -144,7 +160,10 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         });
       });
     }
-    asio::post(strand_, [self = shared_from_this(), op = std::move(op)]() mutable { self->enqueue(std::move(op)); });
+    // dispatch: when the caller already runs on our strand (a handler completed inline), enqueue
+    // at once instead of paying for a post.
+    asio::dispatch(strand_,
+                   [self = shared_from_this(), op = std::move(op)]() mutable { self->enqueue(std::move(op)); });
   }
 
   void change_subscriptions(std::vector<std::string> names, bool pattern, bool add) {
@@ -204,17 +223,22 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     }
     auto deadline = op->deadline();
     if (op->done()) return;  // cancelled before it got here
+    op->set_queued();
     mux_.add(std::move(op));
     if (deadline < armed_deadline_) {
       armed_deadline_ = deadline;
       deadline_timer_.expires_at(deadline);  // wakes deadline_loop, which re-arms
     }
-    if (connected_) write_wake_.cancel();
+    wake_writer();
   }
 
   void send_internal(request req, std::size_t replies, internal_op::callback cb) {
     mux_.add(std::make_shared<internal_op>(std::move(req), replies, std::move(cb)));
-    write_wake_.cancel();
+    wake_writer();
+  }
+
+  void wake_writer() {
+    if (writer_idle_) write_wake_.cancel();
   }
 
   void cancel(pending& op, error_code ec) {
@@ -225,6 +249,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   // stops serving it, and reconnect at once.
   void reset_connection() {
     reset_requested_ = true;
+    lost("reset after a blocking command was abandoned");
     error_code ignored;
     socket_.close(ignored);
   }
@@ -317,6 +342,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       if (failure.empty()) {
         wait = self->cfg_.reconnect_wait_min;
         self->loss_reason_.clear();
+        self->ending_ = false;
         self->connected_ = true;
         ++self->connects_;
         self->resubscribe();
@@ -343,8 +369,8 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     connect_timer_.expires_after(cfg_.connect_timeout);
     // `||` waits for the first branch that *succeeds*, so the attempt reports failure as a value.
     auto result = co_await (try_connect() || connect_timer_.async_wait(use_tuple));
-    std::string failure = result.index() == 0 ? std::get<0>(result)
-                                              : fmt::format("timed out after {} ms", cfg_.connect_timeout.count());
+    std::string failure =
+        result.index() == 0 ? std::get<0>(result) : fmt::format("timed out after {} ms", cfg_.connect_timeout.count());
     if (failure.empty()) co_return failure;
     error_code ignored;
     socket_.close(ignored);
@@ -425,7 +451,10 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     last_read_ = clock::now();
   }
 
+  // The current connection is over: nothing more may be written to it (a request written now
+  // would fail as "maybe run" although it never left).
   void lost(std::string why) {
+    ending_ = true;
     if (loss_reason_.empty()) loss_reason_ = std::move(why);
   }
 
@@ -437,18 +466,31 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         co_return;
       }
       last_read_ = clock::now();
-      if (auto perr = mux_.on_data(read_buffer_.data(), n)) {
-        lost(fmt::format("{}: {}", perr.message(), mux_.last_protocol_error()));
-        co_return;
+      mux_.feed(read_buffer_.data(), n);
+      // Complete replies a few at a time. Their handlers usually queue new requests at once;
+      // letting the writer send those before the rest are processed keeps the server busy while
+      // we work, instead of server and client taking turns.
+      for (bool more = true; more;) {
+        if (auto perr = mux_.drain(16, more)) {
+          lost(fmt::format("{}: {}", perr.message(), mux_.last_protocol_error()));
+          co_return;
+        }
+        if (more && writer_idle_ && mux_.has_waiting()) {
+          wake_writer();
+          co_await asio::post(strand_, asio::use_awaitable);  // the writer runs first
+        }
       }
     }
   }
 
   asio::awaitable<void> write_loop() {
     for (;;) {
+      if (ending_) co_return;
       if (!mux_.has_waiting()) {
         write_wake_.expires_at(clock::time_point::max());
+        writer_idle_ = true;
         co_await write_wake_.async_wait(use_tuple);
+        writer_idle_ = false;
         if (cancelled(co_await asio::this_coro::cancellation_state)) co_return;
         continue;
       }
@@ -481,8 +523,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
                          std::chrono::duration_cast<std::chrono::milliseconds>(idle).count()));
         co_return;
       }
-      if (mux_.in_flight() == 0 && !mux_.has_waiting() && idle >= interval)
-        send_internal(request("PING"), 1, nullptr);
+      if (mux_.in_flight() == 0 && !mux_.has_waiting() && idle >= interval) send_internal(request("PING"), 1, nullptr);
     }
   }
 
@@ -503,6 +544,8 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   bool started_ = false;
   bool closed_ = false;
   bool reset_requested_ = false;
+  bool writer_idle_ = false;  // write_loop waits on write_wake_
+  bool ending_ = false;       // the current connection is being torn down
   std::atomic<bool> connected_{false};
   std::atomic<std::uint64_t> connects_{0};
   std::atomic<std::int64_t> client_id_{0};
@@ -531,17 +574,24 @@ std::string basic_connection::last_error() const { return impl_->last_error(); }
 std::uint64_t basic_connection::connect_count() const noexcept { return impl_->connect_count(); }
 std::int64_t basic_connection::client_id() const noexcept { return impl_->client_id(); }
 
-void basic_connection::exec_impl(const std::shared_ptr<detail::connection_impl>& impl, request req,
-                                 exec_handler handler) {
+void basic_connection::exec_impl(std::shared_ptr<detail::connection_impl> impl, request req, exec_handler handler) {
   impl->exec(std::move(req), std::move(handler));
 }
 
-void subscriber::subscribe(std::vector<std::string> channels) { impl_->change_subscriptions(std::move(channels), false, true); }
-void subscriber::psubscribe(std::vector<std::string> patterns) { impl_->change_subscriptions(std::move(patterns), true, true); }
-void subscriber::unsubscribe(std::vector<std::string> channels) { impl_->change_subscriptions(std::move(channels), false, false); }
-void subscriber::punsubscribe(std::vector<std::string> patterns) { impl_->change_subscriptions(std::move(patterns), true, false); }
+void subscriber::subscribe(std::vector<std::string> channels) {
+  impl_->change_subscriptions(std::move(channels), false, true);
+}
+void subscriber::psubscribe(std::vector<std::string> patterns) {
+  impl_->change_subscriptions(std::move(patterns), true, true);
+}
+void subscriber::unsubscribe(std::vector<std::string> channels) {
+  impl_->change_subscriptions(std::move(channels), false, false);
+}
+void subscriber::punsubscribe(std::vector<std::string> patterns) {
+  impl_->change_subscriptions(std::move(patterns), true, false);
+}
 
-void subscriber::receive_impl(const std::shared_ptr<detail::connection_impl>& impl, receive_handler handler) {
+void subscriber::receive_impl(std::shared_ptr<detail::connection_impl> impl, receive_handler handler) {
   impl->receive(std::move(handler));
 }
 

@@ -38,13 +38,21 @@ const std::string& multiplexer::prepare_write() {
 
 boost::system::error_code multiplexer::on_data(const char* data, std::size_t size) {
   parser_.feed(data, size);
-  for (;;) {
+  bool more = false;
+  return drain(static_cast<std::size_t>(-1), more);
+}
+
+boost::system::error_code multiplexer::drain(std::size_t max_replies, bool& more) {
+  more = false;
+  for (std::size_t n = 0;; ++n) {
+    if (n == max_replies) {
+      more = true;
+      return {};
+    }
     reply r;
     switch (parser_.next(r)) {
       case resp_parser::result::need_more: return {};
-      case resp_parser::result::error:
-        protocol_error_ = parser_.error_message();
-        return error::protocol_error;
+      case resp_parser::result::error: protocol_error_ = parser_.error_message(); return error::protocol_error;
       case resp_parser::result::reply:
         if (push_filter && push_filter(r)) break;
         if (sent_ == 0) {

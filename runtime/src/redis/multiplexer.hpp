@@ -73,6 +73,12 @@ class multiplexer {
   /// Feeds bytes read from the server and completes every request whose replies are complete.
   /// Returns error::protocol_error when the bytes are not RESP or answer no request.
   boost::system::error_code on_data(const char* data, std::size_t size);
+
+  /// The same in two steps: feed() the bytes, then drain() up to max_replies at a time, so the
+  /// caller can write new requests between two drains. `more` tells whether drain stopped at
+  /// max_replies (there may be more replies buffered).
+  void feed(const char* data, std::size_t size) { parser_.feed(data, size); }
+  boost::system::error_code drain(std::size_t max_replies, bool& more);
   /// Why on_data failed.
   const std::string& last_protocol_error() const noexcept { return protocol_error_; }
 

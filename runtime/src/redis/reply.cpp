@@ -20,8 +20,7 @@ std::string_view to_string(reply_kind k) noexcept {
 
 namespace {
 [[noreturn]] void mismatch(std::string_view wanted, const reply& r) {
-  if (r.is_error())
-    throw reply_type_error(fmt::format("expected {} reply, got error '{}'", wanted, r.error_message()));
+  if (r.is_error()) throw reply_type_error(fmt::format("expected {} reply, got error '{}'", wanted, r.error_message()));
   throw reply_type_error(fmt::format("expected {} reply, got {}", wanted, to_string(r.kind())));
 }
 }  // namespace

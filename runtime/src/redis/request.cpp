@@ -9,17 +9,16 @@ namespace jobrt::redis {
 namespace {
 
 bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() &&
-         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
            return std::toupper(static_cast<unsigned char>(x)) == y;
          });
 }
 
 // Commands that hold the connection until something happens on the server.
 constexpr std::array<std::string_view, 13> blocking_commands{
-    "BLPOP", "BRPOP", "BRPOPLPUSH", "BLMOVE", "BLMPOP", "BZPOPMIN", "BZPOPMAX",
-    "BZMPOP", "WAIT", "MONITOR", "SUBSCRIBE", "PSUBSCRIBE", "SSUBSCRIBE"};
-constexpr std::array<std::string_view, 6> pubsub_commands{"SUBSCRIBE", "PSUBSCRIBE", "SSUBSCRIBE",
+    "BLPOP",  "BRPOP", "BRPOPLPUSH", "BLMOVE",    "BLMPOP",     "BZPOPMIN",  "BZPOPMAX",
+    "BZMPOP", "WAIT",  "MONITOR",    "SUBSCRIBE", "PSUBSCRIBE", "SSUBSCRIBE"};
+constexpr std::array<std::string_view, 6> pubsub_commands{"SUBSCRIBE",   "PSUBSCRIBE",   "SSUBSCRIBE",
                                                           "UNSUBSCRIBE", "PUNSUBSCRIBE", "SUNSUBSCRIBE"};
 
 template <std::size_t N>
@@ -38,10 +37,11 @@ void append_header(std::string& out, char prefix, std::size_t n) {
 }  // namespace
 
 void request::begin_command(std::string_view command, std::size_t argc) {
+  if (commands_ == 0) payload_.reserve(64 + 16 * argc);
   ++commands_;
   // XREAD/XREADGROUP block only with BLOCK; treat them as blocking to be safe.
-  blocking_ = blocking_ || is_one_of(command, blocking_commands) || iequals(command, "XREAD") ||
-              iequals(command, "XREADGROUP");
+  blocking_ =
+      blocking_ || is_one_of(command, blocking_commands) || iequals(command, "XREAD") || iequals(command, "XREADGROUP");
   pubsub_ = pubsub_ || is_one_of(command, pubsub_commands);
   append_header(payload_, '*', argc);
   append_bulk(command);

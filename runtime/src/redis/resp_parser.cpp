@@ -7,13 +7,18 @@
 
 namespace jobrt::redis {
 
-// hiredis calls these while it parses. Children are written in place into their parent's
-// element vector, which createArray sized once, so the pointers hiredis keeps stay valid.
-// hiredis frees only whole (root) objects, through free_object.
+// hiredis calls these while it parses. The root of each reply is the parser's own `reply`
+// (reached through the reader's privdata), so a reply costs no allocation of its own; children
+// are written in place into their parent's element vector, which createArray sized once, so the
+// pointers hiredis keeps stay valid. hiredis frees only roots, through free_object.
 class resp_builder {
  public:
   static reply* slot(const redisReadTask* task) noexcept {
-    if (task->parent == nullptr) return new (std::nothrow) reply;
+    if (task->parent == nullptr) {
+      auto* root = static_cast<reply*>(task->privdata);
+      *root = reply();
+      return root;
+    }
     auto* parent = static_cast<reply*>(task->parent->obj);
     return &parent->elements_[static_cast<std::size_t>(task->idx)];
   }
@@ -58,19 +63,20 @@ class resp_builder {
     return r;
   }
 
-  static void free_object(void* obj) noexcept { delete static_cast<reply*>(obj); }
+  static void free_object(void* obj) noexcept { *static_cast<reply*>(obj) = reply(); }
 };
 
 namespace detail {
 namespace {
 
-redisReplyObjectFunctions builder_functions{
-    resp_builder::create_string, resp_builder::create_array, resp_builder::create_integer,
-    resp_builder::create_nil, resp_builder::free_object};
+redisReplyObjectFunctions builder_functions{resp_builder::create_string, resp_builder::create_array,
+                                            resp_builder::create_integer, resp_builder::create_nil,
+                                            resp_builder::free_object};
 
-redisReader* make_reader() {
+redisReader* make_reader(reply* root) {
   redisReader* r = redisReaderCreateWithFunctions(&builder_functions);
   if (r == nullptr) throw std::bad_alloc();
+  r->privdata = root;
   // Keep up to 256 KiB of buffer between reads instead of freeing it after every batch.
   r->maxbuf = 256 * 1024;
   return r;
@@ -78,7 +84,7 @@ redisReader* make_reader() {
 
 }  // namespace
 
-resp_parser::resp_parser() : reader_(make_reader()) {}
+resp_parser::resp_parser() : root_(std::make_unique<reply>()), reader_(make_reader(root_.get())) {}
 
 resp_parser::~resp_parser() { redisReaderFree(reader_); }
 
@@ -91,15 +97,14 @@ resp_parser::result resp_parser::next(reply& out) {
   void* obj = nullptr;
   if (redisReaderGetReply(reader_, &obj) != REDIS_OK) return result::error;
   if (obj == nullptr) return result::need_more;
-  std::unique_ptr<reply> owned(static_cast<reply*>(obj));
-  out = std::move(*owned);
+  out = std::move(*static_cast<reply*>(obj));
   return result::reply;
 }
 
 std::string_view resp_parser::error_message() const noexcept { return reader_->errstr; }
 
 void resp_parser::reset() {
-  redisReader* fresh = make_reader();
+  redisReader* fresh = make_reader(root_.get());
   redisReaderFree(reader_);
   reader_ = fresh;
 }

@@ -5,6 +5,7 @@
 #include <jobrt/redis/reply.hpp>
 
 #include <cstddef>
+#include <memory>
 #include <string_view>
 
 struct redisReader;
@@ -30,6 +31,7 @@ class resp_parser {
   void reset();
 
  private:
+  std::unique_ptr<reply> root_;  // where each reply is built (a stable address for hiredis)
   redisReader* reader_;
 };
 

@@ -1,9 +1,9 @@
 #include <jobrt/redis/script.hpp>
 
+#include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/uuid/detail/sha1.hpp>
-#include <fmt/format.h>
 
 namespace jobrt::redis {
 

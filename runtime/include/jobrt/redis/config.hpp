@@ -13,9 +13,9 @@ struct config {
   std::string port = "6379";
   /// When not empty, connect to this unix socket instead of host:port.
   std::string unix_path;
-  std::string username;  ///< empty: AUTH with the password only
-  std::string password;  ///< empty: no AUTH
-  int database = 0;      ///< SELECTed when not 0
+  std::string username;               ///< empty: AUTH with the password only
+  std::string password;               ///< empty: no AUTH
+  int database = 0;                   ///< SELECTed when not 0
   std::string client_name = "jobrt";  ///< sent with CLIENT SETNAME; empty: not sent
 
   std::chrono::milliseconds connect_timeout{2000};

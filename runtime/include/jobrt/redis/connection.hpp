@@ -71,8 +71,17 @@ class basic_connection {
 
  protected:
   basic_connection(executor_type ex, config cfg, connection_role role);
-  // Static, with the impl captured by value: a deferred initiation may run after `this` is gone.
-  static void exec_impl(const std::shared_ptr<detail::connection_impl>& impl, request req, exec_handler handler);
+  // The initiation owns the impl (a deferred one may run after `this` is gone) and gives it up
+  // when it runs: an awaitable keeps its initiation until the operation completes, and a
+  // shared_ptr kept there would form a cycle through the pending request's handler.
+  struct exec_initiation {
+    std::shared_ptr<detail::connection_impl> impl;
+    template <class Handler>
+    void operator()(Handler&& handler, request req) {
+      exec_impl(std::move(impl), std::move(req), exec_handler(std::forward<Handler>(handler)));
+    }
+  };
+  static void exec_impl(std::shared_ptr<detail::connection_impl> impl, request req, exec_handler handler);
 
   std::shared_ptr<detail::connection_impl> impl_;
 };
@@ -90,9 +99,8 @@ class connection : public basic_connection {
   /// Thread-safe.
   template <class CompletionToken>
   auto async_exec(request req, CompletionToken&& token) {
-    return boost::asio::async_initiate<CompletionToken, void(boost::system::error_code, reply)>(
-        [impl = impl_](auto handler, request r) { exec_impl(impl, std::move(r), exec_handler(std::move(handler))); },
-        token, std::move(req));
+    return boost::asio::async_initiate<CompletionToken, void(boost::system::error_code, reply)>(exec_initiation{impl_},
+                                                                                                token, std::move(req));
   }
 };
 
@@ -106,16 +114,16 @@ class blocking_connection : public basic_connection {
   /// As connection::async_exec, blocking commands included. Thread-safe.
   template <class CompletionToken>
   auto async_exec(request req, CompletionToken&& token) {
-    return boost::asio::async_initiate<CompletionToken, void(boost::system::error_code, reply)>(
-        [impl = impl_](auto handler, request r) { exec_impl(impl, std::move(r), exec_handler(std::move(handler))); },
-        token, std::move(req));
+    return boost::asio::async_initiate<CompletionToken, void(boost::system::error_code, reply)>(exec_initiation{impl_},
+                                                                                                token, std::move(req));
   }
 };
 
 /// A pub/sub connection. Subscriptions survive reconnects (they are made again).
 class subscriber : public basic_connection {
  public:
-  subscriber(executor_type ex, config cfg) : basic_connection(std::move(ex), std::move(cfg), connection_role::subscriber) {}
+  subscriber(executor_type ex, config cfg)
+      : basic_connection(std::move(ex), std::move(cfg), connection_role::subscriber) {}
 
   /// Adds channels (or patterns, with PSUBSCRIBE semantics). Thread-safe.
   void subscribe(std::vector<std::string> channels);
@@ -128,11 +136,18 @@ class subscriber : public basic_connection {
   template <class CompletionToken>
   auto async_receive(CompletionToken&& token) {
     return boost::asio::async_initiate<CompletionToken, void(boost::system::error_code, message)>(
-        [impl = impl_](auto handler) { receive_impl(impl, receive_handler(std::move(handler))); }, token);
+        receive_initiation{impl_}, token);
   }
 
  private:
-  static void receive_impl(const std::shared_ptr<detail::connection_impl>& impl, receive_handler handler);
+  struct receive_initiation {
+    std::shared_ptr<detail::connection_impl> impl;
+    template <class Handler>
+    void operator()(Handler&& handler) {
+      receive_impl(std::move(impl), receive_handler(std::forward<Handler>(handler)));
+    }
+  };
+  static void receive_impl(std::shared_ptr<detail::connection_impl> impl, receive_handler handler);
 };
 
 /// Runs req on c and returns its reply; throws boost::system::system_error on failure (for an

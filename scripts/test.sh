@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Sets up and runs every test: builds twice (warnings as errors; ASan+UBSan), runs all tests in
+# both against a throw-away redis-server on loopback, and checks formatting.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+scripts/setup.sh
+
+echo "== format"
+files=$(git ls-files '*.cpp' '*.hpp')
+clang-format --dry-run --Werror $files
+
+echo "== build: release, -Werror"
+scripts/build.sh build/ci-release -DCMAKE_BUILD_TYPE=RelWithDebInfo -DJOBRT_WERROR=ON
+echo "== build: ASan+UBSan"
+scripts/build.sh build/ci-asan -DCMAKE_BUILD_TYPE=Debug -DJOBRT_WERROR=ON -DJOBRT_SANITIZE=ON
+
+read -r port dir < <(scripts/redis.sh)
+trap 'scripts/redis.sh stop "$dir"' EXIT
+export JOBRT_TEST_REDIS_URL="redis://127.0.0.1:$port"
+echo "== redis-server on port $port"
+
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+for flavour in ci-release ci-asan; do
+  echo "== tests: $flavour"
+  ctest --test-dir "build/$flavour" --output-on-failure -j "$(nproc)"
+done
