@@ -3,12 +3,12 @@
 // Prints: connection C=<c> N=<n> ops_per_sec=<x>
 #include <jobrt/redis/connection.hpp>
 
+#include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <fmt/format.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
       asio::detached);
   ctx.run();
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  fmt::print("connection C={} N={} ops_per_sec={:.0f} failed={}\n", concurrency, total, static_cast<double>(total) / secs,
-             failed);
+  fmt::print("connection C={} N={} ops_per_sec={:.0f} failed={}\n", concurrency, total,
+             static_cast<double>(total) / secs, failed);
   return failed == 0 ? 0 : 1;
 }

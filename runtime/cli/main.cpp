@@ -1,18 +1,65 @@
 // The jobrt command.
+#include "cli.hpp"
+
 #include <fmt/format.h>
 
-#include <cstring>
+#include <charconv>
+#include <exception>
+#include <stdexcept>
+
+namespace jobrt::cli {
+
+std::string string_arg(const args& a, std::size_t& i) {
+  if (i + 1 >= a.size()) throw usage_error(fmt::format("option {} needs a value", a[i]));
+  return a[++i];
+}
+
+std::size_t number_arg(const args& a, std::size_t& i) {
+  std::string name = a[i];
+  std::string text = string_arg(a, i);
+  std::size_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size())
+    throw usage_error(fmt::format("option {}: '{}' is not a non-negative number", name, text));
+  return value;
+}
+
+}  // namespace jobrt::cli
+
+namespace {
+
+constexpr const char* usage =
+    "usage: jobrt <command> [options]\n"
+    "commands:\n"
+    "  demo      stock arrivals on the embedded backend (or --redis URL); see jobrt demo --help\n"
+    "  version   print the version\n";
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 2 && std::strcmp(argv[1], "version") == 0) {
-    fmt::print("jobrt 0.1.0\n");
-    return 0;
+  using namespace jobrt::cli;
+  if (argc < 2) {
+    fmt::print(stderr, "{}", usage);
+    return 2;
   }
-  if (argc >= 2 && std::strcmp(argv[1], "demo") == 0) {
-    fmt::print(
-        "jobrt demo: the stock-arrival demo comes with the runtime core; this build has the Redis connection only.\n");
-    return 0;
+  std::string command = argv[1];
+  args rest(argv + 2, argv + argc);
+  try {
+    if (command == "demo") return demo(rest);
+    if (command == "version" || command == "--version") {
+      fmt::print("jobrt 0.1.0\n");
+      return 0;
+    }
+    if (command == "help" || command == "--help" || command == "-h") {
+      fmt::print("{}", usage);
+      return 0;
+    }
+    throw usage_error(fmt::format("unknown command '{}'", command));
+  } catch (const usage_error& e) {
+    fmt::print(stderr, "jobrt: {}\n{}", e.what(), usage);
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "jobrt: {}\n", e.what());
+    return 1;
   }
-  fmt::print(stderr, "usage: jobrt version | demo\n");
-  return 2;
 }

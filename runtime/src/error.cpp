@@ -21,6 +21,8 @@ class category final : public boost::system::error_category {
         return "blocking command on the shared connection; use a blocking_connection";
       case error::health_check_failed: return "nothing read from the server for two health intervals";
       case error::handshake_failed: return "the server refused the connection handshake";
+      case error::invalid_request:
+        return "empty request, or a pub/sub command on a connection that is not a subscriber";
     }
     return "unknown jobrt error";
   }

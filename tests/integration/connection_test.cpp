@@ -263,3 +263,35 @@ TEST_CASE("closing completes everything with error::closed") {
     CHECK(ec == error::closed);
   });
 }
+
+TEST_CASE("empty requests and pub/sub commands off a subscriber are refused") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), shared_redis());
+    blocking_connection blocking(ctx.get_executor(), shared_redis());
+    conn.start();
+    blocking.start();
+    auto [ec1, r1] = co_await conn.async_exec(request(), use_tuple);
+    CHECK(ec1 == error::invalid_request);
+    auto [ec2, r2] = co_await conn.async_exec(request("UNSUBSCRIBE", "a", "b"), use_tuple);
+    CHECK(ec2 == error::invalid_request);
+    auto [ec3, r3] = co_await blocking.async_exec(request("SUBSCRIBE", "a"), use_tuple);
+    CHECK(ec3 == error::invalid_request);
+    CHECK((co_await exec(conn, request("PING"))).as_string() == "PONG");
+  });
+}
+
+TEST_CASE("a script that does not compile reports the compile error") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), shared_redis());
+    conn.start();
+    script broken("this is not lua");
+    std::vector<std::string> none;
+    std::string what;
+    try {
+      co_await broken.run(conn, none, none);
+    } catch (const boost::system::system_error& e) {
+      what = e.what();
+    }
+    CHECK(what.find("Error compiling script") != std::string::npos);
+  });
+}

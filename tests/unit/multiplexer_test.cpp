@@ -181,3 +181,17 @@ TEST_CASE_FIXTURE(fixture, "drain completes at most the replies asked for, then 
   CHECK_FALSE(more);
   CHECK(c->value.as_integer() == 3);
 }
+
+TEST_CASE_FIXTURE(fixture, "an abandoned pipeline still owns the rest of its replies") {
+  request three;
+  three.push("GET", "a").push("GET", "b").push("GET", "c");
+  auto p = add(three);
+  auto next = add(request("GET", "d"));
+  mux.prepare_write();
+  CHECK_FALSE(feed(":1\r\n:2\r\n"));
+  CHECK(mux.cancel(*ops[0], jobrt::error::timeout));
+  CHECK(p->ec == jobrt::error::timeout);
+  CHECK_FALSE(feed(":3\r\n:4\r\n"));
+  CHECK(next->value.as_integer() == 4);
+  CHECK(mux.size() == 0);
+}

@@ -35,3 +35,14 @@ TEST_CASE("a pipeline counts its commands and flags blocking ones in any case") 
   CHECK(both.size() == 3);
   CHECK(both.has_blocking_command());
 }
+
+TEST_CASE("unsigned and nested arguments are encoded as they are") {
+  using namespace std::string_literals;
+  request big("SET", "k", std::uint64_t{18446744073709551615u});
+  CHECK(big.payload() == "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$20\r\n18446744073709551615\r\n"s);
+  std::vector<std::vector<std::string>> nested{{"a", "b"}, {"c"}};
+  request r("DEL", nested);
+  CHECK(r.payload() == "*4\r\n$3\r\nDEL\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n"s);
+  CHECK(request("UNSUBSCRIBE", "x").has_pubsub_command());
+  CHECK(request("monitor").has_pubsub_command());
+}

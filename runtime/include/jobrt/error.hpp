@@ -27,6 +27,8 @@ enum class error {
   health_check_failed,
   /// The connection handshake (AUTH, SELECT, CLIENT SETNAME) was refused.
   handshake_failed,
+  /// The request is empty, or holds pub/sub commands and the connection is not a subscriber.
+  invalid_request,
 };
 
 /// The category of jobrt::error.

@@ -71,7 +71,11 @@ class exec_op final : public pending {
   exec_op(request req, exec_handler handler, const asio::any_io_executor& fallback)
       : pending(std::move(req).payload(), req.size(), req.options, req.has_blocking_command()),
         handler_(std::move(handler)),
-        fallback_(fallback) {}
+        fallback_(fallback),
+        pushed_replies_(req.has_pubsub_command()) {}
+
+  /// Empty, or with commands whose replies are pushed: FIFO matching cannot carry it.
+  bool unmatchable() const noexcept { return pushed_replies_ || expected_replies() == 0; }
 
   exec_handler& handler() noexcept { return handler_; }
   /// Queued: from now on it completes from I/O or a timer, never inside its initiating function.
@@ -84,6 +88,7 @@ class exec_op final : public pending {
 
   exec_handler handler_;
   const asio::any_io_executor& fallback_;
+  bool pushed_replies_;
   bool queued_ = false;
 };
 
@@ -117,6 +122,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         deadline_timer_(strand_),
         backoff_timer_(strand_),
         connect_timer_(strand_),
+        resolver_(strand_),
         read_buffer_(64 * 1024) {
     if (role_ == connection_role::subscriber) mux_.push_filter = [this](reply& r) { return on_push(r); };
   }
@@ -221,6 +227,10 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       mux_.cancel(*op, error::blocking_command_on_shared_connection);
       return;
     }
+    if (op->unmatchable()) {
+      mux_.cancel(*op, error::invalid_request);
+      return;
+    }
     auto deadline = op->deadline();
     if (op->done()) return;  // cancelled before it got here
     op->set_queued();
@@ -264,6 +274,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     deadline_timer_.cancel();
     backoff_timer_.cancel();
     connect_timer_.cancel();
+    resolver_.cancel();
     mux_.fail_all(error::closed);
     for (auto& r : receivers_) post_completion(std::move(r->handler), ex_, error_code(error::closed), message{});
     receivers_.clear();
@@ -328,8 +339,11 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       // A request that times out while there is no connection says so: the cause is the
       // connection, and last_error() tells why.
       error_code ec = self->connected_ ? error_code(error::timeout) : error_code(error::not_connected);
+      // Completions run inline may queue requests with deadlines of their own: they lower
+      // armed_deadline_ from max, and the result is the earlier of theirs and the rest.
+      self->armed_deadline_ = clock::time_point::max();
       auto expired = self->mux_.expire(clock::now(), ec);
-      self->armed_deadline_ = expired.next;
+      self->armed_deadline_ = std::min(self->armed_deadline_, expired.next);
       if (expired.abandoned_written && self->role_ != connection_role::shared) self->reset_connection();
     }
   }
@@ -368,13 +382,23 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   asio::awaitable<std::string> connect_with_timeout() {
     connect_timer_.expires_after(cfg_.connect_timeout);
     // `||` waits for the first branch that *succeeds*, so the attempt reports failure as a value.
-    auto result = co_await (try_connect() || connect_timer_.async_wait(use_tuple));
+    auto result = co_await (try_connect() || connect_deadline());
     std::string failure =
         result.index() == 0 ? std::get<0>(result) : fmt::format("timed out after {} ms", cfg_.connect_timeout.count());
     if (failure.empty()) co_return failure;
     error_code ignored;
     socket_.close(ignored);
     co_return fmt::format("connect to {}: {}", cfg_.address(), failure);
+  }
+
+  // The resolver cannot be cancelled per operation, and `||` waits for both branches: the
+  // timeout branch cancels it (and the socket) itself.
+  asio::awaitable<void> connect_deadline() {
+    auto [ec] = co_await connect_timer_.async_wait(use_tuple);
+    if (ec) co_return;  // the attempt finished first (or close() came): nothing to cut short
+    resolver_.cancel();
+    error_code ignored;
+    socket_.close(ignored);
   }
 
   asio::awaitable<std::string> try_connect() {
@@ -393,8 +417,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       std::tie(ec) = co_await socket_.async_connect(asio::local::stream_protocol::endpoint(cfg_.unix_path), use_tuple);
       if (ec) throw std::runtime_error(fmt::format("{}: {}", cfg_.unix_path, ec.message()));
     } else {
-      asio::ip::tcp::resolver resolver(strand_);
-      auto [rec, endpoints] = co_await resolver.async_resolve(cfg_.host, cfg_.port, use_tuple);
+      auto [rec, endpoints] = co_await resolver_.async_resolve(cfg_.host, cfg_.port, use_tuple);
       if (rec) throw std::runtime_error(fmt::format("cannot resolve '{}': {}", cfg_.host, rec.message()));
       ec = asio::error::host_not_found;
       for (const auto& entry : endpoints) {
@@ -471,7 +494,14 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       // letting the writer send those before the rest are processed keeps the server busy while
       // we work, instead of server and client taking turns.
       for (bool more = true; more;) {
-        if (auto perr = mux_.drain(16, more)) {
+        error_code perr;
+        try {
+          perr = mux_.drain(16, more);
+        } catch (const std::exception& e) {  // a handler run inline threw: end this connection, loudly
+          lost(fmt::format("exception while completing requests: {}", e.what()));
+          co_return;
+        }
+        if (perr) {
           lost(fmt::format("{}: {}", perr.message(), mux_.last_protocol_error()));
           co_return;
         }
@@ -494,6 +524,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         if (cancelled(co_await asio::this_coro::cancellation_state)) co_return;
         continue;
       }
+      if (mux_.in_flight() == 0) waiting_since_ = clock::now();  // silence counts from here too
       const std::string& bytes = mux_.prepare_write();
       auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(bytes), use_tuple);
       mux_.commit_write();
@@ -513,11 +544,12 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       co_return;
     }
     for (;;) {
-      timer.expires_after(interval / 2);
+      timer.expires_after(interval / 4);
       co_await timer.async_wait(use_tuple);
       if (cancelled(co_await asio::this_coro::cancellation_state)) co_return;
       if (mux_.blocked()) continue;  // a blocking command is silent on purpose
-      auto idle = clock::now() - last_read_;
+      // Silence: since the last read, or since requests were written to an idle connection.
+      auto idle = clock::now() - std::max(last_read_, waiting_since_);
       if (mux_.in_flight() > 0 && idle >= 2 * interval) {
         lost(fmt::format("{} (no reply for {} ms)", error_code(error::health_check_failed).message(),
                          std::chrono::duration_cast<std::chrono::milliseconds>(idle).count()));
@@ -537,8 +569,10 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   asio::steady_timer deadline_timer_;  // armed at the earliest request deadline
   asio::steady_timer backoff_timer_;
   asio::steady_timer connect_timer_;
+  asio::ip::tcp::resolver resolver_;
   clock::time_point armed_deadline_ = clock::time_point::max();
   clock::time_point last_read_{};
+  clock::time_point waiting_since_{};
   std::vector<char> read_buffer_;
   std::string loss_reason_;
   bool started_ = false;

@@ -68,8 +68,10 @@ boost::system::error_code multiplexer::drain(std::size_t max_replies, bool& more
 void multiplexer::deliver(reply r) {
   pending& front = *queue_.front();
   if (front.expected_ > 1) {
-    front.collected_.push_back(std::move(r));
-    if (front.collected_.size() < front.expected_) return;
+    // Counted apart from collected_: an abandoned pipeline still owns its remaining replies.
+    ++front.received_;
+    if (!front.done_) front.collected_.push_back(std::move(r));
+    if (front.received_ < front.expected_) return;
     r = reply::make_array(std::move(front.collected_));
   }
   // Pop before completing: the completion may add or cancel requests.
@@ -91,6 +93,7 @@ void multiplexer::on_connection_lost() {
     if (p->resend_safe_) {
       p->written_ = false;
       p->collected_.clear();
+      p->received_ = 0;
       resend.push_back(std::move(p));
     } else {
       failed.push_back(std::move(p));

@@ -33,6 +33,7 @@ class pending {
   bool written() const noexcept { return written_; }
   bool blocking() const noexcept { return blocking_; }
   clock::time_point deadline() const noexcept { return deadline_; }
+  std::size_t expected_replies() const noexcept { return expected_; }
 
  protected:
   /// Called once, with the reply (an array of replies for a pipeline), or with an error.
@@ -45,6 +46,7 @@ class pending {
   std::string payload_;
   std::size_t expected_;
   std::vector<reply> collected_;  // replies so far of a pipeline
+  std::size_t received_ = 0;      // replies read so far (also counted once abandoned)
   clock::time_point deadline_;
   bool resend_safe_;
   bool blocking_;

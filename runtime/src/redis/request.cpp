@@ -18,8 +18,9 @@ bool iequals(std::string_view a, std::string_view b) {
 constexpr std::array<std::string_view, 13> blocking_commands{
     "BLPOP",  "BRPOP", "BRPOPLPUSH", "BLMOVE",    "BLMPOP",     "BZPOPMIN",  "BZPOPMAX",
     "BZMPOP", "WAIT",  "MONITOR",    "SUBSCRIBE", "PSUBSCRIBE", "SSUBSCRIBE"};
-constexpr std::array<std::string_view, 6> pubsub_commands{"SUBSCRIBE",   "PSUBSCRIBE",   "SSUBSCRIBE",
-                                                          "UNSUBSCRIBE", "PUNSUBSCRIBE", "SUNSUBSCRIBE"};
+// Their replies are pushed, not one per command: only a subscriber can carry them.
+constexpr std::array<std::string_view, 7> pubsub_commands{"SUBSCRIBE",    "PSUBSCRIBE",   "SSUBSCRIBE", "UNSUBSCRIBE",
+                                                          "PUNSUBSCRIBE", "SUNSUBSCRIBE", "MONITOR"};
 
 template <std::size_t N>
 bool is_one_of(std::string_view command, const std::array<std::string_view, N>& names) {
@@ -59,12 +60,6 @@ void request::append_bulk(std::string_view arg) {
   append_header(payload_, '$', arg.size());
   payload_.append(arg);
   payload_ += "\r\n";
-}
-
-void request::append_integer(std::int64_t arg) {
-  char buf[24];
-  auto res = std::to_chars(buf, buf + sizeof buf, arg);
-  append_bulk(std::string_view(buf, static_cast<std::size_t>(res.ptr - buf)));
 }
 
 }  // namespace jobrt::redis

@@ -27,8 +27,10 @@ boost::asio::awaitable<reply> script::run(connection& c, request evalsha) const 
     reload.append(again);
     std::tie(ec, r) = co_await c.async_exec(std::move(reload), as_tuple(use_awaitable));
     if (!ec) {
-      reply second = std::move(r.as_array().at(1));
-      r = std::move(second);
+      // A script that does not compile fails at SCRIPT LOAD: that error is the one to show.
+      auto& both = r.as_array();
+      reply answer = std::move(both.at(both.at(0).is_error() ? 0 : 1));
+      r = std::move(answer);
       if (r.is_error()) ec = error::server_error;
     }
   }

@@ -1,6 +1,7 @@
 // One or more Redis commands, encoded as RESP once, when they are pushed.
 #pragma once
 
+#include <charconv>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
@@ -48,38 +49,55 @@ class request {
   std::string payload() && noexcept { return std::move(payload_); }
   /// True when a command blocks the connection (BLMOVE, SUBSCRIBE, ...).
   bool has_blocking_command() const noexcept { return blocking_; }
-  /// True when it holds (P)SUBSCRIBE or (P)UNSUBSCRIBE.
+  /// True when it holds a command whose replies are pushed rather than one reply per command:
+  /// (P|S)SUBSCRIBE, (P|S)UNSUBSCRIBE, MONITOR. Only a subscriber carries these.
   bool has_pubsub_command() const noexcept { return pubsub_; }
 
   request_options options;
 
  private:
   template <class T>
+  static constexpr bool is_char =
+      std::same_as<T, char> || std::same_as<T, signed char> || std::same_as<T, unsigned char> ||
+      std::same_as<T, char8_t> || std::same_as<T, char16_t> || std::same_as<T, char32_t> || std::same_as<T, wchar_t>;
+
+  template <class T>
   static constexpr bool is_scalar = std::convertible_to<const T&, std::string_view> || std::integral<T>;
 
   template <class T>
   static std::size_t count(const T& arg) {
-    if constexpr (is_scalar<T>)
+    if constexpr (is_scalar<T>) {
       return 1;
-    else
-      return static_cast<std::size_t>(std::ranges::distance(arg));
+    } else {
+      static_assert(std::ranges::forward_range<const T>, "arguments are strings, integers or forward ranges of them");
+      std::size_t n = 0;
+      for (const auto& elem : arg) n += count(elem);
+      return n;
+    }
   }
 
   template <class T>
   void append(const T& arg) {
-    if constexpr (std::same_as<T, bool>)
-      static_assert(!std::same_as<T, bool>, "pass \"0\" or \"1\", not bool");
-    else if constexpr (std::integral<T>)
-      append_integer(static_cast<std::int64_t>(arg));
-    else if constexpr (std::convertible_to<const T&, std::string_view>)
+    static_assert(!std::same_as<T, bool>, "pass \"0\" or \"1\", not bool");
+    static_assert(!is_char<T>, "a character is not an argument; pass a string");
+    if constexpr (std::integral<T>) {
+      append_integer(arg);
+    } else if constexpr (std::convertible_to<const T&, std::string_view>) {
       append_bulk(std::string_view(arg));
-    else
+    } else {
       for (const auto& elem : arg) append(elem);
+    }
+  }
+
+  template <std::integral T>
+  void append_integer(T arg) {
+    char buf[24];
+    auto res = std::to_chars(buf, buf + sizeof buf, arg);
+    append_bulk(std::string_view(buf, static_cast<std::size_t>(res.ptr - buf)));
   }
 
   void begin_command(std::string_view command, std::size_t argc);
   void append_bulk(std::string_view arg);
-  void append_integer(std::int64_t arg);
 
   std::string payload_;
   std::size_t commands_ = 0;

@@ -1,0 +1,42 @@
+// Grouping rules: which jobs are grouped, and what their group key is, decided per job from its
+// type and payload fields. A team that does not enable grouping keeps the ungrouped fast path.
+//
+// JSON form:
+//   {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}"}]}
+// A rule matches a job when every "match" entry equals the job's field ("type" is the job's
+// type; other names are top-level payload fields; "*" means the field is present) and every
+// field the key names is present. The first matching rule gives the group; none: ungrouped.
+#pragma once
+
+#include <boost/json/value.hpp>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace jobrt {
+
+struct grouping_rule {
+  std::map<std::string, std::string> match;  ///< field → value, or "*" for any value
+  std::string key;                           ///< template with {field} placeholders
+};
+
+class grouping_rules {
+ public:
+  grouping_rules() = default;
+  /// Adds a rule; throws std::invalid_argument when its key template is malformed.
+  grouping_rules& add(grouping_rule rule);
+  /// Parses the JSON form; throws std::invalid_argument naming the field that is wrong.
+  static grouping_rules from_json(const boost::json::value& config);
+
+  /// The group of a job, or nullopt when no rule matches.
+  std::optional<std::string> group_for(std::string_view type, const boost::json::value& payload) const;
+  bool empty() const noexcept { return rules_.empty(); }
+
+ private:
+  std::vector<grouping_rule> rules_;
+};
+
+}  // namespace jobrt

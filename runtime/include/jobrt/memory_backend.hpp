@@ -1,0 +1,99 @@
+// The in-process backend: queue state in memory, for one process without Redis (embedding, tests,
+// the demo). It mirrors the Redis scripts in runtime/lua/ operation by operation, so the two
+// backends agree on every result, counter, fence and order; see backend.hpp for the data model.
+#pragma once
+
+#include <jobrt/backend.hpp>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace jobrt {
+
+/// A dead-lettered job, as finish recorded it (the Redis backend's dead + dead:info).
+struct dead_letter {
+  std::string id;  ///< taken from the record; "" when the record has no id
+  std::string record;
+  std::string error;
+  std::int64_t at_ms = 0;  ///< system_clock milliseconds since the epoch
+};
+
+/// Keeps any number of named queues in memory. Every operation runs in one critical section, so
+/// the object may be used from any number of threads and coroutines at once; none of them
+/// suspends except claim_wait while it waits. The only exception an operation throws besides
+/// std::bad_alloc (which may leave a batch half stored) is claim_wait's when it is cancelled.
+/// The object must outlive every operation on it, including a claim_wait still waiting.
+///
+/// Lease deadlines are system_clock milliseconds, as the Lua scripts use the server's TIME. As
+/// with Redis, a lease counts as held while it is in `active`, whatever its deadline: only a
+/// reaper (which this interface has none of) would remove an expired one.
+class memory_backend final : public backend {
+ public:
+  /// `ex` is the executor the backend belongs to (see get_executor()). claim_wait's timers run on
+  /// the executor of the coroutine that awaits it, which is normally the same one.
+  explicit memory_backend(boost::asio::any_io_executor ex);
+  ~memory_backend() override;
+  memory_backend(const memory_backend&) = delete;
+  memory_backend& operator=(const memory_backend&) = delete;
+
+  boost::asio::any_io_executor get_executor() const noexcept { return executor_; }
+
+  /// Stores jobs, in order (enqueue.lua). A producer-given id that is pending or running (or
+  /// given twice in the batch) gives duplicate=true and stores nothing; a missing id is assigned
+  /// from the queue's sequence (1, 2, ...). Wakes one claim_wait per lane it makes ready.
+  boost::asio::awaitable<std::vector<enqueue_result>> enqueue(std::string queue,
+                                                              std::vector<encoded_job> jobs) override;
+  /// Leases up to opts.max jobs from the head of ready (claim.lua); empty when nothing is ready.
+  boost::asio::awaitable<std::vector<claimed_job>> claim(std::string queue, claim_options opts) override;
+  /// Like claim, but when nothing is ready waits up to `wait` (on a timer, never polling) for
+  /// enqueue, finish or release to make a lane ready, then claims. A waiter that is woken but
+  /// finds the work already taken by another claimer keeps waiting until its deadline; after the
+  /// deadline it returns empty. Cancelling the awaiting coroutine (terminal cancellation) ends
+  /// the wait at once with boost::system::system_error(operation_aborted), having claimed
+  /// nothing. With opts.max == 0 it returns empty at once.
+  boost::asio::awaitable<std::vector<claimed_job>> claim_wait(std::string queue, claim_options opts,
+                                                              std::chrono::milliseconds wait) override;
+  /// Acks or fails leased jobs (finish.lua). When none of the tokens is held, nothing changes;
+  /// otherwise the held ones are finished and the others answer lease_held=false.
+  boost::asio::awaitable<std::vector<finish_result>> finish(std::string queue, std::string worker,
+                                                            std::vector<finish_item> items,
+                                                            std::chrono::milliseconds lease_ttl) override;
+  /// Renews the held leases and records the worker's heartbeat (extend.lua).
+  boost::asio::awaitable<std::vector<bool>> extend(std::string queue, std::string worker,
+                                                   std::vector<std::string> tokens,
+                                                   std::chrono::milliseconds lease_ttl) override;
+  /// Puts the held leases' lanes back at the head of ready, in the tokens' order, and takes back
+  /// the `started` count of each (release.lua). Tokens not held are ignored.
+  boost::asio::awaitable<void> release(std::string queue, std::string worker, std::vector<std::string> tokens) override;
+  /// Ready lanes, leases in `active`, dead letters and the counters; all zero for an unknown queue.
+  boost::asio::awaitable<queue_counts> counts(std::string queue) override;
+
+  /// The queue's dead letters, oldest first (ties by id, as the Redis zset orders them).
+  /// Memory backend only; thread-safe.
+  std::vector<dead_letter> dead_letters(const std::string& queue) const;
+
+ private:
+  struct queue_state;
+  struct waiter;
+  struct wait_guard;
+
+  queue_state& queue_locked(const std::string& name);
+  std::vector<claimed_job> claim_locked(queue_state& q, const claim_options& opts);
+  void wake_locked(queue_state& q, std::size_t lanes);
+  bool leave_locked(waiter& w);
+
+  boost::asio::any_io_executor executor_;
+  mutable std::mutex mutex_;
+  // Queues are never erased: claim_wait keeps a queue's address across its wait.
+  std::unordered_map<std::string, std::unique_ptr<queue_state>> queues_;
+};
+
+}  // namespace jobrt

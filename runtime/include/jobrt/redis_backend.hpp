@@ -1,0 +1,52 @@
+// The Redis backend: every state change is one Lua script (runtime/lua/), all keys of a queue
+// share the hash tag {jobrt:<queue>}.
+#pragma once
+
+#include <jobrt/backend.hpp>
+#include <jobrt/redis/connection.hpp>
+#include <jobrt/redis/script.hpp>
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+namespace jobrt {
+
+class redis_backend final : public backend {
+ public:
+  /// Starts a shared connection to cfg; blocking connections (one per worker that waits for
+  /// work) are made on demand.
+  redis_backend(boost::asio::any_io_executor ex, redis::config cfg);
+  ~redis_backend() override;
+
+  /// The key prefix of a queue: "jobrt:{<queue>}:".
+  static std::string key_prefix(std::string_view queue);
+  /// The shared connection (for tools and tests).
+  redis::connection& connection() noexcept { return conn_; }
+
+  boost::asio::awaitable<std::vector<enqueue_result>> enqueue(std::string queue,
+                                                              std::vector<encoded_job> jobs) override;
+  boost::asio::awaitable<std::vector<claimed_job>> claim(std::string queue, claim_options opts) override;
+  boost::asio::awaitable<std::vector<claimed_job>> claim_wait(std::string queue, claim_options opts,
+                                                              std::chrono::milliseconds wait) override;
+  boost::asio::awaitable<std::vector<finish_result>> finish(std::string queue, std::string worker,
+                                                            std::vector<finish_item> items,
+                                                            std::chrono::milliseconds lease_ttl) override;
+  boost::asio::awaitable<std::vector<bool>> extend(std::string queue, std::string worker,
+                                                   std::vector<std::string> tokens,
+                                                   std::chrono::milliseconds lease_ttl) override;
+  boost::asio::awaitable<void> release(std::string queue, std::string worker, std::vector<std::string> tokens) override;
+  boost::asio::awaitable<queue_counts> counts(std::string queue) override;
+
+ private:
+  redis::blocking_connection& blocking_for(const std::string& worker);
+
+  boost::asio::any_io_executor ex_;
+  redis::config cfg_;
+  redis::connection conn_;
+  redis::script enqueue_, claim_, finish_, extend_, release_;
+  std::mutex blocking_mutex_;
+  std::map<std::string, std::unique_ptr<redis::blocking_connection>> blocking_;
+};
+
+}  // namespace jobrt

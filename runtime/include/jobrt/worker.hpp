@@ -1,0 +1,107 @@
+// A worker: claims jobs of one queue and runs their handlers as coroutines on an io_context.
+#pragma once
+
+#include <jobrt/backend.hpp>
+#include <jobrt/job.hpp>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace jobrt {
+
+/// What a handler gets: the job, its lease's fence, and a way to tell that it should stop.
+class job_context {
+ public:
+  job_context(jobrt::job j, std::int64_t fence, std::string worker) noexcept
+      : job_(std::move(j)), fence_(fence), worker_(std::move(worker)) {}
+
+  const jobrt::job& job() const noexcept { return job_; }
+  const boost::json::value& payload() const noexcept { return job_.payload; }
+  const std::string& id() const noexcept { return job_.id; }
+  const std::string& group() const noexcept { return job_.group; }
+  int attempt() const noexcept { return job_.attempt; }
+  /// Grows with every claim of the queue: pass it to your own storage to refuse stale writers.
+  std::int64_t fence() const noexcept { return fence_; }
+  const std::string& worker_id() const noexcept { return worker_; }
+  /// True once the lease is lost or the worker stops: the handler is also cancelled through its
+  /// cancellation slot (its pending operations complete with operation_aborted).
+  bool cancelled() const noexcept { return cancelled_.load(std::memory_order_relaxed); }
+  /// Writes a line to stderr, prefixed with the job's id and group.
+  void log(std::string_view message) const;
+
+ private:
+  friend class worker;
+  jobrt::job job_;
+  std::int64_t fence_;
+  std::string worker_;
+  std::atomic<bool> cancelled_{false};
+};
+
+/// A handler: a coroutine. Returning completes the job; throwing fails it with what() as error.
+using handler = std::function<boost::asio::awaitable<void>(job_context&)>;
+
+struct worker_options {
+  std::string queue = "default";
+  /// Unique per running worker; a restarted worker with the same id takes back its own claims.
+  /// Empty: <hostname>:<pid>:<random>.
+  std::string id;
+  /// Jobs run at once.
+  std::size_t concurrency = 10;
+  std::chrono::milliseconds lease_ttl{30000};
+  /// How often leases are renewed; 0: lease_ttl / 3.
+  std::chrono::milliseconds watchdog_period{0};
+  /// How long one blocking claim waits inside the backend before it is made again.
+  std::chrono::milliseconds claim_wait{5000};
+  /// How many jobs of one group in a row this worker may run before the group's lane goes back
+  /// to the tail of the ready list (1: strict round robin).
+  std::size_t burst = 4;
+};
+
+struct worker_counters {
+  std::uint64_t started = 0;
+  std::uint64_t completed = 0;
+  std::uint64_t failed = 0;
+  std::uint64_t leases_lost = 0;  ///< handlers cancelled because their lease was gone
+  std::uint64_t renewals = 0;     ///< watchdog calls
+  std::uint64_t released = 0;     ///< handed back at stop
+};
+
+class worker {
+ public:
+  /// The backend must outlive the worker.
+  worker(boost::asio::any_io_executor ex, backend& b, worker_options opts);
+  ~worker();
+  worker(const worker&) = delete;
+  worker& operator=(const worker&) = delete;
+
+  /// Registers the handler of a job type. Call before start().
+  void add_handler(std::string type, handler h);
+  /// Starts claiming and running jobs.
+  void start();
+  /// Stops claiming, lets running handlers finish for up to `grace`, cancels the rest and hands
+  /// their jobs back (no attempt counted), then returns. Thread-safe.
+  boost::asio::awaitable<void> stop(std::chrono::milliseconds grace);
+
+  const worker_options& options() const noexcept;
+  /// A snapshot. Thread-safe.
+  worker_counters counters() const;
+  /// Jobs held now (running or being finished). Thread-safe.
+  std::size_t in_flight() const;
+
+ private:
+  class impl;
+  std::shared_ptr<impl> impl_;
+};
+
+/// <hostname>:<pid>:<random>, unique enough to name a worker.
+std::string make_worker_id();
+
+}  // namespace jobrt

@@ -1,0 +1,47 @@
+-- Leases up to max jobs to a worker: lanes its blocking claim moved to <prefix>claimed:<worker>
+-- first, then lanes from the head of ready.
+-- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>fence  KEYS[4] <prefix>stats
+-- KEYS[5] <prefix>claimed:<worker>
+-- ARGV[1] max  ARGV[2] lease TTL (ms)
+-- Returns: per job: token, record ('' for an ungrouped job: its record is in the token)
+--
+-- A lease is the member '<fence>|<lane>' of active, scored by its deadline (server time, ms).
+-- A grouped job stays at the head of its group's list while it runs.
+local ready, active, fence_key, stats, claimed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local prefix = string.sub(ready, 1, -6)
+local max, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
+
+local lanes = redis.call('LPOP', claimed, max) or {}
+if #lanes < max then
+  local more = redis.call('LPOP', ready, max - #lanes)
+  if more then
+    for _, lane in ipairs(more) do lanes[#lanes + 1] = lane end
+  end
+end
+if #lanes == 0 then return {} end
+
+local time = redis.call('TIME')
+local deadline = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl
+local fence = redis.call('INCRBY', fence_key, #lanes) - #lanes
+local leases, out = {}, {}
+for _, lane in ipairs(lanes) do
+  local record = ''
+  local live = true
+  if string.sub(lane, 1, 2) == 'g:' then
+    record = redis.call('LINDEX', prefix .. lane, 0)
+    live = record ~= false -- a stale lane of an emptied group is dropped
+  end
+  if live then
+    fence = fence + 1
+    local token = fence .. '|' .. lane
+    leases[#leases + 1] = deadline
+    leases[#leases + 1] = token
+    out[#out + 1] = token
+    out[#out + 1] = record
+  end
+end
+if #leases > 0 then
+  redis.call('ZADD', active, unpack(leases))
+  redis.call('HINCRBY', stats, 'started', #leases / 2)
+end
+return out

@@ -1,0 +1,78 @@
+-- Acks or fails leased jobs, each checked against its token.
+-- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>fence  KEYS[4] <prefix>stats
+-- KEYS[5] <prefix>ids  KEYS[6] <prefix>dead  KEYS[7] <prefix>dead:info
+-- ARGV[1] lease TTL (ms)  ARGV[2] n, then n times: token, kind ('a' ack, 'f' fail),
+--   producer-given id ('' if none), error, want next ('1': lease the group's next job to me)
+-- Returns: n times: held (1, or 0 when the lease was lost and nothing changed), next token,
+--   next record ('' and '' when no next job was leased)
+local ready, active, fence_key, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ids, dead, dead_info = KEYS[5], KEYS[6], KEYS[7]
+local prefix = string.sub(ready, 1, -6)
+local ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+
+local tokens = {}
+for i = 1, n do tokens[i] = ARGV[3 + (i - 1) * 5] end
+local scores = redis.call('ZMSCORE', active, unpack(tokens))
+local held = {}
+for i = 1, n do
+  if scores[i] then held[#held + 1] = tokens[i] end
+end
+if #held == 0 then
+  local out = {}
+  for i = 1, n do out[#out + 1] = 0; out[#out + 1] = ''; out[#out + 1] = '' end
+  return out
+end
+redis.call('ZREM', active, unpack(held))
+
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local out, back, leases = {}, {}, {}
+local completed, failed = 0, 0
+for i = 1, n do
+  local base = 3 + (i - 1) * 5
+  local token, kind, unique_id, err, want = ARGV[base], ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
+  local next_token, next_record = '', ''
+  if not scores[i] then
+    out[#out + 1] = 0
+  else
+    out[#out + 1] = 1
+    if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
+    local lane = string.sub(token, string.find(token, '|', 1, true) + 1)
+    local record
+    if string.sub(lane, 1, 2) == 'g:' then
+      local key = prefix .. lane
+      record = redis.call('LPOP', key)
+      local following = redis.call('LINDEX', key, 0)
+      if following then
+        if want == '1' and kind == 'a' then
+          next_token = redis.call('INCR', fence_key) .. '|' .. lane
+          next_record = following
+          leases[#leases + 1] = now + ttl
+          leases[#leases + 1] = next_token
+        else
+          back[#back + 1] = lane -- round robin: the group waits behind every other lane
+        end
+      end
+    else
+      record = string.sub(lane, 3)
+    end
+    if kind == 'a' then
+      completed = completed + 1
+    else
+      failed = failed + 1
+      local id = string.match(record or '', '^%d+|([^|]*)|') or ''
+      redis.call('ZADD', dead, now, id)
+      redis.call('HSET', dead_info, id, cjson.encode({record = record, error = err, at = now}))
+    end
+  end
+  out[#out + 1] = next_token
+  out[#out + 1] = next_record
+end
+if #back > 0 then redis.call('RPUSH', ready, unpack(back)) end
+if #leases > 0 then
+  redis.call('ZADD', active, unpack(leases))
+  redis.call('HINCRBY', stats, 'started', #leases / 2)
+end
+if completed > 0 then redis.call('HINCRBY', stats, 'completed', completed) end
+if failed > 0 then redis.call('HINCRBY', stats, 'failed', failed) end
+return out

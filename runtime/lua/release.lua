@@ -1,0 +1,19 @@
+-- A stopping worker gives back leased jobs it did not start, and lanes its blocking claim took:
+-- they go back to the head of ready, in their order, with no attempt counted.
+-- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>stats  KEYS[4] <prefix>claimed:<worker>
+-- ARGV: the tokens
+-- Returns: how many jobs went back.
+local ready, active, stats, claimed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lanes = {}
+local released = 0
+for _, token in ipairs(ARGV) do
+  if redis.call('ZREM', active, token) == 1 then
+    lanes[#lanes + 1] = string.sub(token, string.find(token, '|', 1, true) + 1)
+    released = released + 1
+  end
+end
+for _, lane in ipairs(redis.call('LRANGE', claimed, 0, -1)) do lanes[#lanes + 1] = lane end
+redis.call('DEL', claimed)
+for i = #lanes, 1, -1 do redis.call('LPUSH', ready, lanes[i]) end
+if released > 0 then redis.call('HINCRBY', stats, 'started', -released) end
+return #lanes

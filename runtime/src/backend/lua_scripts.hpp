@@ -1,0 +1,10 @@
+// The Lua scripts of runtime/lua/, embedded at build time (see runtime/embed_lua.cmake).
+#pragma once
+
+namespace jobrt::lua {
+extern const char* const enqueue;
+extern const char* const claim;
+extern const char* const finish;
+extern const char* const extend;
+extern const char* const release;
+}  // namespace jobrt::lua

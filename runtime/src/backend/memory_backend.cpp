@@ -1,0 +1,437 @@
+// Each operation mirrors its Lua script (runtime/lua/) step by step, including the scripts' edge
+// cases, so that the two backends can be checked against each other. Comments name the Redis
+// command a step stands for where the correspondence is not obvious.
+#include <jobrt/memory_backend.hpp>
+
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/cancellation_type.hpp>
+#include <boost/asio/error.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/system/system_error.hpp>
+
+#include <algorithm>
+#include <deque>
+#include <iterator>
+#include <list>
+#include <optional>
+#include <string_view>
+#include <tuple>
+#include <unordered_set>
+#include <utility>
+
+namespace jobrt {
+
+namespace asio = boost::asio;
+
+namespace {
+
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+bool is_group_lane(std::string_view lane) { return lane.starts_with("g:"); }
+
+// A lease token is '<fence>|<lane>'. Only tokens found in `active` are parsed, and those were
+// all made by claim or finish, so the separator is there.
+std::string lane_of(const std::string& token) { return token.substr(token.find('|') + 1); }
+
+std::string make_token(std::int64_t fence, const std::string& lane) {
+  std::string token = std::to_string(fence);
+  token += '|';
+  token += lane;
+  return token;
+}
+
+// finish.lua: string.match(record, '^%d+|([^|]*)|') or ''.
+std::string record_id(std::string_view record) {
+  std::size_t i = 0;
+  while (i < record.size() && record[i] >= '0' && record[i] <= '9') ++i;
+  if (i == 0 || i == record.size() || record[i] != '|') return {};
+  auto end = record.find('|', i + 1);
+  if (end == std::string_view::npos) return {};
+  return std::string(record.substr(i + 1, end - i - 1));
+}
+
+// Starts the timer's wait while holding `m`. Wakers touch a waiter's timer (expires_at) only
+// under that mutex too: Asio timers are not thread-safe, and a strand would not do, since the
+// waiting coroutine may run on a plain multi-threaded io_context.
+template <class Token>
+auto async_wait_locked(std::mutex& m, asio::steady_timer& timer, Token&& token) {
+  return asio::async_initiate<Token, void(boost::system::error_code)>(
+      [&m, &timer](auto handler) {
+        std::lock_guard lock(m);
+        timer.async_wait(std::move(handler));
+      },
+      token);
+}
+
+}  // namespace
+
+// One queue: what the Redis backend keeps under jobrt:{<queue>}:.
+struct memory_backend::queue_state {
+  std::deque<std::string> ready;  // lanes: 'j:<record>' or 'g:<group>'
+  // g:<group>: pending records; the running job stays at the head. Erased when empty, as Redis
+  // deletes an empty list, so that "no entry" and "empty" mean the same thing.
+  std::unordered_map<std::string, std::deque<std::string>> groups;
+  std::unordered_map<std::string, std::int64_t> active;  // token -> lease deadline (ms)
+  // claimed:<worker>. On Redis only BLMOVE fills it; memory has no BLMOVE, so nothing ever does,
+  // but claim and release read it as the scripts do.
+  std::unordered_map<std::string, std::deque<std::string>> claimed;
+  std::unordered_map<std::string, std::int64_t> workers;  // heartbeat deadlines (ms)
+  std::unordered_set<std::string> ids;                    // producer-given ids pending or running
+  std::unordered_map<std::string, dead_letter> dead;
+  std::int64_t seq = 0;
+  std::int64_t fence = 0;
+  std::int64_t enqueued = 0;
+  std::int64_t started = 0;
+  std::int64_t completed = 0;
+  std::int64_t failed = 0;
+  std::list<waiter*> waiters;  // claim_waits asleep, first come first woken
+};
+
+struct memory_backend::waiter {
+  explicit waiter(asio::any_io_executor ex) : timer(std::move(ex)) {}
+  asio::steady_timer timer;
+  queue_state* queue = nullptr;  // the queue it waits on
+  std::list<waiter*>::iterator pos;
+  bool listed = false;  // in queue->waiters
+  bool woken = false;   // taken off the list by a waker and not yet back to claim
+};
+
+// However claim_wait ends (a result, a cancellation, an exception, or its frame destroyed
+// unresumed), the waiter leaves the list; a wake it got but did not use goes to the next waiter,
+// or a ready lane could be left behind sleeping waiters.
+struct memory_backend::wait_guard {
+  memory_backend& self;
+  waiter& w;
+  ~wait_guard() {
+    std::lock_guard lock(self.mutex_);
+    if (self.leave_locked(w) && !w.queue->ready.empty()) self.wake_locked(*w.queue, 1);
+  }
+};
+
+memory_backend::memory_backend(asio::any_io_executor ex) : executor_(std::move(ex)) {}
+
+memory_backend::~memory_backend() = default;
+
+memory_backend::queue_state& memory_backend::queue_locked(const std::string& name) {
+  auto& q = queues_[name];
+  if (!q) q = std::make_unique<queue_state>();
+  return *q;
+}
+
+void memory_backend::wake_locked(queue_state& q, std::size_t lanes) {
+  for (; lanes > 0 && !q.waiters.empty(); --lanes) {
+    waiter* w = q.waiters.front();
+    q.waiters.pop_front();
+    w->listed = false;
+    w->woken = true;
+    // Unlike cancel(), this also covers a waiter that registered but has not started its wait
+    // yet: that wait then completes at once.
+    w->timer.expires_at(std::chrono::steady_clock::time_point::min());
+  }
+}
+
+bool memory_backend::leave_locked(waiter& w) {
+  if (w.listed) w.queue->waiters.erase(w.pos);
+  w.listed = false;
+  return std::exchange(w.woken, false);
+}
+
+asio::awaitable<std::vector<enqueue_result>> memory_backend::enqueue(std::string queue, std::vector<encoded_job> jobs) {
+  std::vector<enqueue_result> out;
+  out.reserve(jobs.size());
+  std::lock_guard lock(mutex_);
+  queue_state& q = queue_locked(queue);
+
+  auto missing = std::count_if(jobs.begin(), jobs.end(), [](const encoded_job& j) { return j.id.empty(); });
+  std::int64_t next_id = q.seq;
+  q.seq += static_cast<std::int64_t>(missing);
+
+  // The batch's lanes in order; a group's lane takes the place of its first job and is filled in
+  // only if the group turns out to be idle.
+  std::vector<std::optional<std::string>> lanes;
+  struct batch_group {
+    std::string name;
+    std::vector<std::string> records;
+    std::size_t slot = 0;
+  };
+  std::vector<batch_group> groups;
+  std::unordered_map<std::string_view, std::size_t> group_index;
+  std::int64_t stored = 0;
+  for (auto& job : jobs) {
+    std::string id = job.id;
+    bool duplicate = false;
+    if (id.empty()) {
+      id = std::to_string(++next_id);
+    } else if (!q.ids.insert(id).second) {
+      duplicate = true;
+    }
+    out.push_back({id, duplicate});
+    if (duplicate) continue;
+    ++stored;
+    std::string record = "0|" + id + '|' + job.body;
+    if (job.group.empty()) {
+      lanes.emplace_back("j:" + std::move(record));
+      continue;
+    }
+    auto [it, added] = group_index.try_emplace(job.group, groups.size());
+    if (added) {
+      lanes.emplace_back();
+      groups.push_back({job.group, {}, lanes.size() - 1});
+    }
+    groups[it->second].records.push_back(std::move(record));
+  }
+
+  for (auto& g : groups) {
+    auto& list = q.groups[g.name];
+    // RPUSH returned the batch's own length: the group had no pending or running job.
+    bool idle = list.empty();
+    std::move(g.records.begin(), g.records.end(), std::back_inserter(list));
+    if (idle) lanes[g.slot] = "g:" + g.name;
+  }
+  std::size_t made_ready = 0;
+  for (auto& lane : lanes) {
+    if (!lane) continue;
+    q.ready.push_back(std::move(*lane));
+    ++made_ready;
+  }
+  q.enqueued += stored;
+  wake_locked(q, made_ready);
+  co_return out;
+}
+
+std::vector<claimed_job> memory_backend::claim_locked(queue_state& q, const claim_options& opts) {
+  std::vector<claimed_job> out;
+  if (opts.max == 0) return out;
+  std::vector<std::string> lanes;
+  if (auto mine = q.claimed.find(opts.worker); mine != q.claimed.end()) {
+    auto& list = mine->second;
+    while (lanes.size() < opts.max && !list.empty()) {
+      lanes.push_back(std::move(list.front()));
+      list.pop_front();
+    }
+    if (list.empty()) q.claimed.erase(mine);
+  }
+  while (lanes.size() < opts.max && !q.ready.empty()) {
+    lanes.push_back(std::move(q.ready.front()));
+    q.ready.pop_front();
+  }
+  if (lanes.empty()) return out;
+
+  std::int64_t deadline = now_ms() + opts.lease_ttl.count();
+  // INCRBY by every lane taken, stale ones included: their fences are skipped.
+  auto taken = static_cast<std::int64_t>(lanes.size());
+  q.fence += taken;
+  std::int64_t fence = q.fence - taken;
+  out.reserve(lanes.size());
+  for (auto& lane : lanes) {
+    claimed_job job;
+    if (is_group_lane(lane)) {
+      auto group = q.groups.find(lane.substr(2));
+      if (group == q.groups.end()) continue;  // a stale lane of an emptied group is dropped
+      job.group = group->first;
+      job.record = group->second.front();
+    } else {
+      job.record = lane.substr(2);
+    }
+    job.fence = ++fence;
+    job.token = make_token(fence, lane);
+    q.active[job.token] = deadline;
+    out.push_back(std::move(job));
+  }
+  q.started += static_cast<std::int64_t>(out.size());
+  return out;
+}
+
+asio::awaitable<std::vector<claimed_job>> memory_backend::claim(std::string queue, claim_options opts) {
+  std::lock_guard lock(mutex_);
+  co_return claim_locked(queue_locked(queue), opts);
+}
+
+asio::awaitable<std::vector<claimed_job>> memory_backend::claim_wait(std::string queue, claim_options opts,
+                                                                     std::chrono::milliseconds wait) {
+  auto deadline = std::chrono::steady_clock::now() + wait;
+  waiter w(co_await asio::this_coro::executor);
+  {
+    std::lock_guard lock(mutex_);
+    w.queue = &queue_locked(queue);
+  }
+  wait_guard guard{*this, w};
+  for (;;) {
+    // Checked before every claim, not only after a wait: jobs claimed for a cancelled caller
+    // would stay leased to nobody until a reaper took them back.
+    auto state = co_await asio::this_coro::cancellation_state;
+    if (state.cancelled() != asio::cancellation_type::none) {
+      throw boost::system::system_error(asio::error::operation_aborted, "claim_wait");
+    }
+    std::vector<claimed_job> jobs;
+    bool waiting = false;
+    {
+      std::lock_guard lock(mutex_);
+      queue_state& q = *w.queue;
+      bool woken = leave_locked(w);
+      jobs = claim_locked(q, opts);
+      // This wake may have stood for more lanes than this claim took.
+      if (woken && !q.ready.empty()) wake_locked(q, 1);
+      waiting = jobs.empty() && opts.max > 0 && std::chrono::steady_clock::now() < deadline;
+      if (waiting) {
+        w.timer.expires_at(deadline);
+        w.pos = q.waiters.insert(q.waiters.end(), &w);
+        w.listed = true;
+      }
+    }
+    if (!waiting) co_return jobs;
+
+    boost::system::error_code ec;  // operation_aborted when woken too; the loop finds out why
+    co_await async_wait_locked(mutex_, w.timer, asio::redirect_error(asio::use_awaitable, ec));
+  }
+}
+
+asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string queue, std::string /*worker*/,
+                                                                   std::vector<finish_item> items,
+                                                                   std::chrono::milliseconds lease_ttl) {
+  std::vector<finish_result> out(items.size());
+  std::lock_guard lock(mutex_);
+  queue_state& q = queue_locked(queue);
+
+  // ZMSCORE: every token is looked up before anything changes, so a token given twice in one
+  // batch is held both times (as on Redis).
+  std::vector<bool> held(items.size());
+  bool any = false;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    held[i] = q.active.contains(items[i].token);
+    any = any || held[i];
+  }
+  if (!any) co_return out;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (held[i]) q.active.erase(items[i].token);
+  }
+
+  std::int64_t now = now_ms();
+  std::vector<std::string> back;
+  std::vector<std::pair<std::string, std::int64_t>> leases;
+  std::int64_t completed = 0;
+  std::int64_t failed = 0;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (!held[i]) continue;
+    const finish_item& item = items[i];
+    bool ack = item.kind == finish_kind::ack;
+    out[i].lease_held = true;
+    if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
+    std::string lane = lane_of(item.token);
+    std::optional<std::string> record;  // nullopt: LPOP of an empty group list (nil)
+    if (is_group_lane(lane)) {
+      auto group = q.groups.find(lane.substr(2));
+      if (group != q.groups.end()) {
+        auto& list = group->second;
+        record = std::move(list.front());
+        list.pop_front();
+        if (list.empty()) {
+          q.groups.erase(group);
+        } else if (item.want_next && ack) {
+          std::int64_t fence = ++q.fence;
+          claimed_job next;
+          next.token = make_token(fence, lane);
+          next.fence = fence;
+          next.group = group->first;
+          next.record = list.front();
+          leases.emplace_back(next.token, now + lease_ttl.count());
+          out[i].next = std::move(next);
+        } else {
+          back.push_back(lane);  // round robin: the group waits behind every other lane
+        }
+      }
+    } else {
+      record = lane.substr(2);
+    }
+    if (ack) {
+      ++completed;
+    } else {
+      ++failed;
+      std::string id = record_id(record.value_or(""));
+      q.dead[id] = dead_letter{id, record.value_or(""), item.error, now};
+    }
+  }
+  for (auto& lane : back) q.ready.push_back(std::move(lane));
+  // ZADD after the loop: a lease given here replaces nothing that the loop looked at.
+  for (auto& [token, deadline] : leases) q.active[token] = deadline;
+  q.started += static_cast<std::int64_t>(leases.size());
+  q.completed += completed;
+  q.failed += failed;
+  wake_locked(q, back.size());
+  co_return out;
+}
+
+asio::awaitable<std::vector<bool>> memory_backend::extend(std::string queue, std::string worker,
+                                                          std::vector<std::string> tokens,
+                                                          std::chrono::milliseconds lease_ttl) {
+  std::vector<bool> out;
+  out.reserve(tokens.size());
+  std::lock_guard lock(mutex_);
+  queue_state& q = queue_locked(queue);
+  std::int64_t deadline = now_ms() + lease_ttl.count();
+  q.workers[worker] = deadline;
+  for (auto& token : tokens) {
+    auto lease = q.active.find(token);
+    out.push_back(lease != q.active.end());
+    if (lease != q.active.end()) lease->second = deadline;  // ZADD XX
+  }
+  co_return out;
+}
+
+asio::awaitable<void> memory_backend::release(std::string queue, std::string worker, std::vector<std::string> tokens) {
+  std::lock_guard lock(mutex_);
+  queue_state& q = queue_locked(queue);
+  std::vector<std::string> lanes;
+  std::int64_t released = 0;
+  for (auto& token : tokens) {
+    if (q.active.erase(token) == 0) continue;
+    lanes.push_back(lane_of(token));
+    ++released;
+  }
+  if (auto mine = q.claimed.find(worker); mine != q.claimed.end()) {
+    std::move(mine->second.begin(), mine->second.end(), std::back_inserter(lanes));
+    q.claimed.erase(mine);
+  }
+  q.ready.insert(q.ready.begin(), std::make_move_iterator(lanes.begin()), std::make_move_iterator(lanes.end()));
+  q.started -= released;
+  wake_locked(q, lanes.size());
+  co_return;
+}
+
+asio::awaitable<queue_counts> memory_backend::counts(std::string queue) {
+  queue_counts c;
+  std::lock_guard lock(mutex_);
+  auto found = queues_.find(queue);
+  if (found == queues_.end()) co_return c;
+  const queue_state& q = *found->second;
+  c.ready_lanes = static_cast<std::int64_t>(q.ready.size());
+  c.running = static_cast<std::int64_t>(q.active.size());
+  c.dead = static_cast<std::int64_t>(q.dead.size());
+  c.enqueued = q.enqueued;
+  c.started = q.started;
+  c.completed = q.completed;
+  c.failed = q.failed;
+  co_return c;
+}
+
+std::vector<dead_letter> memory_backend::dead_letters(const std::string& queue) const {
+  std::vector<dead_letter> out;
+  {
+    std::lock_guard lock(mutex_);
+    auto found = queues_.find(queue);
+    if (found == queues_.end()) return out;
+    for (auto& [id, letter] : found->second->dead) out.push_back(letter);
+  }
+  std::sort(out.begin(), out.end(), [](const dead_letter& a, const dead_letter& b) {
+    return std::tie(a.at_ms, a.id) < std::tie(b.at_ms, b.id);
+  });
+  return out;
+}
+
+}  // namespace jobrt

@@ -1,0 +1,198 @@
+#include <jobrt/redis_backend.hpp>
+
+#include "backend/lua_scripts.hpp"
+
+#include <fmt/format.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <charconv>
+
+namespace jobrt {
+namespace {
+
+namespace asio = boost::asio;
+using redis::reply;
+using redis::request;
+
+// A token is '<fence>|<lane>'; an ungrouped lane carries the record: 'j:<record>'.
+claimed_job from_token(std::string token, const reply& record) {
+  claimed_job out;
+  auto bar = token.find('|');
+  std::from_chars(token.data(), token.data() + bar, out.fence);
+  std::string_view lane = std::string_view(token).substr(bar + 1);
+  if (lane.starts_with("g:")) {
+    out.group = std::string(lane.substr(2));
+    out.record = record.as_string();
+  } else {
+    out.record = std::string(lane.substr(2));
+  }
+  out.token = std::move(token);
+  return out;
+}
+
+std::vector<claimed_job> parse_claimed(const reply& r) {
+  std::vector<claimed_job> out;
+  const auto& e = r.as_array();
+  out.reserve(e.size() / 2);
+  for (std::size_t i = 0; i + 1 < e.size(); i += 2) out.push_back(from_token(e[i].as_string(), e[i + 1]));
+  return out;
+}
+
+}  // namespace
+
+redis_backend::redis_backend(asio::any_io_executor ex, redis::config cfg)
+    : ex_(ex),
+      cfg_(std::move(cfg)),
+      conn_(ex, cfg_),
+      enqueue_(lua::enqueue),
+      claim_(lua::claim),
+      finish_(lua::finish),
+      extend_(lua::extend),
+      release_(lua::release) {
+  conn_.start();
+}
+
+redis_backend::~redis_backend() = default;
+
+std::string redis_backend::key_prefix(std::string_view queue) { return fmt::format("jobrt:{{{}}}:", queue); }
+
+asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string queue, std::vector<encoded_job> jobs) {
+  if (jobs.empty()) co_return std::vector<enqueue_result>{};
+  auto p = key_prefix(queue);
+  std::vector<std::string_view> args;
+  args.reserve(1 + jobs.size() * 3);
+  std::string n = std::to_string(jobs.size());
+  args.push_back(n);
+  for (auto& j : jobs) {
+    args.push_back(j.id);
+    args.push_back(j.group);
+    args.push_back(j.body);
+  }
+  std::array<std::string, 4> keys{p + "ready", p + "seq", p + "ids", p + "stats"};
+  reply r = co_await enqueue_.run(conn_, keys, args);
+  const auto& e = r.as_array();
+  std::vector<enqueue_result> out;
+  out.reserve(jobs.size());
+  for (std::size_t i = 0; i + 1 < e.size(); i += 2) out.push_back({e[i].as_string(), e[i + 1].as_integer() == 1});
+  co_return out;
+}
+
+asio::awaitable<std::vector<claimed_job>> redis_backend::claim(std::string queue, claim_options opts) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 5> keys{p + "ready", p + "active", p + "fence", p + "stats", p + "claimed:" + opts.worker};
+  std::array<std::string, 2> args{std::to_string(opts.max), std::to_string(opts.lease_ttl.count())};
+  reply r = co_await claim_.run(conn_, keys, args);
+  co_return parse_claimed(r);
+}
+
+redis::blocking_connection& redis_backend::blocking_for(const std::string& worker) {
+  std::lock_guard lock(blocking_mutex_);
+  auto& c = blocking_[worker];
+  if (!c) {
+    auto cfg = cfg_;
+    cfg.client_name = fmt::format("{}:blocking", cfg_.client_name);
+    c = std::make_unique<redis::blocking_connection>(ex_, cfg);
+    c->start();
+  }
+  return *c;
+}
+
+asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string queue, claim_options opts,
+                                                                    std::chrono::milliseconds wait) {
+  auto jobs = co_await claim(queue, opts);
+  if (!jobs.empty()) co_return jobs;
+  // Wait inside Redis: BLMOVE moves the next lane to this worker's claimed list (where a crash
+  // cannot lose it), and the claim script then takes it from there.
+  auto p = key_prefix(queue);
+  request blmove("BLMOVE", p + "ready", p + "claimed:" + opts.worker, "LEFT", "RIGHT",
+                 fmt::format("{:.3f}", static_cast<double>(wait.count()) / 1000.0));
+  blmove.options.timeout = wait + cfg_.health_interval * 2 + std::chrono::seconds(1);
+  auto [ec, r] = co_await blocking_for(opts.worker).async_exec(std::move(blmove), asio::as_tuple(asio::use_awaitable));
+  auto cs = co_await asio::this_coro::cancellation_state;
+  if (cs.cancelled() != asio::cancellation_type::none)
+    throw boost::system::system_error(asio::error::operation_aborted);
+  if (ec || r.is_nil()) co_return std::vector<claimed_job>{};  // timed out, or the connection dropped: try again
+  co_return co_await claim(std::move(queue), std::move(opts));
+}
+
+asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string queue, std::string worker,
+                                                                  std::vector<finish_item> items,
+                                                                  std::chrono::milliseconds lease_ttl) {
+  (void)worker;
+  if (items.empty()) co_return std::vector<finish_result>{};
+  auto p = key_prefix(queue);
+  std::array<std::string, 7> keys{p + "ready", p + "active", p + "fence",    p + "stats",
+                                  p + "ids",   p + "dead",   p + "dead:info"};
+  std::string ttl = std::to_string(lease_ttl.count()), n = std::to_string(items.size());
+  std::vector<std::string_view> args{ttl, n};
+  args.reserve(2 + items.size() * 5);
+  for (auto& it : items) {
+    args.push_back(it.token);
+    args.push_back(it.kind == finish_kind::ack ? "a" : "f");
+    args.push_back(it.unique_id);
+    args.push_back(it.error);
+    args.push_back(it.want_next ? "1" : "0");
+  }
+  reply r = co_await finish_.run(conn_, keys, args);
+  const auto& e = r.as_array();
+  std::vector<finish_result> out;
+  out.reserve(items.size());
+  for (std::size_t i = 0; i + 2 < e.size(); i += 3) {
+    finish_result f;
+    f.lease_held = e[i].as_integer() == 1;
+    if (!e[i + 1].as_string().empty()) f.next = from_token(e[i + 1].as_string(), e[i + 2]);
+    out.push_back(std::move(f));
+  }
+  co_return out;
+}
+
+asio::awaitable<std::vector<bool>> redis_backend::extend(std::string queue, std::string worker,
+                                                         std::vector<std::string> tokens,
+                                                         std::chrono::milliseconds lease_ttl) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 2> keys{p + "active", p + "workers"};
+  std::string ttl = std::to_string(lease_ttl.count());
+  std::vector<std::string_view> args{worker, ttl};
+  for (auto& t : tokens) args.push_back(t);
+  reply r = co_await extend_.run(conn_, keys, args);
+  std::vector<bool> out;
+  for (const auto& e : r.as_array()) out.push_back(e.as_integer() == 1);
+  co_return out;
+}
+
+asio::awaitable<void> redis_backend::release(std::string queue, std::string worker, std::vector<std::string> tokens) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 4> keys{p + "ready", p + "active", p + "stats", p + "claimed:" + worker};
+  co_await release_.run(conn_, keys, tokens);
+}
+
+asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
+  auto p = key_prefix(queue);
+  request req;
+  req.push("LLEN", p + "ready").push("ZCARD", p + "active").push("ZCARD", p + "dead").push("HGETALL", p + "stats");
+  req.options.resend_safe = true;
+  reply r = co_await redis::exec(conn_, std::move(req));
+  const auto& e = r.as_array();
+  queue_counts c;
+  c.ready_lanes = e.at(0).as_integer();
+  c.running = e.at(1).as_integer();
+  c.dead = e.at(2).as_integer();
+  const auto& fields = e.at(3).as_array();
+  for (std::size_t i = 0; i + 1 < fields.size(); i += 2) {
+    const auto& name = fields[i].as_string();
+    std::int64_t value = std::stoll(fields[i + 1].as_string());
+    if (name == "enqueued")
+      c.enqueued = value;
+    else if (name == "started")
+      c.started = value;
+    else if (name == "completed")
+      c.completed = value;
+    else if (name == "failed")
+      c.failed = value;
+  }
+  co_return c;
+}
+
+}  // namespace jobrt

@@ -1,0 +1,106 @@
+#include <jobrt/grouping.hpp>
+
+#include <fmt/format.h>
+#include <boost/json/serialize.hpp>
+
+#include <stdexcept>
+
+namespace jobrt {
+namespace {
+
+// A field's value as text: strings as they are, other scalars as JSON; objects, arrays and null
+// have no text (they cannot be part of a key).
+std::optional<std::string> field_text(std::string_view name, std::string_view type, const boost::json::value& payload) {
+  if (name == "type") return std::string(type);
+  if (!payload.is_object()) return std::nullopt;
+  auto* v = payload.as_object().if_contains(name);
+  if (v == nullptr || v->is_null() || v->is_object() || v->is_array()) return std::nullopt;
+  if (v->is_string()) return std::string(v->as_string());
+  return boost::json::serialize(*v);
+}
+
+void check_template(const std::string& key) {
+  if (key.empty()) throw std::invalid_argument("grouping rule 'key' is empty");
+  for (std::size_t i = 0; i < key.size(); ++i) {
+    if (key[i] == '{') {
+      auto close = key.find('}', i);
+      if (close == std::string::npos || close == i + 1)
+        throw std::invalid_argument(fmt::format("grouping rule key '{}' has an unclosed or empty {{}}", key));
+      i = close;
+    } else if (key[i] == '}') {
+      throw std::invalid_argument(fmt::format("grouping rule key '{}' has a '}}' without '{{'", key));
+    }
+  }
+}
+
+}  // namespace
+
+grouping_rules& grouping_rules::add(grouping_rule rule) {
+  check_template(rule.key);
+  rules_.push_back(std::move(rule));
+  return *this;
+}
+
+grouping_rules grouping_rules::from_json(const boost::json::value& config) {
+  grouping_rules out;
+  if (!config.is_object()) throw std::invalid_argument("grouping config is not a JSON object");
+  auto* rules = config.as_object().if_contains("rules");
+  if (rules == nullptr) return out;
+  if (!rules->is_array()) throw std::invalid_argument("grouping 'rules' is not an array");
+  std::size_t index = 0;
+  for (auto& r : rules->as_array()) {
+    auto where = fmt::format("grouping rules[{}]", index++);
+    if (!r.is_object()) throw std::invalid_argument(fmt::format("{} is not an object", where));
+    grouping_rule rule;
+    auto* key = r.as_object().if_contains("key");
+    if (key == nullptr || !key->is_string())
+      throw std::invalid_argument(fmt::format("{}.key is missing or not a string", where));
+    rule.key = std::string(key->as_string());
+    if (auto* match = r.as_object().if_contains("match")) {
+      if (!match->is_object()) throw std::invalid_argument(fmt::format("{}.match is not an object", where));
+      for (auto& [name, value] : match->as_object()) {
+        if (!value.is_string())
+          throw std::invalid_argument(fmt::format("{}.match.{} is not a string", where, std::string_view(name)));
+        rule.match[std::string(name)] = std::string(value.as_string());
+      }
+    }
+    try {
+      out.add(std::move(rule));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("{}: {}", where, e.what()));
+    }
+  }
+  return out;
+}
+
+std::optional<std::string> grouping_rules::group_for(std::string_view type, const boost::json::value& payload) const {
+  for (const auto& rule : rules_) {
+    bool matches = true;
+    for (const auto& [name, wanted] : rule.match) {
+      auto value = field_text(name, type, payload);
+      if (!value || (wanted != "*" && *value != wanted)) {
+        matches = false;
+        break;
+      }
+    }
+    if (!matches) continue;
+    std::string key;
+    for (std::size_t i = 0; i < rule.key.size() && matches; ++i) {
+      if (rule.key[i] != '{') {
+        key += rule.key[i];
+        continue;
+      }
+      auto close = rule.key.find('}', i);
+      auto value = field_text(std::string_view(rule.key).substr(i + 1, close - i - 1), type, payload);
+      if (!value)
+        matches = false;
+      else
+        key += *value;
+      i = close;
+    }
+    if (matches) return key;
+  }
+  return std::nullopt;
+}
+
+}  // namespace jobrt

@@ -1,0 +1,73 @@
+#include "job_codec.hpp"
+
+#include <fmt/format.h>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include <charconv>
+
+namespace jobrt::detail {
+
+std::string encode_body(const job_spec& spec, std::int64_t now_ms) {
+  boost::json::object body;
+  body["type"] = spec.type;
+  body["payload"] = spec.payload;
+  if (spec.max_attempts != 1) body["max"] = spec.max_attempts;
+  if (spec.timeout.count() != 0) body["timeout"] = spec.timeout.count();
+  if (!spec.id.empty()) body["u"] = 1;
+  body["at"] = now_ms;
+  return boost::json::serialize(body);
+}
+
+std::string_view record_id(std::string_view record) noexcept {
+  auto first = record.find('|');
+  if (first == std::string_view::npos) return {};
+  auto second = record.find('|', first + 1);
+  if (second == std::string_view::npos) return {};
+  return record.substr(first + 1, second - first - 1);
+}
+
+namespace {
+
+template <class T>
+T number_field(const boost::json::object& body, std::string_view name, T fallback) {
+  auto it = body.find(name);
+  if (it == body.end()) return fallback;
+  if (!it->value().is_int64()) throw bad_record(fmt::format("job field '{}' is not an integer", name));
+  return static_cast<T>(it->value().as_int64());
+}
+
+}  // namespace
+
+job decode_record(std::string_view record, std::string_view group) {
+  auto first = record.find('|');
+  auto second = first == std::string_view::npos ? first : record.find('|', first + 1);
+  if (second == std::string_view::npos)
+    throw bad_record(fmt::format("job record '{:.60}' is not '<attempts>|<id>|<body>'", record));
+  job j;
+  auto attempts = record.substr(0, first);
+  int before = 0;
+  auto [end, ec] = std::from_chars(attempts.data(), attempts.data() + attempts.size(), before);
+  if (ec != std::errc{} || end != attempts.data() + attempts.size() || before < 0)
+    throw bad_record(fmt::format("job record attempts '{}' is not a number", attempts));
+  j.attempt = before + 1;
+  j.id = std::string(record.substr(first + 1, second - first - 1));
+  j.group = std::string(group);
+  boost::system::error_code jec;
+  boost::json::value body = boost::json::parse(record.substr(second + 1), jec);
+  if (jec) throw bad_record(fmt::format("job {} body is not JSON: {}", j.id, jec.message()));
+  if (!body.is_object()) throw bad_record(fmt::format("job {} body is not a JSON object", j.id));
+  auto& obj = body.as_object();
+  auto type = obj.find("type");
+  if (type == obj.end() || !type->value().is_string() || type->value().as_string().empty())
+    throw bad_record(fmt::format("job {} has no type", j.id));
+  j.type = std::string(type->value().as_string());
+  if (auto payload = obj.find("payload"); payload != obj.end()) j.payload = std::move(payload->value());
+  j.max_attempts = number_field<int>(obj, "max", 1);
+  j.timeout = std::chrono::milliseconds(number_field<std::int64_t>(obj, "timeout", 0));
+  j.enqueued_at_ms = number_field<std::int64_t>(obj, "at", 0);
+  j.unique_id = number_field<int>(obj, "u", 0) != 0;
+  return j;
+}
+
+}  // namespace jobrt::detail

@@ -1,0 +1,29 @@
+// How a job is stored: the record '<attempts before>|<id>|<body>', where body is a JSON object
+// {"type", "payload", and when not default "max", "timeout", "u" (the producer gave the id)}
+// plus "at" (enqueue time, ms since the epoch). docs/PROTOCOL.md describes it for other languages.
+#pragma once
+
+#include <jobrt/job.hpp>
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace jobrt::detail {
+
+/// A record that cannot be decoded; what() says which part is wrong.
+class bad_record : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The body of a job (without the record's header).
+std::string encode_body(const job_spec& spec, std::int64_t now_ms);
+
+/// Decodes a record of the given group ("" for none). Throws bad_record.
+job decode_record(std::string_view record, std::string_view group);
+
+/// The id in a record, or "" when it has none.
+std::string_view record_id(std::string_view record) noexcept;
+
+}  // namespace jobrt::detail

@@ -1,0 +1,81 @@
+#include <jobrt/producer.hpp>
+
+#include "job_codec.hpp"
+
+#include <fmt/format.h>
+#include <boost/json/parse.hpp>
+
+#include <chrono>
+#include <stdexcept>
+
+namespace jobrt {
+
+producer::producer(backend& b, std::string queue, producer_options opts)
+    : backend_(&b), queue_(std::move(queue)), opts_(std::move(opts)) {
+  if (queue_.empty()) throw std::invalid_argument("queue name is empty");
+  if (opts_.batch == 0) throw std::invalid_argument("producer batch size is 0");
+}
+
+boost::json::value producer::parse_payload(std::string_view text) {
+  boost::system::error_code ec;
+  auto value = boost::json::parse(text, ec);
+  if (ec) throw std::invalid_argument(fmt::format("payload is not JSON: {} (in '{:.60}')", ec.message(), text));
+  return value;
+}
+
+encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms) const {
+  if (spec.type.empty()) throw std::invalid_argument("job type is empty");
+  if (spec.id.find('|') != std::string::npos)
+    throw std::invalid_argument(fmt::format("job id '{}' contains '|'", spec.id));
+  if (spec.max_attempts < 1)
+    throw std::invalid_argument(fmt::format("job max_attempts is {}; it must be at least 1", spec.max_attempts));
+  if (spec.timeout.count() < 0) throw std::invalid_argument("job timeout is negative");
+  encoded_job out;
+  out.id = spec.id;
+  out.body = detail::encode_body(spec, now_ms);
+  if (out.body.size() > opts_.max_body_bytes)
+    throw std::invalid_argument(fmt::format("job of type '{}' is {} bytes encoded; the limit is {}", spec.type,
+                                            out.body.size(), opts_.max_body_bytes));
+  if (spec.group) {
+    if (spec.group->empty()) throw std::invalid_argument("job group is empty (leave it unset for no group)");
+    out.group = *spec.group;
+  } else if (auto group = opts_.rules.group_for(spec.type, spec.payload)) {
+    out.group = std::move(*group);
+  }
+  return out;
+}
+
+boost::asio::awaitable<enqueue_result> producer::enqueue(job_spec spec) {
+  std::vector<job_spec> one;
+  one.push_back(std::move(spec));
+  auto results = co_await enqueue_bulk(std::move(one));
+  co_return results.at(0);
+}
+
+boost::asio::awaitable<std::vector<enqueue_result>> producer::enqueue_bulk(std::vector<job_spec> specs) {
+  auto now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  std::vector<encoded_job> encoded;
+  encoded.reserve(specs.size());
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    try {
+      encoded.push_back(encode(specs[i], now_ms));
+    } catch (const std::invalid_argument& e) {
+      if (specs.size() == 1) throw;
+      throw std::invalid_argument(fmt::format("job {} of {}: {}", i + 1, specs.size(), e.what()));
+    }
+  }
+  std::vector<enqueue_result> results;
+  results.reserve(encoded.size());
+  for (std::size_t first = 0; first < encoded.size(); first += opts_.batch) {
+    auto last = std::min(encoded.size(), first + opts_.batch);
+    std::vector<encoded_job> batch(std::make_move_iterator(encoded.begin() + static_cast<std::ptrdiff_t>(first)),
+                                   std::make_move_iterator(encoded.begin() + static_cast<std::ptrdiff_t>(last)));
+    auto part = co_await backend_->enqueue(queue_, std::move(batch));
+    results.insert(results.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+  }
+  co_return results;
+}
+
+}  // namespace jobrt

@@ -1,0 +1,444 @@
+#include <jobrt/worker.hpp>
+
+#include "job_codec.hpp"
+
+#include <fmt/format.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <unistd.h>
+
+#include <mutex>
+#include <random>
+#include <unordered_map>
+
+namespace jobrt {
+
+namespace asio = boost::asio;
+using namespace asio::experimental::awaitable_operators;
+using clock = std::chrono::steady_clock;
+
+void job_context::log(std::string_view message) const {
+  if (job_.group.empty())
+    fmt::print(stderr, "[job {}] {}\n", job_.id, message);
+  else
+    fmt::print(stderr, "[job {} group {}] {}\n", job_.id, job_.group, message);
+}
+
+std::string make_worker_id() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "host");
+  std::random_device rd;
+  return fmt::format("{}:{}:{:08x}", host, ::getpid(), rd());
+}
+
+namespace {
+
+constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+std::string what(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+// A timer parked at time_point::max() serves as a condition variable with one waiter.
+asio::awaitable<void> wait_on(asio::steady_timer& t, clock::time_point until = clock::time_point::max()) {
+  t.expires_at(until);
+  co_await t.async_wait(use_tuple);
+}
+
+}  // namespace
+
+class worker::impl : public std::enable_shared_from_this<impl> {
+ public:
+  impl(asio::any_io_executor ex, backend& b, worker_options opts)
+      : ex_(ex),
+        strand_(asio::make_strand(ex)),
+        backend_(b),
+        opts_(std::move(opts)),
+        slot_timer_(strand_),
+        idle_timer_(strand_),
+        stop_timer_(strand_),
+        watchdog_timer_(strand_) {
+    if (opts_.id.empty()) opts_.id = make_worker_id();
+    if (opts_.concurrency == 0) throw std::invalid_argument("worker concurrency is 0");
+    if (opts_.lease_ttl.count() <= 0) throw std::invalid_argument("worker lease_ttl must be positive");
+    if (opts_.burst == 0) opts_.burst = 1;
+    if (opts_.watchdog_period.count() <= 0) opts_.watchdog_period = opts_.lease_ttl / 3;
+  }
+
+  const worker_options& options() const noexcept { return opts_; }
+
+  worker_counters counters() const {
+    std::lock_guard lock(counters_mutex_);
+    return counters_;
+  }
+
+  std::size_t in_flight() const noexcept { return held_count_.load(std::memory_order_relaxed); }
+
+  void add_handler(std::string type, handler h) { handlers_[std::move(type)] = std::move(h); }
+
+  void start() {
+    asio::post(strand_, [self = shared_from_this()] {
+      if (self->started_) return;
+      self->started_ = true;
+      auto rethrow = [](std::exception_ptr e) {
+        if (e) std::rethrow_exception(e);
+      };
+      asio::co_spawn(self->strand_, claim_loop(self), rethrow);
+      asio::co_spawn(self->strand_, watchdog_loop(self), rethrow);
+    });
+  }
+
+  static asio::awaitable<void> stop(std::shared_ptr<impl> self, std::chrono::milliseconds grace) {
+    co_await asio::co_spawn(self->strand_, self->do_stop(grace), asio::use_awaitable);
+  }
+
+ private:
+  enum class job_state { running, finishing, lost, stopping };
+
+  struct running_job {
+    std::shared_ptr<job_context> ctx;
+    asio::cancellation_signal signal;
+    asio::any_io_executor executor;  // where the handler runs (its group's strand)
+    std::string unique_id;
+    std::size_t burst_left = 1;
+    job_state state = job_state::running;
+  };
+
+  // --- claiming ---
+
+  static asio::awaitable<void> claim_loop(std::shared_ptr<impl> self) {
+    auto backoff = std::chrono::milliseconds(100);
+    while (!self->stopping_) {
+      std::size_t free = self->opts_.concurrency > self->held_ ? self->opts_.concurrency - self->held_ : 0;
+      if (free == 0) {
+        co_await wait_on(self->slot_timer_);
+        continue;
+      }
+      claim_options co{self->opts_.id, free, self->opts_.lease_ttl};
+      std::vector<claimed_job> jobs;
+      std::string failure;
+      try {
+        jobs = co_await self->backend_.claim(self->opts_.queue, co);
+        if (jobs.empty() && !self->stopping_) {
+          // Wait inside the backend (BLMOVE); a stop cuts the wait short.
+          auto result = co_await (self->backend_.claim_wait(self->opts_.queue, co, self->opts_.claim_wait) ||
+                                  wait_on(self->stop_timer_));
+          if (result.index() == 0) jobs = std::move(std::get<0>(result));
+        }
+        backoff = std::chrono::milliseconds(100);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      if (!failure.empty()) {
+        if (self->stopping_) break;
+        fmt::print(stderr, "jobrt worker {}: claim failed: {} (retrying in {} ms)\n", self->opts_.id, failure,
+                   backoff.count());
+        // A timer, not a poll: the backend is failing, and hammering it helps nobody.
+        asio::steady_timer pause(self->strand_);
+        co_await wait_on(pause, clock::now() + backoff);
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+        continue;
+      }
+      for (auto& j : jobs) self->launch(std::move(j), self->opts_.burst);
+    }
+    self->claiming_ = false;
+    self->idle_timer_.cancel();
+  }
+
+  // Runs a claimed job's handler on its group's strand (or anywhere, ungrouped).
+  void launch(claimed_job c, std::size_t burst_left) {
+    ++held_;
+    held_count_.store(held_, std::memory_order_relaxed);
+    std::string token = c.token;
+    job j;
+    try {
+      j = detail::decode_record(c.record, c.group);
+    } catch (const std::exception& e) {
+      // A record a buggy producer wrote: it fails with the reason; nothing else is touched.
+      finish_now(token, finish_kind::fail, {}, fmt::format("malformed job: {}", e.what()));
+      return;
+    }
+    auto h = handlers_.find(j.type);
+    if (h == handlers_.end()) {
+      finish_now(token, finish_kind::fail, j.unique_id ? j.id : std::string(),
+                 fmt::format("no handler for type {}", j.type));
+      return;
+    }
+    auto r = std::make_shared<running_job>();
+    r->unique_id = j.unique_id ? j.id : std::string();
+    r->burst_left = burst_left;
+    r->executor = j.group.empty() ? ex_ : acquire_strand(j.group);
+    r->ctx = std::make_shared<job_context>(std::move(j), c.fence, opts_.id);
+    running_[token] = r;
+    {
+      std::lock_guard lock(counters_mutex_);
+      ++counters_.started;
+    }
+    asio::co_spawn(
+        r->executor, run_handler(h->second, r->ctx),
+        asio::bind_cancellation_slot(r->signal.slot(), [self = shared_from_this(), token](std::exception_ptr e) {
+          asio::post(self->strand_, [self, token, e] { self->on_handler_done(token, e); });
+        }));
+  }
+
+  static asio::awaitable<void> run_handler(handler h, std::shared_ptr<job_context> ctx) { co_await h(*ctx); }
+
+  asio::any_io_executor acquire_strand(const std::string& group) {
+    auto& entry = strands_[group];
+    if (entry.users++ == 0) entry.strand = asio::make_strand(ex_);
+    return entry.strand;
+  }
+
+  void release_strand(const std::string& group) {
+    if (group.empty()) return;
+    auto it = strands_.find(group);
+    if (it != strands_.end() && --it->second.users == 0) strands_.erase(it);  // dropped when idle
+  }
+
+  void on_handler_done(const std::string& token, std::exception_ptr e) {
+    auto it = running_.find(token);
+    if (it == running_.end()) return;
+    auto r = it->second;
+    switch (r->state) {
+      case job_state::lost:  // not ours any more: no ack
+        release_strand(r->ctx->group());
+        running_.erase(it);
+        drop_held();
+        return;
+      case job_state::stopping:
+        if (e) {  // interrupted by stop: hand it back, no attempt counted
+          release_strand(r->ctx->group());
+          to_release_.push_back(token);
+          running_.erase(it);
+          drop_held();
+          return;
+        }
+        break;
+      case job_state::running:
+      case job_state::finishing: break;
+    }
+    r->state = job_state::finishing;
+    finish_item item;
+    item.token = token;
+    item.unique_id = r->unique_id;
+    if (e) {
+      item.kind = finish_kind::fail;
+      item.error = what(e);
+    }
+    item.want_next = !e && !stopping_ && !r->ctx->group().empty() && r->burst_left > 1;
+    queue_finish(std::move(item));
+  }
+
+  // --- finishing, batched: one backend call carries every result that came in meanwhile ---
+
+  void finish_now(std::string token, finish_kind kind, std::string unique_id, std::string error) {
+    finish_item item;
+    item.token = std::move(token);
+    item.kind = kind;
+    item.unique_id = std::move(unique_id);
+    item.error = std::move(error);
+    queue_finish(std::move(item));
+  }
+
+  void queue_finish(finish_item item) {
+    pending_finish_.push_back(std::move(item));
+    if (!flushing_) {
+      flushing_ = true;
+      asio::co_spawn(strand_, flush_loop(shared_from_this()), [](std::exception_ptr e) {
+        if (e) std::rethrow_exception(e);
+      });
+    }
+  }
+
+  static asio::awaitable<void> flush_loop(std::shared_ptr<impl> self) {
+    auto backoff = std::chrono::milliseconds(100);
+    while (!self->pending_finish_.empty()) {
+      auto items = std::move(self->pending_finish_);
+      self->pending_finish_.clear();
+      std::vector<finish_result> results;
+      std::string failure;
+      try {
+        results = co_await self->backend_.finish(self->opts_.queue, self->opts_.id, items, self->opts_.lease_ttl);
+        backoff = std::chrono::milliseconds(100);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      if (!failure.empty()) {
+        // Finishing again is safe: a token already finished reads as a lost lease.
+        fmt::print(stderr, "jobrt worker {}: finishing {} jobs failed: {} (retrying in {} ms)\n", self->opts_.id,
+                   items.size(), failure, backoff.count());
+        self->pending_finish_.insert(self->pending_finish_.begin(), std::make_move_iterator(items.begin()),
+                                     std::make_move_iterator(items.end()));
+        asio::steady_timer pause(self->strand_);
+        co_await wait_on(pause, clock::now() + backoff);
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+        continue;
+      }
+      for (std::size_t i = 0; i < items.size() && i < results.size(); ++i) self->on_finished(items[i], results[i]);
+    }
+    self->flushing_ = false;
+  }
+
+  void on_finished(const finish_item& item, finish_result& result) {
+    std::size_t burst_left = 1;
+    if (auto it = running_.find(item.token); it != running_.end()) {
+      burst_left = it->second->burst_left;
+      release_strand(it->second->ctx->group());
+      running_.erase(it);
+    }
+    {
+      std::lock_guard lock(counters_mutex_);
+      if (!result.lease_held)
+        ++counters_.leases_lost;
+      else if (item.kind == finish_kind::ack)
+        ++counters_.completed;
+      else
+        ++counters_.failed;
+    }
+    if (!result.lease_held)
+      fmt::print(stderr, "jobrt worker {}: lease {} was lost before it finished; not acked\n", opts_.id, item.token);
+    drop_held();
+    if (result.next) launch(std::move(*result.next), burst_left - 1);  // the group's next job, at once
+  }
+
+  void drop_held() {
+    --held_;
+    held_count_.store(held_, std::memory_order_relaxed);
+    slot_timer_.cancel();
+    idle_timer_.cancel();
+  }
+
+  // --- leases ---
+
+  static asio::awaitable<void> watchdog_loop(std::shared_ptr<impl> self) {
+    while (!self->stopped_) {
+      co_await wait_on(self->watchdog_timer_, clock::now() + self->opts_.watchdog_period);
+      if (self->stopped_) break;
+      std::vector<std::string> tokens;
+      for (auto& [token, r] : self->running_)
+        if (r->state == job_state::running || r->state == job_state::stopping) tokens.push_back(token);
+      std::vector<bool> held;
+      try {
+        held = co_await self->backend_.extend(self->opts_.queue, self->opts_.id, tokens, self->opts_.lease_ttl);
+      } catch (const std::exception& e) {
+        // Said out loud: a renewal that did not happen is how leases get lost.
+        fmt::print(stderr, "jobrt worker {}: lease renewal failed: {}\n", self->opts_.id, e.what());
+        continue;
+      }
+      {
+        std::lock_guard lock(self->counters_mutex_);
+        ++self->counters_.renewals;
+      }
+      for (std::size_t i = 0; i < tokens.size() && i < held.size(); ++i)
+        if (!held[i]) self->lease_lost(tokens[i]);
+    }
+  }
+
+  void lease_lost(const std::string& token) {
+    auto it = running_.find(token);
+    if (it == running_.end() || it->second->state == job_state::finishing) return;
+    auto r = it->second;
+    r->state = job_state::lost;
+    {
+      std::lock_guard lock(counters_mutex_);
+      ++counters_.leases_lost;
+    }
+    fmt::print(stderr, "jobrt worker {}: lease of job {} lost; cancelling its handler\n", opts_.id, r->ctx->id());
+    cancel_handler(r);
+  }
+
+  void cancel_handler(const std::shared_ptr<running_job>& r) {
+    r->ctx->cancelled_ = true;
+    // The signal is emitted where the handler runs: its operations' cancellation is not
+    // thread-safe.
+    asio::post(r->executor, [r] { r->signal.emit(asio::cancellation_type::terminal); });
+  }
+
+  // --- stopping ---
+
+  asio::awaitable<void> do_stop(std::chrono::milliseconds grace) {
+    if (stopped_) co_return;
+    stopping_ = true;
+    stop_timer_.cancel();
+    slot_timer_.cancel();
+    while (started_ && claiming_) co_await wait_on(idle_timer_);
+    auto deadline = clock::now() + grace;
+    while (held_ > 0 && clock::now() < deadline) co_await wait_on(idle_timer_, deadline);
+    if (held_ > 0) {
+      for (auto& [token, r] : running_) {
+        if (r->state != job_state::running) continue;
+        r->state = job_state::stopping;
+        cancel_handler(r);
+      }
+      // Handlers that ignore cancellation get one more grace period; their leases expire after.
+      deadline = clock::now() + std::max(grace, std::chrono::milliseconds(1000));
+      while (held_ > 0 && clock::now() < deadline) co_await wait_on(idle_timer_, deadline);
+    }
+    try {
+      co_await backend_.release(opts_.queue, opts_.id, to_release_);
+      std::lock_guard lock(counters_mutex_);
+      counters_.released += to_release_.size();
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "jobrt worker {}: handing back {} jobs failed: {}\n", opts_.id, to_release_.size(), e.what());
+    }
+    to_release_.clear();
+    stopped_ = true;
+    watchdog_timer_.cancel();
+  }
+
+  struct group_strand {
+    asio::any_io_executor strand;
+    std::size_t users = 0;
+  };
+
+  asio::any_io_executor ex_;
+  asio::strand<asio::any_io_executor> strand_;
+  backend& backend_;
+  worker_options opts_;
+  std::unordered_map<std::string, handler> handlers_;
+  std::unordered_map<std::string, std::shared_ptr<running_job>> running_;  // by token
+  std::unordered_map<std::string, group_strand> strands_;
+  std::vector<finish_item> pending_finish_;
+  std::vector<std::string> to_release_;
+  asio::steady_timer slot_timer_;  // the claim loop waits here for a free slot
+  asio::steady_timer idle_timer_;  // stop waits here for handlers to finish
+  asio::steady_timer stop_timer_;  // cancelled to cut a blocking claim short
+  asio::steady_timer watchdog_timer_;
+  std::size_t held_ = 0;  // jobs leased and not yet finished
+  std::atomic<std::size_t> held_count_{0};
+  bool started_ = false;
+  bool claiming_ = true;
+  bool stopping_ = false;
+  bool stopped_ = false;
+  bool flushing_ = false;
+  mutable std::mutex counters_mutex_;
+  worker_counters counters_;
+};
+
+worker::worker(asio::any_io_executor ex, backend& b, worker_options opts)
+    : impl_(std::make_shared<impl>(std::move(ex), b, std::move(opts))) {}
+
+worker::~worker() = default;
+
+void worker::add_handler(std::string type, handler h) { impl_->add_handler(std::move(type), std::move(h)); }
+void worker::start() { impl_->start(); }
+asio::awaitable<void> worker::stop(std::chrono::milliseconds grace) { return impl::stop(impl_, grace); }
+const worker_options& worker::options() const noexcept { return impl_->options(); }
+worker_counters worker::counters() const { return impl_->counters(); }
+std::size_t worker::in_flight() const { return impl_->in_flight(); }
+
+}  // namespace jobrt

@@ -1,0 +1,484 @@
+// One suite, two backends: every case runs on the memory backend and on Redis.
+#include "support/redis_server.hpp"
+#include "support/run.hpp"
+
+#include <jobrt/memory_backend.hpp>
+#include <jobrt/producer.hpp>
+#include <jobrt/redis_backend.hpp>
+#include <jobrt/worker.hpp>
+
+#include <fmt/format.h>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/json/parse.hpp>
+
+#include <sys/resource.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+
+namespace asio = boost::asio;
+using namespace jobrt;
+using namespace jobrt::test;
+using asio::awaitable;
+using asio::use_awaitable;
+
+namespace {
+
+enum class backend_kind { memory, redis };
+
+// Backends for one test: the memory backend is one shared object (its state is the queue); on
+// Redis every call makes a new backend with connections of its own, as another process would.
+class backends {
+ public:
+  backends(asio::io_context& ctx, backend_kind kind) : ctx_(ctx), kind_(kind), queue_(key_prefix() + "q") {}
+
+  backend& make() {
+    if (kind_ == backend_kind::memory) {
+      if (made_.empty()) made_.push_back(std::make_unique<memory_backend>(ctx_.get_executor()));
+      return *made_.front();
+    }
+    made_.push_back(std::make_unique<redis_backend>(ctx_.get_executor(), shared_redis()));
+    return *made_.back();
+  }
+
+  const std::string& queue() const { return queue_; }
+  backend_kind kind() const { return kind_; }
+
+  worker_options worker_opts(std::size_t concurrency) const {
+    worker_options o;
+    o.queue = queue_;
+    o.concurrency = concurrency;
+    o.claim_wait = std::chrono::milliseconds(300);
+    return o;
+  }
+
+ private:
+  asio::io_context& ctx_;
+  backend_kind kind_;
+  std::string queue_;
+  std::vector<std::unique_ptr<backend>> made_;
+};
+
+awaitable<void> sleep_for(std::chrono::milliseconds d) {
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  t.expires_after(d);
+  co_await t.async_wait(use_awaitable);
+}
+
+// Waits until cond() holds, checking every few ms (test code: the runtime itself never polls).
+template <class Cond>
+awaitable<bool> eventually(Cond cond, std::chrono::milliseconds limit = std::chrono::seconds(30)) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > end) co_return false;
+    co_await sleep_for(std::chrono::milliseconds(5));
+  }
+  co_return true;
+}
+
+job_spec make_job(std::string type, boost::json::value payload, std::optional<std::string> group = {}) {
+  job_spec s;
+  s.type = std::move(type);
+  s.payload = std::move(payload);
+  s.group = std::move(group);
+  return s;
+}
+
+struct event {
+  std::string group;
+  std::int64_t seq;
+  std::int64_t fence;
+  bool start;
+};
+
+}  // namespace
+
+#define CONFORMANCE(name)                                                                           \
+  static void DOCTEST_CAT(conformance_, __LINE__)(backend_kind);                                    \
+  TEST_CASE("memory backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::memory); } \
+  TEST_CASE("redis backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::redis); }   \
+  static void DOCTEST_CAT(conformance_, __LINE__)(backend_kind kind)
+
+CONFORMANCE("exclusion and order: 8 workers x 200 groups x 50 jobs") {
+  run(
+      [kind](asio::io_context& ctx) -> awaitable<void> {
+        backends b(ctx, kind);
+        constexpr int groups = 200, per_group = 50;
+        std::mutex m;
+        std::vector<event> events;
+        std::map<std::string, int> runs;  // job → times run
+        int done = 0;
+        auto h = [&](job_context& c) -> awaitable<void> {
+          auto seq = c.payload().at("seq").as_int64();
+          {
+            std::lock_guard lock(m);
+            events.push_back({c.group(), seq, c.fence(), true});
+            ++runs[c.id()];
+          }
+          if (seq % 3 == 0)
+            co_await sleep_for(std::chrono::milliseconds(1));
+          else
+            co_await asio::post(co_await asio::this_coro::executor, use_awaitable);
+          std::lock_guard lock(m);
+          events.push_back({c.group(), seq, c.fence(), false});
+          ++done;
+        };
+        std::vector<std::unique_ptr<worker>> workers;
+        for (int w = 0; w < 8; ++w) {
+          auto o = b.worker_opts(16);
+          o.burst = static_cast<std::size_t>(1 + w % 3);
+          workers.push_back(std::make_unique<worker>(ctx.get_executor(), b.make(), o));
+          workers.back()->add_handler("step", h);
+          workers.back()->start();
+        }
+        producer p(b.make(), b.queue());
+        std::vector<job_spec> specs;
+        for (int s = 0; s < per_group; ++s)
+          for (int g = 0; g < groups; ++g) specs.push_back(make_job("step", {{"seq", s}}, fmt::format("g{}", g)));
+        auto ids = co_await p.enqueue_bulk(std::move(specs));
+        CHECK(ids.size() == groups * per_group);
+        CHECK(co_await eventually([&] { return done == groups * per_group; }, std::chrono::seconds(120)));
+        for (auto& w : workers) co_await w->stop(std::chrono::seconds(5));
+
+        std::map<std::string, std::int64_t> running_seq, last_seq, last_fence;
+        int overlaps = 0, inversions = 0, fence_regressions = 0;
+        for (auto& e : events) {
+          if (e.start) {
+            if (running_seq.count(e.group)) ++overlaps;
+            running_seq[e.group] = e.seq;
+            auto it = last_seq.find(e.group);
+            if (it != last_seq.end() && e.seq != it->second + 1) ++inversions;
+            last_seq[e.group] = e.seq;
+            auto f = last_fence.find(e.group);
+            if (f != last_fence.end() && e.fence <= f->second) ++fence_regressions;
+            last_fence[e.group] = e.fence;
+          } else {
+            running_seq.erase(e.group);
+          }
+        }
+        CHECK(overlaps == 0);
+        CHECK(inversions == 0);
+        CHECK(fence_regressions == 0);
+        CHECK(runs.size() == static_cast<std::size_t>(groups * per_group));
+        int twice = 0;
+        for (auto& [id, n] : runs) twice += n != 1;
+        CHECK(twice == 0);
+        auto counts = co_await b.make().counts(b.queue());
+        CHECK(counts.enqueued == groups * per_group);
+        CHECK(counts.completed == groups * per_group);
+        CHECK(counts.started == groups * per_group);
+        CHECK(counts.running == 0);
+        CHECK(counts.ready_lanes == 0);
+      },
+      std::chrono::seconds(180));
+}
+
+CONFORMANCE("fairness: one-job groups are not starved by a group of 10000") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 10000; ++i) specs.push_back(make_job("t", {{"i", i}}, "big"));
+    for (int g = 0; g < 100; ++g) specs.push_back(make_job("t", {{"i", -1}}, fmt::format("small{}", g)));
+    co_await p.enqueue_bulk(std::move(specs));
+    std::vector<std::string> order;
+    auto o = b.worker_opts(1);
+    o.burst = 4;
+    worker w(ctx.get_executor(), b.make(), o);
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      order.push_back(c.group());
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return order.size() >= 300; }));
+    co_await w.stop(std::chrono::seconds(5));
+    // Round robin: the big group gets at most one burst per turn, then every small group its one.
+    std::size_t last_small = 0;
+    for (std::size_t i = 0; i < order.size(); ++i)
+      if (order[i] != "big") last_small = i;
+    MESSAGE("last one-job group started at position " << last_small);
+    CHECK(last_small < 100 + 4 + 1);
+  });
+}
+
+CONFORMANCE("fast path: ungrouped jobs run in parallel up to the concurrency") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 100; ++i) specs.push_back(make_job("t", {{"i", i}}));
+    co_await p.enqueue_bulk(std::move(specs));
+    int running = 0, peak = 0, done = 0;
+    worker w(ctx.get_executor(), b.make(), b.worker_opts(20));
+    w.add_handler("t", [&](job_context&) -> awaitable<void> {
+      peak = std::max(peak, ++running);
+      co_await sleep_for(std::chrono::milliseconds(30));
+      --running;
+      ++done;
+    });
+    auto start = std::chrono::steady_clock::now();
+    w.start();
+    CHECK(co_await eventually([&] { return done == 100; }));
+    auto took = std::chrono::steady_clock::now() - start;
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(peak == 20);
+    // 5 waves of 30 ms; serial would be 3 s.
+    CHECK(took < std::chrono::milliseconds(1500));
+  });
+}
+
+CONFORMANCE("watchdog: a handler running 5x the lease TTL keeps its lease") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto o = b.worker_opts(4);
+    o.lease_ttl = std::chrono::milliseconds(300);
+    std::vector<std::string> log;
+    bool cancelled = false;
+    auto h = [&](job_context& c) -> awaitable<void> {
+      log.push_back(fmt::format("start {}", c.payload().at("i").as_int64()));
+      if (c.payload().at("i").as_int64() == 0) co_await sleep_for(std::chrono::milliseconds(1500));
+      cancelled = cancelled || c.cancelled();
+      log.push_back(fmt::format("end {}", c.payload().at("i").as_int64()));
+    };
+    worker w1(ctx.get_executor(), b.make(), o), w2(ctx.get_executor(), b.make(), o);
+    w1.add_handler("t", h);
+    w2.add_handler("t", h);
+    w1.start();
+    w2.start();
+    producer p(b.make(), b.queue());
+    auto job1 = make_job("t", {{"i", 0}}, "g");  // (built before co_await: see ARCHITECTURE.md)
+    co_await p.enqueue(job1);
+    auto job2 = make_job("t", {{"i", 1}}, "g");  // (built before co_await: see ARCHITECTURE.md)
+    co_await p.enqueue(job2);
+    CHECK(co_await eventually([&] { return log.size() == 4; }));
+    co_await w1.stop(std::chrono::seconds(5));
+    co_await w2.stop(std::chrono::seconds(5));
+    CHECK(log == std::vector<std::string>{"start 0", "end 0", "start 1", "end 1"});
+    CHECK_FALSE(cancelled);
+    CHECK(w1.counters().leases_lost + w2.counters().leases_lost == 0);
+    CHECK(w1.counters().renewals + w2.counters().renewals >= 8);
+  });
+}
+
+CONFORMANCE("lost lease: the handler is cancelled within one watchdog period and cannot ack") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto o = b.worker_opts(1);
+    o.lease_ttl = std::chrono::milliseconds(600);  // watchdog every 200 ms
+    std::string token;
+    std::chrono::steady_clock::time_point lost_at{}, cancelled_at{};
+    bool finished_normally = false;
+    worker w(ctx.get_executor(), b.make(), o);
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      token = fmt::format("{}|g:{}", c.fence(), c.group());
+      try {
+        co_await sleep_for(std::chrono::seconds(10));
+        finished_normally = true;
+      } catch (const boost::system::system_error&) {
+        cancelled_at = std::chrono::steady_clock::now();
+        CHECK(c.cancelled());
+        throw;
+      }
+    });
+    w.start();
+    producer p(b.make(), b.queue());
+    auto job3 = make_job("t", {{"i", 0}}, "g");  // (built before co_await: see ARCHITECTURE.md)
+    co_await p.enqueue(job3);
+    CHECK(co_await eventually([&] { return !token.empty(); }));
+    // Someone else ends the lease (an operator, or a reaper after a pause past the TTL).
+    lost_at = std::chrono::steady_clock::now();
+    if (kind == backend_kind::redis) {
+      auto& r = static_cast<redis_backend&>(b.make());
+      co_await redis::exec(r.connection(),
+                           redis::request("ZREM", redis_backend::key_prefix(b.queue()) + "active", token));
+    } else {
+      finish_item steal;
+      steal.token = token;
+      std::vector<finish_item> items{steal};
+      auto res = co_await b.make().finish(b.queue(), "intruder", items, o.lease_ttl);
+      CHECK(res.at(0).lease_held);
+    }
+    CHECK(co_await eventually([&] { return cancelled_at != std::chrono::steady_clock::time_point{}; }));
+    auto delay = cancelled_at - lost_at;
+    MESSAGE("cancelled " << std::chrono::duration_cast<std::chrono::milliseconds>(delay).count()
+                         << " ms after the lease was lost");
+    CHECK(delay < std::chrono::milliseconds(200 + 100));
+    CHECK_FALSE(finished_normally);
+    CHECK(co_await eventually([&] { return w.in_flight() == 0; }));
+    CHECK(w.counters().leases_lost == 1);
+    CHECK(w.counters().completed == 0);
+    CHECK(w.counters().failed == 0);
+    co_await w.stop(std::chrono::seconds(5));
+  });
+}
+
+CONFORMANCE("bad input at enqueue is refused and stores nothing") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer_options po;
+    po.max_body_bytes = 1000;
+    producer p(b.make(), b.queue(), po);
+    auto refused = [&](job_spec s) -> awaitable<std::string> {
+      try {
+        co_await p.enqueue(std::move(s));
+      } catch (const std::invalid_argument& e) {
+        co_return e.what();
+      }
+      co_return "accepted";
+    };
+    auto no_type = make_job("", {});
+    CHECK((co_await refused(no_type)) == "job type is empty");
+    auto big = make_job("t", boost::json::string(std::string(2000, 'x')));
+    CHECK((co_await refused(big)).find("bytes encoded; the limit is 1000") != std::string::npos);
+    auto bad_id = make_job("t", {});
+    bad_id.id = "a|b";
+    CHECK((co_await refused(bad_id)) == "job id 'a|b' contains '|'");
+    std::string not_json;
+    try {
+      producer::parse_payload("{\"a\": 1,");
+    } catch (const std::invalid_argument& e) {
+      not_json = e.what();
+    }
+    CHECK(not_json.starts_with("payload is not JSON"));
+    // One bad job in a bulk call refuses the whole call.
+    std::vector<job_spec> bulk;
+    bulk.push_back(make_job("t", {}));
+    bulk.push_back(make_job("", {}));
+    std::string bulk_error;
+    try {
+      co_await p.enqueue_bulk(std::move(bulk));
+    } catch (const std::invalid_argument& e) {
+      bulk_error = e.what();
+    }
+    CHECK(bulk_error == "job 2 of 2: job type is empty");
+    auto counts = co_await b.make().counts(b.queue());
+    CHECK(counts.enqueued == 0);
+    CHECK(counts.ready_lanes == 0);
+  });
+}
+
+CONFORMANCE("the same id twice is one job") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    auto s = make_job("t", {{"x", 1}});
+    s.id = "order-17";
+    auto first = co_await p.enqueue(s);
+    auto second = co_await p.enqueue(s);
+    CHECK(first.id == "order-17");
+    CHECK_FALSE(first.duplicate);
+    CHECK(second.duplicate);
+    int runs = 0;
+    worker w(ctx.get_executor(), b.make(), b.worker_opts(2));
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      CHECK(c.id() == "order-17");
+      ++runs;
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return w.counters().completed == 1; }));
+    CHECK(runs == 1);
+    // Finished: the id may be used again.
+    CHECK_FALSE((co_await p.enqueue(s)).duplicate);
+    CHECK(co_await eventually([&] { return w.counters().completed == 2; }));
+    co_await w.stop(std::chrono::seconds(5));
+  });
+}
+
+CONFORMANCE("bad input at run time: unknown type and a throwing handler fail the job and the worker goes on") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    worker w(ctx.get_executor(), b.make(), b.worker_opts(4));
+    int ok = 0;
+    w.add_handler("ok", [&](job_context&) -> awaitable<void> {
+      ++ok;
+      co_return;
+    });
+    w.add_handler("throws", [&](job_context& c) -> awaitable<void> {
+      if (!c.payload().is_object()) throw std::runtime_error("payload must be an object");
+      co_return;
+    });
+    w.start();
+    auto job4 = make_job("nobody", {}, "g");  // (built before co_await: see ARCHITECTURE.md)
+    co_await p.enqueue(job4);
+    co_await p.enqueue(make_job("throws", "text", "g"));
+    auto job5 = make_job("ok", {}, "g");  // (built before co_await: see ARCHITECTURE.md)
+    co_await p.enqueue(job5);
+    CHECK(co_await eventually([&] { return ok == 1; }));
+    CHECK(w.counters().failed == 2);
+    auto counts = co_await b.make().counts(b.queue());
+    CHECK(counts.dead == 2);
+    CHECK(counts.failed == 2);
+    CHECK(counts.completed == 1);
+    co_await w.stop(std::chrono::seconds(5));
+  });
+}
+
+CONFORMANCE("grouping rules route jobs of one tenant and entity into one group") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer_options po;
+    po.rules = grouping_rules::from_json(
+        boost::json::parse(R"({"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}"}]})"));
+    producer p(b.make(), b.queue(), po);
+    std::vector<std::string> groups;
+    worker w(ctx.get_executor(), b.make(), b.worker_opts(4));
+    w.add_handler("import", [&](job_context& c) -> awaitable<void> {
+      groups.push_back(c.group());
+      co_return;
+    });
+    w.start();
+    auto job6 = make_job(
+        "import",
+        {{"app", "crm"}, {"entity", "invoice"}, {"tenant", 7}});  // (built before co_await: see ARCHITECTURE.md)
+    co_await p.enqueue(job6);
+    auto job7 = make_job(
+        "import",
+        {{"app", "erp"}, {"entity", "invoice"}, {"tenant", 7}});  // (built before co_await: see ARCHITECTURE.md)
+    co_await p.enqueue(job7);
+    CHECK(co_await eventually([&] { return groups.size() == 2; }));
+    std::multiset<std::string> got(groups.begin(), groups.end());
+    CHECK(got == std::multiset<std::string>{"", "invoice:7"});
+    co_await w.stop(std::chrono::seconds(5));
+  });
+}
+
+CONFORMANCE("graceful stop hands back what it did not finish") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    worker w(ctx.get_executor(), b.make(), b.worker_opts(2));
+    int started = 0;
+    w.add_handler("slow", [&](job_context&) -> awaitable<void> {
+      ++started;
+      co_await sleep_for(std::chrono::seconds(30));
+    });
+    w.start();
+    auto job8 = make_job("slow", {}, "a");  // (built before co_await: see ARCHITECTURE.md)
+    co_await p.enqueue(job8);
+    auto job9 = make_job("slow", {}, "b");  // (built before co_await: see ARCHITECTURE.md)
+    co_await p.enqueue(job9);
+    CHECK(co_await eventually([&] { return started == 2; }));
+    co_await w.stop(std::chrono::milliseconds(100));
+    CHECK(w.counters().released == 2);
+    auto counts = co_await b.make().counts(b.queue());
+    CHECK(counts.running == 0);
+    CHECK(counts.ready_lanes == 2);
+    // Another worker runs them.
+    worker next(ctx.get_executor(), b.make(), b.worker_opts(2));
+    int ran = 0;
+    next.add_handler("slow", [&](job_context& c) -> awaitable<void> {
+      CHECK(c.attempt() == 1);  // handed back, not counted as an attempt
+      ++ran;
+      co_return;
+    });
+    next.start();
+    CHECK(co_await eventually([&] { return ran == 2; }));
+    co_await next.stop(std::chrono::seconds(5));
+  });
+}
