@@ -22,5 +22,7 @@ std::string string_arg(const args& a, std::size_t& i);
 std::size_t number_arg(const args& a, std::size_t& i);
 
 int demo(const args& a);
+/// Hidden: a worker process of `jobrt demo --redis` (not in the usage).
+int demo_worker(const args& a);
 
 }  // namespace jobrt::cli

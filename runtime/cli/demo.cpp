@@ -2,6 +2,11 @@
 // commodity's stock, yields, writes it back, and refuses an arrival that would exceed the limit.
 // Grouped by commodity, every commodity ends exactly where a serial replay ends; ungrouped
 // (--no-groups), concurrent read-modify-writes lose updates.
+//
+// Embedded (the default): workers, handlers and the scoreboard in this process. With --redis URL
+// this process only enqueues and checks: worker processes (this binary again, with the hidden
+// `demo-worker` command) run the handlers, with the stock, the running count and the last seq of
+// every commodity kept in Redis, so the checks hold across processes.
 #include "cli.hpp"
 
 #include <jobrt/memory_backend.hpp>
@@ -10,35 +15,51 @@
 #include <jobrt/worker.hpp>
 
 #include <fmt/format.h>
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/deferred.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
 
+extern char** environ;
+
 namespace jobrt::cli {
 namespace {
 
 namespace asio = boost::asio;
+using namespace asio::experimental::awaitable_operators;
 using clock = std::chrono::steady_clock;
 
 struct demo_options {
   std::size_t jobs = 20000;
   std::size_t commodities = 300;
-  std::size_t workers = 4;
+  std::size_t workers = 4;  // with --redis: in each worker process (default 1)
   std::size_t concurrency = 32;
   std::size_t threads = 2;
   std::int64_t limit = 600;
   bool groups = true;
   std::string redis_url;
+  std::size_t processes = 3;  // with --redis
   std::string queue = "demo";
 };
 
@@ -81,6 +102,50 @@ handler stock_arrival(std::shared_ptr<scoreboard> board, std::int64_t limit) {
   };
 }
 
+// The demo's state in Redis, for worker processes. Its keys are under the queue's prefix (one
+// hash tag, so one cluster slot), and the cleanup before a run removes them with the queue.
+struct redis_state {
+  explicit redis_state(const std::string& queue) : prefix(redis_backend::key_prefix(queue) + "demo:") {}
+  std::string prefix;
+  std::string stock() const { return prefix + "stock"; }                                 // hash: commodity → stock
+  std::string running(const std::string& c) const { return prefix + "running:" + c; }    // INCR / DECR
+  std::string last_seq(const std::string& c) const { return prefix + "last-seq:" + c; }  // SET ... GET
+  std::string checks() const { return prefix + "checks"; }  // hash: refused, overlaps, inversions
+  std::string ready() const { return prefix + "ready"; }    // list: a pid per worker process up
+  // list: "<pid> <started> <completed> <failed> <leases lost>" per worker process that stopped
+  std::string reports() const { return prefix + "processes"; }
+};
+
+// The same handler with its state in Redis: the read and the write of the stock are separate
+// round trips around the same yield, so only grouping keeps them from interleaving.
+handler stock_arrival_redis(redis::connection& conn, std::shared_ptr<const redis_state> keys, std::int64_t limit) {
+  return [&conn, keys, limit](job_context& ctx) -> asio::awaitable<void> {
+    const auto& p = ctx.payload().as_object();
+    auto field = std::to_string(p.at("commodity").as_int64());
+    auto qty = p.at("qty").as_int64();
+    auto seq = p.at("seq").as_int64();
+    redis::request reads;
+    reads.push("INCR", keys->running(field))
+        .push("SET", keys->last_seq(field), seq, "GET")
+        .push("HGET", keys->stock(), field);
+    auto before = co_await redis::exec(conn, std::move(reads));
+    const auto& r = before.as_array();
+    bool overlap = r.at(0).as_integer() > 1;
+    bool inversion = !r.at(1).is_nil() && std::stoll(r.at(1).as_string()) > seq;
+    std::int64_t stock = r.at(2).is_nil() ? 0 : std::stoll(r.at(2).as_string());
+    co_await yield_for(std::chrono::microseconds(50 + seq % 200));  // the read-modify-write window
+    redis::request writes;
+    if (stock + qty > limit)
+      writes.push("HINCRBY", keys->checks(), "refused", 1);
+    else
+      writes.push("HSET", keys->stock(), field, stock + qty);
+    if (overlap) writes.push("HINCRBY", keys->checks(), "overlaps", 1);
+    if (inversion) writes.push("HINCRBY", keys->checks(), "inversions", 1);
+    writes.push("DECR", keys->running(field));
+    co_await redis::exec(conn, std::move(writes));
+  };
+}
+
 void progress(std::size_t done, std::size_t total, double secs) {
   constexpr int width = 40;
   auto filled = static_cast<int>(static_cast<double>(done) / static_cast<double>(total) * width);
@@ -89,34 +154,36 @@ void progress(std::size_t done, std::size_t total, double secs) {
              secs > 0 ? static_cast<double>(done) / secs : 0.0);
 }
 
-int run_demo(const demo_options& o) {
-  asio::io_context ctx(static_cast<int>(o.threads));
-  std::unique_ptr<backend> store;
-  if (o.redis_url.empty())
-    store = std::make_unique<memory_backend>(ctx.get_executor());
-  else
-    store = std::make_unique<redis_backend>(ctx.get_executor(), redis::config::from_url(o.redis_url));
-
-  // The jobs: arrivals with a random commodity and quantity; seq is the arrival's rank within
-  // its commodity, and the serial replay gives the expected final stock.
-  std::mt19937_64 rng(42);
+// The jobs: arrivals with a random commodity and quantity; seq is the arrival's rank within its
+// commodity, and the serial replay gives the expected final stock.
+struct arrivals {
   std::vector<job_spec> specs;
-  std::vector<std::int64_t> expected(o.commodities, 0), next_seq(o.commodities, 0);
+  std::vector<std::int64_t> expected;
   std::uint64_t expected_refusals = 0;
+};
+
+arrivals make_arrivals(const demo_options& o) {
+  arrivals a;
+  std::mt19937_64 rng(42);
+  std::vector<std::int64_t> next_seq(o.commodities, 0);
+  a.expected.assign(o.commodities, 0);
   for (std::size_t i = 0; i < o.jobs; ++i) {
     auto index = static_cast<std::int64_t>(rng() % o.commodities);
     auto qty = static_cast<std::int64_t>(1 + rng() % 20);
-    auto& e = expected[static_cast<std::size_t>(index)];
+    auto& e = a.expected[static_cast<std::size_t>(index)];
     if (e + qty > o.limit)
-      ++expected_refusals;
+      ++a.expected_refusals;
     else
       e += qty;
     job_spec s;
     s.type = "stock_arrival";
     s.payload = {{"commodity", index}, {"qty", qty}, {"seq", next_seq[static_cast<std::size_t>(index)]++}};
-    specs.push_back(std::move(s));
+    a.specs.push_back(std::move(s));
   }
+  return a;
+}
 
+producer_options make_producer_options(const demo_options& o) {
   producer_options popts;
   if (o.groups) {  // the team's rule: arrivals are grouped by commodity
     grouping_rule rule;
@@ -124,7 +191,56 @@ int run_demo(const demo_options& o) {
     rule.key = "commodity-{commodity}";
     popts.rules.add(rule);
   }
-  producer prod(*store, o.queue, popts);
+  return popts;
+}
+
+// What a run ended with, as the summary shows it.
+struct outcome {
+  std::vector<std::int64_t> stock;  // per commodity
+  std::uint64_t refused = 0, overlaps = 0, inversions = 0;
+  std::uint64_t completed = 0, leases_lost = 0;
+  double secs = 0;
+  std::vector<std::string> notes;  // lines after the jobs line
+  bool failed = false;             // something else went wrong (said in notes)
+};
+
+int summarize(const demo_options& o, const arrivals& a, const outcome& r) {
+  int status = r.failed ? 1 : 0;
+  std::size_t exact = 0;
+  std::int64_t lost_units = 0;
+  for (std::size_t i = 0; i < o.commodities; ++i) {
+    auto got = r.stock[i];
+    if (got == a.expected[i]) ++exact;
+    lost_units += std::abs(a.expected[i] - got);
+  }
+  auto check = [&](bool ok) {
+    if (!ok) status = 1;
+    return ok ? "ok" : "FAILED";
+  };
+  fmt::print("\n  jobs          {} ({} completed by workers, {} leases lost)\n", o.jobs, r.completed, r.leases_lost);
+  for (const auto& n : r.notes) fmt::print("  {}\n", n);
+  fmt::print("  groups        {}\n", o.groups ? fmt::format("{} (one per commodity)", o.commodities) : "none");
+  fmt::print("  time          {:.2f} s, {:.0f} jobs/s\n", r.secs, static_cast<double>(o.jobs) / r.secs);
+  fmt::print("  checks\n");
+  fmt::print("    final stock exactly as expected   {:>5}/{} commodities   {}\n", exact, o.commodities,
+             o.groups ? check(exact == o.commodities) : (exact == o.commodities ? "ok" : "lost updates"));
+  fmt::print("    order inversions                  {:>5}                   {}\n", r.inversions,
+             o.groups ? check(r.inversions == 0) : "(not grouped)");
+  fmt::print("    overlapping runs of a commodity   {:>5}                   {}\n", r.overlaps,
+             o.groups ? check(r.overlaps == 0) : "(not grouped)");
+  fmt::print("    refused over the limit            {:>5} (serial replay: {})\n", r.refused, a.expected_refusals);
+  if (!o.groups)
+    fmt::print("\n  Without groups, concurrent read-yield-write runs lost {} units of stock in {} commodities.\n",
+               lost_units, o.commodities - exact);
+  return status;
+}
+
+int run_demo(const demo_options& o) {
+  asio::io_context ctx(static_cast<int>(o.threads));
+  auto store = std::make_unique<memory_backend>(ctx.get_executor());
+
+  auto a = make_arrivals(o);
+  producer prod(*store, o.queue, make_producer_options(o));
 
   auto board = std::make_shared<scoreboard>(o.commodities);
   std::vector<std::unique_ptr<worker>> workers;
@@ -139,25 +255,17 @@ int run_demo(const demo_options& o) {
   }
 
   fmt::print("jobrt demo: {} stock arrivals for {} commodities, {}, on the {} backend\n", o.jobs, o.commodities,
-             o.groups ? "grouped by commodity" : "NOT grouped (--no-groups)",
-             o.redis_url.empty() ? "embedded" : "Redis");
+             o.groups ? "grouped by commodity" : "NOT grouped (--no-groups)", "embedded");
   fmt::print("  {} workers x concurrency {}, {} threads\n", o.workers, o.concurrency, o.threads);
 
-  int status = 0;
   double secs = 0;
   std::exception_ptr failure;
   asio::co_spawn(
       ctx,
       [&]() -> asio::awaitable<void> {
-        if (!o.redis_url.empty()) {  // a clean queue for this run
-          auto& conn = static_cast<redis_backend&>(*store).connection();
-          auto prefix = redis_backend::key_prefix(o.queue);
-          auto keys = co_await redis::exec(conn, redis::request("KEYS", prefix + "*"));
-          for (const auto& k : keys.as_array()) co_await redis::exec(conn, redis::request("DEL", k.as_string()));
-        }
         auto start = clock::now();
         for (auto& w : workers) w->start();
-        co_await prod.enqueue_bulk(std::move(specs));
+        co_await prod.enqueue_bulk(std::move(a.specs));
         asio::steady_timer tick(ctx);
         while (board->done < o.jobs) {
           progress(board->done, o.jobs, std::chrono::duration<double>(clock::now() - start).count());
@@ -179,54 +287,292 @@ int run_demo(const demo_options& o) {
   for (auto& t : extra) t.join();
   if (failure) std::rethrow_exception(failure);
 
-  std::size_t exact = 0;
-  std::int64_t lost_units = 0;
-  for (std::size_t i = 0; i < o.commodities; ++i) {
-    auto got = board->items[i].stock.load();
-    if (got == expected[i]) ++exact;
-    lost_units += std::abs(expected[i] - got);
-  }
-  std::uint64_t completed = 0, leases_lost = 0;
+  outcome r;
+  for (std::size_t i = 0; i < o.commodities; ++i) r.stock.push_back(board->items[i].stock.load());
   for (auto& w : workers) {
-    completed += w->counters().completed;
-    leases_lost += w->counters().leases_lost;
+    r.completed += w->counters().completed;
+    r.leases_lost += w->counters().leases_lost;
   }
-  auto check = [&](bool ok) {
-    if (!ok) status = 1;
-    return ok ? "ok" : "FAILED";
+  r.refused = board->refused.load();
+  r.overlaps = board->overlaps.load();
+  r.inversions = board->inversions.load();
+  r.secs = secs;
+  return summarize(o, a, r);
+}
+
+// --- Redis: worker processes ---
+
+// The worker processes of a run: this binary again (/proc/self/exe) with the hidden demo-worker
+// command. SIGCHLD, through an asio::signal_set, tells when one ends (no polling). Whatever still
+// runs when this goes away (the run failed) is killed and reaped.
+class worker_processes {
+ public:
+  // The signal set exists before the first child: no SIGCHLD is missed.
+  explicit worker_processes(asio::any_io_executor ex) : sigchld_(ex, SIGCHLD) {}
+  ~worker_processes() { kill_all(); }
+  worker_processes(const worker_processes&) = delete;
+  worker_processes& operator=(const worker_processes&) = delete;
+
+  void spawn(const args& a) {
+    args argv_text{"jobrt"};
+    argv_text.insert(argv_text.end(), a.begin(), a.end());
+    std::vector<char*> argv;
+    for (auto& s : argv_text) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    if (int rc = ::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ); rc != 0)
+      throw std::runtime_error(fmt::format("cannot start a worker process: {}", std::strerror(rc)));
+    children_.push_back({pid});
+  }
+
+  /// SIGTERM to those still running: they stop gracefully.
+  void terminate() {
+    for (auto& c : children_)
+      if (c.running) ::kill(c.pid, SIGTERM);
+  }
+
+  /// SIGKILL to those still running, and reaps them.
+  void kill_all() {
+    for (auto& c : children_) {
+      if (!c.running) continue;
+      ::kill(c.pid, SIGKILL);
+      ::waitpid(c.pid, &c.status, 0);
+      c.running = false;
+    }
+  }
+
+  /// Completes when a worker process ends that was not reported before; says which and how.
+  asio::awaitable<std::string> wait_exit() {
+    for (;;) {
+      reap();
+      for (auto& c : children_) {
+        if (c.running || c.reported) continue;
+        c.reported = true;
+        co_return fmt::format("worker process {} ended early ({})", c.pid, describe(c));
+      }
+      co_await sigchld_.async_wait(asio::use_awaitable);
+    }
+  }
+
+  /// Completes when every worker process has ended.
+  asio::awaitable<void> wait_all() {
+    for (;;) {
+      reap();
+      if (std::none_of(children_.begin(), children_.end(), [](const child& c) { return c.running; })) co_return;
+      co_await sigchld_.async_wait(asio::use_awaitable);
+    }
+  }
+
+  /// How those that did not exit 0 ended; empty when all did.
+  std::vector<std::string> failures() const {
+    std::vector<std::string> out;
+    for (auto& c : children_)
+      if (c.running || !WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0)
+        out.push_back(fmt::format("worker process {}: {}", c.pid, describe(c)));
+    return out;
+  }
+
+ private:
+  struct child {
+    pid_t pid = -1;
+    bool running = true;
+    bool reported = false;  // by wait_exit
+    int status = 0;         // waitpid's, once it ended
   };
-  fmt::print("\n  jobs          {} ({} completed by workers, {} leases lost)\n", o.jobs, completed, leases_lost);
-  fmt::print("  groups        {}\n", o.groups ? fmt::format("{} (one per commodity)", o.commodities) : "none");
-  fmt::print("  time          {:.2f} s, {:.0f} jobs/s\n", secs, static_cast<double>(o.jobs) / secs);
-  fmt::print("  checks\n");
-  fmt::print("    final stock exactly as expected   {:>5}/{} commodities   {}\n", exact, o.commodities,
-             o.groups ? check(exact == o.commodities) : (exact == o.commodities ? "ok" : "lost updates"));
-  fmt::print("    order inversions                  {:>5}                   {}\n", board->inversions.load(),
-             o.groups ? check(board->inversions == 0) : "(not grouped)");
-  fmt::print("    overlapping runs of a commodity   {:>5}                   {}\n", board->overlaps.load(),
-             o.groups ? check(board->overlaps == 0) : "(not grouped)");
-  fmt::print("    refused over the limit            {:>5} (serial replay: {})\n", board->refused.load(),
-             expected_refusals);
-  if (!o.groups)
-    fmt::print("\n  Without groups, concurrent read-yield-write runs lost {} units of stock in {} commodities.\n",
-               lost_units, o.commodities - exact);
-  return status;
+
+  void reap() {
+    for (auto& c : children_)
+      if (c.running && ::waitpid(c.pid, &c.status, WNOHANG) == c.pid) c.running = false;
+  }
+
+  static std::string describe(const child& c) {
+    if (c.running) return "still running";
+    if (WIFEXITED(c.status)) return fmt::format("exit status {}", WEXITSTATUS(c.status));
+    if (WIFSIGNALED(c.status)) return fmt::format("killed by signal {}", WTERMSIG(c.status));
+    return "ended";
+  }
+
+  asio::signal_set sigchld_;
+  std::vector<child> children_;
+};
+
+asio::awaitable<void> sleep_for(std::chrono::milliseconds d) {
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  t.expires_after(d);
+  co_await t.async_wait(asio::use_awaitable);
+}
+
+// Waits (BLPOP, no polling) until n worker processes said they are up. Returns "" when they are,
+// else why not; never throws, as it races (||) against the processes' exit.
+asio::awaitable<std::string> wait_ready(const redis::config& cfg, const std::string& key, std::size_t n,
+                                        std::chrono::milliseconds limit) {
+  redis::blocking_connection conn(co_await asio::this_coro::executor, cfg);
+  conn.start();
+  auto deadline = clock::now() + limit;
+  std::string why_not;
+  for (std::size_t i = 0; i < n && why_not.empty(); ++i) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+    redis::request pop("BLPOP", key,
+                       fmt::format("{:.3f}", static_cast<double>(std::max<std::int64_t>(left.count(), 1)) / 1000.0));
+    pop.options.timeout = left + std::chrono::seconds(2);
+    auto [ec, r] = co_await conn.async_exec(std::move(pop), asio::as_tuple(asio::use_awaitable));
+    if (ec)
+      why_not = fmt::format("waiting for the worker processes failed: {} {}", ec.message(), conn.last_error());
+    else if (r.is_nil())
+      why_not = fmt::format("{} of {} worker processes started within {} s", i, n,
+                            std::chrono::duration_cast<std::chrono::seconds>(limit).count());
+  }
+  conn.close();
+  co_return why_not;
+}
+
+std::int64_t to_int(const redis::reply& r) { return r.is_nil() ? 0 : std::stoll(r.as_string()); }
+
+int run_demo_processes(const demo_options& o) {
+  asio::io_context ctx(1);  // one thread: the children's parent-death signal follows this thread
+  auto cfg = redis::config::from_url(o.redis_url);
+  redis_backend store(ctx.get_executor(), cfg);
+  redis_state keys(o.queue);
+  auto a = make_arrivals(o);
+  producer prod(store, o.queue, make_producer_options(o));
+  worker_processes children(ctx.get_executor());
+
+  fmt::print("jobrt demo: {} stock arrivals for {} commodities, {}, on the {} backend\n", o.jobs, o.commodities,
+             o.groups ? "grouped by commodity" : "NOT grouped (--no-groups)", "Redis");
+  fmt::print("  {} worker processes x {} worker{} x concurrency {}, {} thread{} each\n", o.processes, o.workers,
+             o.workers == 1 ? "" : "s", o.concurrency, o.threads, o.threads == 1 ? "" : "s");
+
+  outcome r;
+  std::exception_ptr failure;
+  asio::co_spawn(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        // A clean queue for this run (the demo's state keys go with it).
+        auto& conn = store.connection();
+        redis::request ping("PING");
+        ping.options.timeout = std::chrono::seconds(10);  // a server that is not there is an error, not a hang
+        co_await redis::exec(conn, std::move(ping));
+        auto keys_found = co_await redis::exec(conn, redis::request("KEYS", redis_backend::key_prefix(o.queue) + "*"));
+        for (const auto& k : keys_found.as_array()) co_await redis::exec(conn, redis::request("DEL", k.as_string()));
+
+        args worker_args{"demo-worker",
+                         "--redis",
+                         o.redis_url,
+                         "--queue",
+                         o.queue,
+                         "--workers",
+                         std::to_string(o.workers),
+                         "--concurrency",
+                         std::to_string(o.concurrency),
+                         "--threads",
+                         std::to_string(o.threads),
+                         "--limit",
+                         std::to_string(o.limit),
+                         "--parent",
+                         std::to_string(::getpid())};
+        for (std::size_t p = 0; p < o.processes; ++p) children.spawn(worker_args);
+        // Every worker process up before the work exists, so that all of them get some.
+        auto up =
+            co_await (wait_ready(cfg, keys.ready(), o.processes, std::chrono::seconds(15)) || children.wait_exit());
+        auto why_not = up.index() == 0 ? std::get<0>(up) : std::get<1>(up);
+        if (!why_not.empty()) throw std::runtime_error(why_not);
+
+        auto start = clock::now();
+        co_await prod.enqueue_bulk(std::move(a.specs));
+        queue_counts counts;
+        for (;;) {
+          counts = co_await store.counts(o.queue);
+          auto done = static_cast<std::size_t>(counts.completed + counts.failed);
+          r.secs = std::chrono::duration<double>(clock::now() - start).count();
+          progress(static_cast<std::size_t>(counts.completed), o.jobs, r.secs);
+          if (done >= o.jobs) break;
+          auto ended = co_await (sleep_for(std::chrono::milliseconds(100)) || children.wait_exit());
+          if (ended.index() == 1) throw std::runtime_error(std::get<1>(ended));
+        }
+        fmt::print(stderr, "\n");
+
+        children.terminate();
+        auto stopped = co_await (children.wait_all() || sleep_for(std::chrono::seconds(15)));
+        if (stopped.index() == 1) {
+          children.kill_all();
+          r.notes.push_back("worker processes did not stop within 15 s after SIGTERM: killed");
+        }
+        for (auto& f : children.failures()) r.notes.push_back(f + "   FAILED");
+        if (counts.failed > 0) r.notes.push_back(fmt::format("{} jobs failed   FAILED", counts.failed));
+        r.failed = !r.notes.empty();
+
+        redis::request state;
+        state.push("HGETALL", keys.stock()).push("HGETALL", keys.checks()).push("LRANGE", keys.reports(), 0, -1);
+        auto got = co_await redis::exec(conn, std::move(state));
+        const auto& parts = got.as_array();
+        r.stock.assign(o.commodities, 0);
+        const auto& stock = parts.at(0).as_array();
+        for (std::size_t i = 0; i + 1 < stock.size(); i += 2) {
+          auto index = std::stoull(stock[i].as_string());
+          if (index < o.commodities) r.stock[index] = to_int(stock[i + 1]);
+        }
+        const auto& checks = parts.at(1).as_array();
+        for (std::size_t i = 0; i + 1 < checks.size(); i += 2) {
+          auto value = static_cast<std::uint64_t>(to_int(checks[i + 1]));
+          if (checks[i].as_string() == "refused") r.refused = value;
+          if (checks[i].as_string() == "overlaps") r.overlaps = value;
+          if (checks[i].as_string() == "inversions") r.inversions = value;
+        }
+        // Each worker process's report: "<pid> <started> <completed> <failed> <leases lost>".
+        std::vector<std::string> ran;
+        std::size_t with_jobs = 0;
+        for (const auto& line : parts.at(2).as_array()) {
+          long long pid = 0, started = 0, completed = 0, failed = 0, lost = 0;
+          if (std::sscanf(line.as_string().c_str(), "%lld %lld %lld %lld %lld", &pid, &started, &completed, &failed,
+                          &lost) != 5)
+            continue;
+          r.completed += static_cast<std::uint64_t>(completed);
+          r.leases_lost += static_cast<std::uint64_t>(lost);
+          ran.push_back(std::to_string(completed));
+          if (completed > 0) ++with_jobs;
+        }
+        r.notes.insert(r.notes.begin(), fmt::format("processes     {} of {} worker processes ran jobs ({})", with_jobs,
+                                                    o.processes, fmt::join(ran, " / ")));
+      },
+      [&](std::exception_ptr e) {
+        failure = e;
+        ctx.stop();
+      });
+  ctx.run();
+  if (failure) {
+    fmt::print(stderr, "\n");
+    std::rethrow_exception(failure);  // the worker processes are killed on the way out
+  }
+  return summarize(o, a, r);
+}
+
+// Stops every worker at once, each with its grace period.
+asio::awaitable<void> stop_all(std::vector<std::unique_ptr<worker>>& workers, std::chrono::milliseconds grace) {
+  auto ex = co_await asio::this_coro::executor;
+  using stop_op = decltype(asio::co_spawn(ex, workers.front()->stop(grace), asio::deferred));
+  std::vector<stop_op> ops;
+  for (auto& w : workers) ops.push_back(asio::co_spawn(ex, w->stop(grace), asio::deferred));
+  co_await asio::experimental::make_parallel_group(std::move(ops))
+      .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
 }
 
 }  // namespace
 
 int demo(const args& a) {
   demo_options o;
+  bool workers_given = false, processes_given = false;
   for (std::size_t i = 0; i < a.size(); ++i) {
     const auto& arg = a[i];
     if (arg == "--help" || arg == "-h") {
       fmt::print(
           "usage: jobrt demo [--jobs N] [--commodities N] [--workers N] [--concurrency N] [--threads N]\n"
-          "                  [--limit N] [--no-groups] [--redis URL]\n"
+          "                  [--limit N] [--no-groups] [--redis URL [--processes N]]\n"
           "Stock arrivals: each job reads a commodity's stock, yields, writes it back, and refuses to\n"
           "exceed the limit. Grouped by commodity (the default), the final stock of every commodity is\n"
           "exactly what a serial replay gives; --no-groups shows the lost updates grouping prevents.\n"
-          "Runs on the embedded backend unless --redis URL is given.\n");
+          "Runs on the embedded backend unless --redis URL is given: then this process enqueues and\n"
+          "checks, and --processes worker processes (default 3), each with --workers workers (default\n"
+          "1) and --threads threads, run the jobs with the stock kept in Redis.\n");
       return 0;
     }
     if (arg == "--no-groups")
@@ -235,9 +581,10 @@ int demo(const args& a) {
       o.jobs = number_arg(a, i);
     else if (arg == "--commodities")
       o.commodities = number_arg(a, i);
-    else if (arg == "--workers")
+    else if (arg == "--workers") {
       o.workers = number_arg(a, i);
-    else if (arg == "--concurrency")
+      workers_given = true;
+    } else if (arg == "--concurrency")
       o.concurrency = number_arg(a, i);
     else if (arg == "--threads")
       o.threads = number_arg(a, i);
@@ -245,13 +592,115 @@ int demo(const args& a) {
       o.limit = static_cast<std::int64_t>(number_arg(a, i));
     else if (arg == "--redis")
       o.redis_url = string_arg(a, i);
-    else
+    else if (arg == "--processes") {
+      o.processes = number_arg(a, i);
+      processes_given = true;
+    } else
       throw usage_error(fmt::format("demo: unknown option '{}'", arg));
   }
   if (o.jobs == 0 || o.commodities == 0 || o.workers == 0 || o.concurrency == 0 || o.threads == 0)
     throw usage_error("demo: --jobs, --commodities, --workers, --concurrency and --threads must be positive");
-  if (!o.redis_url.empty()) redis::config::from_url(o.redis_url);  // a bad URL is a usage error
-  return run_demo(o);
+  if (o.redis_url.empty()) {
+    if (processes_given) throw usage_error("demo: --processes needs --redis");
+    return run_demo(o);
+  }
+  redis::config::from_url(o.redis_url);  // a bad URL is a usage error
+  if (o.processes == 0) throw usage_error("demo: --processes must be positive");
+  if (!workers_given) o.workers = 1;
+  return run_demo_processes(o);
+}
+
+// The hidden worker-process side of `jobrt demo --redis`: runs the stock_arrival handler on
+// Redis until SIGTERM (or SIGINT), then stops gracefully, reports its counters and exits 0.
+int demo_worker(const args& a) {
+  std::string url, queue = "demo";
+  std::size_t workers = 1, concurrency = 32, threads = 2;
+  std::int64_t limit = 600;
+  long parent = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto& arg = a[i];
+    if (arg == "--redis")
+      url = string_arg(a, i);
+    else if (arg == "--queue")
+      queue = string_arg(a, i);
+    else if (arg == "--workers")
+      workers = number_arg(a, i);
+    else if (arg == "--concurrency")
+      concurrency = number_arg(a, i);
+    else if (arg == "--threads")
+      threads = number_arg(a, i);
+    else if (arg == "--limit")
+      limit = static_cast<std::int64_t>(number_arg(a, i));
+    else if (arg == "--parent")
+      parent = static_cast<long>(number_arg(a, i));
+    else
+      throw usage_error(fmt::format("demo-worker: unknown option '{}'", arg));
+  }
+  if (url.empty()) throw usage_error("demo-worker: --redis URL is required");
+  if (workers == 0 || concurrency == 0 || threads == 0)
+    throw usage_error("demo-worker: --workers, --concurrency and --threads must be positive");
+  auto cfg = redis::config::from_url(url);
+  if (parent != 0) {
+    // Ends with the demo even when the demo cannot stop it (killed with SIGKILL).
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != static_cast<pid_t>(parent)) return 1;
+  }
+
+  asio::io_context ctx(static_cast<int>(threads));
+  asio::signal_set signals(ctx, SIGTERM, SIGINT);
+  redis_backend store(ctx.get_executor(), cfg);
+  auto keys = std::make_shared<const redis_state>(queue);
+  std::vector<std::unique_ptr<worker>> pool;
+  for (std::size_t w = 0; w < workers; ++w) {
+    worker_options wo;
+    wo.queue = queue;
+    wo.concurrency = concurrency;
+    wo.id = fmt::format("demo-{}-{}", ::getpid(), w);
+    wo.claim_wait = std::chrono::milliseconds(500);
+    pool.push_back(std::make_unique<worker>(ctx.get_executor(), store, wo));
+    pool.back()->add_handler("stock_arrival", stock_arrival_redis(store.connection(), keys, limit));
+  }
+
+  std::exception_ptr failure;
+  asio::co_spawn(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        auto& conn = store.connection();
+        redis::request ping("PING");
+        ping.options.timeout = std::chrono::seconds(10);
+        co_await redis::exec(conn, std::move(ping));
+        for (auto& w : pool) w->start();
+        co_await redis::exec(conn, redis::request("RPUSH", keys->ready(), ::getpid()));
+        co_await signals.async_wait(asio::use_awaitable);
+        co_await stop_all(pool, std::chrono::seconds(5));
+        worker_counters total;
+        for (auto& w : pool) {
+          auto c = w->counters();
+          total.started += c.started;
+          total.completed += c.completed;
+          total.failed += c.failed;
+          total.leases_lost += c.leases_lost;
+        }
+        auto report =
+            fmt::format("{} {} {} {} {}", ::getpid(), total.started, total.completed, total.failed, total.leases_lost);
+        co_await redis::exec(conn, redis::request("RPUSH", keys->reports(), report));
+      },
+      [&](std::exception_ptr e) {
+        failure = e;
+        ctx.stop();
+      });
+  std::vector<std::thread> extra;
+  for (std::size_t t = 1; t < threads; ++t) extra.emplace_back([&] { ctx.run(); });
+  ctx.run();
+  for (auto& t : extra) t.join();
+  if (failure) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("demo-worker {}: {}", ::getpid(), e.what()));
+    }
+  }
+  return 0;
 }
 
 }  // namespace jobrt::cli

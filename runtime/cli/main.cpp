@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   args rest(argv + 2, argv + argc);
   try {
     if (command == "demo") return demo(rest);
+    if (command == "demo-worker") return demo_worker(rest);  // hidden: jobrt demo --redis starts it
     if (command == "version" || command == "--version") {
       fmt::print("jobrt 0.1.0\n");
       return 0;

@@ -20,7 +20,9 @@ end
 
 local missing = 0
 for i = 0, n - 1 do
-  if ARGV[2 + i * 3] == '' then missing = missing + 1 end
+  local id = ARGV[2 + i * 3]
+  if id == '' then missing = missing + 1 end
+  if string.find(id, '|', 1, true) then return redis.error_reply("job id '" .. id .. "' contains '|'") end
 end
 local next_id = 0
 if missing > 0 then next_id = redis.call('INCRBY', seq, missing) - missing end

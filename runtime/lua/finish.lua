@@ -2,7 +2,8 @@
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>fence  KEYS[4] <prefix>stats
 -- KEYS[5] <prefix>ids  KEYS[6] <prefix>dead  KEYS[7] <prefix>dead:info
 -- ARGV[1] lease TTL (ms)  ARGV[2] n, then n times: token, kind ('a' ack, 'f' fail),
---   producer-given id ('' if none), error, want next ('1': lease the group's next job to me)
+--   producer-given id ('' if none), error, want next ('1': lease the group's next job to me;
+--   '2': only when no other lane is waiting, so a burst costs nobody their turn; '0': no)
 -- Returns: n times: held (1, or 0 when the lease was lost and nothing changed), next token,
 --   next record ('' and '' when no next job was leased)
 local ready, active, fence_key, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -13,9 +14,14 @@ local ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tokens = {}
 for i = 1, n do tokens[i] = ARGV[3 + (i - 1) * 5] end
 local scores = redis.call('ZMSCORE', active, unpack(tokens))
-local held = {}
+local held, seen = {}, {}
 for i = 1, n do
-  if scores[i] then held[#held + 1] = tokens[i] end
+  if scores[i] and not seen[tokens[i]] then -- a token given twice is held once
+    seen[tokens[i]] = true
+    held[#held + 1] = tokens[i]
+  else
+    scores[i] = false
+  end
 end
 if #held == 0 then
   local out = {}
@@ -44,7 +50,7 @@ for i = 1, n do
       record = redis.call('LPOP', key)
       local following = redis.call('LINDEX', key, 0)
       if following then
-        if want == '1' and kind == 'a' then
+        if kind == 'a' and (want == '1' or (want == '2' and redis.call('LLEN', ready) == 0)) then
           next_token = redis.call('INCR', fence_key) .. '|' .. lane
           next_record = following
           leases[#leases + 1] = now + ttl

@@ -7,7 +7,8 @@
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/deferred.hpp>
+#include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
@@ -22,7 +23,6 @@
 namespace jobrt {
 
 namespace asio = boost::asio;
-using namespace asio::experimental::awaitable_operators;
 using clock = std::chrono::steady_clock;
 
 void job_context::log(std::string_view message) const {
@@ -132,13 +132,20 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       std::vector<claimed_job> jobs;
       std::string failure;
       try {
-        jobs = co_await self->backend_.claim(self->opts_.queue, co);
-        if (jobs.empty() && !self->stopping_) {
-          // Wait inside the backend (BLMOVE); a stop cuts the wait short.
-          auto result = co_await (self->backend_.claim_wait(self->opts_.queue, co, self->opts_.claim_wait) ||
-                                  wait_on(self->stop_timer_));
-          if (result.index() == 0) jobs = std::move(std::get<0>(result));
-        }
+        // claim_wait claims at once when work is ready and otherwise waits inside the backend
+        // (BLMOVE); a stop cuts the wait short. Not `||`: that would drop jobs a claim leased just
+        // as the stop came; the group hands back both results.
+        self->stop_timer_.expires_at(clock::time_point::max());
+        auto [order, claim_error, claimed, stop_ec] =
+            co_await asio::experimental::make_parallel_group(
+                asio::co_spawn(self->strand_, self->backend_.claim_wait(self->opts_.queue, co, self->opts_.claim_wait),
+                               asio::deferred),
+                self->stop_timer_.async_wait(asio::deferred))
+                .async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
+        (void)order;
+        (void)stop_ec;
+        jobs = std::move(claimed);
+        if (claim_error && !self->stopping_) std::rethrow_exception(claim_error);
         backoff = std::chrono::milliseconds(100);
       } catch (const std::exception& e) {
         failure = e.what();
@@ -239,7 +246,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       item.kind = finish_kind::fail;
       item.error = what(e);
     }
-    item.want_next = !e && !stopping_ && !r->ctx->group().empty() && r->burst_left > 1;
+    if (!e && !stopping_ && !r->ctx->group().empty())
+      item.want_next = r->burst_left > 1 ? finish_item::next_policy::yes : finish_item::next_policy::if_nobody_waits;
     queue_finish(std::move(item));
   }
 
@@ -312,7 +320,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     if (!result.lease_held)
       fmt::print(stderr, "jobrt worker {}: lease {} was lost before it finished; not acked\n", opts_.id, item.token);
     drop_held();
-    if (result.next) launch(std::move(*result.next), burst_left - 1);  // the group's next job, at once
+    // The group's next job, at once; a burst that went on because nobody waited starts over.
+    if (result.next) launch(std::move(*result.next), burst_left > 1 ? burst_left - 1 : 1);
   }
 
   void drop_held() {

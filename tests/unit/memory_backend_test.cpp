@@ -49,7 +49,7 @@ finish_item ack(std::string token, bool want_next = false, std::string unique_id
   f.token = std::move(token);
   f.kind = finish_kind::ack;
   f.unique_id = std::move(unique_id);
-  f.want_next = want_next;
+  f.want_next = want_next ? finish_item::next_policy::yes : finish_item::next_policy::no;
   return f;
 }
 
@@ -280,7 +280,7 @@ TEST_CASE("memory backend - a failed job with want_next gives no next job and it
     co_await b.enqueue("q", std::move(batch));
     auto jobs = co_await b.claim("q", opts(1));
     finish_item f = fail(jobs.at(0).token, "boom");
-    f.want_next = true;
+    f.want_next = finish_item::next_policy::yes;
     std::vector<finish_item> items{f};
     auto out = co_await b.finish("q", "w1", std::move(items), ttl);
     CHECK(out.at(0).lease_held);

@@ -54,9 +54,9 @@ struct finish_item {
   finish_kind kind = finish_kind::ack;
   std::string unique_id;  ///< the job's id when the producer gave it (forgotten on finish)
   std::string error;      ///< for fail
-  /// For a grouped ack: the worker can run the group's next job at once (a burst); the backend
-  /// then leases it to this worker instead of putting the lane back.
-  bool want_next = false;
+  /// For a grouped ack: whether the worker runs the group's next job at once (a burst), leased
+  /// to it in the same call instead of the lane going back to the ready list.
+  enum class next_policy { no, yes, if_nobody_waits } want_next = next_policy::no;
 };
 
 struct finish_result {

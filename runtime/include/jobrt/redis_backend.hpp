@@ -40,6 +40,7 @@ class redis_backend final : public backend {
 
  private:
   redis::blocking_connection& blocking_for(const std::string& worker);
+  redis::request claim_request(const std::string& prefix, const claim_options& opts) const;
 
   boost::asio::any_io_executor ex_;
   redis::config cfg_;

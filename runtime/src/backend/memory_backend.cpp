@@ -3,6 +3,8 @@
 // command a step stands for where the correspondence is not obvious.
 #include <jobrt/memory_backend.hpp>
 
+#include <fmt/format.h>
+
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/cancellation_type.hpp>
 #include <boost/asio/error.hpp>
@@ -17,6 +19,7 @@
 #include <iterator>
 #include <list>
 #include <optional>
+#include <stdexcept>
 #include <string_view>
 #include <tuple>
 #include <unordered_set>
@@ -148,6 +151,9 @@ asio::awaitable<std::vector<enqueue_result>> memory_backend::enqueue(std::string
   std::lock_guard lock(mutex_);
   queue_state& q = queue_locked(queue);
 
+  for (const auto& job : jobs)  // as enqueue.lua: the id is a field of the record
+    if (job.id.find('|') != std::string::npos)
+      throw std::invalid_argument(fmt::format("job id '{}' contains '|'", job.id));
   auto missing = std::count_if(jobs.begin(), jobs.end(), [](const encoded_job& j) { return j.id.empty(); });
   std::int64_t next_id = q.seq;
   q.seq += static_cast<std::int64_t>(missing);
@@ -299,12 +305,13 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
   std::lock_guard lock(mutex_);
   queue_state& q = queue_locked(queue);
 
-  // ZMSCORE: every token is looked up before anything changes, so a token given twice in one
-  // batch is held both times (as on Redis).
+  // Every token is looked up before anything changes; a token given twice in one batch is held
+  // only the first time (as in finish.lua).
   std::vector<bool> held(items.size());
+  std::unordered_set<std::string_view> seen;
   bool any = false;
   for (std::size_t i = 0; i < items.size(); ++i) {
-    held[i] = q.active.contains(items[i].token);
+    held[i] = q.active.contains(items[i].token) && seen.insert(items[i].token).second;
     any = any || held[i];
   }
   if (!any) co_return out;
@@ -333,7 +340,8 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
         list.pop_front();
         if (list.empty()) {
           q.groups.erase(group);
-        } else if (item.want_next && ack) {
+        } else if (ack && (item.want_next == finish_item::next_policy::yes ||
+                           (item.want_next == finish_item::next_policy::if_nobody_waits && q.ready.empty()))) {
           std::int64_t fence = ++q.fence;
           claimed_job next;
           next.token = make_token(fence, lane);

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
@@ -79,11 +81,14 @@ asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string 
   co_return out;
 }
 
-asio::awaitable<std::vector<claimed_job>> redis_backend::claim(std::string queue, claim_options opts) {
-  auto p = key_prefix(queue);
+request redis_backend::claim_request(const std::string& p, const claim_options& opts) const {
   std::array<std::string, 5> keys{p + "ready", p + "active", p + "fence", p + "stats", p + "claimed:" + opts.worker};
   std::array<std::string, 2> args{std::to_string(opts.max), std::to_string(opts.lease_ttl.count())};
-  reply r = co_await claim_.run(conn_, keys, args);
+  return claim_.make_request(keys, args);
+}
+
+asio::awaitable<std::vector<claimed_job>> redis_backend::claim(std::string queue, claim_options opts) {
+  reply r = co_await claim_.run(conn_, claim_request(key_prefix(queue), opts));
   co_return parse_claimed(r);
 }
 
@@ -101,20 +106,33 @@ redis::blocking_connection& redis_backend::blocking_for(const std::string& worke
 
 asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string queue, claim_options opts,
                                                                     std::chrono::milliseconds wait) {
-  auto jobs = co_await claim(queue, opts);
-  if (!jobs.empty()) co_return jobs;
+  // The claim script runs shielded from the caller's cancellation: cut short after it was
+  // written, it could lease jobs that nobody would run until their leases expire.
+  auto shielded = asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable);
+  auto jobs = co_await asio::co_spawn(ex_, claim(queue, opts), shielded);
+  if (!jobs.empty() || wait.count() <= 0) co_return jobs;  // (BLMOVE with timeout 0 would block forever)
   // Wait inside Redis: BLMOVE moves the next lane to this worker's claimed list (where a crash
-  // cannot lose it), and the claim script then takes it from there.
+  // cannot lose it). The claim script goes in the same write, right behind it: Redis runs it the
+  // moment BLMOVE returns, so a woken worker holds its lease with no further round trip. (A
+  // BLMOVE that times out is followed by a claim that finds nothing, or what arrived just then.)
   auto p = key_prefix(queue);
-  request blmove("BLMOVE", p + "ready", p + "claimed:" + opts.worker, "LEFT", "RIGHT",
-                 fmt::format("{:.3f}", static_cast<double>(wait.count()) / 1000.0));
-  blmove.options.timeout = wait + cfg_.health_interval * 2 + std::chrono::seconds(1);
-  auto [ec, r] = co_await blocking_for(opts.worker).async_exec(std::move(blmove), asio::as_tuple(asio::use_awaitable));
+  request wait_and_claim("BLMOVE", p + "ready", p + "claimed:" + opts.worker, "LEFT", "RIGHT",
+                         fmt::format("{:.3f}", static_cast<double>(wait.count()) / 1000.0));
+  wait_and_claim.append(claim_request(p, opts));
+  wait_and_claim.options.timeout = wait + cfg_.health_interval * 2 + std::chrono::seconds(1);
+  auto [ec, r] =
+      co_await blocking_for(opts.worker).async_exec(std::move(wait_and_claim), asio::as_tuple(asio::use_awaitable));
   auto cs = co_await asio::this_coro::cancellation_state;
   if (cs.cancelled() != asio::cancellation_type::none)
     throw boost::system::system_error(asio::error::operation_aborted);
-  if (ec || r.is_nil()) co_return std::vector<claimed_job>{};  // timed out, or the connection dropped: try again
-  co_return co_await claim(std::move(queue), std::move(opts));
+  if (ec) co_return std::vector<claimed_job>{};  // the connection dropped: the caller comes again
+  const auto& claimed = r.as_array().at(1);
+  if (claimed.is_error()) {  // NOSCRIPT on that connection's server: claim the usual way, which loads it
+    if (!claimed.error_message().starts_with("NOSCRIPT"))
+      throw boost::system::system_error(error::server_error, std::string(claimed.error_message()));
+    co_return co_await asio::co_spawn(ex_, claim(std::move(queue), std::move(opts)), shielded);
+  }
+  co_return parse_claimed(claimed);
 }
 
 asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string queue, std::string worker,
@@ -133,7 +151,9 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
     args.push_back(it.kind == finish_kind::ack ? "a" : "f");
     args.push_back(it.unique_id);
     args.push_back(it.error);
-    args.push_back(it.want_next ? "1" : "0");
+    args.push_back(it.want_next == finish_item::next_policy::yes               ? "1"
+                   : it.want_next == finish_item::next_policy::if_nobody_waits ? "2"
+                                                                               : "0");
   }
   reply r = co_await finish_.run(conn_, keys, args);
   const auto& e = r.as_array();

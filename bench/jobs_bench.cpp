@@ -1,0 +1,244 @@
+// The job runtime on Redis, measured from the server's own counters.
+//
+//   jobrt_bench_jobs URL throughput N CONCURRENCY GROUPS   (GROUPS 0: ungrouped)
+//     enqueue N no-op jobs in batches of 1000, then one worker runs them; prints jobs/s,
+//     enqueue jobs/s, Redis commands per job (INFO commandstats: commands inside scripts count),
+//     Redis CPU per job (INFO cpu), Redis memory per queued job (INFO memory).
+//   jobrt_bench_jobs URL pickup N GROUPED
+//     an idle worker; N jobs enqueued one at a time, each after the previous one ran; prints the
+//     enqueue-to-handler-start latency p50/p99, and the same for a bare LPUSH → BLMOVE wake-up.
+//   jobrt_bench_jobs URL depth DEPTH
+//     DEPTH queued jobs, then 50 claims of 10 jobs; prints the server time per claim script call.
+// Output: one line of key=value pairs. The server must be a throw-away one: it is flushed.
+#include <jobrt/producer.hpp>
+#include <jobrt/redis_backend.hpp>
+#include <jobrt/worker.hpp>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <string>
+
+namespace asio = boost::asio;
+using namespace jobrt;
+using asio::awaitable;
+using asio::use_awaitable;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+awaitable<void> sleep_for(std::chrono::microseconds d) {
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  t.expires_after(d);
+  co_await t.async_wait(use_awaitable);
+}
+
+std::map<std::string, std::string> info_fields(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    auto colon = line.find(':');
+    if (colon != std::string::npos && line[0] != '#') out[line.substr(0, colon)] = line.substr(colon + 1);
+  }
+  return out;
+}
+
+struct server_stats {
+  double cpu_seconds = 0;  // used_cpu_user + used_cpu_sys
+  long commands = 0;       // every command but INFO and CONFIG
+  long used_memory = 0;
+  std::map<std::string, std::string> commandstats;
+};
+
+awaitable<server_stats> read_stats(redis::connection& c) {
+  auto r = co_await redis::exec(c, redis::request("INFO", "all"));
+  auto f = info_fields(r.as_string());
+  server_stats s;
+  s.cpu_seconds = std::stod(f["used_cpu_user"]) + std::stod(f["used_cpu_sys"]);
+  s.used_memory = std::stol(f["used_memory"]);
+  for (auto& [k, v] : f) {
+    if (!k.starts_with("cmdstat_")) continue;
+    s.commandstats[k] = v;
+    if (k == "cmdstat_info" || k.starts_with("cmdstat_config")) continue;
+    s.commands += std::stol(v.substr(v.find("calls=") + 6));
+  }
+  co_return s;
+}
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1))];
+}
+
+awaitable<void> throughput(asio::io_context& ctx, redis::config cfg, long n, std::size_t concurrency, long groups) {
+  redis_backend store(ctx.get_executor(), cfg);
+  auto& conn = store.connection();
+  co_await redis::exec(conn, redis::request("FLUSHALL"));
+  co_await redis::exec(conn, redis::request("CONFIG", "RESETSTAT"));
+  producer p(store, "bench");
+  std::vector<job_spec> specs;
+  specs.reserve(static_cast<std::size_t>(n));
+  for (long i = 0; i < n; ++i) {
+    job_spec s;
+    s.type = "noop";
+    if (groups > 0) s.group = std::to_string(i % groups);
+    specs.push_back(std::move(s));
+  }
+  auto s0 = co_await read_stats(conn);
+  auto t0 = clock_type::now();
+  co_await p.enqueue_bulk(std::move(specs));
+  auto t1 = clock_type::now();
+  auto s1 = co_await read_stats(conn);
+
+  long done = 0;
+  worker_options o;
+  o.queue = "bench";
+  o.concurrency = concurrency;
+  worker w(ctx.get_executor(), store, o);
+  w.add_handler("noop", [&](job_context&) -> awaitable<void> {
+    ++done;
+    co_return;
+  });
+  auto t2 = clock_type::now();
+  w.start();
+  while (done < n) co_await sleep_for(std::chrono::microseconds(500));
+  auto t3 = clock_type::now();
+  co_await w.stop(std::chrono::seconds(5));
+  auto s2 = co_await read_stats(conn);
+  auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
+  auto per_job = [&](double x) { return x / static_cast<double>(n); };
+  fmt::print(
+      "throughput groups={} n={} concurrency={} jobs_per_sec={:.0f} enqueue_per_sec={:.0f} "
+      "cmds_per_job={:.2f} enqueue_cmds_per_job={:.2f} process_cmds_per_job={:.2f} "
+      "redis_cpu_us_per_job={:.2f} enqueue_cpu_us_per_job={:.2f} process_cpu_us_per_job={:.2f} "
+      "mem_bytes_per_job={:.1f}\n",
+      groups, n, concurrency, static_cast<double>(n) / secs(t3 - t2), static_cast<double>(n) / secs(t1 - t0),
+      per_job(static_cast<double>(s2.commands - s0.commands)), per_job(static_cast<double>(s1.commands - s0.commands)),
+      per_job(static_cast<double>(s2.commands - s1.commands)), per_job((s2.cpu_seconds - s0.cpu_seconds) * 1e6),
+      per_job((s1.cpu_seconds - s0.cpu_seconds) * 1e6), per_job((s2.cpu_seconds - s1.cpu_seconds) * 1e6),
+      per_job(static_cast<double>(s1.used_memory - s0.used_memory)));
+  if (std::getenv("JOBRT_BENCH_VERBOSE"))
+    for (auto& [k, v] : s2.commandstats) fmt::print("  {} {}\n", k, v);
+}
+
+awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool grouped) {
+  redis_backend store(ctx.get_executor(), cfg);
+  auto& conn = store.connection();
+  co_await redis::exec(conn, redis::request("FLUSHALL"));
+
+  // Bare: LPUSH on one connection, BLMOVE waiting on another.
+  redis::blocking_connection blocking(ctx.get_executor(), cfg);
+  blocking.start();
+  std::vector<double> bare;
+  for (int i = 0; i < n; ++i) {
+    clock_type::time_point sent{};
+    asio::co_spawn(
+        ctx,
+        [&]() -> awaitable<void> {
+          co_await sleep_for(std::chrono::microseconds(200));  // let the BLMOVE block first
+          sent = clock_type::now();
+          co_await redis::exec(conn, redis::request("LPUSH", "bare:src", "x"));
+        },
+        asio::detached);
+    co_await redis::exec(blocking, redis::request("BLMOVE", "bare:src", "bare:dst", "RIGHT", "LEFT", 5));
+    bare.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - sent).count());
+  }
+
+  worker_options o;
+  o.queue = "pickup";
+  o.concurrency = 100;
+  worker w(ctx.get_executor(), store, o);
+  clock_type::time_point started{};
+  w.add_handler("noop", [&](job_context&) -> awaitable<void> {
+    started = clock_type::now();
+    co_return;
+  });
+  w.start();
+  producer p(store, "pickup");
+  std::vector<double> ours;
+  for (int i = 0; i < n; ++i) {
+    co_await sleep_for(std::chrono::microseconds(200));  // the worker is idle in BLMOVE again
+    job_spec s;
+    s.type = "noop";
+    if (grouped) s.group = std::to_string(i);  // a new group each time
+    started = {};
+    auto sent = clock_type::now();
+    co_await p.enqueue(std::move(s));
+    while (started == clock_type::time_point{}) co_await sleep_for(std::chrono::microseconds(20));
+    ours.push_back(std::chrono::duration<double, std::micro>(started - sent).count());
+  }
+  co_await w.stop(std::chrono::seconds(5));
+  fmt::print("pickup grouped={} n={} p50_us={:.0f} p99_us={:.0f} bare_p50_us={:.0f} bare_p99_us={:.0f}\n", grouped, n,
+             percentile(ours, 0.5), percentile(ours, 0.99), percentile(bare, 0.5), percentile(bare, 0.99));
+}
+
+awaitable<void> depth(asio::io_context& ctx, redis::config cfg, long queued) {
+  redis_backend store(ctx.get_executor(), cfg);
+  auto& conn = store.connection();
+  co_await redis::exec(conn, redis::request("FLUSHALL"));
+  producer p(store, "depth");
+  for (long first = 0; first < queued; first += 10000) {
+    std::vector<job_spec> specs;
+    for (long i = first; i < std::min(queued, first + 10000); ++i) {
+      job_spec s;
+      s.type = "noop";
+      specs.push_back(std::move(s));
+    }
+    co_await p.enqueue_bulk(std::move(specs));
+  }
+  co_await redis::exec(conn, redis::request("CONFIG", "RESETSTAT"));
+  claim_options co{"bench", 10, std::chrono::seconds(30)};
+  for (int i = 0; i < 50; ++i) co_await store.claim("depth", co);
+  auto s = co_await read_stats(conn);
+  auto evalsha = s.commandstats["cmdstat_evalsha"];
+  auto per_call = evalsha.substr(evalsha.find("usec_per_call=") + 14);
+  fmt::print("depth queued={} claim_usec_per_call={}\n", queued, per_call.substr(0, per_call.find(',')));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    fmt::print(stderr, "usage: {} URL throughput N C GROUPS | pickup N GROUPED | depth DEPTH\n", argv[0]);
+    return 2;
+  }
+  auto cfg = redis::config::from_url(argv[1]);
+  std::string mode = argv[2];
+  auto arg = [&](int i, long fallback) { return argc > i ? std::atol(argv[i]) : fallback; };
+  asio::io_context ctx(1);
+  std::exception_ptr failure;
+  auto done = [&](std::exception_ptr e) {
+    failure = e;
+    ctx.stop();
+  };
+  if (mode == "throughput")
+    asio::co_spawn(ctx, throughput(ctx, cfg, arg(3, 100000), static_cast<std::size_t>(arg(4, 100)), arg(5, 0)), done);
+  else if (mode == "pickup")
+    asio::co_spawn(ctx, pickup(ctx, cfg, static_cast<int>(arg(3, 1000)), arg(4, 0) != 0), done);
+  else if (mode == "depth")
+    asio::co_spawn(ctx, depth(ctx, cfg, arg(3, 1000)), done);
+  else {
+    fmt::print(stderr, "unknown mode {}\n", mode);
+    return 2;
+  }
+  ctx.run();
+  if (failure) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "error: {}\n", e.what());
+      return 1;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,127 @@
+// The worker on Redis: what only a real server can show.
+#include "support/redis_server.hpp"
+#include "support/run.hpp"
+
+#include <jobrt/producer.hpp>
+#include <jobrt/redis_backend.hpp>
+#include <jobrt/worker.hpp>
+
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <sys/resource.h>
+
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace asio = boost::asio;
+using namespace jobrt;
+using namespace jobrt::test;
+using asio::awaitable;
+using asio::use_awaitable;
+
+namespace {
+
+awaitable<void> sleep_for(std::chrono::milliseconds d) {
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  t.expires_after(d);
+  co_await t.async_wait(use_awaitable);
+}
+
+std::chrono::microseconds cpu_used() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto us = [](timeval t) { return std::chrono::seconds(t.tv_sec) + std::chrono::microseconds(t.tv_usec); };
+  return us(u.ru_utime) + us(u.ru_stime);
+}
+
+// "cmdstat_evalsha:calls=3,usec=..." lines of INFO commandstats, as name → calls.
+std::map<std::string, long> command_calls(const std::string& info) {
+  std::map<std::string, long> out;
+  std::istringstream in(info);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.starts_with("cmdstat_")) continue;
+    auto colon = line.find(':');
+    auto calls = line.find("calls=");
+    out[line.substr(8, colon - 8)] = std::stol(line.substr(calls + 6));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("an idle worker sends only its blocking claim and its watchdog calls and uses no CPU") {
+  redis_server server;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), server.config());
+    redis::connection admin(ctx.get_executor(), server.config());
+    admin.start();
+    worker_options o;
+    o.queue = "idle";
+    o.claim_wait = std::chrono::milliseconds(500);
+    o.lease_ttl = std::chrono::milliseconds(900);  // watchdog every 300 ms
+    worker w(ctx.get_executor(), store, o);
+    w.add_handler("t", [](job_context&) -> awaitable<void> { co_return; });
+    w.start();
+    co_await sleep_for(std::chrono::milliseconds(300));
+    co_await redis::exec(admin, redis::request("CONFIG", "RESETSTAT"));
+    auto cpu_before = cpu_used();
+    co_await sleep_for(std::chrono::milliseconds(3000));
+    auto cpu = cpu_used() - cpu_before;
+    auto calls = command_calls((co_await redis::exec(admin, redis::request("INFO", "commandstats"))).as_string());
+    calls.erase("info");
+    calls.erase("config|resetstat");
+    std::string seen;
+    for (auto& [name, n] : calls) seen += fmt::format("{}={} ", name, n);
+    MESSAGE("in 3 s idle: " << seen << "| worker process CPU " << cpu.count() << " us");
+    // Sent by the worker: BLMOVE (every claim_wait), EVALSHA (a claim before each BLMOVE, an
+    // extend every 300 ms), SCRIPT LOAD once if the server lost its scripts, health PINGs; the
+    // rest are commands inside those scripts.
+    const std::set<std::string> allowed{"blmove", "evalsha", "script|load", "ping", "lpop", "zadd", "time"};
+    for (auto& [name, n] : calls) CHECK_MESSAGE(allowed.count(name) == 1, "unexpected command " << name);
+    CHECK(calls["blmove"] <= 3000 / 500 + 1);
+    CHECK(calls["evalsha"] <= (3000 / 500 + 1) + (3000 / 300 + 1));
+    CHECK(cpu < std::chrono::milliseconds(100));
+    co_await w.stop(std::chrono::seconds(1));
+  });
+}
+
+TEST_CASE("malformed jobs written by another producer are dead-lettered and the worker goes on") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    std::string queue = key_prefix() + "q";
+    auto ready = redis_backend::key_prefix(queue) + "ready";
+    co_await redis::exec(store.connection(), redis::request("RPUSH", ready, "j:garbage", "j:0|x|{not json",
+                                                            "j:0|y|{\"payload\":1}", "j:0|z|[1,2]"));
+    worker_options o;
+    o.queue = queue;
+    worker w(ctx.get_executor(), store, o);
+    int ran = 0;
+    w.add_handler("ok", [&](job_context&) -> awaitable<void> {
+      ++ran;
+      co_return;
+    });
+    w.start();
+    job_spec good;
+    good.type = "ok";
+    producer p(store, queue);
+    co_await p.enqueue(good);
+    for (int i = 0; i < 400 && ran == 0; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    CHECK(ran == 1);
+    auto counts = co_await store.counts(queue);
+    CHECK(counts.failed == 4);
+    CHECK(counts.dead == 4);  // the record with no id at all is dead-lettered under ""
+    auto info = co_await redis::exec(store.connection(),
+                                     redis::request("HGETALL", redis_backend::key_prefix(queue) + "dead:info"));
+    std::string all;
+    for (auto& e : info.as_array()) all += e.as_string() + "\n";
+    CHECK(all.find("job record 'garbage' is not '<attempts>|<id>|<body>'") != std::string::npos);
+    CHECK(all.find("job x body is not JSON") != std::string::npos);
+    CHECK(all.find("job y has no type") != std::string::npos);
+    CHECK(all.find("job z body is not a JSON object") != std::string::npos);
+    co_await w.stop(std::chrono::seconds(1));
+  });
+}
