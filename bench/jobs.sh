@@ -18,7 +18,7 @@ redis-cli -p "$port" RPUSH yard:list a b c >/dev/null
 for run in $(seq "$runs"); do
   echo "run $run"
   calls=$(taskset -c 1 redis-benchmark -p "$port" -c 1 -P 16 -n 200000 -q EVALSHA "$sha" 2 yard:list yard:lock |
-          tr '\r' '\n' | awk '/requests per second/ {v=$2} END {print v}')
+          tr '\r' '\n' | awk '/requests per second/ {for (i = 1; i <= NF; i++) if ($i == "requests") v = $(i - 1)} END {print v}')
   echo "yardstick evalsha_calls_per_sec=$calls"
   for groups in 0 1 1000 100000; do bench throughput "$n" 100 "$groups"; done
   bench pickup 1000 0

@@ -1,6 +1,6 @@
 // The job runtime on Redis, measured from the server's own counters.
 //
-//   jobrt_bench_jobs URL throughput N CONCURRENCY GROUPS   (GROUPS 0: ungrouped)
+//   jobrt_bench_jobs URL throughput N CONCURRENCY GROUPS [BURST=4]   (GROUPS 0: ungrouped)
 //     enqueue N no-op jobs in batches of 1000, then one worker runs them; prints jobs/s,
 //     enqueue jobs/s, Redis commands per job (INFO commandstats: commands inside scripts count),
 //     Redis CPU per job (INFO cpu), Redis memory per queued job (INFO memory).
@@ -8,18 +8,18 @@
 //     an idle worker; N jobs enqueued one at a time, each after the previous one ran; prints the
 //     enqueue-to-handler-start latency p50/p99, and the same for a bare LPUSH → BLMOVE wake-up.
 //   jobrt_bench_jobs URL depth DEPTH
-//     DEPTH queued jobs, then 50 claims of 10 jobs; prints the server time per claim script call.
+//     DEPTH queued jobs, then 100 claims of 10 jobs; prints the server time per claim script call.
 // Output: one line of key=value pairs. The server must be a throw-away one: it is flushed.
 #include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
 #include <jobrt/worker.hpp>
 
+#include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -80,7 +80,8 @@ double percentile(std::vector<double> v, double p) {
   return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1))];
 }
 
-awaitable<void> throughput(asio::io_context& ctx, redis::config cfg, long n, std::size_t concurrency, long groups) {
+awaitable<void> throughput(asio::io_context& ctx, redis::config cfg, long n, std::size_t concurrency, long groups,
+                           std::size_t burst) {
   redis_backend store(ctx.get_executor(), cfg);
   auto& conn = store.connection();
   co_await redis::exec(conn, redis::request("FLUSHALL"));
@@ -104,6 +105,7 @@ awaitable<void> throughput(asio::io_context& ctx, redis::config cfg, long n, std
   worker_options o;
   o.queue = "bench";
   o.concurrency = concurrency;
+  o.burst = burst;
   worker w(ctx.get_executor(), store, o);
   w.add_handler("noop", [&](job_context&) -> awaitable<void> {
     ++done;
@@ -198,7 +200,7 @@ awaitable<void> depth(asio::io_context& ctx, redis::config cfg, long queued) {
   }
   co_await redis::exec(conn, redis::request("CONFIG", "RESETSTAT"));
   claim_options co{"bench", 10, std::chrono::seconds(30)};
-  for (int i = 0; i < 50; ++i) co_await store.claim("depth", co);
+  for (int i = 0; i < 100; ++i) co_await store.claim("depth", co);  // 1,000 jobs: all of the smallest depth
   auto s = co_await read_stats(conn);
   auto evalsha = s.commandstats["cmdstat_evalsha"];
   auto per_call = evalsha.substr(evalsha.find("usec_per_call=") + 14);
@@ -209,7 +211,7 @@ awaitable<void> depth(asio::io_context& ctx, redis::config cfg, long queued) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fmt::print(stderr, "usage: {} URL throughput N C GROUPS | pickup N GROUPED | depth DEPTH\n", argv[0]);
+    fmt::print(stderr, "usage: {} URL throughput N C GROUPS [BURST] | pickup N GROUPED | depth DEPTH\n", argv[0]);
     return 2;
   }
   auto cfg = redis::config::from_url(argv[1]);
@@ -222,7 +224,10 @@ int main(int argc, char** argv) {
     ctx.stop();
   };
   if (mode == "throughput")
-    asio::co_spawn(ctx, throughput(ctx, cfg, arg(3, 100000), static_cast<std::size_t>(arg(4, 100)), arg(5, 0)), done);
+    asio::co_spawn(ctx,
+                   throughput(ctx, cfg, arg(3, 100000), static_cast<std::size_t>(arg(4, 100)), arg(5, 0),
+                              static_cast<std::size_t>(arg(6, 4))),
+                   done);
   else if (mode == "pickup")
     asio::co_spawn(ctx, pickup(ctx, cfg, static_cast<int>(arg(3, 1000)), arg(4, 0) != 0), done);
   else if (mode == "depth")

@@ -32,8 +32,9 @@ redis.call('ZREM', active, unpack(held))
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local out, back, leases = {}, {}, {}
+local out, back, nexts = {}, {}, {}
 local completed, failed = 0, 0
+local nobody_waits = nil -- LLEN of ready, asked once: this script pushes to ready only at its end
 for i = 1, n do
   local base = 3 + (i - 1) * 5
   local token, kind, unique_id, err, want = ARGV[base], ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
@@ -50,11 +51,11 @@ for i = 1, n do
       record = redis.call('LPOP', key)
       local following = redis.call('LINDEX', key, 0)
       if following then
-        if kind == 'a' and (want == '1' or (want == '2' and redis.call('LLEN', ready) == 0)) then
-          next_token = redis.call('INCR', fence_key) .. '|' .. lane
+        if want == '2' and nobody_waits == nil then nobody_waits = redis.call('LLEN', ready) == 0 end
+        if kind == 'a' and (want == '1' or (want == '2' and nobody_waits)) then
+          nexts[#nexts + 1] = {i = #out + 1, lane = lane} -- its token is made below, with its fence
+          next_token = lane
           next_record = following
-          leases[#leases + 1] = now + ttl
-          leases[#leases + 1] = next_token
         else
           back[#back + 1] = lane -- round robin: the group waits behind every other lane
         end
@@ -75,9 +76,17 @@ for i = 1, n do
   out[#out + 1] = next_record
 end
 if #back > 0 then redis.call('RPUSH', ready, unpack(back)) end
-if #leases > 0 then
+if #nexts > 0 then -- one INCRBY for every fence, given out in item order
+  local fence = redis.call('INCRBY', fence_key, #nexts) - #nexts
+  local leases = {}
+  for _, n in ipairs(nexts) do
+    fence = fence + 1
+    out[n.i] = fence .. '|' .. n.lane
+    leases[#leases + 1] = now + ttl
+    leases[#leases + 1] = out[n.i]
+  end
   redis.call('ZADD', active, unpack(leases))
-  redis.call('HINCRBY', stats, 'started', #leases / 2)
+  redis.call('HINCRBY', stats, 'started', #nexts)
 end
 if completed > 0 then redis.call('HINCRBY', stats, 'completed', completed) end
 if failed > 0 then redis.call('HINCRBY', stats, 'failed', failed) end
