@@ -11,8 +11,10 @@
 // steady_clock is CLOCK_MONOTONIC on Linux, one clock for every process on the machine, so the
 // events of several processes can be merged by time. LOG_FILE is created only once the Redis
 // connection answered and the worker started: its existence tells the test the worker is up.
-// SIGTERM (or SIGINT) stops the worker gracefully (5 s grace), flushes the log and exits 0.
-// Exit 1 on a failure, 2 on bad arguments.
+// SIGTERM (or SIGINT) stops the worker gracefully (5 s grace), flushes the log and exits 0; so
+// does the end of the parent (PR_SET_PDEATHSIG), so a test killed by its time limit leaves no
+// worker behind. Exit 1 on a failure (also when leases were lost or jobs failed), 2 on bad
+// arguments.
 #include <jobrt/redis_backend.hpp>
 #include <jobrt/worker.hpp>
 
@@ -23,6 +25,9 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
@@ -141,6 +146,8 @@ int main(int argc, char** argv) {
                e.what());
     return 2;
   }
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() == 1) return 1;  // the parent is gone already
   int status = 1;
   try {
     asio::io_context ctx(1);
