@@ -6,9 +6,9 @@
 #include <jobrt/redis_backend.hpp>
 #include <jobrt/worker.hpp>
 
+#include <fmt/format.h>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <fmt/format.h>
 
 #include <sys/resource.h>
 
