@@ -50,6 +50,14 @@ namespace asio = boost::asio;
 using namespace asio::experimental::awaitable_operators;
 using clock = std::chrono::steady_clock;
 
+// A server that is not there is an error after a while, not a hang: requests have no timeout of
+// their own.
+asio::awaitable<void> check_server(redis::connection& conn) {
+  redis::request ping("PING");
+  ping.options.timeout = std::chrono::seconds(10);
+  co_await redis::exec(conn, std::move(ping));
+}
+
 struct demo_options {
   std::size_t jobs = 20000;
   std::size_t commodities = 300;
@@ -449,9 +457,7 @@ int run_demo_processes(const demo_options& o) {
       [&]() -> asio::awaitable<void> {
         // A clean queue for this run (the demo's state keys go with it).
         auto& conn = store.connection();
-        redis::request ping("PING");
-        ping.options.timeout = std::chrono::seconds(10);  // a server that is not there is an error, not a hang
-        co_await redis::exec(conn, std::move(ping));
+        co_await check_server(conn);
         auto keys_found = co_await redis::exec(conn, redis::request("KEYS", redis_backend::key_prefix(o.queue) + "*"));
         for (const auto& k : keys_found.as_array()) co_await redis::exec(conn, redis::request("DEL", k.as_string()));
 
@@ -666,9 +672,7 @@ int demo_worker(const args& a) {
       ctx,
       [&]() -> asio::awaitable<void> {
         auto& conn = store.connection();
-        redis::request ping("PING");
-        ping.options.timeout = std::chrono::seconds(10);
-        co_await redis::exec(conn, std::move(ping));
+        co_await check_server(conn);
         for (auto& w : pool) w->start();
         co_await redis::exec(conn, redis::request("RPUSH", keys->ready(), ::getpid()));
         co_await signals.async_wait(asio::use_awaitable);

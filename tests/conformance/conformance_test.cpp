@@ -63,12 +63,6 @@ class backends {
   std::vector<std::unique_ptr<backend>> made_;
 };
 
-awaitable<void> sleep_for(std::chrono::milliseconds d) {
-  asio::steady_timer t(co_await asio::this_coro::executor);
-  t.expires_after(d);
-  co_await t.async_wait(use_awaitable);
-}
-
 // Waits until cond() holds, checking every few ms (test code: the runtime itself never polls).
 template <class Cond>
 awaitable<bool> eventually(Cond cond, std::chrono::milliseconds limit = std::chrono::seconds(30)) {

@@ -27,12 +27,6 @@ constexpr auto use_tuple = asio::as_tuple(use_awaitable);
 
 namespace {
 
-awaitable<void> pause_for(std::chrono::milliseconds d) {
-  asio::steady_timer t(co_await asio::this_coro::executor);
-  t.expires_after(d);
-  co_await t.async_wait(use_awaitable);
-}
-
 config fast(config cfg) {
   cfg.health_interval = std::chrono::milliseconds(200);
   cfg.reconnect_wait_min = std::chrono::milliseconds(10);
@@ -75,14 +69,14 @@ TEST_CASE("CLIENT KILL under load: the connection comes back and no reply reache
     };
     for (int id = 0; id < 50; ++id) asio::co_spawn(ctx, worker(id), asio::detached);
     for (int kill = 0; kill < 5; ++kill) {
-      co_await pause_for(std::chrono::milliseconds(100));
+      co_await sleep_for(std::chrono::milliseconds(100));
       auto id = conn.client_id();
       if (id == 0) continue;
       co_await exec(admin, request("CLIENT", "KILL", "ID", id));
     }
-    co_await pause_for(std::chrono::milliseconds(100));
+    co_await sleep_for(std::chrono::milliseconds(100));
     stop = true;
-    while (finished < 50) co_await pause_for(std::chrono::milliseconds(5));
+    while (finished < 50) co_await sleep_for(std::chrono::milliseconds(5));
     MESSAGE("ok=" << ok << " lost=" << lost << " reconnects=" << conn.connect_count() - 1);
     CHECK(wrong == 0);
     CHECK(conn.connect_count() >= 2);
@@ -100,7 +94,7 @@ TEST_CASE("redis-server stopped and started: reconnection - then EVALSHA after t
     std::vector<std::string> none, one{"one"}, two{"two"}, three{"three"};
     CHECK((co_await echo.run(conn, none, one)).as_string() == "one");
     server.stop();
-    co_await pause_for(std::chrono::milliseconds(50));
+    co_await sleep_for(std::chrono::milliseconds(50));
     // Waiting during the outage: sent after the reconnect.
     request ping("PING");
     auto waiting = conn.async_exec(std::move(ping), use_tuple);
@@ -133,7 +127,7 @@ TEST_CASE("CLIENT PAUSE beyond two health intervals is detected as a dead connec
     co_await exec(admin, request("CLIENT", "PAUSE", 1500, "ALL"));
     // (The reconnect itself waits for the pause to end: the handshake is paused too.)
     while (conn.last_error().empty() && std::chrono::steady_clock::now() - started < std::chrono::seconds(5))
-      co_await pause_for(std::chrono::milliseconds(10));
+      co_await sleep_for(std::chrono::milliseconds(10));
     auto detected = std::chrono::steady_clock::now() - started;
     MESSAGE("detected after " << std::chrono::duration_cast<std::chrono::milliseconds>(detected).count()
                               << " ms: " << conn.last_error());
@@ -159,14 +153,14 @@ TEST_CASE("cancellation and timeout of a request in each state") {
 
     // Written, then the server is busy: the request is abandoned and its reply dropped later.
     asio::co_spawn(ctx, exec(busy, request("EVAL", busy_script, 0, 400)), asio::detached);
-    co_await pause_for(std::chrono::milliseconds(50));
+    co_await sleep_for(std::chrono::milliseconds(50));
     asio::cancellation_signal signal;
     asio::steady_timer t(ctx);
     auto cancelled = conn.async_exec(request("GET", "k"), asio::bind_cancellation_slot(signal.slot(), use_tuple));
     asio::co_spawn(
         ctx,
         [&]() -> awaitable<void> {
-          co_await pause_for(std::chrono::milliseconds(30));
+          co_await sleep_for(std::chrono::milliseconds(30));
           signal.emit(asio::cancellation_type::terminal);
         },
         asio::detached);
@@ -184,7 +178,7 @@ TEST_CASE("cancellation and timeout of a request in each state") {
 
     // Waiting (no connection): cancelled and timed out requests are removed.
     server.stop();
-    co_await pause_for(std::chrono::milliseconds(50));
+    co_await sleep_for(std::chrono::milliseconds(50));
     request waiting("GET", "k");
     waiting.options.timeout = std::chrono::milliseconds(100);
     auto [ec3, r3] = co_await conn.async_exec(std::move(waiting), use_tuple);
@@ -194,7 +188,7 @@ TEST_CASE("cancellation and timeout of a request in each state") {
     asio::co_spawn(
         ctx,
         [&]() -> awaitable<void> {
-          co_await pause_for(std::chrono::milliseconds(30));
+          co_await sleep_for(std::chrono::milliseconds(30));
           signal2.emit(asio::cancellation_type::terminal);
         },
         asio::detached);
@@ -217,7 +211,7 @@ TEST_CASE("written requests fail on a lost connection unless marked safe to rese
     co_await exec(conn, request("SET", "k", "v"));
     co_await exec(busy, request("PING"));
     asio::co_spawn(ctx, busy.async_exec(request("EVAL", busy_script, 0, 300), use_tuple), asio::detached);
-    co_await pause_for(std::chrono::milliseconds(50));
+    co_await sleep_for(std::chrono::milliseconds(50));
     // Both are written and unanswered while the script runs; then the server dies.
     int done = 0;
     boost::system::error_code unsafe_ec, safe_ec;
@@ -238,13 +232,13 @@ TEST_CASE("written requests fail on a lost connection unless marked safe to rese
           ++done;
         },
         asio::detached);
-    co_await pause_for(std::chrono::milliseconds(50));
+    co_await sleep_for(std::chrono::milliseconds(50));
     server.stop(true);
-    co_await pause_for(std::chrono::milliseconds(100));
+    co_await sleep_for(std::chrono::milliseconds(100));
     CHECK(done == 1);
     CHECK(unsafe_ec == error::connection_lost);
     server.start();
-    while (done < 2) co_await pause_for(std::chrono::milliseconds(5));
+    while (done < 2) co_await sleep_for(std::chrono::milliseconds(5));
     CHECK_FALSE(safe_ec);
     CHECK(safe_reply.is_nil());  // the new server is empty; the GET ran there
   });

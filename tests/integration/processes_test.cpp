@@ -44,12 +44,6 @@ using asio::use_awaitable;
 
 namespace {
 
-awaitable<void> sleep_for(std::chrono::milliseconds d) {
-  asio::steady_timer t(co_await asio::this_coro::executor);
-  t.expires_after(d);
-  co_await t.async_wait(use_awaitable);
-}
-
 std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();

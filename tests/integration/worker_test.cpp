@@ -24,12 +24,6 @@ using asio::use_awaitable;
 
 namespace {
 
-awaitable<void> sleep_for(std::chrono::milliseconds d) {
-  asio::steady_timer t(co_await asio::this_coro::executor);
-  t.expires_after(d);
-  co_await t.async_wait(use_awaitable);
-}
-
 std::chrono::microseconds cpu_used() {
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);

@@ -5,6 +5,9 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
 
 #include <chrono>
 #include <exception>
@@ -29,6 +32,13 @@ void run(MakeCoroutine make, std::chrono::milliseconds limit = 20s) {
   ctx.run_for(limit);
   REQUIRE_MESSAGE(done, "test coroutine did not finish within " << limit.count() << " ms");
   if (failure) std::rethrow_exception(failure);
+}
+
+/// Waits d on the calling coroutine's executor (tests only: the runtime never sleeps).
+inline boost::asio::awaitable<void> sleep_for(std::chrono::milliseconds d) {
+  boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
+  t.expires_after(d);
+  co_await t.async_wait(boost::asio::use_awaitable);
 }
 
 }  // namespace jobrt::test

@@ -68,10 +68,7 @@ std::vector<std::string> records(const std::vector<claimed_job>& jobs) {
   return out;
 }
 
-asio::awaitable<void> sleep_for(std::chrono::milliseconds d) {
-  asio::steady_timer timer(co_await asio::this_coro::executor, d);
-  co_await timer.async_wait(asio::use_awaitable);
-}
+using jobrt::test::sleep_for;
 
 // Acks one job with a one-item finish and returns whether the lease was held.
 asio::awaitable<bool> ack_one(memory_backend& b, std::string queue, std::string token, bool want_next = false) {

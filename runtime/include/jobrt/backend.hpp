@@ -78,7 +78,8 @@ class backend {
  public:
   virtual ~backend() = default;
 
-  /// Stores jobs, in order. Throws on failure (nothing of the batch is stored then).
+  /// Stores jobs, in order. Throws on failure (a batch is one script: it fails before storing
+  /// anything unless the server itself fails mid-script, e.g. out of memory).
   virtual boost::asio::awaitable<std::vector<enqueue_result>> enqueue(std::string queue,
                                                                       std::vector<encoded_job> jobs) = 0;
   /// Leases up to opts.max jobs at once; an empty result means nothing is ready.

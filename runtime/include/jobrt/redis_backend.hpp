@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 
 namespace jobrt {
 
@@ -41,6 +42,8 @@ class redis_backend final : public backend {
  private:
   redis::blocking_connection& blocking_for(const std::string& worker);
   redis::request claim_request(const std::string& prefix, const claim_options& opts) const;
+  bool take_idle_mark(const std::string& worker);
+  void set_idle_mark(const std::string& worker);
 
   boost::asio::any_io_executor ex_;
   redis::config cfg_;
@@ -48,6 +51,7 @@ class redis_backend final : public backend {
   redis::script enqueue_, claim_, finish_, extend_, release_;
   std::mutex blocking_mutex_;
   std::map<std::string, std::unique_ptr<redis::blocking_connection>> blocking_;
+  std::set<std::string> idle_;  // workers whose last claim_wait found nothing
 };
 
 }  // namespace jobrt

@@ -109,8 +109,12 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
   // The claim script runs shielded from the caller's cancellation: cut short after it was
   // written, it could lease jobs that nobody would run until their leases expire.
   auto shielded = asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable);
-  auto jobs = co_await asio::co_spawn(ex_, claim(queue, opts), shielded);
-  if (!jobs.empty() || wait.count() <= 0) co_return jobs;  // (BLMOVE with timeout 0 would block forever)
+  // Right after a wait that found nothing, the claim below would find nothing either: whatever
+  // arrived since makes BLMOVE return at once. So an idle worker sends one claim per wait.
+  if (!take_idle_mark(opts.worker)) {
+    auto jobs = co_await asio::co_spawn(ex_, claim(queue, opts), shielded);
+    if (!jobs.empty() || wait.count() <= 0) co_return jobs;  // (BLMOVE with timeout 0 would block forever)
+  }
   // Wait inside Redis: BLMOVE moves the next lane to this worker's claimed list (where a crash
   // cannot lose it). The claim script goes in the same write, right behind it: Redis runs it the
   // moment BLMOVE returns, so a woken worker holds its lease with no further round trip. (A
@@ -132,7 +136,19 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
       throw boost::system::system_error(error::server_error, std::string(claimed.error_message()));
     co_return co_await asio::co_spawn(ex_, claim(std::move(queue), std::move(opts)), shielded);
   }
-  co_return parse_claimed(claimed);
+  auto jobs = parse_claimed(claimed);
+  if (jobs.empty()) set_idle_mark(opts.worker);
+  co_return jobs;
+}
+
+bool redis_backend::take_idle_mark(const std::string& worker) {
+  std::lock_guard lock(blocking_mutex_);
+  return idle_.erase(worker) > 0;
+}
+
+void redis_backend::set_idle_mark(const std::string& worker) {
+  std::lock_guard lock(blocking_mutex_);
+  idle_.insert(worker);
 }
 
 asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string queue, std::string worker,
