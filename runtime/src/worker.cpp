@@ -71,12 +71,14 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         slot_timer_(strand_),
         idle_timer_(strand_),
         stop_timer_(strand_),
-        watchdog_timer_(strand_) {
+        watchdog_timer_(strand_),
+        reap_timer_(strand_) {
     if (opts_.id.empty()) opts_.id = make_worker_id();
     if (opts_.concurrency == 0) throw std::invalid_argument("worker concurrency is 0");
     if (opts_.lease_ttl.count() <= 0) throw std::invalid_argument("worker lease_ttl must be positive");
     if (opts_.burst == 0) opts_.burst = 1;
     if (opts_.watchdog_period.count() <= 0) opts_.watchdog_period = opts_.lease_ttl / 3;
+    if (opts_.reap_period.count() <= 0) opts_.reap_period = opts_.watchdog_period;
   }
 
   const worker_options& options() const noexcept { return opts_; }
@@ -99,6 +101,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       };
       asio::co_spawn(self->strand_, claim_loop(self), rethrow);
       asio::co_spawn(self->strand_, watchdog_loop(self), rethrow);
+      asio::co_spawn(self->strand_, reap_loop(self), rethrow);
     });
   }
 
@@ -357,6 +360,32 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
   }
 
+  // Recovery is every live worker's job, on a timer: what a crashed worker held goes back within
+  // one lease TTL plus one period. The reap script is atomic and idempotent, so workers racing
+  // each other only find less to do.
+  static asio::awaitable<void> reap_loop(std::shared_ptr<impl> self) {
+    constexpr std::size_t batch = 100;
+    while (!self->stopped_) {
+      reap_result r;
+      std::string failure;
+      try {
+        r = co_await self->backend_.reap(self->opts_.queue, batch);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      if (!failure.empty()) fmt::print(stderr, "jobrt worker {}: reaping failed: {}\n", self->opts_.id, failure);
+      if (r.leases > 0 || r.lanes > 0) {
+        fmt::print(stderr, "jobrt worker {}: recovered {} expired leases and {} lanes of {} dead workers\n",
+                   self->opts_.id, r.leases, r.lanes, r.workers);
+        std::lock_guard lock(self->counters_mutex_);
+        self->counters_.recovered += static_cast<std::uint64_t>(r.leases);
+      }
+      if (r.leases == static_cast<std::int64_t>(batch) || r.workers == static_cast<std::int64_t>(batch))
+        continue;  // more to do: at once
+      co_await wait_on(self->reap_timer_, clock::now() + self->opts_.reap_period);
+    }
+  }
+
   void lease_lost(const std::string& token) {
     auto it = running_.find(token);
     if (it == running_.end() || it->second->state == job_state::finishing) return;
@@ -407,6 +436,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     to_release_.clear();
     stopped_ = true;
     watchdog_timer_.cancel();
+    reap_timer_.cancel();
   }
 
   struct group_strand {
@@ -427,6 +457,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   asio::steady_timer idle_timer_;  // stop waits here for handlers to finish
   asio::steady_timer stop_timer_;  // cancelled to cut a blocking claim short
   asio::steady_timer watchdog_timer_;
+  asio::steady_timer reap_timer_;
   std::size_t held_ = 0;  // jobs leased and not yet finished
   std::atomic<std::size_t> held_count_{0};
   bool started_ = false;

@@ -15,6 +15,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -404,12 +405,12 @@ CONFORMANCE("bad input at run time: unknown type and a throwing handler fail the
     auto job5 = make_job("ok", {}, "g");  // (built before co_await: see ARCHITECTURE.md)
     co_await p.enqueue(job5);
     CHECK(co_await eventually([&] { return ok == 1; }));
+    co_await w.stop(std::chrono::seconds(5));  // (its last finish may still be on its way)
     CHECK(w.counters().failed == 2);
     auto counts = co_await b.make().counts(b.queue());
     CHECK(counts.dead == 2);
     CHECK(counts.failed == 2);
     CHECK(counts.completed == 1);
-    co_await w.stop(std::chrono::seconds(5));
   });
 }
 
@@ -474,5 +475,55 @@ CONFORMANCE("graceful stop hands back what it did not finish") {
     next.start();
     CHECK(co_await eventually([&] { return ran == 2; }));
     co_await next.stop(std::chrono::seconds(5));
+  });
+}
+
+CONFORMANCE("crash recovery: a lease nobody renews expires and a live worker runs the job again") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    auto first = make_job("t", {{"n", 1}}, "g");
+    auto second = make_job("t", {{"n", 2}}, "g");
+    auto loose = make_job("t", {{"n", 3}});
+    co_await p.enqueue(first);
+    co_await p.enqueue(second);
+    co_await p.enqueue(loose);
+    // A worker that dies right after claiming: its leases (300 ms) are never renewed.
+    claim_options crashed{"crashed-worker", 10, std::chrono::milliseconds(300)};
+    auto held = co_await b.make().claim(b.queue(), crashed);
+    CHECK(held.size() == 2);  // the group's head and the ungrouped job
+    auto started = std::chrono::steady_clock::now();
+
+    auto o = b.worker_opts(4);
+    o.lease_ttl = std::chrono::milliseconds(600);  // watchdog and reaper every 200 ms
+    worker w(ctx.get_executor(), b.make(), o);
+    std::vector<std::pair<std::int64_t, int>> runs;  // n, attempt
+    std::chrono::steady_clock::time_point recovered_at{};
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      if (c.payload().at("n").as_int64() == 1) recovered_at = std::chrono::steady_clock::now();
+      runs.emplace_back(c.payload().at("n").as_int64(), c.attempt());
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return runs.size() == 3; }));
+    co_await w.stop(std::chrono::seconds(5));
+    std::sort(runs.begin(), runs.end());
+    // The crashed worker's two jobs ran again, attempt counted; the group kept its order.
+    CHECK(runs == std::vector<std::pair<std::int64_t, int>>{{1, 2}, {2, 1}, {3, 2}});
+    auto took = recovered_at - started;
+    MESSAGE("recovered " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                         << " ms after the claim (lease 300 ms, reaper every 200 ms)");
+    CHECK(took < std::chrono::milliseconds(300 + 200 + 200));
+    CHECK(w.counters().recovered == 2);
+    auto counts = co_await b.make().counts(b.queue());
+    CHECK(counts.recovered == 2);
+    CHECK(counts.completed == 3);
+    CHECK(counts.running == 0);
+    // Its finish, were it to come back, is refused.
+    finish_item late;
+    late.token = held.at(0).token;
+    std::vector<finish_item> items{late};
+    auto res = co_await b.make().finish(b.queue(), "crashed-worker", items, o.lease_ttl);
+    CHECK_FALSE(res.at(0).lease_held);
   });
 }

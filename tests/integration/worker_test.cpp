@@ -47,7 +47,7 @@ std::map<std::string, long> command_calls(const std::string& info) {
 
 }  // namespace
 
-TEST_CASE("an idle worker sends only its blocking claim and its watchdog calls and uses no CPU") {
+TEST_CASE("an idle worker sends only its blocking claim and its timers' calls and uses no CPU") {
   redis_server server;
   run([&](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), server.config());
@@ -71,13 +71,14 @@ TEST_CASE("an idle worker sends only its blocking claim and its watchdog calls a
     std::string seen;
     for (auto& [name, n] : calls) seen += fmt::format("{}={} ", name, n);
     MESSAGE("in 3 s idle: " << seen << "| worker process CPU " << cpu.count() << " us");
-    // Sent by the worker: BLMOVE (every claim_wait), EVALSHA (a claim before each BLMOVE, an
-    // extend every 300 ms), SCRIPT LOAD once if the server lost its scripts, health PINGs; the
-    // rest are commands inside those scripts.
-    const std::set<std::string> allowed{"blmove", "evalsha", "script|load", "ping", "lpop", "zadd", "time"};
+    // Sent by the worker: BLMOVE (every claim_wait), EVALSHA (a claim with each BLMOVE; every
+    // 300 ms an extend, the watchdog and heartbeat, and a reap, the recovery timer), SCRIPT LOAD
+    // once if the server lost its scripts, health PINGs; the rest run inside those scripts.
+    const std::set<std::string> allowed{"blmove", "evalsha", "script|load", "ping",
+                                        "lpop",   "zadd",    "time",        "zrangebyscore"};
     for (auto& [name, n] : calls) CHECK_MESSAGE(allowed.count(name) == 1, "unexpected command " << name);
     CHECK(calls["blmove"] <= 3000 / 500 + 1);
-    CHECK(calls["evalsha"] <= (3000 / 500 + 1) + (3000 / 300 + 1));
+    CHECK(calls["evalsha"] <= (3000 / 500 + 1) + 2 * (3000 / 300 + 1));
     CHECK(cpu < std::chrono::milliseconds(100));
     co_await w.stop(std::chrono::seconds(1));
   });
@@ -105,6 +106,7 @@ TEST_CASE("malformed jobs written by another producer are dead-lettered and the 
     co_await p.enqueue(good);
     for (int i = 0; i < 400 && ran == 0; ++i) co_await sleep_for(std::chrono::milliseconds(5));
     CHECK(ran == 1);
+    co_await w.stop(std::chrono::seconds(1));  // its finishes are all in, then
     auto counts = co_await store.counts(queue);
     CHECK(counts.failed == 4);
     CHECK(counts.dead == 4);  // the record with no id at all is dead-lettered under ""
@@ -116,6 +118,39 @@ TEST_CASE("malformed jobs written by another producer are dead-lettered and the 
     CHECK(all.find("job x body is not JSON") != std::string::npos);
     CHECK(all.find("job y has no type") != std::string::npos);
     CHECK(all.find("job z body is not a JSON object") != std::string::npos);
+  });
+}
+
+TEST_CASE("lanes a dead worker took with BLMOVE but never started go back to the ready list") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    std::string queue = key_prefix() + "q";
+    auto p = redis_backend::key_prefix(queue);
+    producer prod(store, queue);
+    job_spec s;
+    s.type = "t";
+    s.group = "g";
+    co_await prod.enqueue(s);
+    // The worker died between its BLMOVE and its claim: the lane sits in its claimed list, and
+    // its heartbeat stopped long ago.
+    co_await redis::exec(store.connection(),
+                         redis::request("LMOVE", p + "ready", p + "claimed:dead-worker", "LEFT", "RIGHT"));
+    co_await redis::exec(store.connection(), redis::request("ZADD", p + "workers", 1, "dead-worker"));
+    worker_options o;
+    o.queue = queue;
+    o.lease_ttl = std::chrono::milliseconds(600);
+    worker w(ctx.get_executor(), store, o);
+    int ran = 0;
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      CHECK(c.attempt() == 1);  // never started: no attempt counted
+      ++ran;
+      co_return;
+    });
+    w.start();
+    for (int i = 0; i < 400 && ran == 0; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    CHECK(ran == 1);
+    auto left = co_await redis::exec(store.connection(), redis::request("EXISTS", p + "claimed:dead-worker"));
+    CHECK(left.as_integer() == 0);
     co_await w.stop(std::chrono::seconds(1));
   });
 }

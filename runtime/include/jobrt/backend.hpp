@@ -64,6 +64,12 @@ struct finish_result {
   std::optional<claimed_job> next;
 };
 
+struct reap_result {
+  std::int64_t leases = 0;   ///< expired leases whose jobs went back to the head of their groups
+  std::int64_t workers = 0;  ///< workers whose heartbeat had expired
+  std::int64_t lanes = 0;    ///< lanes those workers had taken and not started, made ready again
+};
+
 struct queue_counts {
   std::int64_t ready_lanes = 0;
   std::int64_t running = 0;
@@ -72,6 +78,7 @@ struct queue_counts {
   std::int64_t started = 0;
   std::int64_t completed = 0;
   std::int64_t failed = 0;
+  std::int64_t recovered = 0;  ///< jobs whose lease expired and that were made ready again
 };
 
 class backend {
@@ -99,6 +106,11 @@ class backend {
   /// the head, with no attempt counted.
   virtual boost::asio::awaitable<void> release(std::string queue, std::string worker,
                                                std::vector<std::string> tokens) = 0;
+  /// Recovers what crashed or stalled workers held, up to `max` leases and `max` workers: a
+  /// lease past its deadline sends its job back to the head of its group with its attempt
+  /// counted (its lane to the head of the ready list); the lanes a worker whose heartbeat expired
+  /// had taken but not started are made ready. Atomic and idempotent.
+  virtual boost::asio::awaitable<reap_result> reap(std::string queue, std::size_t max) = 0;
   virtual boost::asio::awaitable<queue_counts> counts(std::string queue) = 0;
 };
 

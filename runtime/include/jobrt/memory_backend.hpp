@@ -33,8 +33,8 @@ struct dead_letter {
 /// The object must outlive every operation on it, including a claim_wait still waiting.
 ///
 /// Lease deadlines are system_clock milliseconds, as the Lua scripts use the server's TIME. As
-/// with Redis, a lease counts as held while it is in `active`, whatever its deadline: only a
-/// reaper (which this interface has none of) would remove an expired one.
+/// with Redis, a lease counts as held while it is in `active`, whatever its deadline, until
+/// reap() removes an expired one.
 class memory_backend final : public backend {
  public:
   /// `ex` is the executor the backend belongs to (see get_executor()). claim_wait's timers run on
@@ -74,6 +74,7 @@ class memory_backend final : public backend {
   /// the `started` count of each (release.lua). Tokens not held are ignored.
   boost::asio::awaitable<void> release(std::string queue, std::string worker, std::vector<std::string> tokens) override;
   /// Ready lanes, leases in `active`, dead letters and the counters; all zero for an unknown queue.
+  boost::asio::awaitable<reap_result> reap(std::string queue, std::size_t max) override;
   boost::asio::awaitable<queue_counts> counts(std::string queue) override;
 
   /// The queue's dead letters, oldest first (ties by id, as the Redis zset orders them).

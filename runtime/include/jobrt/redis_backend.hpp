@@ -37,6 +37,7 @@ class redis_backend final : public backend {
                                                    std::vector<std::string> tokens,
                                                    std::chrono::milliseconds lease_ttl) override;
   boost::asio::awaitable<void> release(std::string queue, std::string worker, std::vector<std::string> tokens) override;
+  boost::asio::awaitable<reap_result> reap(std::string queue, std::size_t max) override;
   boost::asio::awaitable<queue_counts> counts(std::string queue) override;
 
  private:
@@ -48,7 +49,7 @@ class redis_backend final : public backend {
   boost::asio::any_io_executor ex_;
   redis::config cfg_;
   redis::connection conn_;
-  redis::script enqueue_, claim_, finish_, extend_, release_;
+  redis::script enqueue_, claim_, finish_, extend_, release_, reap_;
   std::mutex blocking_mutex_;
   std::map<std::string, std::unique_ptr<redis::blocking_connection>> blocking_;
   std::set<std::string> idle_;  // workers whose last claim_wait found nothing

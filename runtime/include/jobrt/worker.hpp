@@ -58,6 +58,9 @@ struct worker_options {
   std::chrono::milliseconds lease_ttl{30000};
   /// How often leases are renewed; 0: lease_ttl / 3.
   std::chrono::milliseconds watchdog_period{0};
+  /// How often this worker runs the reaper (recovers expired leases and the claims of workers
+  /// whose heartbeat stopped); 0: the watchdog period. Every live worker runs it.
+  std::chrono::milliseconds reap_period{0};
   /// How long one blocking claim waits inside the backend before it is made again.
   std::chrono::milliseconds claim_wait{5000};
   /// How many jobs of one group in a row this worker may run before the group's lane goes back
@@ -72,6 +75,7 @@ struct worker_counters {
   std::uint64_t leases_lost = 0;  ///< handlers cancelled because their lease was gone
   std::uint64_t renewals = 0;     ///< watchdog calls
   std::uint64_t released = 0;     ///< handed back at stop
+  std::uint64_t recovered = 0;    ///< expired leases this worker's reaper sent back
 };
 
 class worker {

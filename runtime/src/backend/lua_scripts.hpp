@@ -7,4 +7,5 @@ extern const char* const claim;
 extern const char* const finish;
 extern const char* const extend;
 extern const char* const release;
+extern const char* const reap;
 }  // namespace jobrt::lua

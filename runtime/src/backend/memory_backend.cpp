@@ -88,6 +88,7 @@ struct memory_backend::queue_state {
   std::unordered_set<std::string> ids;                    // producer-given ids pending or running
   std::unordered_map<std::string, dead_letter> dead;
   std::int64_t seq = 0;
+  std::int64_t recovered = 0;
   std::int64_t fence = 0;
   std::int64_t enqueued = 0;
   std::int64_t started = 0;
@@ -412,6 +413,62 @@ asio::awaitable<void> memory_backend::release(std::string queue, std::string wor
   co_return;
 }
 
+namespace {
+
+// reap.lua's `counted`: one more attempt in the record's header; a malformed record is left as it
+// is (the worker dead-letters it when it runs).
+std::string counted(const std::string& record) {
+  std::size_t digits = 0;
+  while (digits < record.size() && record[digits] >= '0' && record[digits] <= '9') ++digits;
+  if (digits == 0 || digits == record.size() || record[digits] != '|') return record;
+  return std::to_string(std::stoll(record.substr(0, digits)) + 1) + record.substr(digits);
+}
+
+}  // namespace
+
+asio::awaitable<reap_result> memory_backend::reap(std::string queue, std::size_t max) {
+  reap_result result;
+  std::lock_guard lock(mutex_);
+  queue_state& q = queue_locked(queue);
+  std::int64_t now = now_ms();
+  // ZRANGEBYSCORE -inf now LIMIT 0 max: by deadline, then by name.
+  auto due = [&](const std::unordered_map<std::string, std::int64_t>& scored) {
+    std::vector<std::pair<std::int64_t, std::string>> out;
+    for (const auto& [name, deadline] : scored)
+      if (deadline <= now) out.emplace_back(deadline, name);
+    std::sort(out.begin(), out.end());
+    if (out.size() > max) out.resize(max);
+    return out;
+  };
+  std::vector<std::string> lanes;
+  for (auto& [deadline, token] : due(q.active)) {
+    q.active.erase(token);
+    ++result.leases;
+    std::string lane = lane_of(token);
+    if (is_group_lane(lane)) {
+      auto group = q.groups.find(lane.substr(2));
+      if (group == q.groups.end() || group->second.empty()) continue;
+      group->second.front() = counted(group->second.front());
+      lanes.push_back(std::move(lane));
+    } else {
+      lanes.push_back("j:" + counted(lane.substr(2)));
+    }
+  }
+  for (auto& [deadline, worker] : due(q.workers)) {
+    if (auto mine = q.claimed.find(worker); mine != q.claimed.end()) {
+      result.lanes += static_cast<std::int64_t>(mine->second.size());
+      std::move(mine->second.begin(), mine->second.end(), std::back_inserter(lanes));
+      q.claimed.erase(mine);
+    }
+    q.workers.erase(worker);
+    ++result.workers;
+  }
+  q.ready.insert(q.ready.begin(), std::make_move_iterator(lanes.begin()), std::make_move_iterator(lanes.end()));
+  q.recovered += result.leases;
+  wake_locked(q, lanes.size());
+  co_return result;
+}
+
 asio::awaitable<queue_counts> memory_backend::counts(std::string queue) {
   queue_counts c;
   std::lock_guard lock(mutex_);
@@ -425,6 +482,7 @@ asio::awaitable<queue_counts> memory_backend::counts(std::string queue) {
   c.started = q.started;
   c.completed = q.completed;
   c.failed = q.failed;
+  c.recovered = q.recovered;
   co_return c;
 }
 

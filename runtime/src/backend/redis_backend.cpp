@@ -52,7 +52,8 @@ redis_backend::redis_backend(asio::any_io_executor ex, redis::config cfg)
       claim_(lua::claim),
       finish_(lua::finish),
       extend_(lua::extend),
-      release_(lua::release) {
+      release_(lua::release),
+      reap_(lua::reap) {
   conn_.start();
 }
 
@@ -204,6 +205,15 @@ asio::awaitable<void> redis_backend::release(std::string queue, std::string work
   co_await release_.run(conn_, keys, tokens);
 }
 
+asio::awaitable<reap_result> redis_backend::reap(std::string queue, std::size_t max) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 4> keys{p + "ready", p + "active", p + "stats", p + "workers"};
+  std::array<std::string, 1> args{std::to_string(max)};
+  reply r = co_await reap_.run(conn_, keys, args);
+  const auto& e = r.as_array();
+  co_return reap_result{e.at(0).as_integer(), e.at(1).as_integer(), e.at(2).as_integer()};
+}
+
 asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
   auto p = key_prefix(queue);
   request req;
@@ -227,6 +237,8 @@ asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
       c.completed = value;
     else if (name == "failed")
       c.failed = value;
+    else if (name == "recovered")
+      c.recovered = value;
   }
   co_return c;
 }

@@ -1,0 +1,54 @@
+-- Recovers what crashed or stalled workers held. Run by a timer in every live worker; atomic and
+-- idempotent (a second run finds nothing).
+-- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>stats  KEYS[4] <prefix>workers
+-- ARGV[1] max leases and max workers to recover in this call
+-- Returns: {leases recovered, workers reaped, lanes handed back from their claimed lists}
+--
+-- A lease past its deadline: its job goes back to the head of its group (it never left it) with
+-- its attempt counted in the record's header, and its lane to the head of ready. A worker whose
+-- heartbeat is past: the lanes its BLMOVE took and no claim turned into leases go back to ready.
+local ready, active, stats, workers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local prefix = string.sub(ready, 1, -6)
+local max = tonumber(ARGV[1])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+
+local function counted(record)
+  local attempts, rest = string.match(record, '^(%d+)(|.*)$')
+  if not attempts then return record end -- malformed: the worker dead-letters it when it runs
+  return (tonumber(attempts) + 1) .. rest
+end
+
+local lanes = {}
+local recovered = 0
+for _, token in ipairs(redis.call('ZRANGEBYSCORE', active, '-inf', now, 'LIMIT', 0, max)) do
+  redis.call('ZREM', active, token)
+  recovered = recovered + 1
+  local lane = string.sub(token, string.find(token, '|', 1, true) + 1)
+  if string.sub(lane, 1, 2) == 'g:' then
+    local key = prefix .. lane
+    local head = redis.call('LINDEX', key, 0)
+    if head then
+      redis.call('LSET', key, 0, counted(head))
+      lanes[#lanes + 1] = lane
+    end
+  else
+    lanes[#lanes + 1] = 'j:' .. counted(string.sub(lane, 3))
+  end
+end
+
+local reaped, handed = 0, 0
+for _, worker in ipairs(redis.call('ZRANGEBYSCORE', workers, '-inf', now, 'LIMIT', 0, max)) do
+  local claimed = prefix .. 'claimed:' .. worker
+  for _, lane in ipairs(redis.call('LRANGE', claimed, 0, -1)) do
+    lanes[#lanes + 1] = lane
+    handed = handed + 1
+  end
+  redis.call('DEL', claimed)
+  redis.call('ZREM', workers, worker)
+  reaped = reaped + 1
+end
+
+for i = #lanes, 1, -1 do redis.call('LPUSH', ready, lanes[i]) end
+if recovered > 0 then redis.call('HINCRBY', stats, 'recovered', recovered) end
+return {recovered, reaped, handed}
