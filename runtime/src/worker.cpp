@@ -113,12 +113,15 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   enum class job_state { running, finishing, lost, stopping };
 
   struct running_job {
+    explicit running_job(const asio::strand<asio::any_io_executor>& s) : deadline(s) {}
     std::shared_ptr<job_context> ctx;
     asio::cancellation_signal signal;
     asio::any_io_executor executor;  // where the handler runs (its group's strand)
+    asio::steady_timer deadline;     // the job's timeout, on the worker's strand
     std::string unique_id;
     std::size_t burst_left = 1;
     job_state state = job_state::running;
+    bool timed_out = false;
   };
 
   // --- claiming ---
@@ -188,7 +191,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
                  fmt::format("no handler for type {}", j.type));
       return;
     }
-    auto r = std::make_shared<running_job>();
+    auto r = std::make_shared<running_job>(strand_);
     r->unique_id = j.unique_id ? j.id : std::string();
     r->burst_left = burst_left;
     r->executor = j.group.empty() ? ex_ : acquire_strand(j.group);
@@ -197,6 +200,15 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     {
       std::lock_guard lock(counters_mutex_);
       ++counters_.started;
+    }
+    if (auto limit = r->ctx->job().timeout; limit.count() > 0) {
+      // At the deadline the handler is cancelled, and the attempt fails.
+      r->deadline.expires_after(limit);
+      r->deadline.async_wait([self = shared_from_this(), r](boost::system::error_code ec) {
+        if (ec || r->state != job_state::running) return;
+        r->timed_out = true;
+        self->cancel_handler(r);
+      });
     }
     asio::co_spawn(
         r->executor, run_handler(h->second, r->ctx),
@@ -223,6 +235,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     auto it = running_.find(token);
     if (it == running_.end()) return;
     auto r = it->second;
+    r->deadline.cancel();
     switch (r->state) {
       case job_state::lost:  // not ours any more: no ack
         release_strand(r->ctx->group());
@@ -245,11 +258,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     finish_item item;
     item.token = token;
     item.unique_id = r->unique_id;
-    if (e) {
+    if (e || r->timed_out) {  // past its deadline the attempt fails, even if the handler ignored the cancellation
       item.kind = finish_kind::fail;
-      item.error = what(e);
+      item.error = r->timed_out ? fmt::format("timed out after {} ms", r->ctx->job().timeout.count()) : what(e);
     }
-    if (!e && !stopping_ && !r->ctx->group().empty())
+    if (item.kind == finish_kind::ack && !stopping_ && !r->ctx->group().empty())
       item.want_next = r->burst_left > 1 ? finish_item::next_policy::yes : finish_item::next_policy::if_nobody_waits;
     queue_finish(std::move(item));
   }

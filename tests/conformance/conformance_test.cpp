@@ -527,3 +527,44 @@ CONFORMANCE("crash recovery: a lease nobody renews expires and a live worker run
     CHECK_FALSE(res.at(0).lease_held);
   });
 }
+
+CONFORMANCE("job timeout: the handler is cancelled at its deadline and the attempt fails") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    auto slow = make_job("slow", {}, "g");
+    slow.timeout = std::chrono::milliseconds(100);
+    auto next = make_job("slow", {}, "g");  // no timeout: runs after the first fails
+    co_await p.enqueue(slow);
+    worker w(ctx.get_executor(), b.make(), b.worker_opts(2));
+    std::chrono::steady_clock::time_point started{}, cancelled{};
+    int runs = 0;
+    w.add_handler("slow", [&](job_context& c) -> awaitable<void> {
+      if (++runs > 1) co_return;
+      started = std::chrono::steady_clock::now();
+      try {
+        co_await sleep_for(std::chrono::seconds(10));
+      } catch (const boost::system::system_error&) {
+        cancelled = std::chrono::steady_clock::now();
+        CHECK(c.cancelled());
+        throw;
+      }
+    });
+    w.start();
+    co_await p.enqueue(next);
+    CHECK(co_await eventually([&] { return runs == 2; }));
+    co_await w.stop(std::chrono::seconds(5));
+    auto after = cancelled - started;
+    CHECK(after >= std::chrono::milliseconds(100));
+    CHECK(after < std::chrono::milliseconds(300));
+    CHECK(w.counters().failed == 1);
+    CHECK(w.counters().completed == 1);
+    auto counts = co_await b.make().counts(b.queue());
+    CHECK(counts.dead == 1);
+    if (kind == backend_kind::memory) {
+      auto dead = static_cast<memory_backend&>(b.make()).dead_letters(b.queue());
+      REQUIRE(dead.size() == 1);
+      CHECK(dead[0].error == "timed out after 100 ms");
+    }
+  });
+}
