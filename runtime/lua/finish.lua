@@ -52,7 +52,7 @@ for i = 1, n do
       local following = redis.call('LINDEX', key, 0)
       if following then
         if want == '2' and nobody_waits == nil then nobody_waits = redis.call('LLEN', ready) == 0 end
-        if kind == 'a' and (want == '1' or (want == '2' and nobody_waits)) then
+        if kind == 'a' and (want == '1' or (want == '2' and nobody_waits and #back == 0)) then
           nexts[#nexts + 1] = {i = #out + 1, lane = lane} -- its token is made below, with its fence
           next_token = lane
           next_record = following

@@ -98,7 +98,11 @@ std::optional<std::string> grouping_rules::group_for(std::string_view type, cons
         key += *value;
       i = close;
     }
-    if (matches) return key;
+    if (!matches) continue;
+    // "" would mean ungrouped: not what the rule asks for.
+    if (key.empty())
+      throw std::invalid_argument(fmt::format("grouping rule with key '{}' gives this job an empty group", rule.key));
+    return key;
   }
   return std::nullopt;
 }

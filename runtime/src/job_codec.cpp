@@ -12,7 +12,7 @@ std::string encode_body(const job_spec& spec, std::int64_t now_ms) {
   boost::json::object body;
   body["type"] = spec.type;
   body["payload"] = spec.payload;
-  if (spec.max_attempts != 1) body["max"] = spec.max_attempts;
+  if (spec.max_attempts != 3) body["max"] = spec.max_attempts;
   if (spec.timeout.count() != 0) body["timeout"] = spec.timeout.count();
   if (!spec.id.empty()) body["u"] = 1;
   body["at"] = now_ms;
@@ -63,7 +63,7 @@ job decode_record(std::string_view record, std::string_view group) {
     throw bad_record(fmt::format("job {} has no type", j.id));
   j.type = std::string(type->value().as_string());
   if (auto payload = obj.find("payload"); payload != obj.end()) j.payload = std::move(payload->value());
-  j.max_attempts = number_field<int>(obj, "max", 1);
+  j.max_attempts = number_field<int>(obj, "max", 3);
   j.timeout = std::chrono::milliseconds(number_field<std::int64_t>(obj, "timeout", 0));
   j.enqueued_at_ms = number_field<std::int64_t>(obj, "at", 0);
   j.unique_id = number_field<int>(obj, "u", 0) != 0;

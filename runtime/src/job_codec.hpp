@@ -1,5 +1,5 @@
 // How a job is stored: the record '<attempts before>|<id>|<body>', where body is a JSON object
-// {"type", "payload", and when not default "max", "timeout", "u" (the producer gave the id)}
+// {"type", "payload", and when not default "max" (3), "timeout", "u" (the producer gave the id)}
 // plus "at" (enqueue time, ms since the epoch). docs/PROTOCOL.md describes it for other languages.
 #pragma once
 

@@ -8,6 +8,7 @@
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/deferred.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -72,7 +73,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         idle_timer_(strand_),
         stop_timer_(strand_),
         watchdog_timer_(strand_),
-        reap_timer_(strand_) {
+        reap_timer_(strand_),
+        stopped_timer_(strand_, clock::time_point::max()) {
     if (opts_.id.empty()) opts_.id = make_worker_id();
     if (opts_.concurrency == 0) throw std::invalid_argument("worker concurrency is 0");
     if (opts_.lease_ttl.count() <= 0) throw std::invalid_argument("worker lease_ttl must be positive");
@@ -128,6 +130,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   static asio::awaitable<void> claim_loop(std::shared_ptr<impl> self) {
     auto backoff = std::chrono::milliseconds(100);
+    // A heartbeat before the first claim: a worker that dies between a BLMOVE and its claim must
+    // already be known to the reaper, or the lane in its claimed list would be nobody's.
+    try {
+      co_await self->backend_.extend(self->opts_.queue, self->opts_.id, {}, self->opts_.lease_ttl);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "jobrt worker {}: first heartbeat failed: {}\n", self->opts_.id, e.what());
+    }
     while (!self->stopping_) {
       std::size_t free = self->opts_.concurrency > self->held_ ? self->opts_.concurrency - self->held_ : 0;
       if (free == 0) {
@@ -182,7 +191,15 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       j = detail::decode_record(c.record, c.group);
     } catch (const std::exception& e) {
       // A record a buggy producer wrote: it fails with the reason; nothing else is touched.
-      finish_now(token, finish_kind::fail, {}, fmt::format("malformed job: {}", e.what()));
+      // Its id, if it has one, is released too (forgetting an id that is not there is harmless).
+      finish_now(token, finish_kind::fail, std::string(detail::record_id(c.record)),
+                 fmt::format("malformed job: {}", e.what()));
+      return;
+    }
+    if (j.attempt > j.max_attempts) {  // its leases expired that often: a poison job, not a loop
+      finish_now(token, finish_kind::fail, j.unique_id ? j.id : std::string(),
+                 fmt::format("gave up: attempt {} of at most {} (earlier attempts lost their leases)", j.attempt,
+                             j.max_attempts));
       return;
     }
     auto h = handlers_.find(j.type);
@@ -194,7 +211,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     auto r = std::make_shared<running_job>(strand_);
     r->unique_id = j.unique_id ? j.id : std::string();
     r->burst_left = burst_left;
-    r->executor = j.group.empty() ? ex_ : acquire_strand(j.group);
+    // A strand even for an ungrouped job: its cancellation is emitted there, and that must not
+    // race with the handler on a multi-threaded io_context.
+    r->executor = j.group.empty() ? asio::any_io_executor(asio::make_strand(ex_)) : acquire_strand(j.group);
     r->ctx = std::make_shared<job_context>(std::move(j), c.fence, opts_.id);
     running_[token] = r;
     {
@@ -336,8 +355,14 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     if (!result.lease_held)
       fmt::print(stderr, "jobrt worker {}: lease {} was lost before it finished; not acked\n", opts_.id, item.token);
     drop_held();
+    if (!result.next) return;
+    if (stopping_) {  // leased to us as we stop: hand it back, do not start it
+      to_release_.push_back(result.next->token);
+      if (stopped_) release_now();
+      return;
+    }
     // The group's next job, at once; a burst that went on because nobody waited starts over.
-    if (result.next) launch(std::move(*result.next), burst_left > 1 ? burst_left - 1 : 1);
+    launch(std::move(*result.next), burst_left > 1 ? burst_left - 1 : 1);
   }
 
   void drop_held() {
@@ -345,6 +370,21 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     held_count_.store(held_, std::memory_order_relaxed);
     slot_timer_.cancel();
     idle_timer_.cancel();
+  }
+
+  // A lease that came after stop() released what it had (a burst on a late finish).
+  void release_now() {
+    asio::co_spawn(
+        strand_,
+        [self = shared_from_this(), tokens = std::exchange(to_release_, {})]() -> asio::awaitable<void> {
+          try {
+            co_await self->backend_.release(self->opts_.queue, self->opts_.id, tokens);
+          } catch (const std::exception& e) {
+            fmt::print(stderr, "jobrt worker {}: handing back {} jobs failed: {}\n", self->opts_.id, tokens.size(),
+                       e.what());
+          }
+        },
+        asio::detached);
   }
 
   // --- leases ---
@@ -355,7 +395,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       if (self->stopped_) break;
       std::vector<std::string> tokens;
       for (auto& [token, r] : self->running_)
-        if (r->state == job_state::running || r->state == job_state::stopping) tokens.push_back(token);
+        if (r->state != job_state::lost) tokens.push_back(token);  // finishing too: a finish may be retrying
       std::vector<bool> held;
       try {
         held = co_await self->backend_.extend(self->opts_.queue, self->opts_.id, tokens, self->opts_.lease_ttl);
@@ -422,7 +462,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // --- stopping ---
 
   asio::awaitable<void> do_stop(std::chrono::milliseconds grace) {
-    if (stopped_) co_return;
+    if (stop_started_) {  // another stop() is at work: wait for it
+      while (!stopped_) co_await stopped_timer_.async_wait(use_tuple);
+      co_return;
+    }
+    stop_started_ = true;
     stopping_ = true;
     stop_timer_.cancel();
     slot_timer_.cancel();
@@ -448,6 +492,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     to_release_.clear();
     stopped_ = true;
+    stopped_timer_.cancel();
     watchdog_timer_.cancel();
     reap_timer_.cancel();
   }
@@ -471,10 +516,12 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   asio::steady_timer stop_timer_;  // cancelled to cut a blocking claim short
   asio::steady_timer watchdog_timer_;
   asio::steady_timer reap_timer_;
-  std::size_t held_ = 0;  // jobs leased and not yet finished
+  asio::steady_timer stopped_timer_;  // never expires: later stop() calls wait on it
+  std::size_t held_ = 0;              // jobs leased and not yet finished
   std::atomic<std::size_t> held_count_{0};
   bool started_ = false;
   bool claiming_ = true;
+  bool stop_started_ = false;
   bool stopping_ = false;
   bool stopped_ = false;
   bool flushing_ = false;

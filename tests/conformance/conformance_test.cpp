@@ -568,3 +568,50 @@ CONFORMANCE("job timeout: the handler is cancelled at its deadline and the attem
     }
   });
 }
+
+CONFORMANCE("a job whose leases keep expiring is dead-lettered after its attempts") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    auto once = make_job("t", {}, "g");
+    once.max_attempts = 1;
+    co_await p.enqueue(once);
+    claim_options crashed{"crashed-worker", 1, std::chrono::milliseconds(100)};
+    CHECK((co_await b.make().claim(b.queue(), crashed)).size() == 1);
+    auto o = b.worker_opts(1);
+    o.lease_ttl = std::chrono::milliseconds(300);
+    worker w(ctx.get_executor(), b.make(), o);
+    int runs = 0;
+    w.add_handler("t", [&](job_context&) -> awaitable<void> {
+      ++runs;
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return w.counters().failed == 1; }));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(runs == 0);  // never run a second time: it had one attempt
+    auto counts = co_await b.make().counts(b.queue());
+    CHECK(counts.dead == 1);
+    CHECK(counts.recovered == 1);
+  });
+}
+
+CONFORMANCE("a grouping rule that gives an empty key refuses the job") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer_options po;
+    grouping_rule rule;
+    rule.key = "{tenant}";
+    po.rules.add(rule);
+    producer p(b.make(), b.queue(), po);
+    auto job = make_job("t", {{"tenant", ""}});
+    std::string error;
+    try {
+      co_await p.enqueue(job);
+    } catch (const std::invalid_argument& e) {
+      error = e.what();
+    }
+    CHECK(error == "grouping rule with key '{tenant}' gives this job an empty group");
+    CHECK((co_await b.make().counts(b.queue())).enqueued == 0);
+  });
+}

@@ -31,7 +31,8 @@ class grouping_rules {
   /// Parses the JSON form; throws std::invalid_argument naming the field that is wrong.
   static grouping_rules from_json(const boost::json::value& config);
 
-  /// The group of a job, or nullopt when no rule matches.
+  /// The group of a job, or nullopt when no rule matches. Throws std::invalid_argument when the
+  /// matching rule makes an empty key (the job would silently lose its grouping).
   std::optional<std::string> group_for(std::string_view type, const boost::json::value& payload) const;
   bool empty() const noexcept { return rules_.empty(); }
 

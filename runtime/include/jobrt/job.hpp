@@ -21,8 +21,8 @@ struct job_spec {
   std::optional<std::string> group;
   /// Optional. Enqueueing the same id again while the job is pending or running does nothing.
   std::string id;
-  /// How many times it may run before it is dead-lettered.
-  int max_attempts = 1;
+  /// How many times it may start (a lease that expired counts) before it is dead-lettered.
+  int max_attempts = 3;
   /// The handler's time limit; 0: none.
   std::chrono::milliseconds timeout{0};
 };

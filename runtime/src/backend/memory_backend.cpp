@@ -341,8 +341,9 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
         list.pop_front();
         if (list.empty()) {
           q.groups.erase(group);
-        } else if (ack && (item.want_next == finish_item::next_policy::yes ||
-                           (item.want_next == finish_item::next_policy::if_nobody_waits && q.ready.empty()))) {
+        } else if (ack &&
+                   (item.want_next == finish_item::next_policy::yes ||
+                    (item.want_next == finish_item::next_policy::if_nobody_waits && q.ready.empty() && back.empty()))) {
           std::int64_t fence = ++q.fence;
           claimed_job next;
           next.token = make_token(fence, lane);

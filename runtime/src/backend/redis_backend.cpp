@@ -82,9 +82,14 @@ asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string 
   co_return out;
 }
 
+// Lua's unpack() takes a few thousand values at most, and a script that fails halfway does not
+// roll back: calls stay below that.
+constexpr std::size_t max_batch = 1000;
+
 request redis_backend::claim_request(const std::string& p, const claim_options& opts) const {
   std::array<std::string, 5> keys{p + "ready", p + "active", p + "fence", p + "stats", p + "claimed:" + opts.worker};
-  std::array<std::string, 2> args{std::to_string(opts.max), std::to_string(opts.lease_ttl.count())};
+  std::array<std::string, 2> args{std::to_string(std::min(opts.max, max_batch)),
+                                  std::to_string(opts.lease_ttl.count())};
   return claim_.make_request(keys, args);
 }
 
@@ -127,10 +132,13 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
   wait_and_claim.options.timeout = wait + cfg_.health_interval * 2 + std::chrono::seconds(1);
   auto [ec, r] =
       co_await blocking_for(opts.worker).async_exec(std::move(wait_and_claim), asio::as_tuple(asio::use_awaitable));
-  auto cs = co_await asio::this_coro::cancellation_state;
-  if (cs.cancelled() != asio::cancellation_type::none)
-    throw boost::system::system_error(asio::error::operation_aborted);
-  if (ec) co_return std::vector<claimed_job>{};  // the connection dropped: the caller comes again
+  if (ec) {
+    auto cs = co_await asio::this_coro::cancellation_state;
+    if (cs.cancelled() != asio::cancellation_type::none)
+      throw boost::system::system_error(asio::error::operation_aborted);
+    co_return std::vector<claimed_job>{};  // the connection dropped: the caller comes again
+  }
+  // A reply in hand wins over a cancellation that came meanwhile: those leases are ours now.
   const auto& claimed = r.as_array().at(1);
   if (claimed.is_error()) {  // NOSCRIPT on that connection's server: claim the usual way, which loads it
     if (!claimed.error_message().starts_with("NOSCRIPT"))
@@ -155,8 +163,18 @@ void redis_backend::set_idle_mark(const std::string& worker) {
 asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string queue, std::string worker,
                                                                   std::vector<finish_item> items,
                                                                   std::chrono::milliseconds lease_ttl) {
-  (void)worker;
   if (items.empty()) co_return std::vector<finish_result>{};
+  if (items.size() > max_batch) {
+    std::vector<finish_result> all;
+    for (std::size_t first = 0; first < items.size(); first += max_batch) {
+      auto last = std::min(items.size(), first + max_batch);
+      std::vector<finish_item> part(items.begin() + static_cast<std::ptrdiff_t>(first),
+                                    items.begin() + static_cast<std::ptrdiff_t>(last));
+      auto done = co_await finish(queue, worker, std::move(part), lease_ttl);
+      all.insert(all.end(), std::make_move_iterator(done.begin()), std::make_move_iterator(done.end()));
+    }
+    co_return all;
+  }
   auto p = key_prefix(queue);
   std::array<std::string, 7> keys{p + "ready", p + "active", p + "fence",    p + "stats",
                                   p + "ids",   p + "dead",   p + "dead:info"};
@@ -188,6 +206,17 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
 asio::awaitable<std::vector<bool>> redis_backend::extend(std::string queue, std::string worker,
                                                          std::vector<std::string> tokens,
                                                          std::chrono::milliseconds lease_ttl) {
+  if (tokens.size() > max_batch) {
+    std::vector<bool> all;
+    for (std::size_t first = 0; first < tokens.size(); first += max_batch) {
+      auto last = std::min(tokens.size(), first + max_batch);
+      std::vector<std::string> part(tokens.begin() + static_cast<std::ptrdiff_t>(first),
+                                    tokens.begin() + static_cast<std::ptrdiff_t>(last));
+      auto held = co_await extend(queue, worker, std::move(part), lease_ttl);
+      all.insert(all.end(), held.begin(), held.end());
+    }
+    co_return all;
+  }
   auto p = key_prefix(queue);
   std::array<std::string, 2> keys{p + "active", p + "workers"};
   std::string ttl = std::to_string(lease_ttl.count());
