@@ -23,6 +23,5 @@ for run in $(seq "$runs"); do
   for groups in 0 1 1000 100000; do bench throughput "$n" 100 "$groups"; done
   bench pickup 1000 0
   bench pickup 1000 1
-  bench depth 1000
   bench depth 1000000
 done

@@ -8,7 +8,8 @@
 //     an idle worker; N jobs enqueued one at a time, each after the previous one ran; prints the
 //     enqueue-to-handler-start latency p50/p99, and the same for a bare LPUSH → BLMOVE wake-up.
 //   jobrt_bench_jobs URL depth DEPTH
-//     DEPTH queued jobs, then 100 claims of 10 jobs; prints the server time per claim script call.
+//     one queue 1,000 deep and one DEPTH deep; 100 claims of 10 jobs from each, alternating;
+//     prints the median server time of a claim script call at each depth, and their ratio.
 // Output: one line of key=value pairs. The server must be a throw-away one: it is flushed.
 #include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
@@ -188,23 +189,38 @@ awaitable<void> depth(asio::io_context& ctx, redis::config cfg, long queued) {
   redis_backend store(ctx.get_executor(), cfg);
   auto& conn = store.connection();
   co_await redis::exec(conn, redis::request("FLUSHALL"));
-  producer p(store, "depth");
-  for (long first = 0; first < queued; first += 10000) {
-    std::vector<job_spec> specs;
-    for (long i = first; i < std::min(queued, first + 10000); ++i) {
-      job_spec s;
-      s.type = "noop";
-      specs.push_back(std::move(s));
+  // Two queues, 1,000 and `queued` deep; claims alternate between them, and each claim's server
+  // time is read on its own (CONFIG RESETSTAT, claim, INFO commandstats), so both depths see the
+  // same machine at the same moments.
+  auto fill = [&](std::string queue, long n) -> awaitable<void> {
+    producer p(store, queue);
+    for (long first = 0; first < n; first += 10000) {
+      std::vector<job_spec> specs;
+      for (long i = first; i < std::min(n, first + 10000); ++i) {
+        job_spec s;
+        s.type = "noop";
+        specs.push_back(std::move(s));
+      }
+      co_await p.enqueue_bulk(std::move(specs));
     }
-    co_await p.enqueue_bulk(std::move(specs));
+  };
+  co_await fill("shallow", 1000);
+  co_await fill("deep", queued);
+  auto one_claim = [&](std::string queue) -> awaitable<double> {
+    co_await redis::exec(conn, redis::request("CONFIG", "RESETSTAT"));
+    claim_options co{"bench", 10, std::chrono::seconds(30)};
+    co_await store.claim(queue, co);
+    auto s = co_await read_stats(conn);
+    auto evalsha = s.commandstats["cmdstat_evalsha"];
+    co_return std::stod(evalsha.substr(evalsha.find("usec=") + 5));
+  };
+  std::vector<double> shallow, deep;
+  for (int i = 0; i < 100; ++i) {  // 100 claims of 10: all of the shallow queue
+    shallow.push_back(co_await one_claim("shallow"));
+    deep.push_back(co_await one_claim("deep"));
   }
-  co_await redis::exec(conn, redis::request("CONFIG", "RESETSTAT"));
-  claim_options co{"bench", 10, std::chrono::seconds(30)};
-  for (int i = 0; i < 100; ++i) co_await store.claim("depth", co);  // 1,000 jobs: all of the smallest depth
-  auto s = co_await read_stats(conn);
-  auto evalsha = s.commandstats["cmdstat_evalsha"];
-  auto per_call = evalsha.substr(evalsha.find("usec_per_call=") + 14);
-  fmt::print("depth queued={} claim_usec_per_call={}\n", queued, per_call.substr(0, per_call.find(',')));
+  fmt::print("depth queued={} claim_usec_p50={:.0f} shallow_claim_usec_p50={:.0f} ratio={:.2f}\n", queued,
+             percentile(deep, 0.5), percentile(shallow, 0.5), percentile(deep, 0.5) / percentile(shallow, 0.5));
 }
 
 }  // namespace

@@ -3,5 +3,5 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
-"$root/scripts/build.sh" "$root/build/release" -DCMAKE_BUILD_TYPE=Release -DJOBRT_BUILD_TESTS=OFF -DJOBRT_BUILD_BENCH=OFF >/dev/null
-exec "$root/build/release/runtime/jobrt" demo "$@"
+"$root/scripts/build.sh" "$root/build/demo" -DCMAKE_BUILD_TYPE=Release -DJOBRT_BUILD_TESTS=OFF -DJOBRT_BUILD_BENCH=OFF >/dev/null
+exec "$root/build/demo/runtime/jobrt" demo "$@"
