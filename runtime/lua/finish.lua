@@ -1,18 +1,34 @@
 -- Acks or fails leased jobs, each checked against its token.
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>fence  KEYS[4] <prefix>stats
--- KEYS[5] <prefix>ids  KEYS[6] <prefix>dead  KEYS[7] <prefix>dead:info
--- ARGV[1] lease TTL (ms)  ARGV[2] n, then n times: token, kind ('a' ack, 'f' fail),
+-- KEYS[5] <prefix>ids  KEYS[6] <prefix>dead  KEYS[7] <prefix>dead:info  KEYS[8] <prefix>finished:<worker>
+-- ARGV[1] lease TTL (ms)  ARGV[2] n  ARGV[3] call id, then n times: token, kind ('a' ack, 'f' fail),
 --   producer-given id ('' if none), error, want next ('1': lease the group's next job to me;
 --   '2': only when no other lane is waiting, so a burst costs nobody their turn; '0': no)
 -- Returns: n times: held (1, or 0 when the lease was lost and nothing changed), next token,
 --   next record ('' and '' when no next job was leased)
+--
+-- Safe to send again: a worker has one finish call in flight at a time, and the result of its
+-- last call is kept under finished:<worker>. The same call id again (a resend after a lost
+-- reply) gets that result back and changes nothing; without it, a burst's next job leased by
+-- the first run would belong to nobody.
 local ready, active, fence_key, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local ids, dead, dead_info = KEYS[5], KEYS[6], KEYS[7]
+local ids, dead, dead_info, finished = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local prefix = string.sub(ready, 1, -6)
-local ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local ttl, n, call = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+
+local last = redis.call('GET', finished)
+if last then
+  local sep = string.find(last, '\n', 1, true)
+  if sep and string.sub(last, 1, sep - 1) == call then return cjson.decode(string.sub(last, sep + 1)) end
+end
+
+local function done(out)
+  redis.call('SET', finished, call .. '\n' .. cjson.encode(out), 'PX', 600000)
+  return out
+end
 
 local tokens = {}
-for i = 1, n do tokens[i] = ARGV[3 + (i - 1) * 5] end
+for i = 1, n do tokens[i] = ARGV[4 + (i - 1) * 5] end
 local scores = redis.call('ZMSCORE', active, unpack(tokens))
 local held, seen = {}, {}
 for i = 1, n do
@@ -26,7 +42,7 @@ end
 if #held == 0 then
   local out = {}
   for i = 1, n do out[#out + 1] = 0; out[#out + 1] = ''; out[#out + 1] = '' end
-  return out
+  return done(out)
 end
 redis.call('ZREM', active, unpack(held))
 
@@ -36,7 +52,7 @@ local out, back, nexts = {}, {}, {}
 local completed, failed = 0, 0
 local nobody_waits = nil -- LLEN of ready, asked once: this script pushes to ready only at its end
 for i = 1, n do
-  local base = 3 + (i - 1) * 5
+  local base = 4 + (i - 1) * 5
   local token, kind, unique_id, err, want = ARGV[base], ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
   local next_token, next_record = '', ''
   if not scores[i] then
@@ -90,4 +106,4 @@ if #nexts > 0 then -- one INCRBY for every fence, given out in item order
 end
 if completed > 0 then redis.call('HINCRBY', stats, 'completed', completed) end
 if failed > 0 then redis.call('HINCRBY', stats, 'failed', failed) end
-return out
+return done(out)

@@ -6,6 +6,8 @@
 #include <jobrt/redis_backend.hpp>
 #include <jobrt/worker.hpp>
 
+#include "backend/lua_scripts.hpp"
+
 #include <fmt/format.h>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -152,5 +154,38 @@ TEST_CASE("lanes a dead worker took with BLMOVE but never started go back to the
     auto left = co_await redis::exec(store.connection(), redis::request("EXISTS", p + "claimed:dead-worker"));
     CHECK(left.as_integer() == 0);
     co_await w.stop(std::chrono::seconds(1));
+  });
+}
+
+TEST_CASE("finish sent twice (a resend after a lost reply) changes nothing the second time") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    std::string queue = key_prefix() + "q";
+    auto p = redis_backend::key_prefix(queue);
+    producer prod(store, queue);
+    for (int i = 0; i < 3; ++i) {
+      job_spec s;
+      s.type = "t";
+      s.group = "g";
+      co_await prod.enqueue(s);
+    }
+    claim_options co{"w1", 1, std::chrono::seconds(30)};
+    auto claimed = co_await store.claim(queue, co);
+    REQUIRE(claimed.size() == 1);
+    redis::script finish(jobrt::lua::finish);
+    std::vector<std::string> keys{p + "ready", p + "active", p + "fence",     p + "stats",
+                                  p + "ids",   p + "dead",   p + "dead:info", p + "finished:w1"};
+    std::vector<std::string> args{"30000", "1", "call-1", claimed[0].token, "a", "", "", "1"};
+    auto first = co_await finish.run(store.connection(), keys, args);
+    auto again = co_await finish.run(store.connection(), keys, args);
+    CHECK(first == again);
+    CHECK(first.as_array().at(0).as_integer() == 1);
+    CHECK_FALSE(first.as_array().at(1).as_string().empty());  // the burst's next job, leased once
+    auto counts = co_await store.counts(queue);
+    CHECK(counts.completed == 1);
+    CHECK(counts.started == 2);
+    CHECK(counts.running == 1);
+    auto left = co_await redis::exec(store.connection(), redis::request("LLEN", p + "g:g"));
+    CHECK(left.as_integer() == 2);  // one job popped, not two
   });
 }

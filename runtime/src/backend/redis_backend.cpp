@@ -9,7 +9,9 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <atomic>
 #include <charconv>
+#include <random>
 
 namespace jobrt {
 namespace {
@@ -150,6 +152,12 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
   co_return jobs;
 }
 
+std::uint64_t redis_backend::next_call_id() {
+  // Unique per call of this process; with the worker in the key, unique enough across processes.
+  static std::atomic<std::uint64_t> counter{std::random_device{}()};
+  return counter.fetch_add(1, std::memory_order_relaxed);
+}
+
 bool redis_backend::take_idle_mark(const std::string& worker) {
   std::lock_guard lock(blocking_mutex_);
   return idle_.erase(worker) > 0;
@@ -176,10 +184,11 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
     co_return all;
   }
   auto p = key_prefix(queue);
-  std::array<std::string, 7> keys{p + "ready", p + "active", p + "fence",    p + "stats",
-                                  p + "ids",   p + "dead",   p + "dead:info"};
+  std::array<std::string, 8> keys{p + "ready", p + "active", p + "fence",     p + "stats",
+                                  p + "ids",   p + "dead",   p + "dead:info", p + "finished:" + worker};
   std::string ttl = std::to_string(lease_ttl.count()), n = std::to_string(items.size());
-  std::vector<std::string_view> args{ttl, n};
+  std::string call = fmt::format("{:016x}", next_call_id());
+  std::vector<std::string_view> args{ttl, n, call};
   args.reserve(2 + items.size() * 5);
   for (auto& it : items) {
     args.push_back(it.token);
@@ -190,7 +199,9 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
                    : it.want_next == finish_item::next_policy::if_nobody_waits ? "2"
                                                                                : "0");
   }
-  reply r = co_await finish_.run(conn_, keys, args);
+  auto req = finish_.make_request(keys, args);
+  req.options.resend_safe = true;  // the script answers a resent call from its cache
+  reply r = co_await finish_.run(conn_, std::move(req));
   const auto& e = r.as_array();
   std::vector<finish_result> out;
   out.reserve(items.size());
