@@ -16,14 +16,31 @@ local ids, dead, dead_info, finished = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local prefix = string.sub(ready, 1, -6)
 local ttl, n, call = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 
+-- The cache holds '<call id>\n' and then, for each reply element, '<length>:<text>' (held flags
+-- as '0'/'1'): cheap to write on every call, decoded only on a resend.
 local last = redis.call('GET', finished)
 if last then
   local sep = string.find(last, '\n', 1, true)
-  if sep and string.sub(last, 1, sep - 1) == call then return cjson.decode(string.sub(last, sep + 1)) end
+  if sep and string.sub(last, 1, sep - 1) == call then
+    local out, pos = {}, sep + 1
+    while pos <= #last do
+      local colon = string.find(last, ':', pos, true)
+      local len = tonumber(string.sub(last, pos, colon - 1))
+      local text = string.sub(last, colon + 1, colon + len)
+      if #out % 3 == 0 then out[#out + 1] = tonumber(text) else out[#out + 1] = text end
+      pos = colon + len + 1
+    end
+    return out
+  end
 end
 
 local function done(out)
-  redis.call('SET', finished, call .. '\n' .. cjson.encode(out), 'PX', 600000)
+  local parts = {call, '\n'}
+  for i = 1, #out do
+    local text = tostring(out[i])
+    parts[#parts + 1] = #text .. ':' .. text
+  end
+  redis.call('SET', finished, table.concat(parts), 'PX', 600000)
   return out
 end
 
