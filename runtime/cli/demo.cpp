@@ -459,7 +459,9 @@ int run_demo_processes(const demo_options& o) {
         auto& conn = store.connection();
         co_await check_server(conn);
         auto keys_found = co_await redis::exec(conn, redis::request("KEYS", redis_backend::key_prefix(o.queue) + "*"));
-        for (const auto& k : keys_found.as_array()) co_await redis::exec(conn, redis::request("DEL", k.as_string()));
+        std::vector<std::string> stale;
+        for (const auto& k : keys_found.as_array()) stale.push_back(k.as_string());
+        if (!stale.empty()) co_await redis::exec(conn, redis::request("DEL", stale));  // one round trip
 
         args worker_args{"demo-worker",
                          "--redis",
