@@ -1,13 +1,15 @@
 -- Leases up to max jobs to a worker: lanes its blocking claim moved to <prefix>claimed:<worker>
 -- first, then lanes from the head of ready.
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>fence  KEYS[4] <prefix>stats
--- KEYS[5] <prefix>claimed:<worker>
+-- KEYS[5] <prefix>claimed:<worker>  KEYS[6] <prefix>paused  KEYS[7] <prefix>parked
 -- ARGV[1] max  ARGV[2] lease TTL (ms)
 -- Returns: per job: token, record ('' for an ungrouped job: its record is in the token)
 --
 -- A lease is the member '<fence>|<lane>' of active, scored by its deadline (server time, ms).
--- A grouped job stays at the head of its group's list while it runs.
+-- A grouped job stays at the head of its group's list while it runs. The lane of a paused group
+-- is parked instead (resume puts it back).
 local ready, active, fence_key, stats, claimed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local paused, parked = KEYS[6], KEYS[7]
 local prefix = string.sub(ready, 1, -6)
 local max, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
 
@@ -24,12 +26,17 @@ local time = redis.call('TIME')
 local deadline = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl
 local fence = redis.call('INCRBY', fence_key, #lanes) - #lanes
 local leases, out = {}, {}
+local any_paused = redis.call('EXISTS', paused) == 1
 for _, lane in ipairs(lanes) do
   local record = ''
   local live = true
   if string.sub(lane, 1, 2) == 'g:' then
     record = redis.call('LINDEX', prefix .. lane, 0)
     live = record ~= false -- a stale lane of an emptied group is dropped
+    if live and any_paused and redis.call('HEXISTS', paused, string.sub(lane, 3)) == 1 then
+      redis.call('SADD', parked, string.sub(lane, 3))
+      live = false
+    end
   end
   if live then
     fence = fence + 1

@@ -1,12 +1,17 @@
 -- Stores a batch of jobs, in order.
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>seq  KEYS[3] <prefix>ids  KEYS[4] <prefix>stats
--- ARGV[1] n, then n times: id ('' = assign one), group ('' = ungrouped), body
+-- KEYS[5] <prefix>delayed
+-- ARGV[1] n, then n times: id ('' = assign one), group ('' = ungrouped), body, due ('' = now,
+--   '+<ms>' = that long from now, '<ms>' = at that time in milliseconds since the epoch)
 -- Returns: n times: id, duplicate (1: a job with this producer-given id is pending or running)
 --
 -- A job is stored as the record '<attempts before>|<id>|<body>': ungrouped, as the lane
 -- 'j:<record>' in ready; grouped, at the tail of <prefix>g:<group>, and the lane 'g:<group>'
 -- goes to ready only when that list was empty (the group had no pending or running job).
-local ready, seq, ids, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- A job due later waits in delayed, scored by its due time: ungrouped as 'j:<record>', grouped as
+-- 'd:<length of group>:<group><record>' (it joins its group when it is due). When it is due
+-- before everything else there, PUBLISH <prefix>delayed wakes the workers' promoters.
+local ready, seq, ids, stats, delayed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = string.sub(ready, 1, -6)
 local n = tonumber(ARGV[1])
 
@@ -18,19 +23,25 @@ local function push_all(key, values)
   return len
 end
 
-local missing = 0
+local missing, timed = 0, false
 for i = 0, n - 1 do
-  local id = ARGV[2 + i * 3]
+  local id = ARGV[2 + i * 4]
   if id == '' then missing = missing + 1 end
   if string.find(id, '|', 1, true) then return redis.error_reply("job id '" .. id .. "' contains '|'") end
+  if ARGV[5 + i * 4] ~= '' then timed = true end
 end
 local next_id = 0
 if missing > 0 then next_id = redis.call('INCRBY', seq, missing) - missing end
+local now = 0
+if timed then
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
 
-local out, lanes, groups, order, slot = {}, {}, {}, {}, {}
-local stored = 0
+local out, lanes, groups, order, slot, later = {}, {}, {}, {}, {}, {}
+local stored, earliest = 0, nil
 for i = 0, n - 1 do
-  local id, group, body = ARGV[2 + i * 3], ARGV[3 + i * 3], ARGV[4 + i * 3]
+  local id, group, body, due = ARGV[2 + i * 4], ARGV[3 + i * 4], ARGV[4 + i * 4], ARGV[5 + i * 4]
   local duplicate = 0
   if id == '' then
     next_id = next_id + 1
@@ -43,7 +54,18 @@ for i = 0, n - 1 do
   if duplicate == 0 then
     stored = stored + 1
     local record = '0|' .. id .. '|' .. body
-    if group == '' then
+    local at = nil
+    if due ~= '' then
+      if string.sub(due, 1, 1) == '+' then at = now + tonumber(string.sub(due, 2)) else at = tonumber(due) end
+      if at <= now then at = nil end
+    end
+    if at then
+      local member = 'j:' .. record
+      if group ~= '' then member = 'd:' .. #group .. ':' .. group .. record end
+      later[#later + 1] = at
+      later[#later + 1] = member
+      if not earliest or at < earliest then earliest = at end
+    elseif group == '' then
       lanes[#lanes + 1] = 'j:' .. record
     else
       local list = groups[group]
@@ -68,5 +90,10 @@ for i = 1, #lanes do
   if lanes[i] then final[#final + 1] = lanes[i] end
 end
 push_all(ready, final)
+if #later > 0 then
+  local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+  for i = 1, #later, 4000 do redis.call('ZADD', delayed, unpack(later, i, math.min(i + 3999, #later))) end
+  if #first == 0 or earliest < tonumber(first[2]) then redis.call('PUBLISH', delayed, earliest) end
+end
 if stored > 0 then redis.call('HINCRBY', stats, 'enqueued', stored) end
 return out

@@ -1,9 +1,16 @@
--- Acks or fails leased jobs, each checked against its token.
+-- Finishes leased jobs, each checked against its token.
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>fence  KEYS[4] <prefix>stats
 -- KEYS[5] <prefix>ids  KEYS[6] <prefix>dead  KEYS[7] <prefix>dead:info  KEYS[8] <prefix>finished:<worker>
--- ARGV[1] lease TTL (ms)  ARGV[2] n  ARGV[3] call id, then n times: token, kind ('a' ack, 'f' fail),
---   producer-given id ('' if none), error, want next ('1': lease the group's next job to me;
---   '2': only when no other lane is waiting, so a burst costs nobody their turn; '0': no)
+-- KEYS[9] <prefix>delayed  KEYS[10] <prefix>paused  KEYS[11] <prefix>parked
+-- ARGV[1] lease TTL (ms)  ARGV[2] n  ARGV[3] call id, then n times: token, kind, producer-given
+--   id ('' if none), error, want next, delay (ms)
+--   kind: 'a' ack; 'f' dead-letter; 'r' retry (one more attempt counted) and 'd' run again later
+--   (none counted): the job stays where it is (a grouped one at its group's head, so the group
+--   waits for it) and its lane waits in delayed for `delay` ms (none: back to ready at once);
+--   'h' halt: a grouped job stays at the head with its attempt counted and the group is paused
+--   until an operator resumes it (ungrouped: as 'f').
+--   want next ('1': lease the group's next job to me; '2': only when no other lane is waiting,
+--   so a burst costs nobody their turn; '0': no), for an ack.
 -- Returns: n times: held (1, or 0 when the lease was lost and nothing changed), next token,
 --   next record ('' and '' when no next job was leased)
 --
@@ -13,6 +20,7 @@
 -- the first run would belong to nobody.
 local ready, active, fence_key, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ids, dead, dead_info, finished = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local delayed, paused, parked = KEYS[9], KEYS[10], KEYS[11]
 local prefix = string.sub(ready, 1, -6)
 local ttl, n, call = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 
@@ -45,7 +53,7 @@ local function done(out)
 end
 
 local tokens = {}
-for i = 1, n do tokens[i] = ARGV[4 + (i - 1) * 5] end
+for i = 1, n do tokens[i] = ARGV[4 + (i - 1) * 6] end
 local scores = redis.call('ZMSCORE', active, unpack(tokens))
 local held, seen = {}, {}
 for i = 1, n do
@@ -65,44 +73,103 @@ redis.call('ZREM', active, unpack(held))
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local out, back, nexts = {}, {}, {}
-local completed, failed = 0, 0
+
+local function counted(record)
+  local attempts, rest = string.match(record, '^(%d+)(|.*)$')
+  if not attempts then return record end -- malformed: the worker dead-letters it when it runs
+  return (tonumber(attempts) + 1) .. rest
+end
+
+local any_paused = nil -- EXISTS paused, asked once
+local function is_paused(group)
+  if any_paused == nil then any_paused = redis.call('EXISTS', paused) == 1 end
+  return any_paused and redis.call('HEXISTS', paused, group) == 1
+end
+
+local out, back, nexts, later = {}, {}, {}, {}
+local completed, failed, retried, deferred, halted = 0, 0, 0, 0, 0
 local nobody_waits = nil -- LLEN of ready, asked once: this script pushes to ready only at its end
+local function dead_letter(record, group, err)
+  local id = string.match(record or '', '^%d+|([^|]*)|') or ''
+  redis.call('ZADD', dead, now, id)
+  redis.call('HSET', dead_info, id, cjson.encode({record = record or '', group = group, error = err, at = now}))
+  failed = failed + 1
+end
+-- A lane that goes back: to the tail of ready (round robin), later, or parked when its group is paused.
+local function send_back(lane, delay)
+  if string.sub(lane, 1, 2) == 'g:' and is_paused(string.sub(lane, 3)) then
+    redis.call('SADD', parked, string.sub(lane, 3))
+  elseif delay > 0 then
+    later[#later + 1] = now + delay
+    later[#later + 1] = lane
+  else
+    back[#back + 1] = lane
+  end
+end
 for i = 1, n do
-  local base = 4 + (i - 1) * 5
+  local base = 4 + (i - 1) * 6
   local token, kind, unique_id, err, want = ARGV[base], ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
+  local delay = tonumber(ARGV[base + 5]) or 0
   local next_token, next_record = '', ''
   if not scores[i] then
     out[#out + 1] = 0
   else
     out[#out + 1] = 1
-    if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
     local lane = string.sub(token, string.find(token, '|', 1, true) + 1)
-    local record
-    if string.sub(lane, 1, 2) == 'g:' then
+    local grouped = string.sub(lane, 1, 2) == 'g:'
+    if kind == 'h' and not grouped then kind = 'f' end
+    if kind == 'a' or kind == 'f' then
+      if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
+      local record
+      if grouped then
+        local key = prefix .. lane
+        record = redis.call('LPOP', key)
+        local following = redis.call('LINDEX', key, 0)
+        if following then
+          if want == '2' and nobody_waits == nil then nobody_waits = redis.call('LLEN', ready) == 0 end
+          if kind == 'a' and (want == '1' or (want == '2' and nobody_waits and #back == 0)) and
+              not is_paused(string.sub(lane, 3)) then
+            nexts[#nexts + 1] = {i = #out + 1, lane = lane} -- its token is made below, with its fence
+            next_token = lane
+            next_record = following
+          else
+            send_back(lane, 0) -- round robin: the group waits behind every other lane
+          end
+        end
+      else
+        record = string.sub(lane, 3)
+      end
+      if kind == 'a' then
+        completed = completed + 1
+      else
+        local group = ''
+        if grouped then group = string.sub(lane, 3) end
+        dead_letter(record, group, err)
+      end
+    elseif grouped then -- 'r', 'd' or 'h': the job stays at its group's head
       local key = prefix .. lane
-      record = redis.call('LPOP', key)
-      local following = redis.call('LINDEX', key, 0)
-      if following then
-        if want == '2' and nobody_waits == nil then nobody_waits = redis.call('LLEN', ready) == 0 end
-        if kind == 'a' and (want == '1' or (want == '2' and nobody_waits and #back == 0)) then
-          nexts[#nexts + 1] = {i = #out + 1, lane = lane} -- its token is made below, with its fence
-          next_token = lane
-          next_record = following
+      local head = redis.call('LINDEX', key, 0)
+      if head then
+        if kind ~= 'd' then redis.call('LSET', key, 0, counted(head)) end
+        if kind == 'h' then
+          redis.call('HSET', paused, string.sub(lane, 3), cjson.encode({state = 'halted', error = err, at = now}))
+          redis.call('SADD', parked, string.sub(lane, 3))
+          any_paused = true
+          halted = halted + 1
         else
-          back[#back + 1] = lane -- round robin: the group waits behind every other lane
+          send_back(lane, delay)
         end
       end
-    else
-      record = string.sub(lane, 3)
-    end
-    if kind == 'a' then
-      completed = completed + 1
-    else
-      failed = failed + 1
-      local id = string.match(record or '', '^%d+|([^|]*)|') or ''
-      redis.call('ZADD', dead, now, id)
-      redis.call('HSET', dead_info, id, cjson.encode({record = record, error = err, at = now}))
+      if kind == 'r' then retried = retried + 1 elseif kind == 'd' then deferred = deferred + 1 end
+    else -- 'r' or 'd', ungrouped: the lane carries the record
+      local record = string.sub(lane, 3)
+      if kind == 'r' then
+        record = counted(record)
+        retried = retried + 1
+      else
+        deferred = deferred + 1
+      end
+      send_back('j:' .. record, delay)
     end
   end
   out[#out + 1] = next_token
@@ -121,6 +188,16 @@ if #nexts > 0 then -- one INCRBY for every fence, given out in item order
   redis.call('ZADD', active, unpack(leases))
   redis.call('HINCRBY', stats, 'started', #nexts)
 end
+if #later > 0 then
+  local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+  redis.call('ZADD', delayed, unpack(later))
+  local earliest = later[1]
+  for j = 3, #later, 2 do earliest = math.min(earliest, later[j]) end
+  if #first == 0 or earliest < tonumber(first[2]) then redis.call('PUBLISH', delayed, earliest) end
+end
 if completed > 0 then redis.call('HINCRBY', stats, 'completed', completed) end
 if failed > 0 then redis.call('HINCRBY', stats, 'failed', failed) end
+if retried > 0 then redis.call('HINCRBY', stats, 'retried', retried) end
+if deferred > 0 then redis.call('HINCRBY', stats, 'deferred', deferred) end
+if halted > 0 then redis.call('HINCRBY', stats, 'halted', halted) end
 return done(out)

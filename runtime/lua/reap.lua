@@ -1,15 +1,19 @@
 -- Recovers what crashed or stalled workers held. Run by a timer in every live worker; atomic and
 -- idempotent (a second run finds nothing).
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>stats  KEYS[4] <prefix>workers
--- ARGV[1] max leases and max workers to recover in this call
--- Returns: {leases recovered, workers reaped, lanes handed back from their claimed lists}
+-- KEYS[5] <prefix>paused  KEYS[6] <prefix>parked  KEYS[7] <prefix>dead  KEYS[8] <prefix>dead:info
+-- ARGV[1] max leases, workers and dead letters to handle in this call
+-- ARGV[2] dead letters kept at most (0: no limit)  ARGV[3] their longest age in ms (0: no limit)
+-- Returns: {leases recovered, workers reaped, lanes handed back from their claimed lists,
+--   dead letters removed by the retention limits}
 --
 -- A lease past its deadline: its job goes back to the head of its group (it never left it) with
 -- its attempt counted in the record's header, and its lane to the head of ready. A worker whose
 -- heartbeat is past: the lanes its BLMOVE took and no claim turned into leases go back to ready.
 local ready, active, stats, workers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local paused, parked, dead, dead_info = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local prefix = string.sub(ready, 1, -6)
-local max = tonumber(ARGV[1])
+local max, keep, max_age = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
@@ -30,7 +34,11 @@ for _, token in ipairs(redis.call('ZRANGEBYSCORE', active, '-inf', now, 'LIMIT',
     local head = redis.call('LINDEX', key, 0)
     if head then
       redis.call('LSET', key, 0, counted(head))
-      lanes[#lanes + 1] = lane
+      if redis.call('HEXISTS', paused, string.sub(lane, 3)) == 1 then
+        redis.call('SADD', parked, string.sub(lane, 3))
+      else
+        lanes[#lanes + 1] = lane
+      end
     end
   else
     lanes[#lanes + 1] = 'j:' .. counted(string.sub(lane, 3))
@@ -51,4 +59,18 @@ end
 
 for i = #lanes, 1, -1 do redis.call('LPUSH', ready, lanes[i]) end
 if recovered > 0 then redis.call('HINCRBY', stats, 'recovered', recovered) end
-return {recovered, reaped, handed}
+
+-- Dead-letter retention: the oldest go first, past the age limit or over the count.
+local expired = {}
+if max_age > 0 then expired = redis.call('ZRANGEBYSCORE', dead, '-inf', now - max_age, 'LIMIT', 0, max) end
+if keep > 0 and #expired < max then
+  local over = redis.call('ZCARD', dead) - #expired - keep
+  if over > 0 then
+    expired = redis.call('ZRANGE', dead, 0, #expired + math.min(over, max - #expired) - 1)
+  end
+end
+if #expired > 0 then
+  redis.call('ZREM', dead, unpack(expired))
+  redis.call('HDEL', dead_info, unpack(expired))
+end
+return {recovered, reaped, handed, #expired}

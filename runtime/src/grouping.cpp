@@ -64,6 +64,14 @@ grouping_rules grouping_rules::from_json(const boost::json::value& config) {
         rule.match[std::string(name)] = std::string(value.as_string());
       }
     }
+    if (auto* policy = r.as_object().if_contains("on_failure")) {
+      if (!policy->is_string()) throw std::invalid_argument(fmt::format("{}.on_failure is not a string", where));
+      try {
+        rule.on_failure = parse_failure_policy(policy->as_string());
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(fmt::format("{}.on_failure: {}", where, e.what()));
+      }
+    }
     try {
       out.add(std::move(rule));
     } catch (const std::invalid_argument& e) {
@@ -74,6 +82,12 @@ grouping_rules grouping_rules::from_json(const boost::json::value& config) {
 }
 
 std::optional<std::string> grouping_rules::group_for(std::string_view type, const boost::json::value& payload) const {
+  auto choice = choose(type, payload);
+  if (!choice) return std::nullopt;
+  return std::move(choice->group);
+}
+
+std::optional<group_choice> grouping_rules::choose(std::string_view type, const boost::json::value& payload) const {
   for (const auto& rule : rules_) {
     bool matches = true;
     for (const auto& [name, wanted] : rule.match) {
@@ -102,7 +116,7 @@ std::optional<std::string> grouping_rules::group_for(std::string_view type, cons
     // "" would mean ungrouped: not what the rule asks for.
     if (key.empty())
       throw std::invalid_argument(fmt::format("grouping rule with key '{}' gives this job an empty group", rule.key));
-    return key;
+    return group_choice{std::move(key), rule.on_failure};
   }
   return std::nullopt;
 }

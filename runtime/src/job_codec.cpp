@@ -4,17 +4,51 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
+#include <algorithm>
 #include <charconv>
+
+namespace jobrt {
+
+failure_policy parse_failure_policy(std::string_view text) {
+  if (text == "hold") return failure_policy::hold;
+  if (text == "skip") return failure_policy::skip;
+  if (text == "halt") return failure_policy::halt;
+  throw std::invalid_argument(fmt::format("failure policy '{}' is not one of hold, skip, halt", text));
+}
+
+std::string_view to_string(failure_policy p) noexcept {
+  switch (p) {
+    case failure_policy::hold: return "hold";
+    case failure_policy::skip: return "skip";
+    case failure_policy::halt: return "halt";
+  }
+  return "hold";
+}
+
+std::chrono::milliseconds backoff::delay_after(int attempt, double random) const noexcept {
+  double d = static_cast<double>(initial.count());
+  for (int i = 1; i < attempt && d < static_cast<double>(max.count()); ++i) d *= factor;
+  d = std::min(d, static_cast<double>(max.count()));
+  d *= 1.0 + jitter * (2.0 * random - 1.0);
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::max(0.0, d)));
+}
+
+}  // namespace jobrt
 
 namespace jobrt::detail {
 
-std::string encode_body(const job_spec& spec, std::int64_t now_ms) {
+std::string encode_body(const job_spec& spec, std::int64_t now_ms, std::optional<failure_policy> policy) {
   boost::json::object body;
   body["type"] = spec.type;
   body["payload"] = spec.payload;
   if (spec.max_attempts != 3) body["max"] = spec.max_attempts;
   if (spec.timeout.count() != 0) body["timeout"] = spec.timeout.count();
   if (!spec.id.empty()) body["u"] = 1;
+  if (spec.retry_backoff) {
+    const auto& b = *spec.retry_backoff;
+    body["backoff"] = boost::json::array{b.initial.count(), b.factor, b.max.count(), b.jitter};
+  }
+  if (policy) body["policy"] = to_string(*policy);
   body["at"] = now_ms;
   return boost::json::serialize(body);
 }
@@ -67,6 +101,22 @@ job decode_record(std::string_view record, std::string_view group) {
   j.timeout = std::chrono::milliseconds(number_field<std::int64_t>(obj, "timeout", 0));
   j.enqueued_at_ms = number_field<std::int64_t>(obj, "at", 0);
   j.unique_id = number_field<int>(obj, "u", 0) != 0;
+  if (auto* b = obj.if_contains("backoff")) {
+    auto* a = b->if_array();
+    if (!a || a->size() != 4 || !(*a)[0].is_int64() || !(*a)[1].is_number() || !(*a)[2].is_int64() ||
+        !(*a)[3].is_number())
+      throw bad_record(fmt::format("job {} backoff is not [initial ms, factor, max ms, jitter]", j.id));
+    j.retry_backoff = backoff{std::chrono::milliseconds((*a)[0].as_int64()), (*a)[1].to_number<double>(),
+                              std::chrono::milliseconds((*a)[2].as_int64()), (*a)[3].to_number<double>()};
+  }
+  if (auto* p = obj.if_contains("policy")) {
+    if (!p->is_string()) throw bad_record(fmt::format("job {} policy is not a string", j.id));
+    try {
+      j.on_failure = parse_failure_policy(p->as_string());
+    } catch (const std::invalid_argument& e) {
+      throw bad_record(fmt::format("job {}: {}", j.id, e.what()));
+    }
+  }
   return j;
 }
 

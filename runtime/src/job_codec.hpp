@@ -1,10 +1,12 @@
 // How a job is stored: the record '<attempts before>|<id>|<body>', where body is a JSON object
-// {"type", "payload", and when not default "max" (3), "timeout", "u" (the producer gave the id)}
-// plus "at" (enqueue time, ms since the epoch). docs/PROTOCOL.md describes it for other languages.
+// {"type", "payload", and when not default "max" (3), "timeout", "u" (the producer gave the id),
+// "backoff" ([initial ms, factor, max ms, jitter]), "policy" ("hold", "skip", "halt")} plus "at"
+// (enqueue time, ms since the epoch). docs/PROTOCOL.md describes it for other languages.
 #pragma once
 
 #include <jobrt/job.hpp>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -17,8 +19,8 @@ class bad_record : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// The body of a job (without the record's header).
-std::string encode_body(const job_spec& spec, std::int64_t now_ms);
+/// The body of a job (without the record's header); `policy` is the failure policy it carries.
+std::string encode_body(const job_spec& spec, std::int64_t now_ms, std::optional<failure_policy> policy);
 
 /// Decodes a record of the given group ("" for none). Throws bad_record.
 job decode_record(std::string_view record, std::string_view group);

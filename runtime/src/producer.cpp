@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <boost/json/parse.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
@@ -30,17 +31,32 @@ encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms) const {
   if (spec.max_attempts < 1)
     throw std::invalid_argument(fmt::format("job max_attempts is {}; it must be at least 1", spec.max_attempts));
   if (spec.timeout.count() < 0) throw std::invalid_argument("job timeout is negative");
+  if (spec.delay.count() < 0) throw std::invalid_argument("job delay is negative");
+  if (spec.run_at && spec.delay.count() > 0) throw std::invalid_argument("job has both a delay and a run_at time");
+  if (spec.retry_backoff) {
+    const auto& b = *spec.retry_backoff;
+    if (b.initial.count() < 0 || b.max.count() < 0 || b.factor < 1.0 || b.jitter < 0.0 || b.jitter > 1.0)
+      throw std::invalid_argument("job backoff needs initial >= 0, max >= 0, factor >= 1 and jitter in [0, 1]");
+  }
   encoded_job out;
   out.id = spec.id;
-  out.body = detail::encode_body(spec, now_ms);
+  out.delay_ms = spec.delay.count();
+  if (spec.run_at)
+    out.run_at_ms = std::max<std::int64_t>(
+        1, std::chrono::duration_cast<std::chrono::milliseconds>(spec.run_at->time_since_epoch()).count());
+  std::optional<group_choice> choice;
+  if (!spec.group) choice = opts_.rules.choose(spec.type, spec.payload);
+  // The rule's policy travels with the job, unless the job names its own.
+  auto policy = spec.on_failure ? spec.on_failure : choice ? choice->on_failure : std::nullopt;
+  out.body = detail::encode_body(spec, now_ms, policy);
   if (out.body.size() > opts_.max_body_bytes)
     throw std::invalid_argument(fmt::format("job of type '{}' is {} bytes encoded; the limit is {}", spec.type,
                                             out.body.size(), opts_.max_body_bytes));
   if (spec.group) {
     if (spec.group->empty()) throw std::invalid_argument("job group is empty (leave it unset for no group)");
     out.group = *spec.group;
-  } else if (auto group = opts_.rules.group_for(spec.type, spec.payload)) {
-    out.group = std::move(*group);
+  } else if (choice) {
+    out.group = std::move(choice->group);
   }
   return out;
 }

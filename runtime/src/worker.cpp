@@ -74,6 +74,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         stop_timer_(strand_),
         watchdog_timer_(strand_),
         reap_timer_(strand_),
+        retry_timer_(strand_),
         stopped_timer_(strand_, clock::time_point::max()) {
     if (opts_.id.empty()) opts_.id = make_worker_id();
     if (opts_.concurrency == 0) throw std::invalid_argument("worker concurrency is 0");
@@ -92,7 +93,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   std::size_t in_flight() const noexcept { return held_count_.load(std::memory_order_relaxed); }
 
-  void add_handler(std::string type, handler h) { handlers_[std::move(type)] = std::move(h); }
+  void add_handler(std::string type, handler h, std::optional<backoff> b) {
+    handlers_[type] = std::move(h);
+    if (b) backoffs_[std::move(type)] = *b;
+  }
 
   void start() {
     asio::post(strand_, [self = shared_from_this()] {
@@ -104,6 +108,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       asio::co_spawn(self->strand_, claim_loop(self), rethrow);
       asio::co_spawn(self->strand_, watchdog_loop(self), rethrow);
       asio::co_spawn(self->strand_, reap_loop(self), rethrow);
+      asio::co_spawn(self->strand_, promote_loop(self), rethrow);
     });
   }
 
@@ -197,7 +202,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       return;
     }
     if (j.attempt > j.max_attempts) {  // its leases expired that often: a poison job, not a loop
-      finish_now(token, finish_kind::fail, j.unique_id ? j.id : std::string(),
+      bool halt = !j.group.empty() && j.on_failure.value_or(opts_.on_failure) == failure_policy::halt;
+      finish_now(token, halt ? finish_kind::halt : finish_kind::fail, j.unique_id ? j.id : std::string(),
                  fmt::format("gave up: attempt {} of at most {} (earlier attempts lost their leases)", j.attempt,
                              j.max_attempts));
       return;
@@ -278,12 +284,36 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     item.token = token;
     item.unique_id = r->unique_id;
     if (e || r->timed_out) {  // past its deadline the attempt fails, even if the handler ignored the cancellation
-      item.kind = finish_kind::fail;
-      item.error = r->timed_out ? fmt::format("timed out after {} ms", r->ctx->job().timeout.count()) : what(e);
+      decide_failure(r->ctx->job(),
+                     r->timed_out ? fmt::format("timed out after {} ms", r->ctx->job().timeout.count()) : what(e),
+                     item);
+    } else if (r->ctx->retry_after_) {
+      item.kind = finish_kind::defer;
+      item.delay = *r->ctx->retry_after_;
     }
     if (item.kind == finish_kind::ack && !stopping_ && !r->ctx->group().empty())
       item.want_next = r->burst_left > 1 ? finish_item::next_policy::yes : finish_item::next_policy::if_nobody_waits;
     queue_finish(std::move(item));
+  }
+
+  // A failed run: run again after a backoff while attempts are left; then the dead letters, or a
+  // halted group. A grouped job under `skip` goes to the dead letters at once.
+  void decide_failure(const job& j, std::string error, finish_item& item) {
+    auto policy = j.group.empty() ? failure_policy::hold : j.on_failure.value_or(opts_.on_failure);
+    item.error = std::move(error);
+    if (policy == failure_policy::skip) {
+      item.kind = finish_kind::fail;
+    } else if (j.attempt < j.max_attempts) {
+      item.kind = finish_kind::retry;
+      const backoff* b = j.retry_backoff ? &*j.retry_backoff : nullptr;
+      if (!b) {
+        auto per_type = backoffs_.find(j.type);
+        b = per_type != backoffs_.end() ? &per_type->second : &opts_.retry_backoff;
+      }
+      item.delay = b->delay_after(j.attempt, std::uniform_real_distribution<double>(0.0, 1.0)(random_));
+    } else {
+      item.kind = policy == failure_policy::halt ? finish_kind::halt : finish_kind::fail;
+    }
   }
 
   // --- finishing, batched: one backend call carries every result that came in meanwhile ---
@@ -338,8 +368,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   void on_finished(const finish_item& item, finish_result& result) {
     std::size_t burst_left = 1;
+    std::string job_id(detail::record_id(lane_record(item.token)));
     if (auto it = running_.find(item.token); it != running_.end()) {
       burst_left = it->second->burst_left;
+      job_id = it->second->ctx->id();
       release_strand(it->second->ctx->group());
       running_.erase(it);
     }
@@ -349,9 +381,19 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         ++counters_.leases_lost;
       else if (item.kind == finish_kind::ack)
         ++counters_.completed;
+      else if (item.kind == finish_kind::retry)
+        ++counters_.retried;
+      else if (item.kind == finish_kind::defer)
+        ++counters_.deferred;
       else
         ++counters_.failed;
     }
+    if (result.lease_held && item.kind == finish_kind::retry)
+      fmt::print(stderr, "jobrt worker {}: job {} failed: {}; runs again in {} ms\n", opts_.id, job_id, item.error,
+                 item.delay.count());
+    else if (result.lease_held && (item.kind == finish_kind::fail || item.kind == finish_kind::halt))
+      fmt::print(stderr, "jobrt worker {}: job {} {}: {}\n", opts_.id, job_id,
+                 item.kind == finish_kind::halt ? "halted its group" : "dead-lettered", item.error);
     if (!result.lease_held)
       fmt::print(stderr, "jobrt worker {}: lease {} was lost before it finished; not acked\n", opts_.id, item.token);
     drop_held();
@@ -418,11 +460,12 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // each other only find less to do.
   static asio::awaitable<void> reap_loop(std::shared_ptr<impl> self) {
     constexpr std::size_t batch = 100;
+    reap_options ro{batch, self->opts_.dead_max_count, self->opts_.dead_max_age};
     while (!self->stopped_) {
       reap_result r;
       std::string failure;
       try {
-        r = co_await self->backend_.reap(self->opts_.queue, batch);
+        r = co_await self->backend_.reap(self->opts_.queue, ro);
       } catch (const std::exception& e) {
         failure = e.what();
       }
@@ -433,10 +476,50 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         std::lock_guard lock(self->counters_mutex_);
         self->counters_.recovered += static_cast<std::uint64_t>(r.leases);
       }
-      if (r.leases == static_cast<std::int64_t>(batch) || r.workers == static_cast<std::int64_t>(batch))
+      if (r.leases == static_cast<std::int64_t>(batch) || r.workers == static_cast<std::int64_t>(batch) ||
+          r.dead_removed == static_cast<std::int64_t>(batch))
         continue;  // more to do: at once
       co_await wait_on(self->reap_timer_, clock::now() + self->opts_.reap_period);
     }
+  }
+
+  // Delayed jobs and retries waiting for their backoff: moved when due, by a timer armed for the
+  // earliest due time; the backend wakes it early when an earlier entry arrives (from any
+  // process). Every live worker runs it; the promote script is atomic, so they only share work.
+  static asio::awaitable<void> promote_loop(std::shared_ptr<impl> self) {
+    constexpr std::size_t batch = 1000;
+    auto backoff = std::chrono::milliseconds(100);
+    // Both steps are cancelled by stop() (promote_stop_), which waits for this loop to end.
+    auto stoppable = asio::bind_cancellation_slot(self->promote_stop_.slot(), use_tuple);
+    while (!self->stopped_) {
+      auto seen = self->backend_.delayed_version(self->opts_.queue);
+      auto [error, r] =
+          co_await asio::co_spawn(self->strand_, self->backend_.promote(self->opts_.queue, batch), stoppable);
+      if (self->stopped_) break;
+      if (error) {
+        fmt::print(stderr, "jobrt worker {}: promoting delayed jobs failed: {} (retrying in {} ms)\n", self->opts_.id,
+                   what(error), backoff.count());
+        co_await wait_on(self->retry_timer_, clock::now() + backoff);
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+        continue;
+      }
+      backoff = std::chrono::milliseconds(100);
+      if (r.moved > 0) {
+        std::lock_guard lock(self->counters_mutex_);
+        self->counters_.promoted += static_cast<std::uint64_t>(r.moved);
+      }
+      if (r.moved == static_cast<std::int64_t>(batch)) continue;  // more are due: at once
+      auto wait = std::min(r.next_due.value_or(self->opts_.promote_backstop), self->opts_.promote_backstop);
+      co_await asio::co_spawn(self->strand_, self->backend_.wait_delayed(self->opts_.queue, seen, wait), stoppable);
+    }
+    self->promoting_ = false;
+    self->idle_timer_.cancel();
+  }
+
+  // The record a token carries, for an ungrouped job; a grouped job's token names only its group.
+  static std::string_view lane_record(std::string_view token) {
+    auto lane = token.substr(token.find('|') + 1);
+    return lane.starts_with("j:") ? lane.substr(2) : std::string_view();
   }
 
   void lease_lost(const std::string& token) {
@@ -495,6 +578,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     stopped_timer_.cancel();
     watchdog_timer_.cancel();
     reap_timer_.cancel();
+    retry_timer_.cancel();
+    promote_stop_.emit(asio::cancellation_type::terminal);
+    while (started_ && promoting_) co_await wait_on(idle_timer_);
   }
 
   struct group_strand {
@@ -507,6 +593,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   backend& backend_;
   worker_options opts_;
   std::unordered_map<std::string, handler> handlers_;
+  std::unordered_map<std::string, backoff> backoffs_;                      // by job type
+  std::minstd_rand random_{std::random_device{}()};                        // backoff jitter
   std::unordered_map<std::string, std::shared_ptr<running_job>> running_;  // by token
   std::unordered_map<std::string, group_strand> strands_;
   std::vector<finish_item> pending_finish_;
@@ -516,11 +604,14 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   asio::steady_timer stop_timer_;  // cancelled to cut a blocking claim short
   asio::steady_timer watchdog_timer_;
   asio::steady_timer reap_timer_;
-  asio::steady_timer stopped_timer_;  // never expires: later stop() calls wait on it
-  std::size_t held_ = 0;              // jobs leased and not yet finished
+  asio::steady_timer retry_timer_;          // the promoter's pause after a failure
+  asio::cancellation_signal promote_stop_;  // ends the promoter's wait
+  asio::steady_timer stopped_timer_;        // never expires: later stop() calls wait on it
+  std::size_t held_ = 0;                    // jobs leased and not yet finished
   std::atomic<std::size_t> held_count_{0};
   bool started_ = false;
   bool claiming_ = true;
+  bool promoting_ = true;
   bool stop_started_ = false;
   bool stopping_ = false;
   bool stopped_ = false;
@@ -534,7 +625,12 @@ worker::worker(asio::any_io_executor ex, backend& b, worker_options opts)
 
 worker::~worker() = default;
 
-void worker::add_handler(std::string type, handler h) { impl_->add_handler(std::move(type), std::move(h)); }
+void worker::add_handler(std::string type, handler h) {
+  impl_->add_handler(std::move(type), std::move(h), std::nullopt);
+}
+void worker::add_handler(std::string type, handler h, backoff b) {
+  impl_->add_handler(std::move(type), std::move(h), b);
+}
 void worker::start() { impl_->start(); }
 asio::awaitable<void> worker::stop(std::chrono::milliseconds grace) { return impl::stop(impl_, grace); }
 const worker_options& worker::options() const noexcept { return impl_->options(); }

@@ -352,7 +352,7 @@ TEST_CASE("memory backend - a failed job is dead-lettered with its record and er
     CHECK(c.running == 0);
     CHECK(c.ready_lanes == 0);
 
-    auto dead = b.dead_letters("q");
+    auto dead = co_await b.dead_letters("q", 0, 100);
     REQUIRE(dead.size() == 2);
     // Same time: ordered by id, as a zset orders equal scores.
     auto& first = dead[0].id == "1" ? dead[0] : dead[1];
@@ -364,7 +364,9 @@ TEST_CASE("memory backend - a failed job is dead-lettered with its record and er
     CHECK(second.error == "boom");
     CHECK(second.at_ms >= start);
     CHECK(second.at_ms <= now_ms());
-    CHECK(b.dead_letters("unknown").empty());
+    CHECK((co_await b.dead_letters("unknown", 0, 100)).empty());
+    CHECK(first.group == "G");
+    CHECK(second.group.empty());
 
     std::vector<encoded_job> again{job("job-7", "", "retry")};
     CHECK_FALSE((co_await b.enqueue("q", std::move(again))).at(0).duplicate);

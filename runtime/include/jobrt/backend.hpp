@@ -26,6 +26,11 @@ struct encoded_job {
   std::string id;
   std::string group;
   std::string body;
+  /// When it may run: at run_at_ms (milliseconds since the epoch, by the backend's clock) if
+  /// set, else delay_ms after it is stored. Until then it waits in the delayed set; a grouped
+  /// job joins its group's tail when it is due.
+  std::int64_t delay_ms = 0;
+  std::int64_t run_at_ms = 0;
 };
 
 struct enqueue_result {
@@ -47,13 +52,22 @@ struct claim_options {
   std::chrono::milliseconds lease_ttl{30000};
 };
 
-enum class finish_kind { ack, fail };
+/// How a leased job ends this run.
+enum class finish_kind {
+  ack,    ///< done
+  fail,   ///< dead-lettered with `error`; a grouped job's group goes on
+  retry,  ///< one more attempt counted; runs again after `delay`, before anything of its group
+  defer,  ///< as retry, with no attempt counted (the handler asked to run later)
+  halt,   ///< attempt counted; the job stays at its group's head and the group is paused
+          ///< until resume() (ungrouped: as fail)
+};
 
 struct finish_item {
   std::string token;
   finish_kind kind = finish_kind::ack;
-  std::string unique_id;  ///< the job's id when the producer gave it (forgotten on finish)
-  std::string error;      ///< for fail
+  std::string unique_id;               ///< the job's id when the producer gave it (forgotten on ack and fail)
+  std::string error;                   ///< for fail and halt
+  std::chrono::milliseconds delay{0};  ///< for retry and defer
   /// For a grouped ack: whether the worker runs the group's next job at once (a burst), leased
   /// to it in the same call instead of the lane going back to the ready list.
   enum class next_policy { no, yes, if_nobody_waits } want_next = next_policy::no;
@@ -64,21 +78,61 @@ struct finish_result {
   std::optional<claimed_job> next;
 };
 
+struct reap_options {
+  std::size_t max = 100;               ///< leases, workers and dead letters handled per call at most
+  std::size_t dead_max_count = 10000;  ///< dead letters kept (oldest removed first); 0: no limit
+  std::chrono::milliseconds dead_max_age = std::chrono::hours(24 * 30);  ///< 0: no limit
+};
+
 struct reap_result {
-  std::int64_t leases = 0;   ///< expired leases whose jobs went back to the head of their groups
-  std::int64_t workers = 0;  ///< workers whose heartbeat had expired
-  std::int64_t lanes = 0;    ///< lanes those workers had taken and not started, made ready again
+  std::int64_t leases = 0;        ///< expired leases whose jobs went back to the head of their groups
+  std::int64_t workers = 0;       ///< workers whose heartbeat had expired
+  std::int64_t lanes = 0;         ///< lanes those workers had taken and not started, made ready again
+  std::int64_t dead_removed = 0;  ///< dead letters past the retention limits
+};
+
+struct promote_result {
+  std::int64_t moved = 0;  ///< due entries moved out of the delayed set
+  /// How long until the next entry is due; nullopt when the delayed set is empty.
+  std::optional<std::chrono::milliseconds> next_due;
 };
 
 struct queue_counts {
   std::int64_t ready_lanes = 0;
   std::int64_t running = 0;
+  std::int64_t delayed = 0;  ///< delayed jobs and groups waiting for a retry
+  std::int64_t paused = 0;   ///< paused or halted groups
   std::int64_t dead = 0;
   std::int64_t enqueued = 0;
   std::int64_t started = 0;
   std::int64_t completed = 0;
-  std::int64_t failed = 0;
+  std::int64_t failed = 0;     ///< dead-lettered
+  std::int64_t retried = 0;    ///< runs that failed and will run again
+  std::int64_t deferred = 0;   ///< runs that asked to run again later
+  std::int64_t halted = 0;     ///< groups halted by a failure
   std::int64_t recovered = 0;  ///< jobs whose lease expired and that were made ready again
+};
+
+/// A dead-lettered job.
+struct dead_letter {
+  std::string id;  ///< taken from the record; "" when the record has no id
+  std::string group;
+  std::string record;  ///< as it was when it failed: "<attempts before>|<id>|<body>"
+  std::string error;
+  std::int64_t at_ms = 0;  ///< when, in milliseconds since the epoch
+};
+
+/// A paused or halted group.
+struct paused_group {
+  std::string group;
+  bool halted = false;  ///< by a failure under the `halt` policy (else paused by an operator)
+  std::string error;    ///< the failure that halted it
+  std::int64_t at_ms = 0;
+};
+
+enum class resume_mode {
+  retry,  ///< the head job runs again (a halted group's with its attempts reset)
+  skip,   ///< the head job goes to the dead letters first (only while nothing of the group runs)
 };
 
 class backend {
@@ -106,12 +160,51 @@ class backend {
   /// the head, with no attempt counted.
   virtual boost::asio::awaitable<void> release(std::string queue, std::string worker,
                                                std::vector<std::string> tokens) = 0;
-  /// Recovers what crashed or stalled workers held, up to `max` leases and `max` workers: a
-  /// lease past its deadline sends its job back to the head of its group with its attempt
-  /// counted (its lane to the head of the ready list); the lanes a worker whose heartbeat expired
-  /// had taken but not started are made ready. Atomic and idempotent.
-  virtual boost::asio::awaitable<reap_result> reap(std::string queue, std::size_t max) = 0;
+  /// Recovers what crashed or stalled workers held, up to opts.max leases and workers: a lease
+  /// past its deadline sends its job back to the head of its group with its attempt counted (its
+  /// lane to the head of the ready list); the lanes a worker whose heartbeat expired had taken
+  /// but not started are made ready. Also applies the dead letters' retention limits. Atomic and
+  /// idempotent.
+  virtual boost::asio::awaitable<reap_result> reap(std::string queue, reap_options opts) = 0;
   virtual boost::asio::awaitable<queue_counts> counts(std::string queue) = 0;
+
+  // --- delayed jobs ---
+
+  /// Moves up to `max` due entries of the delayed set to where they belong, oldest first.
+  virtual boost::asio::awaitable<promote_result> promote(std::string queue, std::size_t max) = 0;
+  /// A number that changes whenever an entry due before all others is added to the queue's
+  /// delayed set (by any process, for Redis), and when wake-ups may have been missed (a
+  /// reconnect). Read it before promote(), then pass it to wait_delayed().
+  virtual std::uint64_t delayed_version(const std::string& queue) = 0;
+  /// Waits until `timeout` has passed or delayed_version(queue) != seen (at once if it already
+  /// is). Cancellable; never polls.
+  virtual boost::asio::awaitable<void> wait_delayed(std::string queue, std::uint64_t seen,
+                                                    std::chrono::milliseconds timeout) = 0;
+
+  // --- dead letters ---
+
+  /// Oldest first.
+  virtual boost::asio::awaitable<std::vector<dead_letter>> dead_letters(std::string queue, std::size_t offset,
+                                                                        std::size_t limit) = 0;
+  virtual boost::asio::awaitable<std::optional<dead_letter>> dead_letter_of(std::string queue, std::string id) = 0;
+  /// Puts dead-lettered jobs back with their attempts reset: at the tail of their group (or of the
+  /// ready list), or at_head: next in their group (after the job at its head) or at the head of
+  /// the ready list. Returns the ids requeued; an id that is not dead-lettered, or whose
+  /// producer-given id a pending job has taken meanwhile, stays where it is.
+  virtual boost::asio::awaitable<std::vector<std::string>> requeue(std::string queue, std::vector<std::string> ids,
+                                                                   bool at_head) = 0;
+  /// Removes dead letters (every one when ids is empty); returns how many.
+  virtual boost::asio::awaitable<std::int64_t> purge(std::string queue, std::vector<std::string> ids) = 0;
+
+  // --- groups ---
+
+  /// Pauses a group: the job running now finishes, nothing more of it starts until resume().
+  /// Returns false when it already was paused or halted.
+  virtual boost::asio::awaitable<bool> pause(std::string queue, std::string group) = 0;
+  /// Returns false when the group was not paused. Throws when `skip` is asked while the group's
+  /// head job runs or waits in the ready list.
+  virtual boost::asio::awaitable<bool> resume(std::string queue, std::string group, resume_mode mode) = 0;
+  virtual boost::asio::awaitable<std::vector<paused_group>> paused_groups(std::string queue) = 0;
 };
 
 }  // namespace jobrt

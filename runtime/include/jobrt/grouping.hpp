@@ -2,11 +2,13 @@
 // type and payload fields. A team that does not enable grouping keeps the ungrouped fast path.
 //
 // JSON form:
-//   {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}"}]}
+//   {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "hold"}]}
 // A rule matches a job when every "match" entry equals the job's field ("type" is the job's
 // type; other names are top-level payload fields; "*" means the field is present) and every
 // field the key names is present. The first matching rule gives the group; none: ungrouped.
 #pragma once
+
+#include <jobrt/job.hpp>
 
 #include <boost/json/value.hpp>
 
@@ -21,6 +23,13 @@ namespace jobrt {
 struct grouping_rule {
   std::map<std::string, std::string> match;  ///< field → value, or "*" for any value
   std::string key;                           ///< template with {field} placeholders
+  std::optional<failure_policy> on_failure;  ///< for the jobs this rule groups
+};
+
+/// What the rules decide for a job.
+struct group_choice {
+  std::string group;
+  std::optional<failure_policy> on_failure;
 };
 
 class grouping_rules {
@@ -34,6 +43,8 @@ class grouping_rules {
   /// The group of a job, or nullopt when no rule matches. Throws std::invalid_argument when the
   /// matching rule makes an empty key (the job would silently lose its grouping).
   std::optional<std::string> group_for(std::string_view type, const boost::json::value& payload) const;
+  /// As group_for, with the matching rule's failure policy.
+  std::optional<group_choice> choose(std::string_view type, const boost::json::value& payload) const;
   bool empty() const noexcept { return rules_.empty(); }
 
  private:

@@ -7,8 +7,34 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace jobrt {
+
+/// What a failed job's group does (a grouped job's failure; ungrouped jobs retry or go to the
+/// dead letters).
+enum class failure_policy {
+  hold,  ///< the group waits for the failed job's backoff and runs it again before anything
+         ///< enqueued after it; out of attempts, it is dead-lettered and the group goes on
+  skip,  ///< the failed job goes to the dead letters at once and the group goes on
+  halt,  ///< as hold, but out of attempts the group stops (the job stays at its head) until an
+         ///< operator resumes it
+};
+
+/// Parses "hold", "skip" or "halt"; throws std::invalid_argument naming the bad value.
+failure_policy parse_failure_policy(std::string_view text);
+std::string_view to_string(failure_policy p) noexcept;
+
+/// Exponential backoff with jitter and a cap, between a failed run and the next.
+struct backoff {
+  std::chrono::milliseconds initial{1000};  ///< before the second run
+  double factor = 2.0;                      ///< growth per further attempt
+  std::chrono::milliseconds max{std::chrono::minutes(10)};
+  double jitter = 0.2;  ///< each delay is moved by up to ±jitter of itself, at random
+
+  /// The delay after run number `attempt` (1 for the first) failed; `random` in [0, 1).
+  std::chrono::milliseconds delay_after(int attempt, double random) const noexcept;
+};
 
 /// What a producer enqueues.
 struct job_spec {
@@ -25,6 +51,14 @@ struct job_spec {
   int max_attempts = 3;
   /// The handler's time limit; 0: none.
   std::chrono::milliseconds timeout{0};
+  /// Run no earlier than this long from now (0: at once)...
+  std::chrono::milliseconds delay{0};
+  /// ...or than this time (by the backend's clock). A grouped job joins its group when it is due.
+  std::optional<std::chrono::system_clock::time_point> run_at;
+  /// Overrides the worker's backoff for this job's job type.
+  std::optional<jobrt::backoff> retry_backoff;
+  /// Overrides the grouping rule's and the worker's failure policy.
+  std::optional<failure_policy> on_failure;
 };
 
 /// A claimed job, as its handler sees it.
@@ -38,6 +72,8 @@ struct job {
   std::chrono::milliseconds timeout{0};
   std::int64_t enqueued_at_ms = 0;  ///< milliseconds since the epoch
   bool unique_id = false;           ///< the producer gave the id
+  std::optional<jobrt::backoff> retry_backoff;
+  std::optional<failure_policy> on_failure;
 };
 
 }  // namespace jobrt

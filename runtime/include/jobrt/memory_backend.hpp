@@ -18,13 +18,9 @@
 
 namespace jobrt {
 
-/// A dead-lettered job, as finish recorded it (the Redis backend's dead + dead:info).
-struct dead_letter {
-  std::string id;  ///< taken from the record; "" when the record has no id
-  std::string record;
-  std::string error;
-  std::int64_t at_ms = 0;  ///< system_clock milliseconds since the epoch
-};
+namespace detail {
+class wakeups;
+}
 
 /// Keeps any number of named queues in memory. Every operation runs in one critical section, so
 /// the object may be used from any number of threads and coroutines at once; none of them
@@ -73,13 +69,26 @@ class memory_backend final : public backend {
   /// Puts the held leases' lanes back at the head of ready, in the tokens' order, and takes back
   /// the `started` count of each (release.lua). Tokens not held are ignored.
   boost::asio::awaitable<void> release(std::string queue, std::string worker, std::vector<std::string> tokens) override;
+  /// Recovers expired leases and dead workers' lanes, and trims the dead letters (reap.lua).
+  boost::asio::awaitable<reap_result> reap(std::string queue, reap_options opts) override;
   /// Ready lanes, leases in `active`, dead letters and the counters; all zero for an unknown queue.
-  boost::asio::awaitable<reap_result> reap(std::string queue, std::size_t max) override;
   boost::asio::awaitable<queue_counts> counts(std::string queue) override;
 
-  /// The queue's dead letters, oldest first (ties by id, as the Redis zset orders them).
-  /// Memory backend only; thread-safe.
-  std::vector<dead_letter> dead_letters(const std::string& queue) const;
+  boost::asio::awaitable<promote_result> promote(std::string queue, std::size_t max) override;
+  std::uint64_t delayed_version(const std::string& queue) override;
+  boost::asio::awaitable<void> wait_delayed(std::string queue, std::uint64_t seen,
+                                            std::chrono::milliseconds timeout) override;
+
+  boost::asio::awaitable<std::vector<dead_letter>> dead_letters(std::string queue, std::size_t offset,
+                                                                std::size_t limit) override;
+  boost::asio::awaitable<std::optional<dead_letter>> dead_letter_of(std::string queue, std::string id) override;
+  boost::asio::awaitable<std::vector<std::string>> requeue(std::string queue, std::vector<std::string> ids,
+                                                           bool at_head) override;
+  boost::asio::awaitable<std::int64_t> purge(std::string queue, std::vector<std::string> ids) override;
+
+  boost::asio::awaitable<bool> pause(std::string queue, std::string group) override;
+  boost::asio::awaitable<bool> resume(std::string queue, std::string group, resume_mode mode) override;
+  boost::asio::awaitable<std::vector<paused_group>> paused_groups(std::string queue) override;
 
  private:
   struct queue_state;
@@ -90,8 +99,11 @@ class memory_backend final : public backend {
   std::vector<claimed_job> claim_locked(queue_state& q, const claim_options& opts);
   void wake_locked(queue_state& q, std::size_t lanes);
   bool leave_locked(waiter& w);
+  void delay_locked(const std::string& queue, queue_state& q,
+                    std::vector<std::pair<std::int64_t, std::string>> entries);
 
   boost::asio::any_io_executor executor_;
+  std::shared_ptr<detail::wakeups> delayed_wakeups_;
   mutable std::mutex mutex_;
   // Queues are never erased: claim_wait keeps a queue's address across its wait.
   std::unordered_map<std::string, std::unique_ptr<queue_state>> queues_;

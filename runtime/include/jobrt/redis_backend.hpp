@@ -13,6 +13,10 @@
 
 namespace jobrt {
 
+namespace detail {
+class wakeups;
+}
+
 class redis_backend final : public backend {
  public:
   /// Starts a shared connection to cfg; blocking connections (one per worker that waits for
@@ -37,8 +41,26 @@ class redis_backend final : public backend {
                                                    std::vector<std::string> tokens,
                                                    std::chrono::milliseconds lease_ttl) override;
   boost::asio::awaitable<void> release(std::string queue, std::string worker, std::vector<std::string> tokens) override;
-  boost::asio::awaitable<reap_result> reap(std::string queue, std::size_t max) override;
+  boost::asio::awaitable<reap_result> reap(std::string queue, reap_options opts) override;
   boost::asio::awaitable<queue_counts> counts(std::string queue) override;
+
+  boost::asio::awaitable<promote_result> promote(std::string queue, std::size_t max) override;
+  /// Subscribes (once per queue, on a subscriber connection this backend shares among queues)
+  /// to the wake-ups that enqueue and finish publish when a delayed entry is due first.
+  std::uint64_t delayed_version(const std::string& queue) override;
+  boost::asio::awaitable<void> wait_delayed(std::string queue, std::uint64_t seen,
+                                            std::chrono::milliseconds timeout) override;
+
+  boost::asio::awaitable<std::vector<dead_letter>> dead_letters(std::string queue, std::size_t offset,
+                                                                std::size_t limit) override;
+  boost::asio::awaitable<std::optional<dead_letter>> dead_letter_of(std::string queue, std::string id) override;
+  boost::asio::awaitable<std::vector<std::string>> requeue(std::string queue, std::vector<std::string> ids,
+                                                           bool at_head) override;
+  boost::asio::awaitable<std::int64_t> purge(std::string queue, std::vector<std::string> ids) override;
+
+  boost::asio::awaitable<bool> pause(std::string queue, std::string group) override;
+  boost::asio::awaitable<bool> resume(std::string queue, std::string group, resume_mode mode) override;
+  boost::asio::awaitable<std::vector<paused_group>> paused_groups(std::string queue) override;
 
  private:
   redis::blocking_connection& blocking_for(const std::string& worker);
@@ -50,7 +72,12 @@ class redis_backend final : public backend {
   boost::asio::any_io_executor ex_;
   redis::config cfg_;
   redis::connection conn_;
-  redis::script enqueue_, claim_, finish_, extend_, release_, reap_;
+  redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, requeue_, purge_;
+  // Wake-ups for delayed jobs: one subscriber for every queue, started on first use. Shared
+  // with the coroutine that receives its messages, which may outlive the backend briefly.
+  std::shared_ptr<detail::wakeups> wakeups_;
+  std::shared_ptr<redis::subscriber> subscriber_;
+  std::set<std::string> subscribed_;
   std::mutex blocking_mutex_;
   std::map<std::string, std::unique_ptr<redis::blocking_connection>> blocking_;
   std::set<std::string> idle_;  // workers whose last claim_wait found nothing

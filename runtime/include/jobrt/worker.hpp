@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -36,6 +37,10 @@ class job_context {
   bool cancelled() const noexcept { return cancelled_.load(std::memory_order_relaxed); }
   /// Writes a line to stderr, prefixed with the job's id and group.
   void log(std::string_view message) const;
+  /// Asks to run the job again after `delay` instead of completing it, with no attempt counted
+  /// (say, a resource it needs is busy). Takes effect when the handler returns normally; a
+  /// grouped job keeps its place at its group's head, so the group waits for it.
+  void retry_after(std::chrono::milliseconds delay) noexcept { retry_after_ = delay; }
 
  private:
   friend class worker;
@@ -43,6 +48,7 @@ class job_context {
   std::int64_t fence_;
   std::string worker_;
   std::atomic<bool> cancelled_{false};
+  std::optional<std::chrono::milliseconds> retry_after_;
 };
 
 /// A handler: a coroutine. Returning completes the job; throwing fails it with what() as error.
@@ -66,12 +72,26 @@ struct worker_options {
   /// How many jobs of one group in a row this worker may run before the group's lane goes back
   /// to the tail of the ready list (1: strict round robin).
   std::size_t burst = 4;
+  /// Between a failed run and the next, for job types without a backoff of their own.
+  backoff retry_backoff;
+  /// What a grouped job's failure does to its group, unless its grouping rule or the job says.
+  failure_policy on_failure = failure_policy::hold;
+  /// Dead letters kept, applied by every worker's reaper: at most this many (0: no limit), none
+  /// older than this (0: no limit).
+  std::size_t dead_max_count = 10000;
+  std::chrono::milliseconds dead_max_age = std::chrono::hours(24 * 30);
+  /// Longest wait of the delayed-job promoter when nothing wakes it (a backstop; it is woken
+  /// when a job due earlier arrives, and runs at each due time).
+  std::chrono::milliseconds promote_backstop{60000};
 };
 
 struct worker_counters {
   std::uint64_t started = 0;
   std::uint64_t completed = 0;
-  std::uint64_t failed = 0;
+  std::uint64_t failed = 0;       ///< dead-lettered (or halted their group)
+  std::uint64_t retried = 0;      ///< failed and will run again
+  std::uint64_t deferred = 0;     ///< asked to run again later
+  std::uint64_t promoted = 0;     ///< delayed entries this worker's promoter moved
   std::uint64_t leases_lost = 0;  ///< handlers cancelled because their lease was gone
   std::uint64_t renewals = 0;     ///< watchdog calls
   std::uint64_t released = 0;     ///< handed back at stop
@@ -88,6 +108,8 @@ class worker {
 
   /// Registers the handler of a job type. Call before start().
   void add_handler(std::string type, handler h);
+  /// The same, with a backoff of the type's own.
+  void add_handler(std::string type, handler h, backoff retry_backoff);
   /// Starts claiming and running jobs.
   void start();
   /// Stops claiming, lets running handlers finish for up to `grace`, cancels the rest and hands

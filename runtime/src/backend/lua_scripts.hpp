@@ -8,4 +8,9 @@ extern const char* const finish;
 extern const char* const extend;
 extern const char* const release;
 extern const char* const reap;
+extern const char* const promote;
+extern const char* const pause;
+extern const char* const resume;
+extern const char* const requeue;
+extern const char* const purge;
 }  // namespace jobrt::lua

@@ -3,7 +3,10 @@
 // command a step stands for where the correspondence is not obvious.
 #include <jobrt/memory_backend.hpp>
 
+#include "backend/wakeups.hpp"
+
 #include <fmt/format.h>
+#include <boost/json/parse.hpp>
 
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/cancellation_type.hpp>
@@ -18,7 +21,9 @@
 #include <deque>
 #include <iterator>
 #include <list>
+#include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string_view>
 #include <tuple>
@@ -59,6 +64,35 @@ std::string record_id(std::string_view record) {
   return std::string(record.substr(i + 1, end - i - 1));
 }
 
+// One more attempt in the record's header (reap.lua's `counted`); a malformed record is left as
+// it is (the worker dead-letters it when it runs).
+std::string counted(const std::string& record) {
+  std::size_t digits = 0;
+  while (digits < record.size() && record[digits] >= '0' && record[digits] <= '9') ++digits;
+  if (digits == 0 || digits == record.size() || record[digits] != '|') return record;
+  return std::to_string(std::stoll(record.substr(0, digits)) + 1) + record.substr(digits);
+}
+
+// The record with its attempts reset to 0 (resume.lua, requeue.lua).
+std::string reset(const std::string& record) {
+  std::size_t digits = 0;
+  while (digits < record.size() && record[digits] >= '0' && record[digits] <= '9') ++digits;
+  if (digits == 0 || digits == record.size() || record[digits] != '|') return record;
+  return "0" + record.substr(digits);
+}
+
+// The "u" flag of a record's body: its id was given by the producer.
+bool unique_of(std::string_view record) {
+  auto first = record.find('|');
+  auto second = first == std::string_view::npos ? first : record.find('|', first + 1);
+  if (second == std::string_view::npos) return false;
+  boost::system::error_code ec;
+  auto body = boost::json::parse(record.substr(second + 1), ec);
+  if (ec || !body.is_object()) return false;
+  auto* u = body.as_object().if_contains("u");
+  return u && !(u->is_bool() && !u->as_bool());  // Lua's truth: all but nil and false
+}
+
 // Starts the timer's wait while holding `m`. Wakers touch a waiter's timer (expires_at) only
 // under that mutex too: Asio timers are not thread-safe, and a strand would not do, since the
 // waiting coroutine may run on a plain multi-threaded io_context.
@@ -87,6 +121,11 @@ struct memory_backend::queue_state {
   std::unordered_map<std::string, std::int64_t> workers;  // heartbeat deadlines (ms)
   std::unordered_set<std::string> ids;                    // producer-given ids pending or running
   std::unordered_map<std::string, dead_letter> dead;
+  // delayed: (due ms, member) in the zset's order; members as in Redis: 'j:<record>', 'g:<group>',
+  // 'd:<length of group>:<group><record>'.
+  std::set<std::pair<std::int64_t, std::string>> delayed;
+  std::map<std::string, paused_group> paused;
+  std::unordered_set<std::string> parked;  // paused groups whose lane is nowhere else
   std::int64_t seq = 0;
   std::int64_t recovered = 0;
   std::int64_t fence = 0;
@@ -94,6 +133,9 @@ struct memory_backend::queue_state {
   std::int64_t started = 0;
   std::int64_t completed = 0;
   std::int64_t failed = 0;
+  std::int64_t retried = 0;
+  std::int64_t deferred = 0;
+  std::int64_t halted = 0;
   std::list<waiter*> waiters;  // claim_waits asleep, first come first woken
 };
 
@@ -118,7 +160,8 @@ struct memory_backend::wait_guard {
   }
 };
 
-memory_backend::memory_backend(asio::any_io_executor ex) : executor_(std::move(ex)) {}
+memory_backend::memory_backend(asio::any_io_executor ex)
+    : executor_(std::move(ex)), delayed_wakeups_(std::make_shared<detail::wakeups>()) {}
 
 memory_backend::~memory_backend() = default;
 
@@ -146,6 +189,18 @@ bool memory_backend::leave_locked(waiter& w) {
   return std::exchange(w.woken, false);
 }
 
+// ZADD delayed, and PUBLISH when the earliest entry is new.
+void memory_backend::delay_locked(const std::string& queue, queue_state& q,
+                                  std::vector<std::pair<std::int64_t, std::string>> entries) {
+  if (entries.empty()) return;
+  bool earlier = q.delayed.empty();
+  for (auto& e : entries) {
+    if (!q.delayed.empty() && e.first < q.delayed.begin()->first) earlier = true;
+  }
+  for (auto& e : entries) q.delayed.insert(std::move(e));
+  if (earlier) delayed_wakeups_->bump(queue);
+}
+
 asio::awaitable<std::vector<enqueue_result>> memory_backend::enqueue(std::string queue, std::vector<encoded_job> jobs) {
   std::vector<enqueue_result> out;
   out.reserve(jobs.size());
@@ -169,7 +224,9 @@ asio::awaitable<std::vector<enqueue_result>> memory_backend::enqueue(std::string
   };
   std::vector<batch_group> groups;
   std::unordered_map<std::string_view, std::size_t> group_index;
+  std::vector<std::pair<std::int64_t, std::string>> later;
   std::int64_t stored = 0;
+  std::int64_t now = now_ms();
   for (auto& job : jobs) {
     std::string id = job.id;
     bool duplicate = false;
@@ -182,6 +239,12 @@ asio::awaitable<std::vector<enqueue_result>> memory_backend::enqueue(std::string
     if (duplicate) continue;
     ++stored;
     std::string record = "0|" + id + '|' + job.body;
+    std::int64_t due = job.run_at_ms > 0 ? job.run_at_ms : job.delay_ms > 0 ? now + job.delay_ms : 0;
+    if (due > now) {
+      later.emplace_back(due, job.group.empty() ? "j:" + std::move(record)
+                                                : fmt::format("d:{}:{}{}", job.group.size(), job.group, record));
+      continue;
+    }
     if (job.group.empty()) {
       lanes.emplace_back("j:" + std::move(record));
       continue;
@@ -209,6 +272,7 @@ asio::awaitable<std::vector<enqueue_result>> memory_backend::enqueue(std::string
   }
   q.enqueued += stored;
   wake_locked(q, made_ready);
+  delay_locked(queue, q, std::move(later));
   co_return out;
 }
 
@@ -241,6 +305,10 @@ std::vector<claimed_job> memory_backend::claim_locked(queue_state& q, const clai
     if (is_group_lane(lane)) {
       auto group = q.groups.find(lane.substr(2));
       if (group == q.groups.end()) continue;  // a stale lane of an emptied group is dropped
+      if (q.paused.contains(group->first)) {
+        q.parked.insert(group->first);
+        continue;
+      }
       job.group = group->first;
       job.record = group->second.front();
     } else {
@@ -322,49 +390,89 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
 
   std::int64_t now = now_ms();
   std::vector<std::string> back;
+  std::vector<std::pair<std::int64_t, std::string>> later;
   std::vector<std::pair<std::string, std::int64_t>> leases;
-  std::int64_t completed = 0;
-  std::int64_t failed = 0;
+  std::int64_t completed = 0, failed = 0, retried = 0, deferred = 0, halted = 0;
+  auto dead_letter_of = [&](const std::optional<std::string>& record, std::string group, std::string error) {
+    std::string id = record_id(record.value_or(""));
+    q.dead[id] = dead_letter{id, std::move(group), record.value_or(""), std::move(error), now};
+    ++failed;
+  };
+  // A lane that goes back: to the tail of ready, later, or parked when its group is paused.
+  auto send_back = [&](std::string lane, std::chrono::milliseconds delay) {
+    if (is_group_lane(lane) && q.paused.contains(lane.substr(2)))
+      q.parked.insert(lane.substr(2));
+    else if (delay.count() > 0)
+      later.emplace_back(now + delay.count(), std::move(lane));
+    else
+      back.push_back(std::move(lane));
+  };
   for (std::size_t i = 0; i < items.size(); ++i) {
     if (!held[i]) continue;
     const finish_item& item = items[i];
-    bool ack = item.kind == finish_kind::ack;
     out[i].lease_held = true;
-    if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
     std::string lane = lane_of(item.token);
-    std::optional<std::string> record;  // nullopt: LPOP of an empty group list (nil)
-    if (is_group_lane(lane)) {
+    bool grouped = is_group_lane(lane);
+    finish_kind kind = item.kind == finish_kind::halt && !grouped ? finish_kind::fail : item.kind;
+    if (kind == finish_kind::ack || kind == finish_kind::fail) {
+      bool ack = kind == finish_kind::ack;
+      if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
+      std::optional<std::string> record;  // nullopt: LPOP of an empty group list (nil)
+      if (grouped) {
+        auto group = q.groups.find(lane.substr(2));
+        if (group != q.groups.end()) {
+          auto& list = group->second;
+          record = std::move(list.front());
+          list.pop_front();
+          if (list.empty()) {
+            q.groups.erase(group);
+          } else if (ack && !q.paused.contains(group->first) &&
+                     (item.want_next == finish_item::next_policy::yes ||
+                      (item.want_next == finish_item::next_policy::if_nobody_waits && q.ready.empty() &&
+                       back.empty()))) {
+            std::int64_t fence = ++q.fence;
+            claimed_job next;
+            next.token = make_token(fence, lane);
+            next.fence = fence;
+            next.group = group->first;
+            next.record = list.front();
+            leases.emplace_back(next.token, now + lease_ttl.count());
+            out[i].next = std::move(next);
+          } else {
+            send_back(lane, std::chrono::milliseconds(0));  // round robin: behind every other lane
+          }
+        }
+      } else {
+        record = lane.substr(2);
+      }
+      if (ack)
+        ++completed;
+      else
+        dead_letter_of(record, grouped ? lane.substr(2) : std::string(), item.error);
+    } else if (grouped) {  // retry, defer or halt: the job stays at its group's head
       auto group = q.groups.find(lane.substr(2));
       if (group != q.groups.end()) {
-        auto& list = group->second;
-        record = std::move(list.front());
-        list.pop_front();
-        if (list.empty()) {
-          q.groups.erase(group);
-        } else if (ack &&
-                   (item.want_next == finish_item::next_policy::yes ||
-                    (item.want_next == finish_item::next_policy::if_nobody_waits && q.ready.empty() && back.empty()))) {
-          std::int64_t fence = ++q.fence;
-          claimed_job next;
-          next.token = make_token(fence, lane);
-          next.fence = fence;
-          next.group = group->first;
-          next.record = list.front();
-          leases.emplace_back(next.token, now + lease_ttl.count());
-          out[i].next = std::move(next);
+        auto& head = group->second.front();
+        if (kind != finish_kind::defer) head = counted(head);
+        if (kind == finish_kind::halt) {
+          q.paused[group->first] = paused_group{group->first, true, item.error, now};
+          q.parked.insert(group->first);
+          ++halted;
         } else {
-          back.push_back(lane);  // round robin: the group waits behind every other lane
+          send_back(lane, item.delay);
         }
       }
-    } else {
-      record = lane.substr(2);
-    }
-    if (ack) {
-      ++completed;
-    } else {
-      ++failed;
-      std::string id = record_id(record.value_or(""));
-      q.dead[id] = dead_letter{id, record.value_or(""), item.error, now};
+      if (kind == finish_kind::retry) ++retried;
+      if (kind == finish_kind::defer) ++deferred;
+    } else {  // retry or defer, ungrouped: the lane carries the record
+      std::string record = lane.substr(2);
+      if (kind == finish_kind::retry) {
+        record = counted(record);
+        ++retried;
+      } else {
+        ++deferred;
+      }
+      send_back("j:" + record, item.delay);
     }
   }
   for (auto& lane : back) q.ready.push_back(std::move(lane));
@@ -373,7 +481,11 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
   q.started += static_cast<std::int64_t>(leases.size());
   q.completed += completed;
   q.failed += failed;
+  q.retried += retried;
+  q.deferred += deferred;
+  q.halted += halted;
   wake_locked(q, back.size());
+  delay_locked(queue, q, std::move(later));
   co_return out;
 }
 
@@ -414,20 +526,8 @@ asio::awaitable<void> memory_backend::release(std::string queue, std::string wor
   co_return;
 }
 
-namespace {
-
-// reap.lua's `counted`: one more attempt in the record's header; a malformed record is left as it
-// is (the worker dead-letters it when it runs).
-std::string counted(const std::string& record) {
-  std::size_t digits = 0;
-  while (digits < record.size() && record[digits] >= '0' && record[digits] <= '9') ++digits;
-  if (digits == 0 || digits == record.size() || record[digits] != '|') return record;
-  return std::to_string(std::stoll(record.substr(0, digits)) + 1) + record.substr(digits);
-}
-
-}  // namespace
-
-asio::awaitable<reap_result> memory_backend::reap(std::string queue, std::size_t max) {
+asio::awaitable<reap_result> memory_backend::reap(std::string queue, reap_options opts) {
+  const std::size_t max = opts.max;
   reap_result result;
   std::lock_guard lock(mutex_);
   queue_state& q = queue_locked(queue);
@@ -450,7 +550,10 @@ asio::awaitable<reap_result> memory_backend::reap(std::string queue, std::size_t
       auto group = q.groups.find(lane.substr(2));
       if (group == q.groups.end() || group->second.empty()) continue;
       group->second.front() = counted(group->second.front());
-      lanes.push_back(std::move(lane));
+      if (q.paused.contains(group->first))
+        q.parked.insert(group->first);
+      else
+        lanes.push_back(std::move(lane));
     } else {
       lanes.push_back("j:" + counted(lane.substr(2)));
     }
@@ -467,6 +570,18 @@ asio::awaitable<reap_result> memory_backend::reap(std::string queue, std::size_t
   q.ready.insert(q.ready.begin(), std::make_move_iterator(lanes.begin()), std::make_move_iterator(lanes.end()));
   q.recovered += result.leases;
   wake_locked(q, lanes.size());
+
+  // Dead-letter retention: the oldest go first (by time, then id, as the zset orders them).
+  std::vector<std::pair<std::int64_t, std::string>> dead;
+  for (const auto& [id, letter] : q.dead) dead.emplace_back(letter.at_ms, id);
+  std::sort(dead.begin(), dead.end());
+  std::size_t expired = 0;
+  if (opts.dead_max_age.count() > 0)
+    while (expired < dead.size() && expired < max && dead[expired].first <= now - opts.dead_max_age.count()) ++expired;
+  if (opts.dead_max_count > 0 && expired < max && dead.size() - expired > opts.dead_max_count)
+    expired += std::min(dead.size() - expired - opts.dead_max_count, max - expired);
+  for (std::size_t i = 0; i < expired; ++i) q.dead.erase(dead[i].second);
+  result.dead_removed = static_cast<std::int64_t>(expired);
   co_return result;
 }
 
@@ -478,27 +593,202 @@ asio::awaitable<queue_counts> memory_backend::counts(std::string queue) {
   const queue_state& q = *found->second;
   c.ready_lanes = static_cast<std::int64_t>(q.ready.size());
   c.running = static_cast<std::int64_t>(q.active.size());
+  c.delayed = static_cast<std::int64_t>(q.delayed.size());
+  c.paused = static_cast<std::int64_t>(q.paused.size());
   c.dead = static_cast<std::int64_t>(q.dead.size());
   c.enqueued = q.enqueued;
   c.started = q.started;
   c.completed = q.completed;
   c.failed = q.failed;
+  c.retried = q.retried;
+  c.deferred = q.deferred;
+  c.halted = q.halted;
   c.recovered = q.recovered;
   co_return c;
 }
 
-std::vector<dead_letter> memory_backend::dead_letters(const std::string& queue) const {
+asio::awaitable<promote_result> memory_backend::promote(std::string queue, std::size_t max) {
+  promote_result result;
+  std::lock_guard lock(mutex_);
+  queue_state& q = queue_locked(queue);
+  std::int64_t now = now_ms();
+  std::vector<std::string> lanes;
+  auto lane_of_group = [&](const std::string& group) {
+    if (q.paused.contains(group))
+      q.parked.insert(group);
+    else
+      lanes.push_back("g:" + group);
+  };
+  while (!q.delayed.empty() && q.delayed.begin()->first <= now && static_cast<std::size_t>(result.moved) < max) {
+    std::string member = std::move(q.delayed.extract(q.delayed.begin()).value().second);
+    ++result.moved;
+    if (member.starts_with("d:")) {  // 'd:<n>:<group><record>'
+      auto colon = member.find(':', 2);
+      auto n = std::stoul(member.substr(2, colon - 2));
+      std::string group = member.substr(colon + 1, n);
+      auto& list = q.groups[group];
+      list.push_back(member.substr(colon + 1 + n));
+      if (list.size() == 1) lane_of_group(group);
+    } else if (is_group_lane(member)) {
+      if (q.groups.contains(member.substr(2))) lane_of_group(member.substr(2));
+    } else {
+      lanes.push_back(std::move(member));
+    }
+  }
+  for (auto& lane : lanes) q.ready.push_back(std::move(lane));
+  wake_locked(q, lanes.size());
+  if (!q.delayed.empty())
+    result.next_due = std::chrono::milliseconds(std::max<std::int64_t>(0, q.delayed.begin()->first - now));
+  co_return result;
+}
+
+std::uint64_t memory_backend::delayed_version(const std::string& queue) { return delayed_wakeups_->version(queue); }
+
+asio::awaitable<void> memory_backend::wait_delayed(std::string queue, std::uint64_t seen,
+                                                   std::chrono::milliseconds timeout) {
+  co_await delayed_wakeups_->wait(std::move(queue), seen, timeout);
+}
+
+asio::awaitable<std::vector<dead_letter>> memory_backend::dead_letters(std::string queue, std::size_t offset,
+                                                                       std::size_t limit) {
   std::vector<dead_letter> out;
   {
     std::lock_guard lock(mutex_);
     auto found = queues_.find(queue);
-    if (found == queues_.end()) return out;
+    if (found == queues_.end()) co_return out;
     for (auto& [id, letter] : found->second->dead) out.push_back(letter);
   }
   std::sort(out.begin(), out.end(), [](const dead_letter& a, const dead_letter& b) {
     return std::tie(a.at_ms, a.id) < std::tie(b.at_ms, b.id);
   });
-  return out;
+  out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(std::min(offset, out.size())));
+  if (out.size() > limit) out.resize(limit);
+  co_return out;
+}
+
+asio::awaitable<std::optional<dead_letter>> memory_backend::dead_letter_of(std::string queue, std::string id) {
+  std::lock_guard lock(mutex_);
+  auto found = queues_.find(queue);
+  if (found == queues_.end()) co_return std::nullopt;
+  auto letter = found->second->dead.find(id);
+  if (letter == found->second->dead.end()) co_return std::nullopt;
+  co_return letter->second;
+}
+
+asio::awaitable<std::vector<std::string>> memory_backend::requeue(std::string queue, std::vector<std::string> ids,
+                                                                  bool at_head) {
+  std::vector<std::string> out;
+  std::lock_guard lock(mutex_);
+  queue_state& q = queue_locked(queue);
+  std::size_t made_ready = 0;
+  for (auto& id : ids) {
+    auto found = q.dead.find(id);
+    if (found == q.dead.end()) continue;
+    std::string record = reset(found->second.record);
+    if (unique_of(record) && !q.ids.insert(id).second) continue;  // a pending job has its id
+    const std::string& group = found->second.group;
+    if (group.empty()) {
+      if (at_head)
+        q.ready.push_front("j:" + record);
+      else
+        q.ready.push_back("j:" + record);
+      ++made_ready;
+    } else {
+      auto& list = q.groups[group];
+      if (!list.empty() && at_head) {
+        list.insert(list.begin() + 1, std::move(record));  // LINSERT AFTER the head
+      } else {
+        list.push_back(std::move(record));
+        if (list.size() == 1) {
+          if (q.paused.contains(group)) {
+            q.parked.insert(group);
+          } else {
+            q.ready.push_back("g:" + group);
+            ++made_ready;
+          }
+        }
+      }
+    }
+    q.dead.erase(found);
+    out.push_back(id);
+  }
+  wake_locked(q, made_ready);
+  co_return out;
+}
+
+asio::awaitable<std::int64_t> memory_backend::purge(std::string queue, std::vector<std::string> ids) {
+  std::lock_guard lock(mutex_);
+  queue_state& q = queue_locked(queue);
+  std::int64_t n = 0;
+  if (ids.empty()) {
+    n = static_cast<std::int64_t>(q.dead.size());
+    q.dead.clear();
+  } else {
+    for (auto& id : ids) n += static_cast<std::int64_t>(q.dead.erase(id));
+  }
+  co_return n;
+}
+
+asio::awaitable<bool> memory_backend::pause(std::string queue, std::string group) {
+  std::lock_guard lock(mutex_);
+  queue_state& q = queue_locked(queue);
+  if (!q.paused.try_emplace(group, paused_group{group, false, {}, now_ms()}).second) co_return false;
+  std::string lane = "g:" + group;
+  auto in_ready = std::find(q.ready.begin(), q.ready.end(), lane);  // LREM ready 1 lane
+  bool parked = false;
+  if (in_ready != q.ready.end()) {
+    q.ready.erase(in_ready);
+    parked = true;
+  } else {
+    auto in_delayed = std::find_if(q.delayed.begin(), q.delayed.end(), [&](const auto& e) { return e.second == lane; });
+    if (in_delayed != q.delayed.end()) {
+      q.delayed.erase(in_delayed);
+      parked = true;
+    }
+  }
+  if (parked) q.parked.insert(group);
+  co_return true;
+}
+
+asio::awaitable<bool> memory_backend::resume(std::string queue, std::string group, resume_mode mode) {
+  std::lock_guard lock(mutex_);
+  queue_state& q = queue_locked(queue);
+  auto state = q.paused.find(group);
+  if (state == q.paused.end()) co_return false;
+  bool is_parked = q.parked.contains(group);
+  if (mode == resume_mode::skip && !is_parked)
+    throw std::invalid_argument(
+        fmt::format("group '{}' is running or waiting to run; pause it and let it stop first", group));
+  bool halted = state->second.halted;
+  q.paused.erase(state);
+  if (!is_parked) co_return true;
+  q.parked.erase(group);
+  auto list = q.groups.find(group);
+  if (list != q.groups.end() && mode == resume_mode::skip) {
+    std::string head = std::move(list->second.front());
+    list->second.pop_front();
+    std::string id = record_id(head);
+    if (unique_of(head)) q.ids.erase(id);
+    q.dead[id] = dead_letter{id, group, std::move(head), "skipped by an operator", now_ms()};
+    ++q.failed;
+    if (list->second.empty()) q.groups.erase(list);
+  } else if (list != q.groups.end() && halted) {
+    list->second.front() = reset(list->second.front());
+  }
+  if (q.groups.contains(group)) {
+    q.ready.push_back("g:" + group);
+    wake_locked(q, 1);
+  }
+  co_return true;
+}
+
+asio::awaitable<std::vector<paused_group>> memory_backend::paused_groups(std::string queue) {
+  std::vector<paused_group> out;
+  std::lock_guard lock(mutex_);
+  auto found = queues_.find(queue);
+  if (found == queues_.end()) co_return out;
+  for (auto& [name, state] : found->second->paused) out.push_back(state);
+  co_return out;
 }
 
 }  // namespace jobrt

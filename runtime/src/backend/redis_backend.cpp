@@ -1,14 +1,18 @@
 #include <jobrt/redis_backend.hpp>
 
 #include "backend/lua_scripts.hpp"
+#include "backend/wakeups.hpp"
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/json/parse.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <random>
@@ -55,11 +59,19 @@ redis_backend::redis_backend(asio::any_io_executor ex, redis::config cfg)
       finish_(lua::finish),
       extend_(lua::extend),
       release_(lua::release),
-      reap_(lua::reap) {
+      reap_(lua::reap),
+      promote_(lua::promote),
+      pause_(lua::pause),
+      resume_(lua::resume),
+      requeue_(lua::requeue),
+      purge_(lua::purge),
+      wakeups_(std::make_shared<detail::wakeups>()) {
   conn_.start();
 }
 
-redis_backend::~redis_backend() = default;
+redis_backend::~redis_backend() {
+  if (subscriber_) subscriber_->close();
+}
 
 std::string redis_backend::key_prefix(std::string_view queue) { return fmt::format("jobrt:{{{}}}:", queue); }
 
@@ -67,15 +79,23 @@ asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string 
   if (jobs.empty()) co_return std::vector<enqueue_result>{};
   auto p = key_prefix(queue);
   std::vector<std::string_view> args;
-  args.reserve(1 + jobs.size() * 3);
+  args.reserve(1 + jobs.size() * 4);
   std::string n = std::to_string(jobs.size());
   args.push_back(n);
+  std::vector<std::string> dues;  // '' now, '+<ms>' from now, '<ms>' since the epoch
+  dues.reserve(jobs.size());
   for (auto& j : jobs) {
-    args.push_back(j.id);
-    args.push_back(j.group);
-    args.push_back(j.body);
+    dues.push_back(j.run_at_ms > 0  ? std::to_string(j.run_at_ms)
+                   : j.delay_ms > 0 ? fmt::format("+{}", j.delay_ms)
+                                    : std::string());
   }
-  std::array<std::string, 4> keys{p + "ready", p + "seq", p + "ids", p + "stats"};
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    args.push_back(jobs[i].id);
+    args.push_back(jobs[i].group);
+    args.push_back(jobs[i].body);
+    args.push_back(dues[i]);
+  }
+  std::array<std::string, 5> keys{p + "ready", p + "seq", p + "ids", p + "stats", p + "delayed"};
   reply r = co_await enqueue_.run(conn_, keys, args);
   const auto& e = r.as_array();
   std::vector<enqueue_result> out;
@@ -89,7 +109,8 @@ asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string 
 constexpr std::size_t max_batch = 1000;
 
 request redis_backend::claim_request(const std::string& p, const claim_options& opts) const {
-  std::array<std::string, 5> keys{p + "ready", p + "active", p + "fence", p + "stats", p + "claimed:" + opts.worker};
+  std::array<std::string, 7> keys{p + "ready",  p + "active", p + "fence", p + "stats", p + "claimed:" + opts.worker,
+                                  p + "paused", p + "parked"};
   std::array<std::string, 2> args{std::to_string(std::min(opts.max, max_batch)),
                                   std::to_string(opts.lease_ttl.count())};
   return claim_.make_request(keys, args);
@@ -184,20 +205,32 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
     co_return all;
   }
   auto p = key_prefix(queue);
-  std::array<std::string, 8> keys{p + "ready", p + "active", p + "fence",     p + "stats",
-                                  p + "ids",   p + "dead",   p + "dead:info", p + "finished:" + worker};
+  std::array<std::string, 11> keys{p + "ready",   p + "active", p + "fence",     p + "stats",
+                                   p + "ids",     p + "dead",   p + "dead:info", p + "finished:" + worker,
+                                   p + "delayed", p + "paused", p + "parked"};
   std::string ttl = std::to_string(lease_ttl.count()), n = std::to_string(items.size());
   std::string call = fmt::format("{:016x}", next_call_id());
   std::vector<std::string_view> args{ttl, n, call};
-  args.reserve(2 + items.size() * 5);
-  for (auto& it : items) {
+  args.reserve(3 + items.size() * 6);
+  std::vector<std::string> delays;
+  delays.reserve(items.size());
+  for (auto& it : items) delays.push_back(std::to_string(it.delay.count()));
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    auto& it = items[i];
     args.push_back(it.token);
-    args.push_back(it.kind == finish_kind::ack ? "a" : "f");
+    switch (it.kind) {
+      case finish_kind::ack: args.push_back("a"); break;
+      case finish_kind::fail: args.push_back("f"); break;
+      case finish_kind::retry: args.push_back("r"); break;
+      case finish_kind::defer: args.push_back("d"); break;
+      case finish_kind::halt: args.push_back("h"); break;
+    }
     args.push_back(it.unique_id);
     args.push_back(it.error);
     args.push_back(it.want_next == finish_item::next_policy::yes               ? "1"
                    : it.want_next == finish_item::next_policy::if_nobody_waits ? "2"
                                                                                : "0");
+    args.push_back(delays[i]);
   }
   auto req = finish_.make_request(keys, args);
   req.options.resend_safe = true;  // the script answers a resent call from its cache
@@ -245,19 +278,26 @@ asio::awaitable<void> redis_backend::release(std::string queue, std::string work
   co_await release_.run(conn_, keys, tokens);
 }
 
-asio::awaitable<reap_result> redis_backend::reap(std::string queue, std::size_t max) {
+asio::awaitable<reap_result> redis_backend::reap(std::string queue, reap_options opts) {
   auto p = key_prefix(queue);
-  std::array<std::string, 4> keys{p + "ready", p + "active", p + "stats", p + "workers"};
-  std::array<std::string, 1> args{std::to_string(max)};
+  std::array<std::string, 8> keys{p + "ready",  p + "active", p + "stats", p + "workers",
+                                  p + "paused", p + "parked", p + "dead",  p + "dead:info"};
+  std::array<std::string, 3> args{std::to_string(opts.max), std::to_string(opts.dead_max_count),
+                                  std::to_string(opts.dead_max_age.count())};
   reply r = co_await reap_.run(conn_, keys, args);
   const auto& e = r.as_array();
-  co_return reap_result{e.at(0).as_integer(), e.at(1).as_integer(), e.at(2).as_integer()};
+  co_return reap_result{e.at(0).as_integer(), e.at(1).as_integer(), e.at(2).as_integer(), e.at(3).as_integer()};
 }
 
 asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
   auto p = key_prefix(queue);
   request req;
-  req.push("LLEN", p + "ready").push("ZCARD", p + "active").push("ZCARD", p + "dead").push("HGETALL", p + "stats");
+  req.push("LLEN", p + "ready")
+      .push("ZCARD", p + "active")
+      .push("ZCARD", p + "dead")
+      .push("HGETALL", p + "stats")
+      .push("ZCARD", p + "delayed")
+      .push("HLEN", p + "paused");
   req.options.resend_safe = true;
   reply r = co_await redis::exec(conn_, std::move(req));
   const auto& e = r.as_array();
@@ -265,6 +305,8 @@ asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
   c.ready_lanes = e.at(0).as_integer();
   c.running = e.at(1).as_integer();
   c.dead = e.at(2).as_integer();
+  c.delayed = e.at(4).as_integer();
+  c.paused = e.at(5).as_integer();
   const auto& fields = e.at(3).as_array();
   for (std::size_t i = 0; i + 1 < fields.size(); i += 2) {
     const auto& name = fields[i].as_string();
@@ -279,8 +321,186 @@ asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
       c.failed = value;
     else if (name == "recovered")
       c.recovered = value;
+    else if (name == "retried")
+      c.retried = value;
+    else if (name == "deferred")
+      c.deferred = value;
+    else if (name == "halted")
+      c.halted = value;
   }
   co_return c;
+}
+
+asio::awaitable<promote_result> redis_backend::promote(std::string queue, std::size_t max) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 4> keys{p + "ready", p + "delayed", p + "paused", p + "parked"};
+  std::array<std::string, 1> args{std::to_string(std::min(max, max_batch))};
+  reply r = co_await promote_.run(conn_, keys, args);
+  const auto& e = r.as_array();
+  promote_result out;
+  out.moved = e.at(0).as_integer();
+  if (auto wait = e.at(1).as_integer(); wait >= 0) out.next_due = std::chrono::milliseconds(wait);
+  co_return out;
+}
+
+std::uint64_t redis_backend::delayed_version(const std::string& queue) {
+  auto channel = key_prefix(queue) + "delayed";
+  {
+    std::lock_guard lock(blocking_mutex_);
+    if (!subscriber_) {
+      auto cfg = cfg_;
+      cfg.client_name = fmt::format("{}:wakeups", cfg_.client_name);
+      subscriber_ = std::make_shared<redis::subscriber>(ex_, cfg);
+      subscriber_->start();
+      // Each message names a queue's delayed set; a confirmation (after each (re)subscribe) may
+      // follow messages that were missed, so it wakes everyone to look again.
+      asio::co_spawn(
+          ex_,
+          [](std::shared_ptr<redis::subscriber> sub, std::shared_ptr<detail::wakeups> w) -> asio::awaitable<void> {
+            for (;;) {
+              auto [ec, m] = co_await sub->async_receive(asio::as_tuple(asio::use_awaitable));
+              if (ec) co_return;  // closed
+              if (m.confirmation)
+                w->bump_all();
+              else
+                w->bump(m.channel);
+            }
+          }(subscriber_, wakeups_),
+          asio::detached);
+    }
+    if (subscribed_.insert(channel).second) {
+      std::vector<std::string> channels{channel};
+      subscriber_->subscribe(std::move(channels));
+    }
+  }
+  return wakeups_->version(channel);
+}
+
+asio::awaitable<void> redis_backend::wait_delayed(std::string queue, std::uint64_t seen,
+                                                  std::chrono::milliseconds timeout) {
+  co_await wakeups_->wait(key_prefix(queue) + "delayed", seen, timeout);
+}
+
+namespace {
+
+dead_letter parse_dead_letter(std::string id, std::string_view info, std::int64_t at_ms) {
+  dead_letter out;
+  out.id = std::move(id);
+  out.at_ms = at_ms;
+  boost::system::error_code ec;
+  auto v = boost::json::parse(info, ec);
+  if (ec || !v.is_object()) {
+    out.error = fmt::format("(unreadable dead letter: {:.60})", info);
+    return out;
+  }
+  auto& o = v.as_object();
+  auto text = [&](std::string_view name) {
+    auto* f = o.if_contains(name);
+    return f && f->is_string() ? std::string(f->as_string()) : std::string();
+  };
+  out.record = text("record");
+  out.group = text("group");
+  out.error = text("error");
+  return out;
+}
+
+}  // namespace
+
+asio::awaitable<std::vector<dead_letter>> redis_backend::dead_letters(std::string queue, std::size_t offset,
+                                                                      std::size_t limit) {
+  std::vector<dead_letter> out;
+  if (limit == 0) co_return out;
+  auto p = key_prefix(queue);
+  request ids("ZRANGE", p + "dead", std::to_string(offset), std::to_string(offset + limit - 1), "WITHSCORES");
+  ids.options.resend_safe = true;
+  reply r = co_await redis::exec(conn_, std::move(ids));
+  const auto& e = r.as_array();
+  if (e.empty()) co_return out;
+  std::vector<std::string_view> names;
+  for (std::size_t i = 0; i + 1 < e.size(); i += 2) names.push_back(e[i].as_string());
+  request infos("HMGET", p + "dead:info", names);
+  infos.options.resend_safe = true;
+  reply info = co_await redis::exec(conn_, std::move(infos));
+  const auto& texts = info.as_array();
+  for (std::size_t i = 0; i + 1 < e.size(); i += 2) {
+    const auto& text = texts.at(i / 2);
+    if (text.is_nil()) continue;  // purged meanwhile
+    out.push_back(parse_dead_letter(e[i].as_string(), text.as_string(), std::stoll(e[i + 1].as_string())));
+  }
+  co_return out;
+}
+
+asio::awaitable<std::optional<dead_letter>> redis_backend::dead_letter_of(std::string queue, std::string id) {
+  auto p = key_prefix(queue);
+  request req;
+  req.push("ZSCORE", p + "dead", id).push("HGET", p + "dead:info", id);
+  req.options.resend_safe = true;
+  reply r = co_await redis::exec(conn_, std::move(req));
+  const auto& e = r.as_array();
+  if (e.at(0).is_nil() || e.at(1).is_nil()) co_return std::nullopt;
+  co_return parse_dead_letter(std::move(id), e.at(1).as_string(), std::stoll(e.at(0).as_string()));
+}
+
+asio::awaitable<std::vector<std::string>> redis_backend::requeue(std::string queue, std::vector<std::string> ids,
+                                                                 bool at_head) {
+  std::vector<std::string> out;
+  auto p = key_prefix(queue);
+  std::array<std::string, 6> keys{p + "ready", p + "dead", p + "dead:info", p + "ids", p + "paused", p + "parked"};
+  for (std::size_t first = 0; first < ids.size(); first += max_batch) {
+    std::vector<std::string_view> args{at_head ? "head" : "tail"};
+    for (std::size_t i = first; i < std::min(ids.size(), first + max_batch); ++i) args.push_back(ids[i]);
+    reply r = co_await requeue_.run(conn_, keys, args);
+    for (const auto& id : r.as_array()) out.push_back(id.as_string());
+  }
+  co_return out;
+}
+
+asio::awaitable<std::int64_t> redis_backend::purge(std::string queue, std::vector<std::string> ids) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 2> keys{p + "dead", p + "dead:info"};
+  reply r = co_await purge_.run(conn_, keys, ids);
+  co_return r.as_integer();
+}
+
+asio::awaitable<bool> redis_backend::pause(std::string queue, std::string group) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 4> keys{p + "ready", p + "paused", p + "parked", p + "delayed"};
+  auto now = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch());
+  std::array<std::string, 2> args{group, fmt::format(R"({{"state":"paused","at":{}}})", now.count())};
+  reply r = co_await pause_.run(conn_, keys, args);
+  co_return r.as_integer() == 1;
+}
+
+asio::awaitable<bool> redis_backend::resume(std::string queue, std::string group, resume_mode mode) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 7> keys{p + "ready",     p + "paused", p + "parked", p + "dead",
+                                  p + "dead:info", p + "ids",    p + "stats"};
+  std::array<std::string, 2> args{group, mode == resume_mode::skip ? "skip" : "retry"};
+  reply r = co_await resume_.run(conn_, keys, args);
+  co_return r.as_integer() == 1;
+}
+
+asio::awaitable<std::vector<paused_group>> redis_backend::paused_groups(std::string queue) {
+  request req("HGETALL", key_prefix(queue) + "paused");
+  req.options.resend_safe = true;
+  reply r = co_await redis::exec(conn_, std::move(req));
+  std::vector<paused_group> out;
+  const auto& e = r.as_array();
+  for (std::size_t i = 0; i + 1 < e.size(); i += 2) {
+    paused_group g;
+    g.group = e[i].as_string();
+    boost::system::error_code ec;
+    auto v = boost::json::parse(e[i + 1].as_string(), ec);
+    if (!ec && v.is_object()) {
+      auto& o = v.as_object();
+      if (auto* s = o.if_contains("state"); s && s->is_string()) g.halted = s->as_string() == "halted";
+      if (auto* m = o.if_contains("error"); m && m->is_string()) g.error = std::string(m->as_string());
+      if (auto* at = o.if_contains("at"); at && at->is_number()) g.at_ms = at->to_number<std::int64_t>();
+    }
+    out.push_back(std::move(g));
+  }
+  std::sort(out.begin(), out.end(), [](const paused_group& a, const paused_group& b) { return a.group < b.group; });
+  co_return out;
 }
 
 }  // namespace jobrt

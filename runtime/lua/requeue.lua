@@ -1,0 +1,48 @@
+-- Puts dead-lettered jobs back, with their attempts reset.
+-- KEYS[1] <prefix>ready  KEYS[2] <prefix>dead  KEYS[3] <prefix>dead:info  KEYS[4] <prefix>ids
+-- KEYS[5] <prefix>paused  KEYS[6] <prefix>parked
+-- ARGV[1] 'tail' (behind the group's pending jobs, or the ready list's) or 'head' (next in its
+--   group, after the job at the group's head, which may be running; ungrouped: the ready list's
+--   head), then the ids
+-- Returns: the ids requeued (an id not dead-lettered, or whose producer-given id a pending job
+-- has taken meanwhile, is left where it is).
+local ready, dead, dead_info, ids, paused, parked = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local prefix = string.sub(ready, 1, -6)
+local at_head = ARGV[1] == 'head'
+local out = {}
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  local info = redis.call('HGET', dead_info, id)
+  local ok, letter = pcall(cjson.decode, info or '')
+  if ok and type(letter) == 'table' and type(letter.record) == 'string' then
+    local rest = string.match(letter.record, '^%d+(|.*)$')
+    local record = letter.record
+    if rest then record = '0' .. rest end
+    local body = string.match(record, '^%d+|[^|]*|(.*)$')
+    local decoded_ok, decoded = pcall(cjson.decode, body or '')
+    local free = true
+    if decoded_ok and type(decoded) == 'table' and decoded.u then free = redis.call('SADD', ids, id) == 1 end
+    if free then
+      local group = letter.group or ''
+      if group == '' then
+        if at_head then redis.call('LPUSH', ready, 'j:' .. record) else redis.call('RPUSH', ready, 'j:' .. record) end
+      else
+        local key = prefix .. 'g:' .. group
+        local head = redis.call('LINDEX', key, 0)
+        if head and at_head then
+          redis.call('LINSERT', key, 'AFTER', head, record)
+        elseif redis.call('RPUSH', key, record) == 1 then
+          if redis.call('HEXISTS', paused, group) == 1 then
+            redis.call('SADD', parked, group)
+          else
+            redis.call('RPUSH', ready, 'g:' .. group)
+          end
+        end
+      end
+      redis.call('ZREM', dead, id)
+      redis.call('HDEL', dead_info, id)
+      out[#out + 1] = id
+    end
+  end
+end
+return out

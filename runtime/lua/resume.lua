@@ -1,0 +1,37 @@
+-- Resumes a paused or halted group.
+-- KEYS[1] <prefix>ready  KEYS[2] <prefix>paused  KEYS[3] <prefix>parked  KEYS[4] <prefix>dead
+-- KEYS[5] <prefix>dead:info  KEYS[6] <prefix>ids  KEYS[7] <prefix>stats
+-- ARGV[1] group  ARGV[2] 'retry' (a halted group's head job runs again with its attempts reset)
+--   or 'skip' (the head job goes to the dead letters first; only while the group's lane is parked)
+-- Returns: 1 resumed; 0 the group was not paused; error when skip finds the group's head running.
+local ready, paused, parked, dead, dead_info, ids, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local prefix = string.sub(ready, 1, -6)
+local group, mode = ARGV[1], ARGV[2]
+local state = redis.call('HGET', paused, group)
+if not state then return 0 end
+local key = prefix .. 'g:' .. group
+local is_parked = redis.call('SISMEMBER', parked, group) == 1
+if mode == 'skip' and not is_parked then
+  return redis.error_reply("group '" .. group .. "' is running or waiting to run; pause it and let it stop first")
+end
+redis.call('HDEL', paused, group)
+if not is_parked then return 1 end -- its lane is in ready, running or waiting for a retry: it goes on
+redis.call('SREM', parked, group)
+local head = redis.call('LINDEX', key, 0)
+if head and mode == 'skip' then
+  redis.call('LPOP', key)
+  local time = redis.call('TIME')
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local id, body = string.match(head, '^%d+|([^|]*)|(.*)$')
+  local ok, decoded = pcall(cjson.decode, body or '')
+  if ok and type(decoded) == 'table' and decoded.u then redis.call('SREM', ids, id) end
+  redis.call('ZADD', dead, now, id or '')
+  redis.call('HSET', dead_info, id or '',
+    cjson.encode({record = head, group = group, error = 'skipped by an operator', at = now}))
+  redis.call('HINCRBY', stats, 'failed', 1)
+elseif head and string.find(state, '"halted"', 1, true) then
+  local rest = string.match(head, '^%d+(|.*)$')
+  if rest then redis.call('LSET', key, 0, '0' .. rest) end
+end
+if redis.call('EXISTS', key) == 1 then redis.call('RPUSH', ready, 'g:' .. group) end
+return 1

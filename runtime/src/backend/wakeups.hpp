@@ -1,0 +1,42 @@
+// Versioned wake-ups by name, for backend::delayed_version and wait_delayed: a waiter reads the
+// version, checks its condition, then waits until the version moves or its timeout passes. A
+// bump between the read and the wait is not lost: the wait returns at once.
+#pragma once
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace jobrt::detail {
+
+/// Made with make_shared: a wait keeps the object alive (its frame may outlive the backend, when
+/// an io_context is destroyed with the wait pending).
+class wakeups : public std::enable_shared_from_this<wakeups> {
+ public:
+  std::uint64_t version(const std::string& name);
+  /// Moves the version of `name` and wakes its waiters.
+  void bump(const std::string& name);
+  /// Moves every version and wakes every waiter (wake-ups may have been missed).
+  void bump_all();
+  /// Returns when version(name) != seen or after `timeout`; on cancellation, at once.
+  boost::asio::awaitable<void> wait(std::string name, std::uint64_t seen, std::chrono::milliseconds timeout);
+
+ private:
+  struct entry {
+    std::uint64_t version = 0;
+    std::list<boost::asio::steady_timer*> waiters;
+  };
+  void wake_locked(entry& e);
+
+  std::mutex mutex_;
+  std::unordered_map<std::string, entry> entries_;
+};
+
+}  // namespace jobrt::detail

@@ -1,0 +1,433 @@
+// One suite, two backends: retries and failure policies, delayed jobs, dead letters, paused
+// groups.
+#include "conformance/conformance.hpp"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Due times are whole milliseconds of the system clock, runs are timed with the steady clock.
+constexpr milliseconds slack{3};
+
+// Fast, exact backoff for tests: 80 ms, then 160 ms, ...
+worker_options quick_retries(const backends& b, std::size_t concurrency) {
+  auto o = b.worker_opts(concurrency);
+  o.retry_backoff = backoff{milliseconds(80), 2.0, milliseconds(1000), 0.0};
+  return o;
+}
+
+// Runs of a handler: what ran, in order, with the attempt and when.
+struct run_log {
+  struct entry {
+    std::string name;
+    int attempt;
+    clock_type::time_point at;
+  };
+  std::vector<entry> entries;
+  void add(const job_context& c) {
+    entries.push_back({std::string(c.payload().at("name").as_string()), c.attempt(), clock_type::now()});
+  }
+  std::string names() const {
+    std::string out;
+    for (auto& e : entries) out += (out.empty() ? "" : " ") + e.name + "#" + std::to_string(e.attempt);
+    return out;
+  }
+};
+
+job_spec named(std::string name, std::optional<std::string> group = "g") {
+  return make_job("t", {{"name", std::move(name)}}, std::move(group));
+}
+
+}  // namespace
+
+CONFORMANCE("hold: a failed job runs again after its backoff before anything after it in its group") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    std::vector<job_spec> specs{named("a"), named("b"), named("c"), named("other", "h")};
+    co_await p.enqueue_bulk(std::move(specs));
+    worker w(ctx.get_executor(), b.make(), quick_retries(b, 4));
+    run_log log;
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      log.add(c);
+      if (c.payload().at("name") == "a" && c.attempt() < 3) throw std::runtime_error("not yet");
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return log.entries.size() == 6; }));
+    co_await w.stop(std::chrono::seconds(5));
+    std::vector<std::string> group_g;
+    const run_log::entry* first_a = nullptr;
+    const run_log::entry* second_a = nullptr;
+    const run_log::entry* third_a = nullptr;
+    for (auto& e : log.entries) {
+      if (e.name == "other") continue;
+      group_g.push_back(e.name + "#" + std::to_string(e.attempt));
+      if (e.name == "a") (e.attempt == 1 ? first_a : e.attempt == 2 ? second_a : third_a) = &e;
+    }
+    CHECK(fmt::format("{}", fmt::join(group_g, " ")) == "a#1 a#2 a#3 b#1 c#1");
+    REQUIRE(first_a);
+    REQUIRE(second_a);
+    REQUIRE(third_a);
+    CHECK(second_a->at - first_a->at >= milliseconds(80) - slack);
+    CHECK(third_a->at - second_a->at >= milliseconds(160) - slack);
+    auto c = w.counters();
+    CHECK(c.retried == 2);
+    CHECK(c.completed == 4);
+    auto counts = co_await b.make().counts(b.queue());
+    CHECK(counts.retried == 2);
+    CHECK(counts.dead == 0);
+    CHECK(counts.delayed == 0);
+  });
+}
+
+CONFORMANCE("hold: out of attempts the job is dead-lettered and its group goes on") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    auto a = named("a");
+    a.max_attempts = 2;
+    a.id = "job-a";
+    std::vector<job_spec> specs{a, named("b")};
+    co_await p.enqueue_bulk(std::move(specs));
+    worker w(ctx.get_executor(), b.make(), quick_retries(b, 2));
+    run_log log;
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      log.add(c);
+      if (c.payload().at("name") == "a") throw std::runtime_error("always fails");
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return log.entries.size() == 3; }));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(log.names() == "a#1 a#2 b#1");
+    auto dead = co_await b.make().dead_letters(b.queue(), 0, 10);
+    REQUIRE(dead.size() == 1);
+    CHECK(dead[0].id == "job-a");
+    CHECK(dead[0].group == "g");
+    CHECK(dead[0].error == "always fails");
+    CHECK(dead[0].record.starts_with("1|job-a|"));  // one failed attempt before the last
+    // The id is free again: the job is no longer pending.
+    auto again = co_await p.enqueue(a);
+    CHECK_FALSE(again.duplicate);
+  });
+}
+
+CONFORMANCE("skip: a failed grouped job goes to the dead letters at once and the group goes on") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer_options po;
+    po.rules.add({{{"type", "t"}}, "{name}", failure_policy::skip});
+    producer p(b.make(), b.queue(), po);
+    // Grouped by the rule: the group is the job's name; both in one group "x".
+    auto first = make_job("t", {{"name", "x"}, {"n", 1}});
+    auto second = make_job("t", {{"name", "x"}, {"n", 2}});
+    std::vector<job_spec> specs{first, second};
+    co_await p.enqueue_bulk(std::move(specs));
+    worker w(ctx.get_executor(), b.make(), quick_retries(b, 2));
+    std::vector<std::int64_t> ran;
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      ran.push_back(c.payload().at("n").as_int64());
+      if (c.payload().at("n") == 1) throw std::runtime_error("bad data");
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return ran.size() == 2; }));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(ran == std::vector<std::int64_t>{1, 2});
+    auto dead = co_await b.make().dead_letters(b.queue(), 0, 10);
+    REQUIRE(dead.size() == 1);
+    CHECK(dead[0].group == "x");
+    CHECK(dead[0].error == "bad data");
+    CHECK(w.counters().retried == 0);
+  });
+}
+
+CONFORMANCE("halt: out of attempts the group stops until resumed and then goes on in order") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    auto a = named("a");
+    a.max_attempts = 2;
+    a.on_failure = failure_policy::halt;
+    std::vector<job_spec> specs{a, named("b"), named("other", "h")};
+    co_await p.enqueue_bulk(std::move(specs));
+    worker w(ctx.get_executor(), b.make(), quick_retries(b, 2));
+    run_log log;
+    bool fix = false;
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      log.add(c);
+      if (c.payload().at("name") == "a" && !fix) throw std::runtime_error("broken until fixed");
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return log.entries.size() == 3; }));
+    co_await sleep_for(milliseconds(400));  // the group stays halted: b does not run
+    std::string before = log.names();
+    CHECK(before.find("b#") == std::string::npos);
+    CHECK(before.find("other#1") != std::string::npos);
+    auto paused = co_await b.make().paused_groups(b.queue());
+    REQUIRE(paused.size() == 1);
+    CHECK(paused[0].group == "g");
+    CHECK(paused[0].halted);
+    CHECK(paused[0].error == "broken until fixed");
+    auto counts = co_await b.make().counts(b.queue());
+    CHECK(counts.halted == 1);
+    CHECK(counts.paused == 1);
+    CHECK(counts.dead == 0);
+
+    fix = true;
+    CHECK(co_await b.make().resume(b.queue(), "g", resume_mode::retry));
+    CHECK(co_await eventually([&] { return log.entries.size() == 5; }));
+    co_await w.stop(std::chrono::seconds(5));
+    auto n = log.entries.size();
+    CHECK(log.entries[n - 2].name == "a");
+    CHECK(log.entries[n - 2].attempt == 1);  // its attempts were reset
+    CHECK(log.entries[n - 1].name == "b");
+    CHECK((co_await b.make().paused_groups(b.queue())).empty());
+    CHECK_FALSE(co_await b.make().resume(b.queue(), "g", resume_mode::retry));  // not paused any more
+  });
+}
+
+CONFORMANCE("halt then resume with skip: the head job is dead-lettered and the rest runs") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    auto a = named("a");
+    a.max_attempts = 1;
+    a.on_failure = failure_policy::halt;
+    a.id = "a-id";
+    std::vector<job_spec> specs{a, named("b"), named("c")};
+    co_await p.enqueue_bulk(std::move(specs));
+    worker w(ctx.get_executor(), b.make(), quick_retries(b, 2));
+    run_log log;
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      log.add(c);
+      if (c.payload().at("name") == "a") throw std::runtime_error("poison");
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return log.entries.size() == 1; }));
+    auto halted = [&]() -> awaitable<bool> { co_return (co_await b.make().counts(b.queue())).halted == 1; };
+    for (int i = 0; i < 200 && !co_await halted(); ++i) co_await sleep_for(milliseconds(5));
+    CHECK(co_await b.make().resume(b.queue(), "g", resume_mode::skip));
+    CHECK(co_await eventually([&] { return log.entries.size() == 3; }));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(log.names() == "a#1 b#1 c#1");
+    auto dead = co_await b.make().dead_letters(b.queue(), 0, 10);
+    REQUIRE(dead.size() == 1);
+    CHECK(dead[0].id == "a-id");
+    CHECK(dead[0].error == "skipped by an operator");
+    CHECK_FALSE((co_await p.enqueue(a)).duplicate);  // its id was released
+  });
+}
+
+CONFORMANCE("retry_after: the job runs again later with no attempt counted and keeps its place") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    std::vector<job_spec> specs{named("a"), named("b"), named("u", std::nullopt)};
+    co_await p.enqueue_bulk(std::move(specs));
+    worker w(ctx.get_executor(), b.make(), quick_retries(b, 4));
+    run_log log;
+    std::map<std::string, int> seen;
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      log.add(c);
+      auto name = std::string(c.payload().at("name").as_string());
+      if (seen[name]++ < 2 && name != "b") c.retry_after(milliseconds(150));
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return log.entries.size() == 7; }));
+    co_await w.stop(std::chrono::seconds(5));
+    std::vector<std::string> group_g;
+    std::vector<clock_type::time_point> u_runs;
+    for (auto& e : log.entries) {
+      CHECK(e.attempt == 1);
+      if (e.name == "u")
+        u_runs.push_back(e.at);
+      else
+        group_g.push_back(e.name);
+    }
+    CHECK(fmt::format("{}", fmt::join(group_g, " ")) == "a a a b");
+    REQUIRE(u_runs.size() == 3);
+    CHECK(u_runs[1] - u_runs[0] >= milliseconds(150) - slack);
+    CHECK(w.counters().deferred == 4);
+    CHECK((co_await b.make().counts(b.queue())).deferred == 4);
+  });
+}
+
+CONFORMANCE("ungrouped retries back off and count attempts") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    auto u = named("u", std::nullopt);
+    u.retry_backoff = backoff{milliseconds(200), 1.0, milliseconds(200), 0.0};  // the job's own
+    co_await p.enqueue(u);
+    worker w(ctx.get_executor(), b.make(), quick_retries(b, 2));
+    run_log log;
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      log.add(c);
+      if (c.attempt() == 1) throw std::runtime_error("first time fails");
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return log.entries.size() == 2; }));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(log.names() == "u#1 u#2");
+    CHECK(log.entries[1].at - log.entries[0].at >= milliseconds(200) - slack);
+  });
+}
+
+CONFORMANCE("delayed jobs run when due and an earlier one wakes the promoter") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    worker w(ctx.get_executor(), b.make(), b.worker_opts(4));
+    run_log log;
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      log.add(c);
+      co_return;
+    });
+    w.start();
+    co_await sleep_for(milliseconds(100));  // the promoter now sleeps: nothing is delayed
+    auto late = named("late", std::nullopt);
+    late.delay = std::chrono::seconds(30);
+    co_await p.enqueue(late);  // the promoter arms its timer for 30 s...
+    co_await sleep_for(milliseconds(50));
+    auto start = clock_type::now();
+    auto soon = named("soon", std::nullopt);
+    soon.delay = milliseconds(300);
+    auto grouped = named("grouped");  // joins group g when due, behind what g has then
+    grouped.delay = milliseconds(300);
+    auto now_in_g = named("now");
+    auto past = named("past", std::nullopt);
+    past.run_at = std::chrono::system_clock::now() - std::chrono::seconds(5);
+    std::vector<job_spec> specs{soon, grouped, now_in_g, past};
+    co_await p.enqueue_bulk(std::move(specs));  // ...and is woken for one due in 300 ms
+    CHECK((co_await b.make().counts(b.queue())).delayed == 3);
+    CHECK(co_await eventually([&] { return log.entries.size() == 4; }, std::chrono::seconds(5)));
+    co_await w.stop(std::chrono::seconds(5));
+    std::map<std::string, clock_type::duration> when;
+    for (auto& e : log.entries) when[e.name] = e.at - start;
+    CHECK(when.count("late") == 0);
+    CHECK(when["now"] < milliseconds(250));
+    CHECK(when["past"] < milliseconds(250));
+    CHECK(when["soon"] >= milliseconds(300) - slack);
+    CHECK(when["soon"] < milliseconds(1500));
+    CHECK(when["grouped"] >= milliseconds(300) - slack);
+    CHECK(w.counters().promoted == 2);
+    CHECK((co_await b.make().counts(b.queue())).delayed == 1);
+  });
+}
+
+CONFORMANCE("dead letters: list, show, requeue to the tail or the head, purge, retention") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 5; ++i) {
+      auto s = named(fmt::format("d{}", i), i < 3 ? std::optional<std::string>("g") : std::nullopt);
+      s.id = fmt::format("d{}", i);
+      s.max_attempts = 1;
+      specs.push_back(s);
+    }
+    co_await p.enqueue_bulk(std::move(specs));
+    claim_options co{"w", 10, std::chrono::seconds(30)};
+    std::vector<finish_item> fails;
+    for (int round = 0; round < 3; ++round) {  // group g gives one job per claim
+      auto claimed = co_await store.claim(b.queue(), co);
+      for (auto& j : claimed) {
+        finish_item f;
+        f.token = j.token;
+        f.kind = finish_kind::fail;
+        f.error = "e";
+        f.unique_id = std::string(j.record.substr(2, 2));
+        std::vector<finish_item> items(1, f);
+        auto done = co_await store.finish(b.queue(), "w", std::move(items), std::chrono::seconds(30));
+        CHECK(done.at(0).lease_held);
+      }
+    }
+    auto all = co_await store.dead_letters(b.queue(), 0, 100);
+    CHECK(all.size() == 5);
+    CHECK((co_await store.dead_letters(b.queue(), 1, 2)).size() == 2);
+    auto one = co_await store.dead_letter_of(b.queue(), "d1");
+    REQUIRE(one);
+    CHECK(one->group == "g");
+    CHECK_FALSE(co_await store.dead_letter_of(b.queue(), "nope"));
+
+    // Group g has a pending job now; d1 requeued to the head runs next after it, d0 to the tail last.
+    auto pending = named("pending");
+    co_await p.enqueue(pending);
+    std::vector<std::string> to_head{"d1"}, to_tail{"d0", "missing"}, d2{"d2"}, d3{"d3"};
+    auto head = co_await store.requeue(b.queue(), to_head, true);
+    auto tail = co_await store.requeue(b.queue(), to_tail, false);
+    CHECK(head == std::vector<std::string>{"d1"});
+    CHECK(tail == std::vector<std::string>{"d0"});
+    CHECK((co_await p.enqueue(named("x"))).duplicate == false);
+    auto dup = named("dup");
+    dup.id = "d2";
+    CHECK_FALSE((co_await p.enqueue(dup)).duplicate);               // d2's id is free while it is dead
+    CHECK((co_await store.requeue(b.queue(), d2, false)).empty());  // ...and then taken
+    std::vector<std::string> order;
+    claim_options one_at_a_time{"w", 1, std::chrono::seconds(30)};
+    for (int i = 0; i < 6; ++i) {
+      auto got = co_await store.claim(b.queue(), one_at_a_time);
+      if (got.empty()) break;
+      auto job = got[0];
+      order.push_back(job.group + ":" + std::string(job.record.substr(0, job.record.find('|', 2))));
+      std::vector<finish_item> ack(1);
+      ack[0].token = job.token;
+      co_await store.finish(b.queue(), "w", std::move(ack), std::chrono::seconds(30));
+    }
+    // All in group g: 'pending' (id 1), d1 (requeued to run next after the head), d0 (to the
+    // tail), x (id 2), and the newcomer with d2's id.
+    REQUIRE(order.size() == 5);
+    CHECK(order[0] == "g:0|1");
+    CHECK(order[1] == "g:0|d1");
+    CHECK(order[2] == "g:0|d0");
+    CHECK(order[3] == "g:0|2");
+    CHECK(order[4] == "g:0|d2");
+
+    CHECK(co_await store.purge(b.queue(), d3) == 1);
+    CHECK((co_await store.dead_letters(b.queue(), 0, 100)).size() == 2);  // d2 and d4
+    reap_options keep_one;
+    keep_one.dead_max_count = 1;
+    auto r = co_await store.reap(b.queue(), keep_one);
+    CHECK(r.dead_removed == 1);
+    auto left = co_await store.dead_letters(b.queue(), 0, 100);
+    REQUIRE(left.size() == 1);
+    reap_options by_age;
+    by_age.dead_max_age = milliseconds(1);
+    co_await sleep_for(milliseconds(5));
+    CHECK((co_await store.reap(b.queue(), by_age)).dead_removed == 1);
+    CHECK(co_await store.purge(b.queue(), std::vector<std::string>()) == 0);
+  });
+}
+
+CONFORMANCE("pause and resume a group: nothing of it starts while paused") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    std::vector<job_spec> specs{named("a"), named("b"), named("o", "other")};
+    co_await p.enqueue_bulk(std::move(specs));
+    CHECK(co_await b.make().pause(b.queue(), "g"));
+    CHECK_FALSE(co_await b.make().pause(b.queue(), "g"));
+    worker w(ctx.get_executor(), b.make(), b.worker_opts(2));
+    run_log log;
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      log.add(c);
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return log.entries.size() == 1; }));
+    co_await sleep_for(milliseconds(300));
+    CHECK(log.names() == "o#1");
+    CHECK(co_await b.make().resume(b.queue(), "g", resume_mode::retry));
+    CHECK(co_await eventually([&] { return log.entries.size() == 3; }));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(log.names() == "o#1 a#1 b#1");
+  });
+}
