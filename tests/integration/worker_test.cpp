@@ -14,6 +14,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <sstream>
@@ -189,5 +190,55 @@ TEST_CASE("finish sent twice (a resend after a lost reply) changes nothing the s
     CHECK(counts.running == 1);
     auto left = co_await redis::exec(store.connection(), redis::request("LLEN", p + "g:g"));
     CHECK(left.as_integer() == 2);  // one job popped, not two
+  });
+}
+
+TEST_CASE("check reports broken bookkeeping and repair fixes it") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    std::string queue = key_prefix() + "q";
+    auto p = redis_backend::key_prefix(queue);
+    producer prod(store, queue);
+    std::vector<job_spec> specs;
+    for (auto group : {"stuck", "twice", "fine"}) {
+      job_spec s;
+      s.type = "t";
+      s.group = group;
+      specs.push_back(s);
+    }
+    co_await prod.enqueue_bulk(std::move(specs));
+    auto& c = store.connection();
+    // A crash between steps, or a hand at redis-cli: a group loses its lane, another gets a
+    // second one, a lane names a group with no jobs, an id is left taken, a dead worker holds a lane.
+    co_await redis::exec(c, redis::request("LREM", p + "ready", "0", "g:stuck"));
+    co_await redis::exec(c, redis::request("RPUSH", p + "ready", "g:twice", "g:gone"));
+    co_await redis::exec(c, redis::request("SADD", p + "ids", "orphan"));
+    co_await redis::exec(c, redis::request("RPUSH", p + "claimed:dead-worker", "j:0|x1|{\"type\":\"t\",\"at\":1}"));
+
+    auto report = co_await store.check(queue, false);
+    for (auto& line : report.problems) MESSAGE(line);
+    CHECK(report.problems.size() == 5);
+    CHECK(report.stuck_groups == 1);
+    CHECK(report.jobs == 4);
+    CHECK(report.oldest_enqueued_ms == 1);
+    auto has = [&](std::string_view text) {
+      return std::any_of(report.problems.begin(), report.problems.end(),
+                         [&](const std::string& line) { return line.find(text) != std::string::npos; });
+    };
+    CHECK(has("group stuck has 1 jobs and no lane"));
+    CHECK(has("group twice has 2 lanes"));
+    CHECK(has("a lane of group gone, which has no jobs, is in ready"));
+    CHECK(has("id orphan is taken but no pending job has it"));
+    CHECK(has("1 lanes held by worker dead-worker, which has no heartbeat"));
+
+    auto repaired = co_await store.check(queue, true);
+    CHECK(repaired.repaired == 5);
+    auto after = co_await store.check(queue, false);
+    for (auto& line : after.problems) MESSAGE(line);
+    CHECK(after.problems.empty());
+    // Every job runs once: one lane per group, and the dead worker's lane is back.
+    claim_options co{"w", 10, std::chrono::seconds(30)};
+    auto claimed = co_await store.claim(queue, co);
+    CHECK(claimed.size() == 4);
   });
 }

@@ -130,6 +130,16 @@ struct paused_group {
   std::int64_t at_ms = 0;
 };
 
+/// What check() found.
+struct check_report {
+  std::int64_t groups = 0;              ///< groups with jobs
+  std::int64_t jobs = 0;                ///< jobs pending, delayed or running
+  std::int64_t oldest_enqueued_ms = 0;  ///< the oldest of those jobs' enqueue time; 0: none
+  std::int64_t stuck_groups = 0;        ///< groups with jobs that nothing would ever run
+  std::int64_t repaired = 0;            ///< problems fixed (with repair)
+  std::vector<std::string> problems;    ///< one line each; empty when every invariant holds
+};
+
 enum class resume_mode {
   retry,  ///< the head job runs again (a halted group's with its attempts reset)
   skip,   ///< the head job goes to the dead letters first (only while nothing of the group runs)
@@ -205,6 +215,12 @@ class backend {
   /// head job runs or waits in the ready list.
   virtual boost::asio::awaitable<bool> resume(std::string queue, std::string group, resume_mode mode) = 0;
   virtual boost::asio::awaitable<std::vector<paused_group>> paused_groups(std::string queue) = 0;
+
+  // --- operators ---
+
+  /// Verifies the data model's invariants (see runtime/lua/check.lua) and, with repair, fixes
+  /// what it finds. Reads the whole queue at once: O(its size).
+  virtual boost::asio::awaitable<check_report> check(std::string queue, bool repair) = 0;
 };
 
 }  // namespace jobrt

@@ -61,6 +61,7 @@ class redis_backend final : public backend {
   boost::asio::awaitable<bool> pause(std::string queue, std::string group) override;
   boost::asio::awaitable<bool> resume(std::string queue, std::string group, resume_mode mode) override;
   boost::asio::awaitable<std::vector<paused_group>> paused_groups(std::string queue) override;
+  boost::asio::awaitable<check_report> check(std::string queue, bool repair) override;
 
  private:
   redis::blocking_connection& blocking_for(const std::string& worker);
@@ -72,7 +73,8 @@ class redis_backend final : public backend {
   boost::asio::any_io_executor ex_;
   redis::config cfg_;
   redis::connection conn_;
-  redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, requeue_, purge_;
+  redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, requeue_, purge_,
+      check_;
   // Wake-ups for delayed jobs: one subscriber for every queue, started on first use. Shared
   // with the coroutine that receives its messages, which may outlive the backend briefly.
   std::shared_ptr<detail::wakeups> wakeups_;

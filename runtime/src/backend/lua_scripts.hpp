@@ -13,4 +13,5 @@ extern const char* const pause;
 extern const char* const resume;
 extern const char* const requeue;
 extern const char* const purge;
+extern const char* const check;
 }  // namespace jobrt::lua

@@ -6,6 +6,7 @@
 #include "backend/wakeups.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <boost/json/parse.hpp>
 
 #include <boost/asio/async_result.hpp>
@@ -18,6 +19,7 @@
 #include <boost/system/system_error.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <deque>
 #include <iterator>
 #include <list>
@@ -788,6 +790,162 @@ asio::awaitable<std::vector<paused_group>> memory_backend::paused_groups(std::st
   auto found = queues_.find(queue);
   if (found == queues_.end()) co_return out;
   for (auto& [name, state] : found->second->paused) out.push_back(state);
+  co_return out;
+}
+
+namespace {
+
+// check.lua's string.match(record, '"at":(%d+)'): the first "at": followed by digits.
+std::int64_t enqueued_at(std::string_view record) {
+  for (auto pos = record.find("\"at\":"); pos != std::string_view::npos; pos = record.find("\"at\":", pos + 1)) {
+    std::int64_t at = 0;
+    auto digits = record.substr(pos + 5);
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), at);
+    if (ec == std::errc{} && end != digits.data() && digits.front() != '-') return at;
+  }
+  return 0;
+}
+
+}  // namespace
+
+asio::awaitable<check_report> memory_backend::check(std::string queue, bool repair) {
+  check_report out;
+  std::lock_guard lock(mutex_);
+  queue_state& q = queue_locked(queue);
+  auto problem = [&](std::string text) { out.problems.push_back(std::move(text)); };
+  std::unordered_map<std::string, std::vector<std::string>> holders;
+  std::unordered_map<std::string, std::string> seen_ids;
+  auto job_at = [&](const std::string& record, const std::string& where) {
+    std::size_t digits = 0;
+    while (digits < record.size() && record[digits] >= '0' && record[digits] <= '9') ++digits;
+    auto end = digits > 0 && digits < record.size() && record[digits] == '|' ? record.find('|', digits + 1)
+                                                                             : std::string::npos;
+    if (end == std::string::npos) {
+      problem(fmt::format("malformed record in {}: {}", where, record.substr(0, 60)));
+      return;
+    }
+    std::string id = record.substr(digits + 1, end - digits - 1);
+    if (auto [it, added] = seen_ids.try_emplace(id, where); !added)
+      problem(fmt::format("job {} is in {} and in {}", id, it->second, where));
+    ++out.jobs;
+    auto at = enqueued_at(record);
+    if (at > 0 && (out.oldest_enqueued_ms == 0 || at < out.oldest_enqueued_ms)) out.oldest_enqueued_ms = at;
+  };
+  auto lane = [&](const std::string& l, const std::string& where) {
+    if (is_group_lane(l))
+      holders[l.substr(2)].push_back(where);
+    else
+      job_at(l.substr(2), where);
+  };
+
+  for (auto& l : q.ready) lane(l, "ready");
+  for (auto it = q.claimed.begin(); it != q.claimed.end();) {
+    auto& [worker, lanes] = *it;
+    for (auto& l : lanes) lane(l, "claimed:" + worker);
+    if (!q.workers.contains(worker) && !lanes.empty()) {
+      problem(fmt::format("{} lanes held by worker {}, which has no heartbeat", lanes.size(), worker));
+      if (repair) {
+        q.ready.insert(q.ready.begin(), lanes.begin(), lanes.end());
+        ++out.repaired;
+        it = q.claimed.erase(it);
+        continue;
+      }
+    }
+    ++it;
+  }
+  for (auto& [due, member] : q.delayed) {
+    if (member.starts_with("d:")) {
+      auto colon = member.find(':', 2);
+      auto n = std::stoul(member.substr(2, colon - 2));
+      job_at(member.substr(colon + 1 + n), "delayed");
+    } else {
+      lane(member, "delayed");
+    }
+  }
+  for (auto& [token, deadline] : q.active) lane(lane_of(token), "a lease");
+  for (auto& group : q.parked) holders[group].push_back("parked");
+
+  auto remove_lane = [&](const std::string& group, const std::string& where) {
+    std::string l = "g:" + group;
+    if (where == "ready") {
+      if (auto it = std::find(q.ready.rbegin(), q.ready.rend(), l); it != q.ready.rend())
+        q.ready.erase(std::next(it).base());
+    } else if (where == "delayed") {
+      std::erase_if(q.delayed, [&](const auto& e) { return e.second == l; });
+    } else if (where == "parked") {
+      q.parked.erase(group);
+    } else if (where.starts_with("claimed:")) {
+      auto& lanes = q.claimed[where.substr(8)];
+      if (auto it = std::find(lanes.rbegin(), lanes.rend(), l); it != lanes.rend()) lanes.erase(std::next(it).base());
+    }
+  };
+  for (auto& [group, records] : q.groups) {
+    ++out.groups;
+    for (auto& r : records) job_at(r, "group " + group);
+    std::vector<std::string> h;
+    if (auto found = holders.find(group); found != holders.end()) {
+      h = std::move(found->second);
+      holders.erase(found);
+    }
+    bool is_paused = q.paused.contains(group);
+    if (h.empty()) {
+      ++out.stuck_groups;
+      problem(fmt::format("group {} has {} jobs and no lane, lease or parked lane", group, records.size()));
+      if (repair) {
+        if (is_paused)
+          q.parked.insert(group);
+        else
+          q.ready.push_back("g:" + group);
+        ++out.repaired;
+      }
+    } else if (h.size() > 1) {
+      problem(fmt::format("group {} has {} lanes: {}", group, h.size(), fmt::join(h, ", ")));
+      if (repair) {  // keep the first (ready, claimed, delayed, lease, parked): drop the others
+        for (std::size_t i = 1; i < h.size(); ++i) remove_lane(group, h[i]);
+        ++out.repaired;
+      }
+    }
+    if (!h.empty() && h.front() == "parked" && !is_paused) {
+      problem(fmt::format("group {} is parked but not paused", group));
+      if (repair) {
+        q.parked.erase(group);
+        q.ready.push_back("g:" + group);
+        ++out.repaired;
+      }
+    }
+  }
+  for (auto& [group, h] : holders) {  // lanes of groups without jobs
+    for (auto& where : h) {
+      if (where == "parked") {
+        if (repair) q.parked.erase(group);
+        continue;
+      }
+      problem(fmt::format("a lane of group {}, which has no jobs, is in {}", group, where));
+      if (repair && where != "a lease") {  // a lease ends with its job's finish or expiry
+        std::string l = "g:" + group;
+        if (where == "ready")
+          std::erase(q.ready, l);
+        else if (where == "delayed")
+          std::erase_if(q.delayed, [&](const auto& e) { return e.second == l; });
+        else if (where.starts_with("claimed:"))
+          std::erase(q.claimed[where.substr(8)], l);
+        ++out.repaired;
+      }
+    }
+  }
+  for (auto it = q.ids.begin(); it != q.ids.end();) {
+    if (seen_ids.contains(*it)) {
+      ++it;
+      continue;
+    }
+    problem(fmt::format("id {} is taken but no pending job has it", *it));
+    if (repair) {
+      it = q.ids.erase(it);
+      ++out.repaired;
+    } else {
+      ++it;
+    }
+  }
   co_return out;
 }
 

@@ -65,6 +65,7 @@ redis_backend::redis_backend(asio::any_io_executor ex, redis::config cfg)
       resume_(lua::resume),
       requeue_(lua::requeue),
       purge_(lua::purge),
+      check_(lua::check),
       wakeups_(std::make_shared<detail::wakeups>()) {
   conn_.start();
 }
@@ -500,6 +501,23 @@ asio::awaitable<std::vector<paused_group>> redis_backend::paused_groups(std::str
     out.push_back(std::move(g));
   }
   std::sort(out.begin(), out.end(), [](const paused_group& a, const paused_group& b) { return a.group < b.group; });
+  co_return out;
+}
+
+asio::awaitable<check_report> redis_backend::check(std::string queue, bool repair) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 7> keys{p + "ready",  p + "active", p + "delayed", p + "paused",
+                                  p + "parked", p + "ids",    p + "workers"};
+  std::array<std::string, 1> args{repair ? "1" : "0"};
+  reply r = co_await check_.run(conn_, keys, args);
+  const auto& e = r.as_array();
+  check_report out;
+  out.groups = e.at(0).as_integer();
+  out.jobs = e.at(1).as_integer();
+  out.oldest_enqueued_ms = e.at(2).as_integer();
+  out.stuck_groups = e.at(3).as_integer();
+  out.repaired = e.at(4).as_integer();
+  for (std::size_t i = 5; i < e.size(); ++i) out.problems.push_back(e[i].as_string());
   co_return out;
 }
 
