@@ -21,7 +21,18 @@ std::string string_arg(const args& a, std::size_t& i);
 /// The same, as a non-negative integer.
 std::size_t number_arg(const args& a, std::size_t& i);
 
+/// The default server: $REDIS_URL, else redis://127.0.0.1:6379.
+std::string default_redis_url();
+/// Throws usage_error naming what is wrong with a Redis URL.
+void check_url(const std::string& url);
+
 int demo(const args& a);
+int worker_command(const args& a);
+int enqueue_command(const args& a);
+int stats(const args& a);
+int check(const args& a);
+int dlq(const args& a);
+int group(const args& a);
 /// Hidden: a worker process of `jobrt demo --redis` (not in the usage).
 int demo_worker(const args& a);
 

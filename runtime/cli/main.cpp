@@ -1,9 +1,12 @@
 // The jobrt command.
 #include "cli.hpp"
 
+#include <jobrt/redis/config.hpp>
+
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cstdlib>
 #include <exception>
 #include <stdexcept>
 
@@ -24,6 +27,19 @@ std::size_t number_arg(const args& a, std::size_t& i) {
   return value;
 }
 
+std::string default_redis_url() {
+  const char* url = std::getenv("REDIS_URL");
+  return url && *url ? url : "redis://127.0.0.1:6379";
+}
+
+void check_url(const std::string& url) {
+  try {
+    redis::config::from_url(url);
+  } catch (const std::invalid_argument& e) {
+    throw usage_error(e.what());
+  }
+}
+
 }  // namespace jobrt::cli
 
 namespace {
@@ -31,8 +47,16 @@ namespace {
 constexpr const char* usage =
     "usage: jobrt <command> [options]\n"
     "commands:\n"
-    "  demo      stock arrivals on the embedded backend (or --redis URL); see jobrt demo --help\n"
-    "  version   print the version\n";
+    "  worker    run handlers from plugins on a queue\n"
+    "  enqueue   put jobs on a queue: one, a JSON-lines file, or N generated\n"
+    "  stats     a queue's counts and counters\n"
+    "  check     verify a queue's invariants (--repair fixes what it finds)\n"
+    "  dlq       dead letters: list, show, requeue, purge\n"
+    "  group     paused and halted groups: show, pause, resume\n"
+    "  demo      stock arrivals on the embedded backend (or --redis URL)\n"
+    "  version   print the version\n"
+    "Each command takes --help. The server is --redis URL, else $REDIS_URL, else\n"
+    "redis://127.0.0.1:6379.\n";
 
 }  // namespace
 
@@ -46,6 +70,12 @@ int main(int argc, char** argv) {
   args rest(argv + 2, argv + argc);
   try {
     if (command == "demo") return demo(rest);
+    if (command == "worker") return worker_command(rest);
+    if (command == "enqueue") return enqueue_command(rest);
+    if (command == "stats") return stats(rest);
+    if (command == "check") return check(rest);
+    if (command == "dlq") return dlq(rest);
+    if (command == "group") return group(rest);
     if (command == "demo-worker") return demo_worker(rest);  // hidden: jobrt demo --redis starts it
     if (command == "version" || command == "--version") {
       fmt::print("jobrt 0.1.0\n");

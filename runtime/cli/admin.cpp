@@ -1,0 +1,291 @@
+// Operators' commands: stats, check, dlq, group.
+#include "cli.hpp"
+
+#include <jobrt/job.hpp>
+#include <jobrt/redis_backend.hpp>
+
+#include <fmt/format.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/json/serialize.hpp>
+
+#include <chrono>
+#include <map>
+#include <set>
+
+namespace jobrt::cli {
+namespace {
+
+namespace asio = boost::asio;
+namespace json = boost::json;
+
+// What every operator command takes: the server, the queue, --json; the rest are positionals
+// and the command's own flags.
+struct common {
+  std::string url = default_redis_url();
+  std::string queue = "default";
+  bool json = false;
+  bool help = false;
+  std::vector<std::string> positional;
+  std::set<std::string> flags;                 // seen flags without values
+  std::map<std::string, std::size_t> numbers;  // seen numeric options
+};
+
+common parse(const args& a, std::string_view command, const std::set<std::string>& flags,
+             const std::set<std::string>& numbers) {
+  common c;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto& arg = a[i];
+    if (arg == "--help" || arg == "-h")
+      c.help = true;
+    else if (arg == "--redis")
+      c.url = string_arg(a, i);
+    else if (arg == "--queue")
+      c.queue = string_arg(a, i);
+    else if (arg == "--json")
+      c.json = true;
+    else if (flags.contains(arg))
+      c.flags.insert(arg);
+    else if (numbers.contains(arg))
+      c.numbers[arg] = number_arg(a, i);
+    else if (arg.starts_with("--"))
+      throw usage_error(fmt::format("{}: unknown option '{}'", command, arg));
+    else
+      c.positional.push_back(arg);
+  }
+  check_url(c.url);
+  return c;
+}
+
+template <class Body>
+void with_store(const common& c, Body body) {
+  asio::io_context ctx(1);
+  redis_backend store(ctx.get_executor(), redis::config::from_url(c.url));
+  std::exception_ptr failure;
+  asio::co_spawn(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        redis::request ping("PING");
+        ping.options.timeout = std::chrono::seconds(10);
+        try {
+          co_await redis::exec(store.connection(), std::move(ping));
+        } catch (const std::exception& e) {
+          throw std::runtime_error(
+              fmt::format("redis at {} does not answer: {} ({})", c.url, e.what(), store.connection().last_error()));
+        }
+        co_await body(store);
+      },
+      [&](std::exception_ptr e) {
+        failure = e;
+        ctx.stop();
+      });
+  ctx.run();
+  if (failure) std::rethrow_exception(failure);
+}
+
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+json::object to_json(const queue_counts& q) {
+  return {{"ready_lanes", q.ready_lanes}, {"running", q.running},     {"delayed", q.delayed},
+          {"paused", q.paused},           {"dead", q.dead},           {"enqueued", q.enqueued},
+          {"started", q.started},         {"completed", q.completed}, {"failed", q.failed},
+          {"retried", q.retried},         {"deferred", q.deferred},   {"halted", q.halted},
+          {"recovered", q.recovered}};
+}
+
+json::object to_json(const dead_letter& d) {
+  return {{"id", d.id}, {"group", d.group}, {"error", d.error}, {"at_ms", d.at_ms}, {"record", d.record}};
+}
+
+}  // namespace
+
+int stats(const args& a) {
+  auto c = parse(a, "stats", {}, {"--watch"});
+  if (c.help) {
+    fmt::print(
+        "usage: jobrt stats [--redis URL] [--queue NAME] [--json] [--watch SECONDS]\n"
+        "A queue's counts (ready lanes, running, delayed, paused groups, dead letters) and counters\n"
+        "(enqueued, started, completed, failed, retried, deferred, halted, recovered). --watch prints\n"
+        "them again every SECONDS, with the completion rate, until interrupted.\n");
+    return 0;
+  }
+  auto watch = c.numbers.contains("--watch") ? c.numbers["--watch"] : 0;
+  with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+    std::int64_t last_completed = -1;
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    for (;;) {
+      auto q = co_await store.counts(c.queue);
+      if (c.json) {
+        auto o = to_json(q);
+        o["queue"] = c.queue;
+        fmt::print("{}\n", json::serialize(o));
+      } else {
+        fmt::print(
+            "queue {}: {} ready lanes, {} running, {} delayed, {} paused groups, {} dead | enqueued {}, started {}, "
+            "completed {}, failed {}, retried {}, deferred {}, halted {}, recovered {}",
+            c.queue, q.ready_lanes, q.running, q.delayed, q.paused, q.dead, q.enqueued, q.started, q.completed,
+            q.failed, q.retried, q.deferred, q.halted, q.recovered);
+        if (last_completed >= 0 && watch > 0)
+          fmt::print(" | {:.0f} jobs/s",
+                     static_cast<double>(q.completed - last_completed) / static_cast<double>(watch));
+        fmt::print("\n");
+      }
+      if (watch == 0) break;
+      std::fflush(stdout);
+      last_completed = q.completed;
+      timer.expires_after(std::chrono::seconds(watch));
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+  });
+  return 0;
+}
+
+int check(const args& a) {
+  auto c = parse(a, "check", {"--repair"}, {});
+  if (c.help) {
+    fmt::print(
+        "usage: jobrt check [--redis URL] [--queue NAME] [--repair] [--json]\n"
+        "Verifies the queue's invariants: every group with jobs has exactly one lane, lease or\n"
+        "parked lane; no lane names a group without jobs; no id is taken without a pending job; no\n"
+        "job is in two places; no dead worker holds lanes. Reads the whole queue in one script\n"
+        "(O(its size); Redis is busy meanwhile). --repair fixes what it finds. Exit code 1 when\n"
+        "problems were found and not repaired.\n");
+    return 0;
+  }
+  if (!c.positional.empty()) c.queue = c.positional.front();  // `jobrt check QUEUE`
+  bool repair = c.flags.contains("--repair");
+  check_report r;
+  with_store(c, [&](redis_backend& store) -> asio::awaitable<void> { r = co_await store.check(c.queue, repair); });
+  auto oldest_age = r.oldest_enqueued_ms > 0 ? now_ms() - r.oldest_enqueued_ms : 0;
+  if (c.json) {
+    json::array problems;
+    for (auto& p : r.problems) problems.emplace_back(p);
+    json::object o{{"queue", c.queue},
+                   {"groups", r.groups},
+                   {"jobs", r.jobs},
+                   {"stuck_groups", r.stuck_groups},
+                   {"oldest_job_age_ms", oldest_age},
+                   {"repaired", r.repaired},
+                   {"problems", problems}};
+    fmt::print("{}\n", json::serialize(o));
+  } else {
+    fmt::print("queue {}: {} groups with jobs, {} jobs, {} stuck groups, oldest job {} ms old\n", c.queue, r.groups,
+               r.jobs, r.stuck_groups, oldest_age);
+    for (auto& p : r.problems) fmt::print("  problem: {}\n", p);
+    if (r.problems.empty()) fmt::print("  no problems\n");
+    if (repair) fmt::print("  repaired {}\n", r.repaired);
+  }
+  return r.problems.empty() || repair ? 0 : 1;
+}
+
+int dlq(const args& a) {
+  auto c = parse(a, "dlq", {"--head", "--all"}, {"--offset", "--limit"});
+  constexpr const char* usage =
+      "usage: jobrt dlq list [--offset N] [--limit N]   oldest first (default limit 100)\n"
+      "       jobrt dlq show ID\n"
+      "       jobrt dlq requeue ID... [--head]          back to their group's tail (--head: next)\n"
+      "       jobrt dlq purge ID... | --all\n"
+      "each with [--redis URL] [--queue NAME] [--json]\n";
+  if (c.help) {
+    fmt::print("{}", usage);
+    return 0;
+  }
+  if (c.positional.empty()) throw usage_error("dlq: say list, show, requeue or purge");
+  auto verb = c.positional.front();
+  std::vector<std::string> ids(c.positional.begin() + 1, c.positional.end());
+  int rc = 0;
+  if (verb == "list") {
+    auto offset = c.numbers.contains("--offset") ? c.numbers["--offset"] : 0;
+    auto limit = c.numbers.contains("--limit") ? c.numbers["--limit"] : 100;
+    with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+      auto letters = co_await store.dead_letters(c.queue, offset, limit);
+      for (auto& d : letters) {
+        if (c.json)
+          fmt::print("{}\n", json::serialize(to_json(d)));
+        else
+          fmt::print("{}  group {}  {} s ago  {}\n", d.id, d.group.empty() ? "-" : d.group, (now_ms() - d.at_ms) / 1000,
+                     d.error);
+      }
+    });
+  } else if (verb == "show") {
+    if (ids.size() != 1) throw usage_error("dlq show: give one id");
+    with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+      auto d = co_await store.dead_letter_of(c.queue, ids[0]);
+      if (!d) {
+        fmt::print(stderr, "jobrt: dlq show: no dead letter {} in queue {}\n", ids[0], c.queue);
+        rc = 1;
+        co_return;
+      }
+      if (c.json)
+        fmt::print("{}\n", json::serialize(to_json(*d)));
+      else
+        fmt::print("id {}\ngroup {}\nfailed {} ms ago\nerror {}\nrecord {}\n", d->id, d->group.empty() ? "-" : d->group,
+                   now_ms() - d->at_ms, d->error, d->record);
+    });
+  } else if (verb == "requeue") {
+    if (ids.empty()) throw usage_error("dlq requeue: give the ids");
+    with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+      auto done = co_await store.requeue(c.queue, ids, c.flags.contains("--head"));
+      fmt::print("requeued {} of {}\n", done.size(), ids.size());
+      if (done.size() != ids.size()) rc = 1;
+    });
+  } else if (verb == "purge") {
+    if (ids.empty() != c.flags.contains("--all")) throw usage_error("dlq purge: give the ids, or --all");
+    with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+      auto n = co_await store.purge(c.queue, ids);
+      fmt::print("purged {}\n", n);
+    });
+  } else {
+    throw usage_error(fmt::format("dlq: unknown subcommand '{}'", verb));
+  }
+  return rc;
+}
+
+int group(const args& a) {
+  auto c = parse(a, "group", {"--skip"}, {});
+  if (c.help) {
+    fmt::print(
+        "usage: jobrt group show                 paused and halted groups\n"
+        "       jobrt group pause GROUP          nothing more of it starts (its running job finishes)\n"
+        "       jobrt group resume GROUP [--skip]  goes on; --skip dead-letters its head job first\n"
+        "each with [--redis URL] [--queue NAME] [--json]\n");
+    return 0;
+  }
+  if (c.positional.empty()) throw usage_error("group: say show, pause or resume");
+  auto verb = c.positional.front();
+  int rc = 0;
+  if (verb == "show") {
+    with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+      for (auto& g : co_await store.paused_groups(c.queue)) {
+        if (c.json)
+          fmt::print("{}\n", json::serialize(json::object{
+                                 {"group", g.group}, {"halted", g.halted}, {"error", g.error}, {"at_ms", g.at_ms}}));
+        else
+          fmt::print("{}  {}{}\n", g.group, g.halted ? "halted: " : "paused", g.error);
+      }
+    });
+  } else if (verb == "pause" || verb == "resume") {
+    if (c.positional.size() != 2) throw usage_error(fmt::format("group {}: give one group", verb));
+    auto name = c.positional[1];
+    with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+      bool changed = verb == "pause"
+                         ? co_await store.pause(c.queue, name)
+                         : co_await store.resume(c.queue, name,
+                                                 c.flags.contains("--skip") ? resume_mode::skip : resume_mode::retry);
+      fmt::print(
+          "group {}: {}\n", name,
+          changed ? (verb == "pause" ? "paused" : "resumed") : (verb == "pause" ? "already paused" : "not paused"));
+    });
+  } else {
+    throw usage_error(fmt::format("group: unknown subcommand '{}'", verb));
+  }
+  return rc;
+}
+
+}  // namespace jobrt::cli

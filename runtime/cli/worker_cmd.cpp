@@ -1,0 +1,311 @@
+// `jobrt worker` and `jobrt enqueue`.
+#include "cli.hpp"
+
+#include <jobrt/plugin.hpp>
+#include <jobrt/producer.hpp>
+#include <jobrt/redis_backend.hpp>
+#include <jobrt/worker.hpp>
+
+#include <fmt/format.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/json/parse.hpp>
+
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <set>
+#include <thread>
+
+namespace jobrt::cli {
+namespace {
+
+namespace asio = boost::asio;
+
+// A server that is not there is an error after a while, not a hang: requests have no timeout of
+// their own.
+asio::awaitable<void> check_reachable(redis::connection& conn, const std::string& url) {
+  redis::request ping("PING");
+  ping.options.timeout = std::chrono::seconds(10);
+  try {
+    co_await redis::exec(conn, std::move(ping));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("redis at {} does not answer: {} ({})", url, e.what(), conn.last_error()));
+  }
+}
+
+// Runs `body` on a fresh io_context with a Redis backend; rethrows what it throws.
+template <class Body>
+void with_backend(const std::string& url, std::size_t threads, Body body) {
+  auto cfg = redis::config::from_url(url);
+  asio::io_context ctx(static_cast<int>(threads));
+  redis_backend store(ctx.get_executor(), cfg);
+  std::exception_ptr failure;
+  asio::co_spawn(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        co_await check_reachable(store.connection(), url);
+        co_await body(ctx, store);
+      },
+      [&](std::exception_ptr e) {
+        failure = e;
+        ctx.stop();
+      });
+  std::vector<std::thread> extra;
+  for (std::size_t t = 1; t < threads; ++t) extra.emplace_back([&] { ctx.run(); });
+  ctx.run();
+  for (auto& t : extra) t.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
+constexpr const char* worker_usage =
+    "usage: jobrt worker --plugin PATH [--plugin PATH ...] [options]\n"
+    "Runs the plugins' handlers on a queue until SIGTERM or SIGINT, then stops gracefully: no new\n"
+    "claims, running jobs get --grace to finish, the rest are handed back.\n"
+    "  --redis URL          the server (default: $REDIS_URL, else redis://127.0.0.1:6379)\n"
+    "  --queue NAME         (default: default)\n"
+    "  --concurrency N      jobs at once (default 10)\n"
+    "  --threads N          threads running the io_context (default 1)\n"
+    "  --id ID              worker id (default: <host>:<pid>:<random>)\n"
+    "  --lease-ttl MS       lease time-to-live (default 30000; renewed every third of it)\n"
+    "  --burst N            jobs of one group in a row (default 4)\n"
+    "  --on-failure POLICY  hold, skip or halt: what a grouped job's failure does (default hold)\n"
+    "  --grace MS           how long running jobs may take to finish at stop (default 10000)\n";
+
+}  // namespace
+
+int worker_command(const args& a) {
+  std::string url = default_redis_url();
+  std::vector<std::string> plugins;
+  worker_options wo;
+  std::size_t threads = 1;
+  std::chrono::milliseconds grace{10000};
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto& arg = a[i];
+    if (arg == "--help" || arg == "-h") {
+      fmt::print("{}", worker_usage);
+      return 0;
+    } else if (arg == "--redis") {
+      url = string_arg(a, i);
+    } else if (arg == "--queue") {
+      wo.queue = string_arg(a, i);
+    } else if (arg == "--plugin") {
+      plugins.push_back(string_arg(a, i));
+    } else if (arg == "--concurrency") {
+      wo.concurrency = number_arg(a, i);
+    } else if (arg == "--threads") {
+      threads = number_arg(a, i);
+    } else if (arg == "--id") {
+      wo.id = string_arg(a, i);
+    } else if (arg == "--lease-ttl") {
+      wo.lease_ttl = std::chrono::milliseconds(number_arg(a, i));
+    } else if (arg == "--burst") {
+      wo.burst = number_arg(a, i);
+    } else if (arg == "--on-failure") {
+      try {
+        wo.on_failure = parse_failure_policy(string_arg(a, i));
+      } catch (const std::invalid_argument& e) {
+        throw usage_error(fmt::format("worker: --on-failure: {}", e.what()));
+      }
+    } else if (arg == "--grace") {
+      grace = std::chrono::milliseconds(number_arg(a, i));
+    } else {
+      throw usage_error(fmt::format("worker: unknown option '{}'", arg));
+    }
+  }
+  if (plugins.empty()) throw usage_error("worker: give at least one --plugin");
+  if (wo.concurrency == 0 || threads == 0 || wo.lease_ttl.count() == 0)
+    throw usage_error("worker: --concurrency, --threads and --lease-ttl must be positive");
+  if (wo.queue.empty()) throw usage_error("worker: --queue is empty");
+  check_url(url);
+
+  std::vector<std::unique_ptr<plugin>> loaded;
+  for (auto& path : plugins) loaded.push_back(load_plugin(path));
+  if (wo.id.empty()) wo.id = make_worker_id();
+
+  with_backend(url, threads, [&](asio::io_context& ctx, redis_backend& store) -> asio::awaitable<void> {
+    jobrt::worker w(ctx.get_executor(), store, wo);
+    std::string types;
+    for (auto& p : loaded) {
+      p->register_with(w);
+      for (auto& e : p->handlers()) types += (types.empty() ? "" : ", ") + e.type;
+    }
+    asio::signal_set signals(ctx, SIGTERM, SIGINT);
+    w.start();
+    fmt::print(stderr, "jobrt worker {}: running {} on queue {} (concurrency {})\n", wo.id, types, wo.queue,
+               wo.concurrency);
+    int signal = co_await signals.async_wait(asio::use_awaitable);
+    fmt::print(stderr, "jobrt worker {}: {}: stopping (grace {} ms)\n", wo.id, signal == SIGINT ? "SIGINT" : "SIGTERM",
+               grace.count());
+    co_await w.stop(grace);
+    auto c = w.counters();
+    fmt::print(stderr,
+               "jobrt worker {}: stopped: {} started, {} completed, {} retried, {} failed, {} leases lost, {} handed "
+               "back\n",
+               wo.id, c.started, c.completed, c.retried, c.failed, c.leases_lost, c.released);
+  });
+  return 0;
+}
+
+namespace {
+
+constexpr const char* enqueue_usage =
+    "usage: jobrt enqueue [options] --type TYPE [--payload JSON] [job options]   one job\n"
+    "       jobrt enqueue [options] --file FILE.jsonl                           one job per line\n"
+    "       jobrt enqueue [options] --count N --type TYPE [--groups G]           N generated jobs\n"
+    "  --redis URL, --queue NAME   as for jobrt worker\n"
+    "job options (one job, and defaults for generated jobs):\n"
+    "  --group G  --id ID  --delay MS  --max-attempts N  --timeout MS  --on-failure POLICY\n"
+    "--groups G spreads generated jobs over groups g0..g(G-1); their payload gets \"n\": the\n"
+    "job's number. A JSON line: {\"type\", \"payload\", \"group\", \"id\", \"delay_ms\",\n"
+    "\"max_attempts\", \"timeout_ms\", \"on_failure\"}. Prints the job's id, or a count.\n";
+
+job_spec spec_from_line(const std::string& line, std::size_t number) {
+  boost::system::error_code ec;
+  auto v = boost::json::parse(line, ec);
+  auto where = fmt::format("line {}", number);
+  if (ec) throw std::invalid_argument(fmt::format("{}: not JSON: {}", where, ec.message()));
+  if (!v.is_object()) throw std::invalid_argument(fmt::format("{}: not a JSON object", where));
+  auto& o = v.as_object();
+  job_spec s;
+  auto text = [&](std::string_view name) -> std::optional<std::string> {
+    auto* f = o.if_contains(name);
+    if (!f) return std::nullopt;
+    if (!f->is_string()) throw std::invalid_argument(fmt::format("{}: \"{}\" is not a string", where, name));
+    return std::string(f->as_string());
+  };
+  auto number_of = [&](std::string_view name) -> std::optional<std::int64_t> {
+    auto* f = o.if_contains(name);
+    if (!f) return std::nullopt;
+    if (!f->is_int64() || f->as_int64() < 0)
+      throw std::invalid_argument(fmt::format("{}: \"{}\" is not a non-negative integer", where, name));
+    return f->as_int64();
+  };
+  for (auto& [key, value] : o) {
+    static const std::set<std::string_view> known{"type",     "payload",      "group",      "id",
+                                                  "delay_ms", "max_attempts", "timeout_ms", "on_failure"};
+    if (!known.contains(key)) throw std::invalid_argument(fmt::format("{}: unknown field \"{}\"", where, key));
+  }
+  s.type = text("type").value_or("");
+  if (auto* p = o.if_contains("payload")) s.payload = *p;
+  s.group = text("group");
+  s.id = text("id").value_or("");
+  s.delay = std::chrono::milliseconds(number_of("delay_ms").value_or(0));
+  s.max_attempts = static_cast<int>(number_of("max_attempts").value_or(3));
+  s.timeout = std::chrono::milliseconds(number_of("timeout_ms").value_or(0));
+  if (auto p = text("on_failure")) s.on_failure = parse_failure_policy(*p);
+  return s;
+}
+
+}  // namespace
+
+int enqueue_command(const args& a) {
+  std::string url = default_redis_url(), queue = "default", file;
+  job_spec base;
+  bool has_payload = false;
+  std::size_t count = 0, groups = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto& arg = a[i];
+    if (arg == "--help" || arg == "-h") {
+      fmt::print("{}", enqueue_usage);
+      return 0;
+    } else if (arg == "--redis") {
+      url = string_arg(a, i);
+    } else if (arg == "--queue") {
+      queue = string_arg(a, i);
+    } else if (arg == "--type") {
+      base.type = string_arg(a, i);
+    } else if (arg == "--payload") {
+      try {
+        base.payload = producer::parse_payload(string_arg(a, i));
+      } catch (const std::invalid_argument& e) {
+        throw usage_error(fmt::format("enqueue: --payload: {}", e.what()));
+      }
+      has_payload = true;
+    } else if (arg == "--group") {
+      base.group = string_arg(a, i);
+    } else if (arg == "--id") {
+      base.id = string_arg(a, i);
+    } else if (arg == "--delay") {
+      base.delay = std::chrono::milliseconds(number_arg(a, i));
+    } else if (arg == "--max-attempts") {
+      base.max_attempts = static_cast<int>(number_arg(a, i));
+    } else if (arg == "--timeout") {
+      base.timeout = std::chrono::milliseconds(number_arg(a, i));
+    } else if (arg == "--on-failure") {
+      try {
+        base.on_failure = parse_failure_policy(string_arg(a, i));
+      } catch (const std::invalid_argument& e) {
+        throw usage_error(fmt::format("enqueue: --on-failure: {}", e.what()));
+      }
+    } else if (arg == "--file") {
+      file = string_arg(a, i);
+    } else if (arg == "--count") {
+      count = number_arg(a, i);
+    } else if (arg == "--groups") {
+      groups = number_arg(a, i);
+    } else {
+      throw usage_error(fmt::format("enqueue: unknown option '{}'", arg));
+    }
+  }
+  if (!file.empty() && count > 0) throw usage_error("enqueue: give --file or --count, not both");
+  if (file.empty() && base.type.empty()) throw usage_error("enqueue: --type is required");
+  if (groups > 0 && count == 0) throw usage_error("enqueue: --groups needs --count");
+  if (count > 0 && !base.id.empty()) throw usage_error("enqueue: --id names one job; it cannot go with --count");
+  check_url(url);
+
+  // Every job is built and checked before anything is stored.
+  std::vector<job_spec> specs;
+  if (!file.empty()) {
+    std::ifstream in(file);
+    if (!in) throw std::runtime_error(fmt::format("enqueue: cannot open {}", file));
+    std::string line;
+    for (std::size_t n = 1; std::getline(in, line); ++n) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      try {
+        specs.push_back(spec_from_line(line, n));
+      } catch (const std::invalid_argument& e) {
+        throw std::runtime_error(fmt::format("enqueue: {}: {}; nothing was enqueued", file, e.what()));
+      }
+    }
+  } else if (count > 0) {
+    specs.reserve(count);
+    for (std::size_t n = 0; n < count; ++n) {
+      job_spec s = base;
+      if (!has_payload) s.payload = boost::json::object();
+      if (s.payload.is_object()) s.payload.as_object()["n"] = n;
+      if (groups > 0) s.group = fmt::format("g{}", n % groups);
+      specs.push_back(std::move(s));
+    }
+  } else {
+    specs.push_back(base);
+  }
+
+  bool tty = ::isatty(STDERR_FILENO) == 1 && specs.size() > 1;
+  std::vector<enqueue_result> results;
+  with_backend(url, 1, [&](asio::io_context&, redis_backend& store) -> asio::awaitable<void> {
+    producer p(store, queue);
+    constexpr std::size_t step = 10000;  // a progress line per step, on a terminal
+    for (std::size_t first = 0; first < specs.size(); first += step) {
+      auto last = std::min(specs.size(), first + step);
+      std::vector<job_spec> part(std::make_move_iterator(specs.begin() + static_cast<std::ptrdiff_t>(first)),
+                                 std::make_move_iterator(specs.begin() + static_cast<std::ptrdiff_t>(last)));
+      auto done = co_await p.enqueue_bulk(std::move(part));
+      results.insert(results.end(), done.begin(), done.end());
+      if (tty) fmt::print(stderr, "\r[{:<40}] {}/{}", std::string(40 * last / specs.size(), '#'), last, specs.size());
+    }
+    if (tty) fmt::print(stderr, "\n");
+  });
+  std::size_t duplicates = 0;
+  for (auto& r : results) duplicates += r.duplicate ? 1 : 0;
+  if (results.size() == 1)
+    fmt::print("{}{}\n", results[0].id, results[0].duplicate ? " (duplicate: already pending)" : "");
+  else
+    fmt::print("enqueued {} jobs on {} ({} duplicates)\n", results.size() - duplicates, queue, duplicates);
+  return 0;
+}
+
+}  // namespace jobrt::cli
