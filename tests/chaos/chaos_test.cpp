@@ -1,0 +1,383 @@
+// The chaos test: real `jobrt worker` processes run the probe plugin on one queue while a driver
+// kill -9's and restarts them, kills their Redis connections and restarts redis-server once
+// (appendonly yes, appendfsync always). Then the probes' logs are checked: no job lost, no two
+// runs of a group at once while both held live leases, order kept (retries included), re-runs
+// only where a lease was lost, and `check` finds nothing.
+#include "support/redis_server.hpp"
+#include "support/run.hpp"
+
+#include <jobrt/producer.hpp>
+#include <jobrt/redis_backend.hpp>
+
+#include <fmt/format.h>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+
+#ifndef JOBRT_BIN
+#error "JOBRT_BIN must name the jobrt executable, JOBRT_CHAOS_PROBE the probe plugin"
+#endif
+
+extern char** environ;
+
+namespace asio = boost::asio;
+using namespace jobrt;
+using namespace jobrt::test;
+using asio::awaitable;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr int groups = 500;
+constexpr int grouped_jobs = 20000;
+constexpr int delayed_jobs = 200;
+constexpr int worker_count = 4;
+constexpr milliseconds lease_ttl{1500};
+constexpr milliseconds watchdog_period = lease_ttl / 3;  // the worker's default
+const std::string queue = "chaos";
+
+std::int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The worker processes: slot i runs `jobrt worker --id chaos-i`; a restarted one keeps its id.
+class workers {
+ public:
+  workers(std::string dir, std::string url) : dir_(std::move(dir)), url_(std::move(url)), pids_(worker_count, -1) {}
+  ~workers() {
+    for (auto pid : pids_) {
+      if (pid <= 0) continue;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+
+  void start(std::size_t slot) {
+    std::vector<std::string> args{JOBRT_BIN,       "worker",
+                                  "--redis",       url_,
+                                  "--queue",       queue,
+                                  "--plugin",      JOBRT_CHAOS_PROBE,
+                                  "--id",          fmt::format("chaos-{}", slot),
+                                  "--concurrency", "16",
+                                  "--lease-ttl",   std::to_string(lease_ttl.count()),
+                                  "--grace",       "5000"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env_text;
+    for (char** e = environ; *e; ++e) env_text.emplace_back(*e);
+    env_text.push_back("JOBRT_CHAOS_LOG=" + dir_);
+    std::vector<char*> envp;
+    for (auto& e : env_text) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t files;
+    posix_spawn_file_actions_init(&files);
+    auto out = fmt::format("{}/worker-{}-{}.out", dir_, slot, ++starts_);
+    posix_spawn_file_actions_addopen(&files, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&files, 1, 2);
+    pid_t pid = -1;
+    int rc = ::posix_spawn(&pid, JOBRT_BIN, &files, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&files);
+    if (rc != 0) throw std::runtime_error(fmt::format("cannot start {}: {}", JOBRT_BIN, std::strerror(rc)));
+    pids_[slot] = pid;
+  }
+
+  /// kill -9; returns the pid killed.
+  pid_t kill(std::size_t slot) {
+    pid_t pid = pids_[slot];
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    pids_[slot] = -1;
+    return pid;
+  }
+
+  /// SIGTERM to all, then waits (bounded); true when all exited with status 0.
+  awaitable<bool> stop_all(milliseconds limit) {
+    for (auto pid : pids_)
+      if (pid > 0) ::kill(pid, SIGTERM);
+    bool clean = true;
+    auto end = std::chrono::steady_clock::now() + limit;
+    for (auto& pid : pids_) {
+      while (pid > 0) {
+        int status = 0;
+        if (::waitpid(pid, &status, WNOHANG) == pid) {
+          clean = clean && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+          pid = -1;
+        } else if (std::chrono::steady_clock::now() > end) {
+          co_return false;
+        } else {
+          co_await sleep_for(milliseconds(10));
+        }
+      }
+    }
+    co_return clean;
+  }
+
+  /// A worker that died by itself (it should not).
+  std::string died() {
+    for (std::size_t i = 0; i < pids_.size(); ++i) {
+      int status = 0;
+      if (pids_[i] > 0 && ::waitpid(pids_[i], &status, WNOHANG) == pids_[i]) {
+        pids_[i] = -1;
+        return fmt::format("worker slot {} ended by itself (status {}); see {}", i, status, dir_);
+      }
+    }
+    return {};
+  }
+
+ private:
+  std::string dir_, url_;
+  std::vector<pid_t> pids_;
+  int starts_ = 0;
+};
+
+struct run_record {
+  std::string id, group;
+  std::int64_t seq = 0, fence = 0, start = 0, end = 0;
+  long pid = 0;
+  char outcome = 0;  // E, F, C, or 0: no end line (its process was killed)
+};
+
+// Runs by fence (a lease's fence is unique).
+std::map<std::int64_t, run_record> read_logs(const std::string& dir) {
+  std::map<std::int64_t, run_record> runs;
+  for (auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".log") continue;
+    std::ifstream in(entry.path());
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      char kind = 0;
+      run_record r;
+      int attempt = 0;
+      std::int64_t us = 0;
+      if (!(fields >> kind >> r.id >> r.group >> r.seq >> r.fence >> r.pid >> attempt >> us)) continue;
+      auto& run = runs[r.fence];
+      if (kind == 'S') {
+        r.start = us;
+        r.end = run.end;
+        r.outcome = run.outcome;
+        run = r;
+      } else {
+        run.end = us;
+        run.outcome = kind;
+      }
+    }
+  }
+  return runs;
+}
+
+}  // namespace
+
+TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart lose nothing and break no group") {
+  redis_server server({"--appendonly", "yes", "--appendfsync", "always"});
+  char tmpl[] = "/tmp/jobrt-chaos-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  std::string dir = tmpl;
+  std::map<long, std::int64_t> killed_at;  // pid → when (realtime us)
+  int kills = 0, connection_kills = 0;
+  std::int64_t recovered = 0, restart_at = 0;
+  std::set<std::string> ids;
+  check_report final_check;
+  queue_counts final_counts;
+
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        workers pool(dir, server.url());
+        for (std::size_t i = 0; i < worker_count; ++i) pool.start(i);
+        auto producer_cfg = server.config();
+        producer_cfg.client_name = "chaos-producer";  // the driver spares it
+        redis_backend store(ctx.get_executor(), producer_cfg);
+        producer p(store, queue);
+        std::mt19937 random(12345);
+
+        // 20,000 grouped jobs in order over 500 groups, 1 in 20 failing its first run; 200
+        // ungrouped jobs delayed by up to 5 s. Enqueued in 20 steps while the chaos goes on.
+        std::vector<job_spec> all;
+        for (int n = 0; n < grouped_jobs; ++n) {
+          job_spec s;
+          s.type = "probe";
+          s.id = fmt::format("j{}", n);
+          s.group = fmt::format("g{}", n % groups);
+          boost::json::object payload{{"s", n / groups}, {"ms", 5 + n % 11}};
+          if (n % 20 == 7) payload["fail"] = true;
+          s.payload = std::move(payload);
+          s.max_attempts = 10;
+          s.retry_backoff = backoff{milliseconds(100), 2.0, milliseconds(1000), 0.2};
+          all.push_back(std::move(s));
+        }
+        for (int n = 0; n < delayed_jobs; ++n) {
+          job_spec s;
+          s.type = "probe";
+          s.id = fmt::format("d{}", n);
+          s.payload = boost::json::object{{"s", 0}, {"ms", 5}};
+          s.delay = milliseconds(500 + 25 * n);
+          s.max_attempts = 10;
+          all.push_back(std::move(s));
+        }
+        for (auto& s : all) ids.insert(s.id);
+        std::shuffle(all.begin() + grouped_jobs, all.end(), random);
+
+        auto started = std::chrono::steady_clock::now();
+        auto elapsed = [&] { return std::chrono::steady_clock::now() - started; };
+        std::size_t enqueued = 0;
+        auto next_kill = milliseconds(1000), next_conn_kill = milliseconds(300), next_batch = milliseconds(0);
+        bool restarted = false;
+        for (;;) {
+          if (auto died = pool.died(); !died.empty()) FAIL(died);
+          if (enqueued < all.size() && elapsed() >= next_batch) {  // a batch every 600 ms: about 12 s of arrivals
+            next_batch += milliseconds(600);
+            auto last = std::min(all.size(), enqueued + 1010);
+            std::vector<job_spec> batch(all.begin() + static_cast<std::ptrdiff_t>(enqueued),
+                                        all.begin() + static_cast<std::ptrdiff_t>(last));
+            co_await p.enqueue_bulk(std::move(batch));
+            enqueued = last;
+          }
+          if (elapsed() >= next_kill) {  // kill -9 a random worker and start it again
+            std::size_t slot = random() % worker_count;
+            auto pid = pool.kill(slot);
+            killed_at[pid] = now_us();
+            ++kills;
+            pool.start(slot);
+            next_kill += milliseconds(1000 + random() % 1000);
+          }
+          if (elapsed() >= next_conn_kill) {  // CLIENT KILL one of the workers' connections
+            std::istringstream list(redis_cli(server.config(), {"CLIENT", "LIST"}));
+            std::vector<std::string> victims;
+            for (std::string line; std::getline(list, line);) {
+              if (line.find("name=jobrt") == std::string::npos) continue;
+              auto id = line.substr(3, line.find(' ') - 3);
+              victims.push_back(id);
+            }
+            if (!victims.empty()) {
+              redis_cli(server.config(), {"CLIENT", "KILL", "ID", victims[random() % victims.size()]});
+              ++connection_kills;
+            }
+            next_conn_kill += milliseconds(400 + random() % 400);
+          }
+          if (!restarted && enqueued == all.size() && elapsed() > milliseconds(6000)) {
+            server.stop(true);  // SIGKILL: appendfsync always keeps every acknowledged write
+            restart_at = now_us();
+            server.start();
+            restarted = true;
+          }
+          auto counts = co_await store.counts(queue);
+          if (restarted && enqueued == all.size() &&
+              counts.completed + counts.dead >= static_cast<std::int64_t>(all.size()) && counts.running == 0 &&
+              counts.delayed == 0 && counts.ready_lanes == 0)
+            break;
+          if (elapsed() > std::chrono::seconds(150)) {
+            MESSAGE("not done after 150 s: " << counts.completed << " completed, " << counts.dead << " dead, "
+                                             << counts.running << " running, " << counts.ready_lanes << " ready");
+            break;
+          }
+          co_await sleep_for(milliseconds(100));
+        }
+        CHECK(co_await pool.stop_all(std::chrono::seconds(20)));
+        final_counts = co_await store.counts(queue);
+        recovered = final_counts.recovered;
+        final_check = co_await store.check(queue, false);
+      },
+      std::chrono::seconds(240));
+
+  // --- the checker ---
+  auto runs = read_logs(dir);
+  std::map<std::string, std::vector<const run_record*>> by_job;
+  std::map<std::string, std::vector<const run_record*>> by_group;
+  for (auto& [fence, r] : runs) {
+    if (r.start == 0) continue;  // an end line whose start was never written (cannot happen)
+    by_job[r.id].push_back(&r);
+    if (r.group != "-") by_group[r.group].push_back(&r);
+  }
+  auto killed_before = [&](const run_record& r, std::int64_t t) {
+    auto k = killed_at.find(r.pid);
+    return k != killed_at.end() && k->second >= r.start && k->second <= t;
+  };
+
+  // 0 lost: every job ended (E) once at least.
+  int lost = 0;
+  for (auto& id : ids) {
+    auto it = by_job.find(id);
+    bool ended = it != by_job.end() &&
+                 std::any_of(it->second.begin(), it->second.end(), [](auto* r) { return r->outcome == 'E'; });
+    if (!ended && ++lost <= 5) MESSAGE("lost: " << id);
+  }
+  CHECK(lost == 0);
+  CHECK(final_counts.dead == 0);
+  CHECK(final_counts.completed == static_cast<std::int64_t>(ids.size()));
+
+  // Re-runs only where a lease was lost: every run but a job's last ended on purpose (F), was
+  // cancelled (C), or its process was killed before the next run started.
+  int reruns = 0, unexplained = 0;
+  for (auto& [id, list] : by_job) {
+    std::sort(list.begin(), list.end(), [](auto* a, auto* b) { return a->start < b->start; });
+    for (std::size_t i = 0; i + 1 < list.size(); ++i) {
+      if (list[i]->outcome == 'F') continue;
+      ++reruns;
+      if (list[i]->outcome != 'C' && !killed_before(*list[i], list[i + 1]->start) && ++unexplained <= 5)
+        MESSAGE("unexplained re-run of " << id << " (fence " << list[i]->fence << " ended " << list[i]->outcome << ")");
+    }
+  }
+  CHECK(unexplained == 0);
+
+  // Exclusion and order per group.
+  int overlaps = 0, order_breaks = 0;
+  for (auto& [group, list] : by_group) {
+    std::sort(list.begin(), list.end(), [](auto* a, auto* b) { return a->start < b->start; });
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      for (std::size_t j = i + 1; j < list.size(); ++j) {
+        auto& a = *list[i];
+        auto& b = *list[j];
+        bool a_running = a.outcome == 0 ? !killed_before(a, b.start) : a.end > b.start;
+        if (a_running && a.outcome != 'C' && ++overlaps <= 5)
+          MESSAGE("group " << group << ": fence " << b.fence << " started while fence " << a.fence << " ran");
+        if (b.seq < a.seq && ++order_breaks <= 5)
+          MESSAGE("group " << group << ": seq " << b.seq << " started after seq " << a.seq);
+      }
+    }
+  }
+  CHECK(overlaps == 0);
+  CHECK(order_breaks == 0);
+
+  // From a kill to the next start of each group the killed process was running.
+  std::int64_t longest = 0;
+  for (auto& [pid, at] : killed_at) {
+    for (auto& [fence, r] : runs) {
+      if (r.pid != pid || r.start > at || (r.outcome != 0 && r.end <= at)) continue;
+      auto& list = r.group == "-" ? by_job[r.id] : by_group[r.group];
+      for (auto* next : list) {
+        if (next->start > at) {
+          longest = std::max(longest, next->start - at);
+          break;
+        }
+      }
+    }
+  }
+  for (auto& line : final_check.problems) MESSAGE("check: " << line);
+  CHECK(final_check.problems.empty());
+
+  auto summary = fmt::format(
+      "chaos: {} jobs ({} grouped over {} groups, {} delayed), {} runs, {} worker kills, {} connection kills, "
+      "redis-server restarted once, {} leases recovered, {} re-runs, longest kill to next start {} ms (lease TTL {} "
+      "ms + watchdog {} ms = {} ms)",
+      ids.size(), grouped_jobs, groups, delayed_jobs, runs.size(), kills, connection_kills, recovered, reruns,
+      longest / 1000, lease_ttl.count(), watchdog_period.count(), (lease_ttl + watchdog_period).count());
+  MESSAGE(summary);
+  if (const char* out = std::getenv("JOBRT_CHAOS_SUMMARY")) std::ofstream(out) << summary << "\n";
+  CHECK(longest / 1000 <= (lease_ttl + watchdog_period).count() + 500);
+  CHECK(kills >= 5);
+  CHECK(restart_at > 0);
+  if (lost == 0 && overlaps == 0 && order_breaks == 0 && unexplained == 0) std::filesystem::remove_all(dir);
+}
