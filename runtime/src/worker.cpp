@@ -54,6 +54,16 @@ std::string what(const std::exception_ptr& e) {
   }
 }
 
+bool is_permanent(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const permanent_failure&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 // A timer parked at time_point::max() serves as a condition variable with one waiter.
 asio::awaitable<void> wait_on(asio::steady_timer& t, clock::time_point until = clock::time_point::max()) {
   t.expires_at(until);
@@ -286,7 +296,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     if (e || r->timed_out) {  // past its deadline the attempt fails, even if the handler ignored the cancellation
       decide_failure(r->ctx->job(),
                      r->timed_out ? fmt::format("timed out after {} ms", r->ctx->job().timeout.count()) : what(e),
-                     item);
+                     !r->timed_out && is_permanent(e), item);
     } else if (r->ctx->retry_after_) {
       item.kind = finish_kind::defer;
       item.delay = *r->ctx->retry_after_;
@@ -297,11 +307,14 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   }
 
   // A failed run: run again after a backoff while attempts are left; then the dead letters, or a
-  // halted group. A grouped job under `skip` goes to the dead letters at once.
-  void decide_failure(const job& j, std::string error, finish_item& item) {
+  // halted group. A grouped job under `skip`, and a permanent failure, go to the dead letters at
+  // once (a permanent failure halts a `halt` group).
+  void decide_failure(const job& j, std::string error, bool permanent, finish_item& item) {
     auto policy = j.group.empty() ? failure_policy::hold : j.on_failure.value_or(opts_.on_failure);
     item.error = std::move(error);
-    if (policy == failure_policy::skip) {
+    if (permanent) {
+      item.kind = policy == failure_policy::halt ? finish_kind::halt : finish_kind::fail;
+    } else if (policy == failure_policy::skip) {
       item.kind = finish_kind::fail;
     } else if (j.attempt < j.max_attempts) {
       item.kind = finish_kind::retry;

@@ -465,3 +465,31 @@ CONFORMANCE("check finds nothing wrong in a queue in every state") {
     CHECK((co_await store.check(b.queue(), true)).repaired == 0);
   });
 }
+
+CONFORMANCE("a payload the handler cannot parse is dead-lettered at once and the worker goes on") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    auto bad = make_job("parse", {{"qty", "not a number"}}, "g");
+    auto good = make_job("parse", {{"qty", 3}}, "g");
+    std::vector<job_spec> specs{bad, good};
+    co_await p.enqueue_bulk(std::move(specs));
+    worker w(ctx.get_executor(), b.make(), quick_retries(b, 2));
+    int runs = 0, parsed = 0;
+    w.add_handler("parse", [&](job_context& c) -> awaitable<void> {
+      ++runs;
+      const auto* qty = c.payload().as_object().if_contains("qty");
+      if (!qty || !qty->is_int64()) throw permanent_failure("payload.qty is not an integer");
+      ++parsed;
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return parsed == 1; }));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(runs == 2);  // no retry of the bad one
+    auto dead = co_await b.make().dead_letters(b.queue(), 0, 10);
+    REQUIRE(dead.size() == 1);
+    CHECK(dead[0].error == "payload.qty is not an integer");
+    CHECK(w.counters().retried == 0);
+  });
+}

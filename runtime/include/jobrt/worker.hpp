@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -51,7 +52,15 @@ class job_context {
   std::optional<std::chrono::milliseconds> retry_after_;
 };
 
-/// A handler: a coroutine. Returning completes the job; throwing fails it with what() as error.
+/// Thrown by a handler for a failure that retrying cannot fix (say, a payload it cannot parse):
+/// the job goes to the dead letters at once (a group under the `halt` policy halts).
+class permanent_failure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A handler: a coroutine. Returning completes the job; throwing fails the run with what() as the
+/// error: it runs again after a backoff while attempts are left (see failure_policy).
 using handler = std::function<boost::asio::awaitable<void>(job_context&)>;
 
 struct worker_options {
