@@ -75,10 +75,11 @@ class redis_backend final : public backend {
   redis::connection conn_;
   redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, requeue_, purge_,
       check_;
-  // Wake-ups for delayed jobs: one subscriber for every queue, started on first use. Shared
-  // with the coroutine that receives its messages, which may outlive the backend briefly.
+  // Wake-ups for delayed jobs: one subscriber for every queue, started on first use. The
+  // wake-ups are shared with the coroutine that receives its messages, which may outlive the
+  // backend briefly.
   std::shared_ptr<detail::wakeups> wakeups_;
-  std::shared_ptr<redis::subscriber> subscriber_;
+  std::unique_ptr<redis::subscriber> subscriber_;
   std::set<std::string> subscribed_;
   std::mutex blocking_mutex_;
   std::map<std::string, std::unique_ptr<redis::blocking_connection>> blocking_;

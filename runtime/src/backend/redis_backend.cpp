@@ -71,6 +71,7 @@ redis_backend::redis_backend(asio::any_io_executor ex, redis::config cfg)
 }
 
 redis_backend::~redis_backend() {
+  wakeups_->close();
   if (subscriber_) subscriber_->close();
 }
 
@@ -351,22 +352,25 @@ std::uint64_t redis_backend::delayed_version(const std::string& queue) {
     if (!subscriber_) {
       auto cfg = cfg_;
       cfg.client_name = fmt::format("{}:wakeups", cfg_.client_name);
-      subscriber_ = std::make_shared<redis::subscriber>(ex_, cfg);
+      subscriber_ = std::make_unique<redis::subscriber>(ex_, cfg);
       subscriber_->start();
       // Each message names a queue's delayed set; a confirmation (after each (re)subscribe) may
       // follow messages that were missed, so it wakes everyone to look again.
+      // The loop holds the subscriber by pointer: a shared_ptr in its frame, which the pending
+      // receive's handler owns, would keep the connection alive forever. The backend's destructor
+      // marks the wake-ups closed before it destroys the subscriber.
       asio::co_spawn(
           ex_,
-          [](std::shared_ptr<redis::subscriber> sub, std::shared_ptr<detail::wakeups> w) -> asio::awaitable<void> {
+          [](redis::subscriber* sub, std::shared_ptr<detail::wakeups> w) -> asio::awaitable<void> {
             for (;;) {
               auto [ec, m] = co_await sub->async_receive(asio::as_tuple(asio::use_awaitable));
-              if (ec) co_return;  // closed
+              if (ec || w->closed()) co_return;
               if (m.confirmation)
                 w->bump_all();
               else
                 w->bump(m.channel);
             }
-          }(subscriber_, wakeups_),
+          }(subscriber_.get(), wakeups_),
           asio::detached);
     }
     if (subscribed_.insert(channel).second) {

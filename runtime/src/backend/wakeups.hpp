@@ -6,6 +6,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <list>
@@ -25,6 +26,9 @@ class wakeups : public std::enable_shared_from_this<wakeups> {
   void bump(const std::string& name);
   /// Moves every version and wakes every waiter (wake-ups may have been missed).
   void bump_all();
+  /// Marks the owner gone (see redis_backend's subscriber loop).
+  void close() noexcept { closed_.store(true); }
+  bool closed() const noexcept { return closed_.load(); }
   /// Returns when version(name) != seen or after `timeout`; on cancellation, at once.
   boost::asio::awaitable<void> wait(std::string name, std::uint64_t seen, std::chrono::milliseconds timeout);
 
@@ -37,6 +41,7 @@ class wakeups : public std::enable_shared_from_this<wakeups> {
 
   std::mutex mutex_;
   std::unordered_map<std::string, entry> entries_;
+  std::atomic<bool> closed_{false};
 };
 
 }  // namespace jobrt::detail
