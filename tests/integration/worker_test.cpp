@@ -242,3 +242,110 @@ TEST_CASE("check reports broken bookkeeping and repair fixes it") {
     CHECK(claimed.size() == 4);
   });
 }
+
+namespace {
+
+template <class Cond>
+awaitable<bool> wait_until(Cond cond, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > end) co_return false;
+    co_await sleep_for(std::chrono::milliseconds(5));
+  }
+  co_return true;
+}
+
+// The ids of the clients whose name starts with `name` (a backend's blocking and subscriber
+// connections are named <name>:blocking and <name>:wakeups).
+std::vector<std::string> clients_named(const redis::config& cfg, std::string_view name) {
+  std::istringstream list(redis_cli(cfg, {"CLIENT", "LIST"}));
+  std::vector<std::string> ids;
+  for (std::string line; std::getline(list, line);)
+    if (line.find(fmt::format(" name={}", name)) != std::string::npos)
+      ids.push_back(line.substr(3, line.find(' ') - 3));
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("a worker survives CLIENT KILL of each of its connections") {
+  redis_server server;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    auto cfg = server.config();
+    cfg.client_name = "victim";
+    redis_backend store(ctx.get_executor(), cfg);
+    auto producer_cfg = server.config();
+    producer_cfg.client_name = "producer";
+    redis_backend feeder(ctx.get_executor(), producer_cfg);
+    producer p(feeder, "q");
+    worker_options o;
+    o.queue = "q";
+    o.concurrency = 4;
+    o.claim_wait = std::chrono::milliseconds(500);
+    o.lease_ttl = std::chrono::milliseconds(900);
+    worker w(ctx.get_executor(), store, o);
+    int done = 0;
+    w.add_handler("t", [&](job_context&) -> awaitable<void> {
+      ++done;
+      co_return;
+    });
+    w.start();
+    job_spec s;
+    s.type = "t";
+    s.group = "g";
+    co_await p.enqueue(s);
+    CHECK(co_await wait_until([&] { return done == 1; }));
+    // Shared, blocking and subscriber connections all carry the name: kill them all, three times.
+    for (int round = 0; round < 3; ++round) {
+      auto victims = clients_named(server.config(), "victim");
+      CHECK(victims.size() == 3);
+      for (auto& id : victims) redis_cli(server.config(), {"CLIENT", "KILL", "ID", id});
+      co_await p.enqueue(s);  // an idle worker wakes for it...
+      auto later = s;
+      later.delay = std::chrono::milliseconds(300);  // ...and its promoter for this one
+      co_await p.enqueue(later);
+      CHECK(co_await wait_until([&] { return done == 3 + 2 * round; }));
+    }
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(w.counters().leases_lost == 0);
+    CHECK(w.counters().completed == 7);
+  });
+}
+
+TEST_CASE("a lease held across a redis-server restart is renewed and its job runs once") {
+  redis_server server({"--appendonly", "yes", "--appendfsync", "always"});
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), server.config());
+    producer p(store, "q");
+    worker_options o;
+    o.queue = "q";
+    o.concurrency = 2;
+    o.lease_ttl = std::chrono::milliseconds(1500);
+    worker w(ctx.get_executor(), store, o);
+    int starts = 0, ends = 0;
+    w.add_handler("t", [&](job_context&) -> awaitable<void> {
+      ++starts;
+      co_await sleep_for(std::chrono::milliseconds(2500));  // longer than the TTL, across the restart
+      ++ends;
+    });
+    w.start();
+    job_spec s;
+    s.type = "t";
+    s.group = "g";
+    co_await p.enqueue(s);
+    CHECK(co_await wait_until([&] { return starts == 1; }));
+    co_await sleep_for(std::chrono::milliseconds(300));
+    server.stop(true);  // SIGKILL: the append-only file has every acknowledged write
+    co_await sleep_for(std::chrono::milliseconds(200));
+    server.start();
+    CHECK(co_await wait_until([&] { return w.counters().completed == 1; }));
+    co_await sleep_for(std::chrono::milliseconds(1000));  // a second run would start by now
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(starts == 1);
+    CHECK(ends == 1);
+    CHECK(w.counters().leases_lost == 0);
+    auto counts = co_await store.counts("q");
+    CHECK(counts.completed == 1);
+    CHECK(counts.running == 0);
+  });
+}
