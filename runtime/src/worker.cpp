@@ -147,8 +147,17 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     auto backoff = std::chrono::milliseconds(100);
     // A heartbeat before the first claim: a worker that dies between a BLMOVE and its claim must
     // already be known to the reaper, or the lane in its claimed list would be nobody's.
+    // A worker that ran before under this id gets its leases back at once: they expire now and
+    // the reaper, woken here, sends their jobs back (its claimed lanes it takes at its first claim).
     try {
-      co_await self->backend_.extend(self->opts_.queue, self->opts_.id, {}, self->opts_.lease_ttl);
+      auto expired = co_await self->backend_.expire_own(self->opts_.queue, self->opts_.id);
+      if (expired > 0) {
+        fmt::print(stderr, "jobrt worker {}: {} leases of this worker's previous run expired\n", self->opts_.id,
+                   expired);
+        self->reap_timer_.cancel();
+      }
+      std::vector<std::string> none;
+      co_await self->backend_.extend(self->opts_.queue, self->opts_.id, std::move(none), self->opts_.lease_ttl);
     } catch (const std::exception& e) {
       fmt::print(stderr, "jobrt worker {}: first heartbeat failed: {}\n", self->opts_.id, e.what());
     }

@@ -493,3 +493,36 @@ CONFORMANCE("a payload the handler cannot parse is dead-lettered at once and the
     CHECK(w.counters().retried == 0);
   });
 }
+
+CONFORMANCE("a worker started again under its id gets its previous leases back at once") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    std::vector<job_spec> specs{named("a"), named("u", std::nullopt)};
+    co_await p.enqueue_bulk(std::move(specs));
+    // The previous run of worker "same" leased both for 30 s, told its heartbeat, and died.
+    claim_options co{"same", 2, std::chrono::seconds(30)};
+    auto held = co_await store.claim(b.queue(), co);
+    REQUIRE(held.size() == 2);
+    std::vector<std::string> tokens{held[0].token, held[1].token};
+    co_await store.extend(b.queue(), "same", std::move(tokens), std::chrono::seconds(30));
+
+    auto o = b.worker_opts(4);
+    o.id = "same";
+    o.lease_ttl = std::chrono::seconds(30);
+    worker w(ctx.get_executor(), b.make(), o);
+    run_log log;
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      log.add(c);
+      co_return;
+    });
+    auto start = clock_type::now();
+    w.start();
+    CHECK(co_await eventually([&] { return log.entries.size() == 2; }, std::chrono::seconds(5)));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(clock_type::now() - start < std::chrono::seconds(5));  // not the 30 s TTL
+    for (auto& e : log.entries) CHECK(e.attempt == 2);           // the lost run counted
+    CHECK((co_await b.make().counts(b.queue())).recovered == 2);
+  });
+}

@@ -162,10 +162,14 @@ class backend {
   virtual boost::asio::awaitable<std::vector<finish_result>> finish(std::string queue, std::string worker,
                                                                     std::vector<finish_item> items,
                                                                     std::chrono::milliseconds lease_ttl) = 0;
-  /// Renews leases; true for each that is still held. Also records the worker's heartbeat.
+  /// Renews leases; true for each that is still held. Also records the worker's heartbeat and
+  /// which leases it holds (see expire_own).
   virtual boost::asio::awaitable<std::vector<bool>> extend(std::string queue, std::string worker,
                                                            std::vector<std::string> tokens,
                                                            std::chrono::milliseconds lease_ttl) = 0;
+  /// For a worker starting under an id that ran before: the leases its previous incarnation held
+  /// at its last heartbeat expire at once (the next reap recovers them). Returns how many.
+  virtual boost::asio::awaitable<std::int64_t> expire_own(std::string queue, std::string worker) = 0;
   /// Gives back leased jobs that were not started (a stopping worker): they are ready again, at
   /// the head, with no attempt counted.
   virtual boost::asio::awaitable<void> release(std::string queue, std::string worker,

@@ -40,6 +40,7 @@ class redis_backend final : public backend {
   boost::asio::awaitable<std::vector<bool>> extend(std::string queue, std::string worker,
                                                    std::vector<std::string> tokens,
                                                    std::chrono::milliseconds lease_ttl) override;
+  boost::asio::awaitable<std::int64_t> expire_own(std::string queue, std::string worker) override;
   boost::asio::awaitable<void> release(std::string queue, std::string worker, std::vector<std::string> tokens) override;
   boost::asio::awaitable<reap_result> reap(std::string queue, reap_options opts) override;
   boost::asio::awaitable<queue_counts> counts(std::string queue) override;
@@ -74,7 +75,7 @@ class redis_backend final : public backend {
   redis::config cfg_;
   redis::connection conn_;
   redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, requeue_, purge_,
-      check_;
+      check_, expire_own_;
   // Wake-ups for delayed jobs: one subscriber for every queue, started on first use. The
   // wake-ups are shared with the coroutine that receives its messages, which may outlive the
   // backend briefly.

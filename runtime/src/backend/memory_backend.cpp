@@ -120,8 +120,9 @@ struct memory_backend::queue_state {
   // claimed:<worker>. On Redis only BLMOVE fills it; memory has no BLMOVE, so nothing ever does,
   // but claim and release read it as the scripts do.
   std::unordered_map<std::string, std::deque<std::string>> claimed;
-  std::unordered_map<std::string, std::int64_t> workers;  // heartbeat deadlines (ms)
-  std::unordered_set<std::string> ids;                    // producer-given ids pending or running
+  std::unordered_map<std::string, std::int64_t> workers;                // heartbeat deadlines (ms)
+  std::unordered_map<std::string, std::vector<std::string>> leases_of;  // leases:<worker>
+  std::unordered_set<std::string> ids;                                  // producer-given ids pending or running
   std::unordered_map<std::string, dead_letter> dead;
   // delayed: (due ms, member) in the zset's order; members as in Redis: 'j:<record>', 'g:<group>',
   // 'd:<length of group>:<group><record>'.
@@ -500,12 +501,35 @@ asio::awaitable<std::vector<bool>> memory_backend::extend(std::string queue, std
   queue_state& q = queue_locked(queue);
   std::int64_t deadline = now_ms() + lease_ttl.count();
   q.workers[worker] = deadline;
+  std::vector<std::string> held;
   for (auto& token : tokens) {
     auto lease = q.active.find(token);
     out.push_back(lease != q.active.end());
-    if (lease != q.active.end()) lease->second = deadline;  // ZADD XX
+    if (lease == q.active.end()) continue;
+    lease->second = deadline;  // ZADD XX
+    held.push_back(token);
   }
+  if (held.empty())
+    q.leases_of.erase(worker);
+  else
+    q.leases_of[worker] = std::move(held);
   co_return out;
+}
+
+asio::awaitable<std::int64_t> memory_backend::expire_own(std::string queue, std::string worker) {
+  std::lock_guard lock(mutex_);
+  queue_state& q = queue_locked(queue);
+  auto found = q.leases_of.find(worker);
+  if (found == q.leases_of.end()) co_return 0;
+  std::int64_t n = 0;
+  for (auto& token : found->second) {
+    if (auto lease = q.active.find(token); lease != q.active.end()) {
+      lease->second = 0;
+      ++n;
+    }
+  }
+  q.leases_of.erase(found);
+  co_return n;
 }
 
 asio::awaitable<void> memory_backend::release(std::string queue, std::string worker, std::vector<std::string> tokens) {

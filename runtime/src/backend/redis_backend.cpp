@@ -66,6 +66,7 @@ redis_backend::redis_backend(asio::any_io_executor ex, redis::config cfg)
       requeue_(lua::requeue),
       purge_(lua::purge),
       check_(lua::check),
+      expire_own_(lua::expire_own),
       wakeups_(std::make_shared<detail::wakeups>()) {
   conn_.start();
 }
@@ -264,7 +265,7 @@ asio::awaitable<std::vector<bool>> redis_backend::extend(std::string queue, std:
     co_return all;
   }
   auto p = key_prefix(queue);
-  std::array<std::string, 2> keys{p + "active", p + "workers"};
+  std::array<std::string, 3> keys{p + "active", p + "workers", p + "leases:" + worker};
   std::string ttl = std::to_string(lease_ttl.count());
   std::vector<std::string_view> args{worker, ttl};
   for (auto& t : tokens) args.push_back(t);
@@ -272,6 +273,13 @@ asio::awaitable<std::vector<bool>> redis_backend::extend(std::string queue, std:
   std::vector<bool> out;
   for (const auto& e : r.as_array()) out.push_back(e.as_integer() == 1);
   co_return out;
+}
+
+asio::awaitable<std::int64_t> redis_backend::expire_own(std::string queue, std::string worker) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 2> keys{p + "active", p + "leases:" + worker};
+  reply r = co_await expire_own_.run(conn_, keys, std::array<std::string, 0>{});
+  co_return r.as_integer();
 }
 
 asio::awaitable<void> redis_backend::release(std::string queue, std::string worker, std::vector<std::string> tokens) {

@@ -1,0 +1,17 @@
+-- A worker that starts again under the same id: the leases its previous incarnation held at its
+-- last heartbeat expire now, so the next reap (by any worker) sends their jobs back at once
+-- instead of after their TTL. Worker ids must be unique among live workers.
+-- KEYS[1] <prefix>active  KEYS[2] <prefix>leases:<worker>
+-- Returns: how many leases were expired.
+local active, list = KEYS[1], KEYS[2]
+local held = redis.call('GET', list)
+redis.call('DEL', list)
+if not held then return 0 end
+local n = 0
+for token in string.gmatch(held, '[^\n]+') do
+  if redis.call('ZSCORE', active, token) then
+    redis.call('ZADD', active, 'XX', 0, token)
+    n = n + 1
+  end
+end
+return n
