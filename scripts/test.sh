@@ -12,6 +12,13 @@ clang-format --dry-run --Werror $files
 
 echo "== build: release, -Werror"
 scripts/build.sh build/ci-release -DCMAKE_BUILD_TYPE=RelWithDebInfo -DJOBRT_WERROR=ON
+echo "== install, and build a separate project against it (find_package(jobrt))"
+rm -rf build/ci-install build/ci-consumer
+cmake --install build/ci-release --prefix build/ci-install >/dev/null
+cmake -S tests/consumer -B build/ci-consumer -DCMAKE_PREFIX_PATH="$root/build/ci-install" >/dev/null
+cmake --build build/ci-consumer -j "$(nproc)" >/dev/null
+build/ci-consumer/consumer
+
 echo "== build: ASan+UBSan"
 scripts/build.sh build/ci-asan -DCMAKE_BUILD_TYPE=Debug -DJOBRT_WERROR=ON -DJOBRT_SANITIZE=ON
 
