@@ -1,0 +1,159 @@
+// The jobrt command as an operator runs it: plugins, worker, enqueue, stats, and its errors.
+#include "support/redis_server.hpp"
+#include "support/run.hpp"
+
+#include <jobrt/redis_backend.hpp>
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#ifndef JOBRT_BIN
+#error "JOBRT_BIN, JOBRT_HANDLERS and JOBRT_TEST_PLUGINS must be defined (see tests/CMakeLists.txt)"
+#endif
+
+extern char** environ;
+
+namespace asio = boost::asio;
+using namespace jobrt;
+using namespace jobrt::test;
+using asio::awaitable;
+
+namespace {
+
+struct finished {
+  int status = -1;  // exit code, or -1
+  std::string output;
+};
+
+// Starts `jobrt args...` with stdout and stderr to one file.
+pid_t start(const std::vector<std::string>& args, const std::string& out) {
+  std::vector<std::string> all{JOBRT_BIN};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t files;
+  posix_spawn_file_actions_init(&files);
+  posix_spawn_file_actions_addopen(&files, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&files, 1, 2);
+  pid_t pid = -1;
+  int rc = ::posix_spawn(&pid, JOBRT_BIN, &files, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&files);
+  REQUIRE(rc == 0);
+  return pid;
+}
+
+finished wait_for(pid_t pid, const std::string& out) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  std::ifstream in(out);
+  finished f;
+  f.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  f.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::remove(out.c_str());
+  return f;
+}
+
+finished jobrt_cli(const std::vector<std::string>& args) {
+  auto out = fmt::format("/tmp/jobrt-cli-{}-{}.out", ::getpid(), std::rand());
+  return wait_for(start(args, out), out);
+}
+
+std::string url_of(const redis::config& cfg) { return fmt::format("redis://{}:{}", cfg.host, cfg.port); }
+
+}  // namespace
+
+TEST_CASE("jobrt worker runs plugin handlers on jobs from jobrt enqueue and stops cleanly on SIGTERM") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "cli";
+  auto imports = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "tenant_import", "--payload",
+                            R"({"tenant":"acme","entity":"orders","rows":1000})", "--count", "200", "--groups", "7"});
+  CHECK(imports.status == 0);
+  CHECK(imports.output == "enqueued 200 jobs on " + queue + " (0 duplicates)\n");
+  auto one = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "stock_arrival", "--payload",
+                        R"({"commodity":"copper","qty":5})", "--group", "copper", "--id", "arrival-1"});
+  CHECK(one.output == "arrival-1\n");
+  auto bad = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "stock_arrival", "--payload",
+                        R"({"commodity":"copper"})", "--group", "copper"});  // no qty: dead-lettered at once
+  CHECK(bad.status == 0);
+
+  std::vector<pid_t> workers;
+  std::vector<std::string> outs;
+  for (int i = 0; i < 2; ++i) {
+    outs.push_back(fmt::format("/tmp/jobrt-cli-worker-{}-{}.out", ::getpid(), i));
+    workers.push_back(
+        start({"worker", "--redis", url, "--queue", queue, "--plugin", JOBRT_HANDLERS "/jobrt_tenant_import.so",
+               "--plugin", JOBRT_HANDLERS "/jobrt_stock_arrival.so", "--concurrency", "8", "--grace", "5000"},
+              outs.back()));
+  }
+  queue_counts counts;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    do {
+      co_await sleep_for(std::chrono::milliseconds(50));
+      counts = co_await store.counts(queue);
+    } while (counts.completed + counts.dead < 202 && std::chrono::steady_clock::now() < end);
+  });
+  CHECK(counts.completed == 201);
+  CHECK(counts.dead == 1);
+  CHECK(counts.retried == 0);
+  for (auto pid : workers) ::kill(pid, SIGTERM);
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    auto f = wait_for(workers[i], outs[i]);
+    CHECK(f.status == 0);
+    CHECK(f.output.find("SIGTERM: stopping") != std::string::npos);
+    CHECK(f.output.find("stopped:") != std::string::npos);
+  }
+  auto stats = jobrt_cli({"stats", "--redis", url, "--queue", queue, "--json"});
+  CHECK(stats.status == 0);
+  CHECK(stats.output.find("\"completed\":201") != std::string::npos);
+  auto dlq = jobrt_cli({"dlq", "list", "--redis", url, "--queue", queue});
+  CHECK(dlq.output.find("payload needs \"commodity\" (string) and \"qty\" (integer)") != std::string::npos);
+  auto check = jobrt_cli({"check", "--redis", url, "--queue", queue});
+  CHECK(check.status == 0);
+  CHECK(check.output.find("no problems") != std::string::npos);
+}
+
+TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the right exit code") {
+  auto url = url_of(shared_redis());
+  auto abi = jobrt_cli({"worker", "--redis", url, "--plugin", JOBRT_TEST_PLUGINS "/jobrt_test_bad_abi.so"});
+  CHECK(abi.status == 1);
+  CHECK(abi.output.find("built for jobrt plugin ABI 999, but this jobrt has ABI 1") != std::string::npos);
+  auto none = jobrt_cli({"worker", "--redis", url, "--plugin", JOBRT_TEST_PLUGINS "/jobrt_test_not_a_plugin.so"});
+  CHECK(none.status == 1);
+  CHECK(none.output.find("not a jobrt plugin") != std::string::npos);
+  auto missing = jobrt_cli({"worker", "--redis", url, "--plugin", "/nonexistent/x.so"});
+  CHECK(missing.status == 1);
+  CHECK(missing.output.find("plugin /nonexistent/x.so: cannot load") != std::string::npos);
+
+  std::string queue = key_prefix() + "bad";
+  auto file = fmt::format("/tmp/jobrt-cli-{}.jsonl", ::getpid());
+  std::ofstream(file) << R"({"type":"noop","payload":{"a":1}})"
+                      << "\n"
+                      << R"({"type":"noop","payload":)"
+                      << "\n";
+  auto lines = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file});
+  std::remove(file.c_str());
+  CHECK(lines.status == 1);
+  CHECK(lines.output.find("line 2: not JSON") != std::string::npos);
+  CHECK(lines.output.find("nothing was enqueued") != std::string::npos);
+  auto stats = jobrt_cli({"stats", "--redis", url, "--queue", queue, "--json"});
+  CHECK(stats.output.find("\"enqueued\":0") != std::string::npos);
+
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue}).status == 2);  // no --type
+  CHECK(jobrt_cli({"worker", "--redis", "http://nope", "--plugin", "x.so"}).status == 2);
+  CHECK(jobrt_cli({"frobnicate"}).status == 2);
+  auto down = jobrt_cli({"stats", "--redis", "redis://127.0.0.1:1"});
+  CHECK(down.status == 1);
+  CHECK(down.output.find("redis at redis://127.0.0.1:1 does not answer") != std::string::npos);
+}
