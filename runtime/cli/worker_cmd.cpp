@@ -4,10 +4,13 @@
 #include <jobrt/plugin.hpp>
 #include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
+#include <jobrt/settings.hpp>
 #include <jobrt/worker.hpp>
 
 #include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/deferred.hpp>
+#include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -17,6 +20,7 @@
 
 #include <csignal>
 #include <fstream>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -63,8 +67,10 @@ void with_backend(const std::string& url, std::size_t threads, Body body) {
 
 constexpr const char* worker_usage =
     "usage: jobrt worker --plugin PATH [--plugin PATH ...] [options]\n"
-    "Runs the plugins' handlers on a queue until SIGTERM or SIGINT, then stops gracefully: no new\n"
-    "claims, running jobs get --grace to finish, the rest are handed back.\n"
+    "       jobrt worker --config FILE [--plugin PATH ...] [--redis URL] [--threads N] [--grace MS]\n"
+    "Runs the plugins' handlers on a queue (or on each queue of the config file, see\n"
+    "jobrt/settings.hpp) until SIGTERM or SIGINT, then stops gracefully: no new claims, running jobs\n"
+    "get --grace to finish, the rest are handed back.\n"
     "  --redis URL          the server (default: $REDIS_URL, else redis://127.0.0.1:6379)\n"
     "  --queue NAME         (default: default)\n"
     "  --concurrency N      jobs at once (default 10)\n"
@@ -79,7 +85,10 @@ constexpr const char* worker_usage =
 
 int worker_command(const args& a) {
   std::string url = default_redis_url();
+  bool url_given = false;
   std::vector<std::string> plugins;
+  std::string config_file;
+  bool queue_options = false;  // options that only a single queue from the command line takes
   worker_options wo;
   std::size_t threads = 1;
   std::chrono::milliseconds grace{10000};
@@ -90,62 +99,111 @@ int worker_command(const args& a) {
       return 0;
     } else if (arg == "--redis") {
       url = string_arg(a, i);
+      url_given = true;
+    } else if (arg == "--config") {
+      config_file = string_arg(a, i);
     } else if (arg == "--queue") {
       wo.queue = string_arg(a, i);
+      queue_options = true;
     } else if (arg == "--plugin") {
       plugins.push_back(string_arg(a, i));
     } else if (arg == "--concurrency") {
       wo.concurrency = number_arg(a, i);
+      queue_options = true;
     } else if (arg == "--threads") {
       threads = number_arg(a, i);
     } else if (arg == "--id") {
       wo.id = string_arg(a, i);
     } else if (arg == "--lease-ttl") {
       wo.lease_ttl = std::chrono::milliseconds(number_arg(a, i));
+      queue_options = true;
     } else if (arg == "--burst") {
       wo.burst = number_arg(a, i);
+      queue_options = true;
     } else if (arg == "--on-failure") {
       try {
         wo.on_failure = parse_failure_policy(string_arg(a, i));
       } catch (const std::invalid_argument& e) {
         throw usage_error(fmt::format("worker: --on-failure: {}", e.what()));
       }
+      queue_options = true;
     } else if (arg == "--grace") {
       grace = std::chrono::milliseconds(number_arg(a, i));
     } else {
       throw usage_error(fmt::format("worker: unknown option '{}'", arg));
     }
   }
-  if (plugins.empty()) throw usage_error("worker: give at least one --plugin");
-  if (wo.concurrency == 0 || threads == 0 || wo.lease_ttl.count() == 0)
-    throw usage_error("worker: --concurrency, --threads and --lease-ttl must be positive");
-  if (wo.queue.empty()) throw usage_error("worker: --queue is empty");
+  std::vector<worker_options> queues;
+  std::map<std::string, backoff> type_backoffs;
+  if (!config_file.empty()) {
+    if (queue_options)
+      throw usage_error(
+          "worker: with --config, the queues' options come from the file (not --queue, --concurrency, ...)");
+    auto cfg = settings::from_file(config_file);  // std::invalid_argument names the field: exit 1
+    if (cfg.redis_url && !url_given) url = *cfg.redis_url;
+    plugins.insert(plugins.begin(), cfg.plugins.begin(), cfg.plugins.end());
+    type_backoffs = cfg.type_backoffs;
+    for (auto& q : cfg.queues) queues.push_back(q.worker);
+    if (queues.empty()) throw std::invalid_argument(fmt::format("config {}: no queues", config_file));
+  } else {
+    if (wo.concurrency == 0 || wo.lease_ttl.count() == 0)
+      throw usage_error("worker: --concurrency and --lease-ttl must be positive");
+    if (wo.queue.empty()) throw usage_error("worker: --queue is empty");
+    queues.push_back(wo);
+  }
+  if (plugins.empty()) throw usage_error("worker: give at least one --plugin (or \"plugins\" in the config)");
+  if (threads == 0) throw usage_error("worker: --threads must be positive");
   check_url(url);
 
   std::vector<std::unique_ptr<plugin>> loaded;
   for (auto& path : plugins) loaded.push_back(load_plugin(path));
-  if (wo.id.empty()) wo.id = make_worker_id();
+  auto base_id = wo.id.empty() ? make_worker_id() : wo.id;
+  for (std::size_t i = 0; i < queues.size(); ++i)
+    queues[i].id = queues.size() == 1 ? base_id : fmt::format("{}:{}", base_id, queues[i].queue);
 
   with_backend(url, threads, [&](asio::io_context& ctx, redis_backend& store) -> asio::awaitable<void> {
-    jobrt::worker w(ctx.get_executor(), store, wo);
+    std::vector<std::unique_ptr<jobrt::worker>> pool;
     std::string types;
-    for (auto& p : loaded) {
-      p->register_with(w);
+    for (auto& p : loaded)
       for (auto& e : p->handlers()) types += (types.empty() ? "" : ", ") + e.type;
+    for (auto& q : queues) {
+      pool.push_back(std::make_unique<jobrt::worker>(ctx.get_executor(), store, q));
+      for (auto& p : loaded) {
+        for (auto& e : p->handlers()) {  // the config's backoff for a type wins over the plugin's
+          auto b = type_backoffs.find(e.type);
+          if (b != type_backoffs.end())
+            pool.back()->add_handler(e.type, e.h, b->second);
+          else if (e.retry_backoff)
+            pool.back()->add_handler(e.type, e.h, *e.retry_backoff);
+          else
+            pool.back()->add_handler(e.type, e.h);
+        }
+      }
     }
     asio::signal_set signals(ctx, SIGTERM, SIGINT);
-    w.start();
-    fmt::print(stderr, "jobrt worker {}: running {} on queue {} (concurrency {})\n", wo.id, types, wo.queue,
-               wo.concurrency);
+    for (std::size_t i = 0; i < pool.size(); ++i) {
+      pool[i]->start();
+      fmt::print(stderr, "jobrt worker {}: running {} on queue {} (concurrency {})\n", queues[i].id, types,
+                 queues[i].queue, queues[i].concurrency);
+    }
     int signal = co_await signals.async_wait(asio::use_awaitable);
-    fmt::print(stderr, "jobrt worker {}: {}: stopping (grace {} ms)\n", wo.id, signal == SIGINT ? "SIGINT" : "SIGTERM",
-               grace.count());
-    co_await w.stop(grace);
-    auto c = w.counters();
-    fmt::print(stderr,
-               "jobrt worker {}: stopped: {} started, {} completed, {} retried, {} failed, {} leases lost, {} handed "
-               "back\n",
-               wo.id, c.started, c.completed, c.retried, c.failed, c.leases_lost, c.released);
+    fmt::print(stderr, "jobrt worker {}: {}: stopping (grace {} ms)\n", base_id,
+               signal == SIGINT ? "SIGINT" : "SIGTERM", grace.count());
+    {  // all drain at once
+      auto ex = ctx.get_executor();
+      using stop_op = decltype(asio::co_spawn(ex, pool.front()->stop(grace), asio::deferred));
+      std::vector<stop_op> ops;
+      for (auto& w : pool) ops.push_back(asio::co_spawn(ex, w->stop(grace), asio::deferred));
+      co_await asio::experimental::make_parallel_group(std::move(ops))
+          .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
+    }
+    for (std::size_t i = 0; i < pool.size(); ++i) {
+      auto c = pool[i]->counters();
+      fmt::print(stderr,
+                 "jobrt worker {}: stopped: {} started, {} completed, {} retried, {} failed, {} leases lost, {} "
+                 "handed back\n",
+                 queues[i].id, c.started, c.completed, c.retried, c.failed, c.leases_lost, c.released);
+    }
   });
   return 0;
 }
@@ -157,6 +215,7 @@ constexpr const char* enqueue_usage =
     "       jobrt enqueue [options] --file FILE.jsonl                           one job per line\n"
     "       jobrt enqueue [options] --count N --type TYPE [--groups G]           N generated jobs\n"
     "  --redis URL, --queue NAME   as for jobrt worker\n"
+    "  --config FILE               the queue's grouping rules (and the server) from a worker config\n"
     "job options (one job, and defaults for generated jobs):\n"
     "  --group G  --id ID  --delay MS  --max-attempts N  --timeout MS  --on-failure POLICY\n"
     "--groups G spreads generated jobs over groups g0..g(G-1); their payload gets \"n\": the\n"
@@ -203,7 +262,8 @@ job_spec spec_from_line(const std::string& line, std::size_t number) {
 }  // namespace
 
 int enqueue_command(const args& a) {
-  std::string url = default_redis_url(), queue = "default", file;
+  std::string url = default_redis_url(), queue = "default", file, config_file;
+  bool url_given = false;
   job_spec base;
   bool has_payload = false;
   std::size_t count = 0, groups = 0;
@@ -214,6 +274,9 @@ int enqueue_command(const args& a) {
       return 0;
     } else if (arg == "--redis") {
       url = string_arg(a, i);
+      url_given = true;
+    } else if (arg == "--config") {
+      config_file = string_arg(a, i);
     } else if (arg == "--queue") {
       queue = string_arg(a, i);
     } else if (arg == "--type") {
@@ -255,6 +318,13 @@ int enqueue_command(const args& a) {
   if (file.empty() && base.type.empty()) throw usage_error("enqueue: --type is required");
   if (groups > 0 && count == 0) throw usage_error("enqueue: --groups needs --count");
   if (count > 0 && !base.id.empty()) throw usage_error("enqueue: --id names one job; it cannot go with --count");
+  producer_options po;
+  if (!config_file.empty()) {
+    auto cfg = settings::from_file(config_file);
+    if (cfg.redis_url && !url_given) url = *cfg.redis_url;
+    for (auto& q : cfg.queues)
+      if (q.worker.queue == queue) po.rules = q.rules;
+  }
   check_url(url);
 
   // Every job is built and checked before anything is stored.
@@ -287,7 +357,7 @@ int enqueue_command(const args& a) {
   bool tty = ::isatty(STDERR_FILENO) == 1 && specs.size() > 1;
   std::vector<enqueue_result> results;
   with_backend(url, 1, [&](asio::io_context&, redis_backend& store) -> asio::awaitable<void> {
-    producer p(store, queue);
+    producer p(store, queue, po);
     constexpr std::size_t step = 10000;  // a progress line per step, on a terminal
     for (std::size_t first = 0; first < specs.size(); first += step) {
       auto last = std::min(specs.size(), first + step);

@@ -157,3 +157,54 @@ TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the 
   CHECK(down.status == 1);
   CHECK(down.output.find("redis at redis://127.0.0.1:1 does not answer") != std::string::npos);
 }
+
+TEST_CASE("jobrt worker and enqueue take a config file with several queues and grouping rules") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  auto a = key_prefix() + "imports", b = key_prefix() + "stock";
+  auto file = fmt::format("/tmp/jobrt-config-{}.json", ::getpid());
+  std::ofstream(file) << fmt::format(
+      R"({{"redis": "{}", "plugins": ["{}/jobrt_tenant_import.so", "{}/jobrt_stock_arrival.so"],
+          "queues": [{{"name": "{}", "concurrency": 4,
+                      "grouping": {{"rules": [{{"match": {{"app": "crm"}}, "key": "{{entity}}:{{tenant}}"}}]}}}},
+                     {{"name": "{}", "concurrency": 2, "on_failure": "skip"}}]}})",
+      url, JOBRT_HANDLERS, JOBRT_HANDLERS, a, b);
+  auto e1 = jobrt_cli({"enqueue", "--config", file, "--queue", a, "--type", "tenant_import", "--payload",
+                       R"({"app":"crm","tenant":"t1","entity":"orders","rows":10})", "--count", "30"});
+  CHECK(e1.status == 0);
+  auto e2 = jobrt_cli({"enqueue", "--config", file, "--queue", b, "--type", "stock_arrival", "--payload",
+                       R"({"commodity":"tin","qty":2})", "--count", "20", "--groups", "2"});
+  CHECK(e2.status == 0);
+  check_report before;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    before = co_await store.check(a, false);
+  });
+  CHECK(before.groups == 1);  // the rule grouped every import under "orders:t1"
+  CHECK(before.jobs == 30);
+  auto out = fmt::format("/tmp/jobrt-cli-config-{}.out", ::getpid());
+  auto pid = start({"worker", "--config", file, "--grace", "5000"}, out);
+  queue_counts ca, cb;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    do {
+      co_await sleep_for(std::chrono::milliseconds(50));
+      ca = co_await store.counts(a);
+      cb = co_await store.counts(b);
+    } while ((ca.completed < 30 || cb.completed < 20) && std::chrono::steady_clock::now() < end);
+  });
+  ::kill(pid, SIGTERM);
+  auto f = wait_for(pid, out);
+  CHECK(f.status == 0);
+  CHECK(ca.completed == 30);
+  CHECK(cb.completed == 20);
+  CHECK(f.output.find("on queue " + a) != std::string::npos);
+  CHECK(f.output.find("on queue " + b) != std::string::npos);
+
+  std::ofstream(file) << R"({"queues": [{"name": "x", "concurrency": -1}]})";
+  auto bad = jobrt_cli({"worker", "--config", file});
+  CHECK(bad.status == 1);
+  CHECK(bad.output.find("config.queues[0].concurrency: is not an integer of at least 1") != std::string::npos);
+  std::remove(file.c_str());
+}
