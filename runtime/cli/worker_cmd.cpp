@@ -1,6 +1,7 @@
 // `jobrt worker` and `jobrt enqueue`.
 #include "cli.hpp"
 
+#include <jobrt/metrics.hpp>
 #include <jobrt/plugin.hpp>
 #include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
@@ -21,6 +22,7 @@
 #include <csignal>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -79,7 +81,9 @@ constexpr const char* worker_usage =
     "  --lease-ttl MS       lease time-to-live (default 30000; renewed every third of it)\n"
     "  --burst N            jobs of one group in a row (default 4)\n"
     "  --on-failure POLICY  hold, skip or halt: what a grouped job's failure does (default hold)\n"
-    "  --grace MS           how long running jobs may take to finish at stop (default 10000)\n";
+    "  --grace MS           how long running jobs may take to finish at stop (default 10000)\n"
+    "  --metrics ADDR       serve Prometheus metrics at http://ADDR/metrics (ADDR: [HOST]:PORT,\n"
+    "                       loopback when HOST is left out; PORT 0 picks one and prints it)\n";
 
 }  // namespace
 
@@ -87,7 +91,7 @@ int worker_command(const args& a) {
   std::string url = default_redis_url();
   bool url_given = false;
   std::vector<std::string> plugins;
-  std::string config_file;
+  std::string config_file, metrics_at;
   bool queue_options = false;  // options that only a single queue from the command line takes
   worker_options wo;
   std::size_t threads = 1;
@@ -102,6 +106,8 @@ int worker_command(const args& a) {
       url_given = true;
     } else if (arg == "--config") {
       config_file = string_arg(a, i);
+    } else if (arg == "--metrics") {
+      metrics_at = string_arg(a, i);
     } else if (arg == "--queue") {
       wo.queue = string_arg(a, i);
       queue_options = true;
@@ -154,6 +160,14 @@ int worker_command(const args& a) {
   if (plugins.empty()) throw usage_error("worker: give at least one --plugin (or \"plugins\" in the config)");
   if (threads == 0) throw usage_error("worker: --threads must be positive");
   check_url(url);
+  std::optional<asio::ip::tcp::endpoint> metrics_endpoint;
+  if (!metrics_at.empty()) {
+    try {
+      metrics_endpoint = parse_listen_address(metrics_at);
+    } catch (const std::invalid_argument& e) {
+      throw usage_error(fmt::format("worker: --metrics: {}", e.what()));
+    }
+  }
 
   std::vector<std::unique_ptr<plugin>> loaded;
   for (auto& path : plugins) loaded.push_back(load_plugin(path));
@@ -181,12 +195,32 @@ int worker_command(const args& a) {
       }
     }
     asio::signal_set signals(ctx, SIGTERM, SIGINT);
+    std::unique_ptr<metrics_server> metrics;
+    if (metrics_endpoint) {
+      metrics = std::make_unique<metrics_server>(ctx.get_executor(), *metrics_endpoint,
+                                                 [&]() -> asio::awaitable<std::string> {
+                                                   std::vector<queue_metrics> all;
+                                                   for (std::size_t i = 0; i < pool.size(); ++i) {
+                                                     queue_metrics q;
+                                                     q.queue = queues[i].queue;
+                                                     q.workers.push_back(pool[i]->metrics());
+                                                     q.counts = co_await store.counts(q.queue);
+                                                     all.push_back(std::move(q));
+                                                   }
+                                                   co_return prometheus_text(all);
+                                                 });
+      metrics->start();
+      auto at = metrics->local_endpoint();
+      fmt::print(stderr, "jobrt worker {}: metrics at http://{}:{}/metrics\n", base_id,
+                 at.address().is_v6() ? "[" + at.address().to_string() + "]" : at.address().to_string(), at.port());
+    }
     for (std::size_t i = 0; i < pool.size(); ++i) {
       pool[i]->start();
       fmt::print(stderr, "jobrt worker {}: running {} on queue {} (concurrency {})\n", queues[i].id, types,
                  queues[i].queue, queues[i].concurrency);
     }
     int signal = co_await signals.async_wait(asio::use_awaitable);
+    if (metrics) metrics->stop();
     fmt::print(stderr, "jobrt worker {}: {}: stopping (grace {} ms)\n", base_id,
                signal == SIGINT ? "SIGINT" : "SIGTERM", grace.count());
     {  // all drain at once

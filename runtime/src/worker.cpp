@@ -33,6 +33,14 @@ void job_context::log(std::string_view message) const {
     fmt::print(stderr, "[job {} group {}] {}\n", job_.id, job_.group, message);
 }
 
+void histogram::observe(double seconds) noexcept {
+  std::size_t i = 0;
+  while (i < bounds.size() && seconds > bounds[i]) ++i;
+  ++counts[i];
+  sum += seconds;
+  ++count;
+}
+
 std::string make_worker_id() {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "host");
@@ -139,6 +147,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     std::size_t burst_left = 1;
     job_state state = job_state::running;
     bool timed_out = false;
+    clock::time_point started = clock::now();
   };
 
   // --- claiming ---
@@ -244,6 +253,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     {
       std::lock_guard lock(counters_mutex_);
       ++counters_.started;
+      ++by_type_[r->ctx->job().type].started;
+      if (auto at = r->ctx->job().enqueued_at_ms; at > 0 && r->ctx->attempt() == 1) {
+        auto now =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+        pickup_.observe(static_cast<double>(std::max<std::int64_t>(0, now - at)) / 1000.0);
+      }
     }
     if (auto limit = r->ctx->job().timeout; limit.count() > 0) {
       // At the deadline the handler is cancelled, and the attempt fails.
@@ -280,6 +296,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     if (it == running_.end()) return;
     auto r = it->second;
     r->deadline.cancel();
+    {
+      std::lock_guard lock(counters_mutex_);
+      run_time_.observe(std::chrono::duration<double>(clock::now() - r->started).count());
+    }
     switch (r->state) {
       case job_state::lost:  // not ours any more: no ack
         release_strand(r->ctx->group());
@@ -391,24 +411,32 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   void on_finished(const finish_item& item, finish_result& result) {
     std::size_t burst_left = 1;
     std::string job_id(detail::record_id(lane_record(item.token)));
+    std::string type = "(not started)";  // failed before its handler ran: malformed, unknown type, ...
     if (auto it = running_.find(item.token); it != running_.end()) {
       burst_left = it->second->burst_left;
       job_id = it->second->ctx->id();
+      type = it->second->ctx->job().type;
       release_strand(it->second->ctx->group());
       running_.erase(it);
     }
     {
       std::lock_guard lock(counters_mutex_);
-      if (!result.lease_held)
+      auto& t = by_type_[type];
+      if (!result.lease_held) {
         ++counters_.leases_lost;
-      else if (item.kind == finish_kind::ack)
+      } else if (item.kind == finish_kind::ack) {
         ++counters_.completed;
-      else if (item.kind == finish_kind::retry)
+        ++t.completed;
+      } else if (item.kind == finish_kind::retry) {
         ++counters_.retried;
-      else if (item.kind == finish_kind::defer)
+        ++t.retried;
+      } else if (item.kind == finish_kind::defer) {
         ++counters_.deferred;
-      else
+        ++t.deferred;
+      } else {
         ++counters_.failed;
+        ++t.failed;
+      }
     }
     if (result.lease_held && item.kind == finish_kind::retry)
       fmt::print(stderr, "jobrt worker {}: job {} failed: {}; runs again in {} ms\n", opts_.id, job_id, item.error,
@@ -640,6 +668,20 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   bool flushing_ = false;
   mutable std::mutex counters_mutex_;
   worker_counters counters_;
+  std::map<std::string, type_counters> by_type_;
+  histogram run_time_, pickup_;
+
+ public:
+  worker_metrics metrics() const {
+    worker_metrics m;
+    std::lock_guard lock(counters_mutex_);
+    m.totals = counters_;
+    m.by_type = by_type_;
+    m.run_seconds = run_time_;
+    m.pickup_seconds = pickup_;
+    m.in_flight = held_count_.load(std::memory_order_relaxed);
+    return m;
+  }
 };
 
 worker::worker(asio::any_io_executor ex, backend& b, worker_options opts)
@@ -658,5 +700,6 @@ asio::awaitable<void> worker::stop(std::chrono::milliseconds grace) { return imp
 const worker_options& worker::options() const noexcept { return impl_->options(); }
 worker_counters worker::counters() const { return impl_->counters(); }
 std::size_t worker::in_flight() const { return impl_->in_flight(); }
+worker_metrics worker::metrics() const { return impl_->metrics(); }
 
 }  // namespace jobrt

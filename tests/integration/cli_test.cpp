@@ -4,6 +4,12 @@
 
 #include <jobrt/redis_backend.hpp>
 
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+
 #include <fmt/format.h>
 
 #include <fcntl.h>
@@ -207,4 +213,65 @@ TEST_CASE("jobrt worker and enqueue take a config file with several queues and g
   CHECK(bad.status == 1);
   CHECK(bad.output.find("config.queues[0].concurrency: is not an integer of at least 1") != std::string::npos);
   std::remove(file.c_str());
+}
+
+TEST_CASE("jobrt worker serves Prometheus metrics on loopback") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "metrics";
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "noop", "--count", "25"}).status == 0);
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "sleep", "--payload",
+                   R"({"ms":1,"fail":true})", "--max-attempts", "1"})
+            .status == 0);
+  auto out = fmt::format("/tmp/jobrt-cli-metrics-{}.out", ::getpid());
+  auto pid = start({"worker", "--redis", url, "--queue", queue, "--plugin", JOBRT_HANDLERS "/jobrt_noop.so", "--plugin",
+                    JOBRT_HANDLERS "/jobrt_sleep.so", "--metrics", ":0"},
+                   out);
+  std::string page, not_found;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    // The worker prints where it listens (port 0 picked one).
+    unsigned short port = 0;
+    for (int i = 0; i < 500 && port == 0; ++i) {
+      co_await sleep_for(std::chrono::milliseconds(10));
+      std::ifstream in(out);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      auto at = text.find("metrics at http://127.0.0.1:");
+      if (at != std::string::npos) port = static_cast<unsigned short>(std::stoi(text.substr(at + 28)));
+    }
+    REQUIRE(port != 0);
+    redis_backend store(ctx.get_executor(), cfg);
+    for (int i = 0; i < 500 && (co_await store.counts(queue)).completed < 25; ++i)
+      co_await sleep_for(std::chrono::milliseconds(10));
+    auto get = [&](std::string target) -> awaitable<std::string> {
+      asio::ip::tcp::socket s(ctx);
+      co_await s.async_connect({asio::ip::make_address("127.0.0.1"), port}, asio::use_awaitable);
+      auto req = fmt::format("GET {} HTTP/1.0\r\nHost: localhost\r\n\r\n", target);
+      co_await asio::async_write(s, asio::buffer(req), asio::use_awaitable);
+      std::string body;
+      auto [ec, n] = co_await asio::async_read(s, asio::dynamic_buffer(body), asio::as_tuple(asio::use_awaitable));
+      CHECK(ec == asio::error::eof);  // HTTP/1.0: the server closes after its answer
+      CHECK(n == body.size());
+      co_return body;
+    };
+    page = co_await get("/metrics");
+    not_found = co_await get("/other");
+  });
+  ::kill(pid, SIGTERM);
+  CHECK(wait_for(pid, out).status == 0);
+  CHECK(page.starts_with("HTTP/1.0 200 OK"));
+  CHECK(page.find("Content-Type: text/plain; version=0.0.4") != std::string::npos);
+  auto has = [&](const std::string& line) {
+    bool found = page.find(line + "\n") != std::string::npos;
+    if (!found) MESSAGE("missing: " << line);
+    return found;
+  };
+  CHECK(has(fmt::format("jobrt_jobs_completed_total{{queue=\"{}\",type=\"noop\"}} 25", queue)));
+  CHECK(has(fmt::format("jobrt_jobs_failed_total{{queue=\"{}\",type=\"sleep\"}} 1", queue)));
+  CHECK(has(fmt::format("jobrt_job_run_seconds_count{{queue=\"{}\"}} 26", queue)));
+  CHECK(has(fmt::format("jobrt_job_pickup_seconds_bucket{{queue=\"{}\",le=\"+Inf\"}} 26", queue)));
+  CHECK(has(fmt::format("jobrt_queue_dead{{queue=\"{}\"}} 1", queue)));
+  CHECK(has(fmt::format("jobrt_jobs_in_flight{{queue=\"{}\"}} 0", queue)));
+  CHECK(page.find("# TYPE jobrt_job_run_seconds histogram") != std::string::npos);
+  CHECK(not_found.starts_with("HTTP/1.0 404"));
+  CHECK(jobrt_cli({"worker", "--plugin", "x.so", "--metrics", "nohost"}).status == 2);
 }

@@ -7,10 +7,12 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -107,6 +109,34 @@ struct worker_counters {
   std::uint64_t recovered = 0;    ///< expired leases this worker's reaper sent back
 };
 
+/// A histogram with fixed buckets, in seconds (Prometheus' cumulative form is made when written).
+struct histogram {
+  static constexpr std::array<double, 12> bounds{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                                 0.1,   0.25,   0.5,   1.0,  5.0,   30.0};
+  std::array<std::uint64_t, bounds.size() + 1> counts{};  ///< per bucket; the last is above every bound
+  double sum = 0;
+  std::uint64_t count = 0;
+  void observe(double seconds) noexcept;
+};
+
+/// Counters of one job type in one worker.
+struct type_counters {
+  std::uint64_t started = 0;
+  std::uint64_t completed = 0;
+  std::uint64_t failed = 0;
+  std::uint64_t retried = 0;
+  std::uint64_t deferred = 0;
+};
+
+/// What a metrics endpoint shows of a worker.
+struct worker_metrics {
+  worker_counters totals;
+  std::map<std::string, type_counters> by_type;
+  histogram run_seconds;     ///< handler run time
+  histogram pickup_seconds;  ///< from enqueue to start, first runs only
+  std::size_t in_flight = 0;
+};
+
 class worker {
  public:
   /// The backend must outlive the worker.
@@ -130,6 +160,8 @@ class worker {
   worker_counters counters() const;
   /// Jobs held now (running or being finished). Thread-safe.
   std::size_t in_flight() const;
+  /// Counters by job type and histograms. Thread-safe.
+  worker_metrics metrics() const;
 
  private:
   class impl;

@@ -1,0 +1,53 @@
+// Prometheus metrics: the text a scrape gets, and a small HTTP server (Boost.Beast) that serves
+// it at GET /metrics on the worker's io_context.
+#pragma once
+
+#include <jobrt/backend.hpp>
+#include <jobrt/worker.hpp>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace jobrt {
+
+/// One queue's part of a scrape: its workers in this process, and its counts in the backend.
+struct queue_metrics {
+  std::string queue;
+  std::vector<worker_metrics> workers;
+  queue_counts counts;
+};
+
+/// The Prometheus text exposition (format 0.0.4) of these queues.
+std::string prometheus_text(const std::vector<queue_metrics>& queues);
+
+/// Serves GET /metrics (anything else: 404) with what `render` makes, one connection at a time
+/// per client, keep-alive honoured. Binds at construction (throws naming the address when it
+/// cannot); start() accepts until stop().
+class metrics_server {
+ public:
+  using render_fn = std::function<boost::asio::awaitable<std::string>()>;
+  metrics_server(boost::asio::any_io_executor ex, const boost::asio::ip::tcp::endpoint& at, render_fn render);
+  ~metrics_server();
+  metrics_server(const metrics_server&) = delete;
+  metrics_server& operator=(const metrics_server&) = delete;
+
+  boost::asio::ip::tcp::endpoint local_endpoint() const;
+  void start();
+  void stop();
+
+ private:
+  struct state;
+  std::shared_ptr<state> state_;
+};
+
+/// Parses "HOST:PORT" ("127.0.0.1:9464", "[::1]:9464", ":9464" for loopback); throws
+/// std::invalid_argument naming what is wrong.
+boost::asio::ip::tcp::endpoint parse_listen_address(const std::string& text);
+
+}  // namespace jobrt

@@ -1,0 +1,247 @@
+#include <jobrt/metrics.hpp>
+
+#include <fmt/format.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <boost/beast/http/write.hpp>
+
+#include <charconv>
+#include <map>
+#include <stdexcept>
+
+namespace jobrt {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+// Label values escape backslash, quote and newline.
+std::string label(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"')
+      out += '\\', out += c;
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
+  }
+  return out;
+}
+
+void family(std::string& out, std::string_view name, std::string_view type, std::string_view help) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+void histogram_lines(std::string& out, std::string_view name, std::string_view labels, const histogram& h) {
+  std::uint64_t cumulative = 0;
+  for (std::size_t i = 0; i < histogram::bounds.size(); ++i) {
+    cumulative += h.counts[i];
+    out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", name, labels, histogram::bounds[i], cumulative);
+  }
+  cumulative += h.counts.back();
+  out += fmt::format("{}_bucket{{{},le=\"+Inf\"}} {}\n", name, labels, cumulative);
+  out += fmt::format("{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", name, labels, h.sum, name, labels, h.count);
+}
+
+histogram merged(const std::vector<worker_metrics>& ws, histogram worker_metrics::*which) {
+  histogram h;
+  for (auto& w : ws) {
+    const histogram& x = w.*which;
+    for (std::size_t i = 0; i < h.counts.size(); ++i) h.counts[i] += x.counts[i];
+    h.sum += x.sum;
+    h.count += x.count;
+  }
+  return h;
+}
+
+}  // namespace
+
+std::string prometheus_text(const std::vector<queue_metrics>& queues) {
+  std::string out;
+  struct counter {
+    const char* name;
+    const char* help;
+    std::uint64_t type_counters::*field;
+  };
+  const counter per_type[] = {
+      {"jobrt_jobs_started_total", "Jobs this process started, by queue and type.", &type_counters::started},
+      {"jobrt_jobs_completed_total", "Jobs this process completed.", &type_counters::completed},
+      {"jobrt_jobs_failed_total", "Jobs this process dead-lettered (or whose group it halted).",
+       &type_counters::failed},
+      {"jobrt_jobs_retried_total", "Runs that failed and will run again after a backoff.", &type_counters::retried},
+      {"jobrt_jobs_deferred_total", "Runs that asked to run again later (retry_after).", &type_counters::deferred},
+  };
+  for (const auto& c : per_type) {
+    family(out, c.name, "counter", c.help);
+    for (const auto& q : queues) {
+      std::map<std::string, std::uint64_t> sums;
+      for (const auto& w : q.workers)
+        for (const auto& [type, t] : w.by_type) sums[type] += t.*c.field;
+      for (const auto& [type, n] : sums)
+        out += fmt::format("{}{{queue=\"{}\",type=\"{}\"}} {}\n", c.name, label(q.queue), label(type), n);
+    }
+  }
+  struct total {
+    const char* name;
+    const char* type;
+    const char* help;
+    std::uint64_t worker_counters::*field;
+  };
+  const total totals[] = {
+      {"jobrt_leases_lost_total", "counter", "Handlers cancelled because their lease was lost.",
+       &worker_counters::leases_lost},
+      {"jobrt_lease_renewals_total", "counter", "Watchdog calls that renewed this process's leases.",
+       &worker_counters::renewals},
+      {"jobrt_leases_recovered_total", "counter", "Expired leases this process's reapers sent back.",
+       &worker_counters::recovered},
+      {"jobrt_delayed_promoted_total", "counter", "Delayed entries this process's promoters moved.",
+       &worker_counters::promoted},
+  };
+  for (const auto& t : totals) {
+    family(out, t.name, t.type, t.help);
+    for (const auto& q : queues) {
+      std::uint64_t n = 0;
+      for (const auto& w : q.workers) n += w.totals.*(t.field);
+      out += fmt::format("{}{{queue=\"{}\"}} {}\n", t.name, label(q.queue), n);
+    }
+  }
+  family(out, "jobrt_jobs_in_flight", "gauge", "Jobs this process holds now.");
+  for (const auto& q : queues) {
+    std::size_t n = 0;
+    for (const auto& w : q.workers) n += w.in_flight;
+    out += fmt::format("jobrt_jobs_in_flight{{queue=\"{}\"}} {}\n", label(q.queue), n);
+  }
+  family(out, "jobrt_job_run_seconds", "histogram", "Handler run time.");
+  for (const auto& q : queues)
+    histogram_lines(out, "jobrt_job_run_seconds", fmt::format("queue=\"{}\"", label(q.queue)),
+                    merged(q.workers, &worker_metrics::run_seconds));
+  family(out, "jobrt_job_pickup_seconds", "histogram", "From enqueue to the start of a job's first run.");
+  for (const auto& q : queues)
+    histogram_lines(out, "jobrt_job_pickup_seconds", fmt::format("queue=\"{}\"", label(q.queue)),
+                    merged(q.workers, &worker_metrics::pickup_seconds));
+  struct gauge {
+    const char* name;
+    const char* help;
+    std::int64_t queue_counts::*field;
+  };
+  const gauge depth[] = {
+      {"jobrt_queue_ready_lanes", "Lanes (ungrouped jobs and groups with work) ready to run.",
+       &queue_counts::ready_lanes},
+      {"jobrt_queue_running", "Jobs running under a lease, in every process.", &queue_counts::running},
+      {"jobrt_queue_delayed", "Delayed jobs and groups waiting for a retry.", &queue_counts::delayed},
+      {"jobrt_queue_paused_groups", "Paused or halted groups.", &queue_counts::paused},
+      {"jobrt_queue_dead", "Dead letters.", &queue_counts::dead},
+  };
+  for (const auto& g : depth) {
+    family(out, g.name, "gauge", g.help);
+    for (const auto& q : queues)
+      out += fmt::format("{}{{queue=\"{}\"}} {}\n", g.name, label(q.queue), q.counts.*g.field);
+  }
+  family(out, "jobrt_queue_recovered_total", "counter", "Expired leases recovered in this queue, by any process.");
+  for (const auto& q : queues)
+    out += fmt::format("jobrt_queue_recovered_total{{queue=\"{}\"}} {}\n", label(q.queue), q.counts.recovered);
+  return out;
+}
+
+struct metrics_server::state : std::enable_shared_from_this<state> {
+  state(asio::any_io_executor ex, const tcp::endpoint& at, render_fn r) : acceptor(ex), render(std::move(r)) {
+    boost::system::error_code ec;
+    acceptor.open(at.protocol(), ec);
+    if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor.bind(at, ec);
+    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec)
+      throw std::runtime_error(
+          fmt::format("metrics: cannot listen on {}:{}: {}", at.address().to_string(), at.port(), ec.message()));
+  }
+
+  static asio::awaitable<void> accept_loop(std::shared_ptr<state> self) {
+    for (;;) {
+      auto [ec, socket] = co_await self->acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
+      if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) co_return;
+      if (ec) continue;  // a client that went away: accept the next
+      asio::co_spawn(self->acceptor.get_executor(), serve(self, beast::tcp_stream(std::move(socket))), asio::detached);
+    }
+  }
+
+  static asio::awaitable<void> serve(std::shared_ptr<state> self, beast::tcp_stream stream) {
+    beast::flat_buffer buffer;
+    for (;;) {
+      http::request<http::string_body> req;
+      stream.expires_after(std::chrono::seconds(30));
+      auto [ec, n] = co_await http::async_read(stream, buffer, req, asio::as_tuple(asio::use_awaitable));
+      if (ec) co_return;  // closed, timed out, or not HTTP
+      http::response<http::string_body> res;
+      res.version(req.version());
+      res.keep_alive(req.keep_alive());
+      if (req.method() != http::verb::get || req.target() != "/metrics") {
+        res.result(http::status::not_found);
+        res.set(http::field::content_type, "text/plain");
+        res.body() = "jobrt serves only GET /metrics\n";
+      } else {
+        std::string body;
+        try {
+          body = co_await self->render();
+          res.result(http::status::ok);
+        } catch (const std::exception& e) {
+          res.result(http::status::internal_server_error);
+          body = fmt::format("jobrt: metrics failed: {}\n", e.what());
+        }
+        res.set(http::field::content_type, "text/plain; version=0.0.4");
+        res.body() = std::move(body);
+      }
+      res.prepare_payload();
+      auto [wec, written] = co_await http::async_write(stream, res, asio::as_tuple(asio::use_awaitable));
+      if (wec || !res.keep_alive()) co_return;
+    }
+  }
+
+  tcp::acceptor acceptor;
+  render_fn render;
+};
+
+metrics_server::metrics_server(asio::any_io_executor ex, const tcp::endpoint& at, render_fn render)
+    : state_(std::make_shared<state>(std::move(ex), at, std::move(render))) {}
+
+metrics_server::~metrics_server() { stop(); }
+
+tcp::endpoint metrics_server::local_endpoint() const { return state_->acceptor.local_endpoint(); }
+
+void metrics_server::start() {
+  asio::co_spawn(state_->acceptor.get_executor(), state::accept_loop(state_), asio::detached);
+}
+
+void metrics_server::stop() {
+  boost::system::error_code ec;
+  state_->acceptor.close(ec);
+}
+
+tcp::endpoint parse_listen_address(const std::string& text) {
+  auto colon = text.rfind(':');
+  if (colon == std::string::npos) throw std::invalid_argument(fmt::format("listen address '{}' has no :PORT", text));
+  std::string host = text.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.empty()) host = "127.0.0.1";
+  unsigned short port = 0;
+  auto digits = std::string_view(text).substr(colon + 1);
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+  if (ec != std::errc{} || end != digits.data() + digits.size())
+    throw std::invalid_argument(
+        fmt::format("listen address '{}': port '{}' is not a number up to 65535", text, digits));
+  boost::system::error_code aec;
+  auto address = asio::ip::make_address(host, aec);
+  if (aec) throw std::invalid_argument(fmt::format("listen address '{}': '{}' is not an IP address", text, host));
+  return {address, port};
+}
+
+}  // namespace jobrt
