@@ -1,6 +1,7 @@
 // `jobrt worker` and `jobrt enqueue`.
 #include "cli.hpp"
 
+#include <jobrt/log.hpp>
 #include <jobrt/metrics.hpp>
 #include <jobrt/plugin.hpp>
 #include <jobrt/producer.hpp>
@@ -82,6 +83,8 @@ constexpr const char* worker_usage =
     "  --burst N            jobs of one group in a row (default 4)\n"
     "  --on-failure POLICY  hold, skip or halt: what a grouped job's failure does (default hold)\n"
     "  --grace MS           how long running jobs may take to finish at stop (default 10000)\n"
+    "  --log-level LEVEL    debug, info (default), warn, error or off\n"
+    "  --log-json           log one JSON object per line\n"
     "  --metrics ADDR       serve Prometheus metrics at http://ADDR/metrics (ADDR: [HOST]:PORT,\n"
     "                       loopback when HOST is left out; PORT 0 picks one and prints it)\n";
 
@@ -108,6 +111,14 @@ int worker_command(const args& a) {
       config_file = string_arg(a, i);
     } else if (arg == "--metrics") {
       metrics_at = string_arg(a, i);
+    } else if (arg == "--log-level") {
+      try {
+        set_log_level(parse_log_level(string_arg(a, i)));
+      } catch (const std::invalid_argument& e) {
+        throw usage_error(fmt::format("worker: --log-level: {}", e.what()));
+      }
+    } else if (arg == "--log-json") {
+      set_log_json(true);
     } else if (arg == "--queue") {
       wo.queue = string_arg(a, i);
       queue_options = true;
@@ -211,18 +222,18 @@ int worker_command(const args& a) {
                                                  });
       metrics->start();
       auto at = metrics->local_endpoint();
-      fmt::print(stderr, "jobrt worker {}: metrics at http://{}:{}/metrics\n", base_id,
-                 at.address().is_v6() ? "[" + at.address().to_string() + "]" : at.address().to_string(), at.port());
+      log(log_level::info, "worker " + base_id, "metrics at http://{}:{}/metrics",
+          at.address().is_v6() ? "[" + at.address().to_string() + "]" : at.address().to_string(), at.port());
     }
     for (std::size_t i = 0; i < pool.size(); ++i) {
       pool[i]->start();
-      fmt::print(stderr, "jobrt worker {}: running {} on queue {} (concurrency {})\n", queues[i].id, types,
-                 queues[i].queue, queues[i].concurrency);
+      log(log_level::info, "worker " + queues[i].id, "running {} on queue {} (concurrency {})", types, queues[i].queue,
+          queues[i].concurrency);
     }
     int signal = co_await signals.async_wait(asio::use_awaitable);
     if (metrics) metrics->stop();
-    fmt::print(stderr, "jobrt worker {}: {}: stopping (grace {} ms)\n", base_id,
-               signal == SIGINT ? "SIGINT" : "SIGTERM", grace.count());
+    log(log_level::info, "worker " + base_id, "{}: stopping (grace {} ms)", signal == SIGINT ? "SIGINT" : "SIGTERM",
+        grace.count());
     {  // all drain at once
       auto ex = ctx.get_executor();
       using stop_op = decltype(asio::co_spawn(ex, pool.front()->stop(grace), asio::deferred));
@@ -233,10 +244,9 @@ int worker_command(const args& a) {
     }
     for (std::size_t i = 0; i < pool.size(); ++i) {
       auto c = pool[i]->counters();
-      fmt::print(stderr,
-                 "jobrt worker {}: stopped: {} started, {} completed, {} retried, {} failed, {} leases lost, {} "
-                 "handed back\n",
-                 queues[i].id, c.started, c.completed, c.retried, c.failed, c.leases_lost, c.released);
+      log(log_level::info, "worker " + queues[i].id,
+          "stopped: {} started, {} completed, {} retried, {} failed, {} leases lost, {} handed back", c.started,
+          c.completed, c.retried, c.failed, c.leases_lost, c.released);
     }
   });
   return 0;

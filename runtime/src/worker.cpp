@@ -2,6 +2,8 @@
 
 #include "job_codec.hpp"
 
+#include <jobrt/log.hpp>
+
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
@@ -28,9 +30,9 @@ using clock = std::chrono::steady_clock;
 
 void job_context::log(std::string_view message) const {
   if (job_.group.empty())
-    fmt::print(stderr, "[job {}] {}\n", job_.id, message);
+    jobrt::log(log_level::info, "job", "{}: {}", job_.id, message);
   else
-    fmt::print(stderr, "[job {} group {}] {}\n", job_.id, job_.group, message);
+    jobrt::log(log_level::info, "job", "{} (group {}): {}", job_.id, job_.group, message);
 }
 
 void histogram::observe(double seconds) noexcept {
@@ -95,6 +97,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         retry_timer_(strand_),
         stopped_timer_(strand_, clock::time_point::max()) {
     if (opts_.id.empty()) opts_.id = make_worker_id();
+    source_ = "worker " + opts_.id;
     if (opts_.concurrency == 0) throw std::invalid_argument("worker concurrency is 0");
     if (opts_.lease_ttl.count() <= 0) throw std::invalid_argument("worker lease_ttl must be positive");
     if (opts_.burst == 0) opts_.burst = 1;
@@ -161,14 +164,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     try {
       auto expired = co_await self->backend_.expire_own(self->opts_.queue, self->opts_.id);
       if (expired > 0) {
-        fmt::print(stderr, "jobrt worker {}: {} leases of this worker's previous run expired\n", self->opts_.id,
-                   expired);
+        jobrt::log(log_level::info, self->source_, "{} leases of this worker's previous run expired", expired);
         self->reap_timer_.cancel();
       }
       std::vector<std::string> none;
       co_await self->backend_.extend(self->opts_.queue, self->opts_.id, std::move(none), self->opts_.lease_ttl);
     } catch (const std::exception& e) {
-      fmt::print(stderr, "jobrt worker {}: first heartbeat failed: {}\n", self->opts_.id, e.what());
+      jobrt::log(log_level::warn, self->source_, "first heartbeat failed: {}", e.what());
     }
     while (!self->stopping_) {
       std::size_t free = self->opts_.concurrency > self->held_ ? self->opts_.concurrency - self->held_ : 0;
@@ -200,8 +202,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       }
       if (!failure.empty()) {
         if (self->stopping_) break;
-        fmt::print(stderr, "jobrt worker {}: claim failed: {} (retrying in {} ms)\n", self->opts_.id, failure,
-                   backoff.count());
+        jobrt::log(log_level::warn, self->source_, "claim failed: {} (retrying in {} ms)", failure, backoff.count());
         // A timer, not a poll: the backend is failing, and hammering it helps nobody.
         asio::steady_timer pause(self->strand_);
         co_await wait_on(pause, clock::now() + backoff);
@@ -394,8 +395,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       }
       if (!failure.empty()) {
         // Finishing again is safe: a token already finished reads as a lost lease.
-        fmt::print(stderr, "jobrt worker {}: finishing {} jobs failed: {} (retrying in {} ms)\n", self->opts_.id,
-                   items.size(), failure, backoff.count());
+        jobrt::log(log_level::warn, self->source_, "finishing {} jobs failed: {} (retrying in {} ms)", items.size(),
+                   failure, backoff.count());
         self->pending_finish_.insert(self->pending_finish_.begin(), std::make_move_iterator(items.begin()),
                                      std::make_move_iterator(items.end()));
         asio::steady_timer pause(self->strand_);
@@ -439,13 +440,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       }
     }
     if (result.lease_held && item.kind == finish_kind::retry)
-      fmt::print(stderr, "jobrt worker {}: job {} failed: {}; runs again in {} ms\n", opts_.id, job_id, item.error,
+      jobrt::log(log_level::info, source_, "job {} failed: {}; runs again in {} ms", job_id, item.error,
                  item.delay.count());
     else if (result.lease_held && (item.kind == finish_kind::fail || item.kind == finish_kind::halt))
-      fmt::print(stderr, "jobrt worker {}: job {} {}: {}\n", opts_.id, job_id,
+      jobrt::log(log_level::warn, source_, "job {} {}: {}", job_id,
                  item.kind == finish_kind::halt ? "halted its group" : "dead-lettered", item.error);
     if (!result.lease_held)
-      fmt::print(stderr, "jobrt worker {}: lease {} was lost before it finished; not acked\n", opts_.id, item.token);
+      jobrt::log(log_level::warn, source_, "lease {} was lost before it finished; not acked", item.token);
     drop_held();
     if (!result.next) return;
     if (stopping_) {  // leased to us as we stop: hand it back, do not start it
@@ -472,8 +473,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
           try {
             co_await self->backend_.release(self->opts_.queue, self->opts_.id, tokens);
           } catch (const std::exception& e) {
-            fmt::print(stderr, "jobrt worker {}: handing back {} jobs failed: {}\n", self->opts_.id, tokens.size(),
-                       e.what());
+            jobrt::log(log_level::error, self->source_, "handing back {} jobs failed: {}", tokens.size(), e.what());
           }
         },
         asio::detached);
@@ -493,7 +493,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         held = co_await self->backend_.extend(self->opts_.queue, self->opts_.id, tokens, self->opts_.lease_ttl);
       } catch (const std::exception& e) {
         // Said out loud: a renewal that did not happen is how leases get lost.
-        fmt::print(stderr, "jobrt worker {}: lease renewal failed: {}\n", self->opts_.id, e.what());
+        jobrt::log(log_level::warn, self->source_, "lease renewal failed: {}", e.what());
         continue;
       }
       {
@@ -519,10 +519,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       } catch (const std::exception& e) {
         failure = e.what();
       }
-      if (!failure.empty()) fmt::print(stderr, "jobrt worker {}: reaping failed: {}\n", self->opts_.id, failure);
+      if (!failure.empty()) jobrt::log(log_level::warn, self->source_, "reaping failed: {}", failure);
       if (r.leases > 0 || r.lanes > 0) {
-        fmt::print(stderr, "jobrt worker {}: recovered {} expired leases and {} lanes of {} dead workers\n",
-                   self->opts_.id, r.leases, r.lanes, r.workers);
+        jobrt::log(log_level::info, self->source_, "recovered {} expired leases and {} lanes of {} dead workers",
+                   r.leases, r.lanes, r.workers);
         std::lock_guard lock(self->counters_mutex_);
         self->counters_.recovered += static_cast<std::uint64_t>(r.leases);
       }
@@ -547,8 +547,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
           co_await asio::co_spawn(self->strand_, self->backend_.promote(self->opts_.queue, batch), stoppable);
       if (self->stopped_) break;
       if (error) {
-        fmt::print(stderr, "jobrt worker {}: promoting delayed jobs failed: {} (retrying in {} ms)\n", self->opts_.id,
-                   what(error), backoff.count());
+        jobrt::log(log_level::warn, self->source_, "promoting delayed jobs failed: {} (retrying in {} ms)", what(error),
+                   backoff.count());
         co_await wait_on(self->retry_timer_, clock::now() + backoff);
         backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
         continue;
@@ -581,7 +581,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       std::lock_guard lock(counters_mutex_);
       ++counters_.leases_lost;
     }
-    fmt::print(stderr, "jobrt worker {}: lease of job {} lost; cancelling its handler\n", opts_.id, r->ctx->id());
+    jobrt::log(log_level::warn, source_, "lease of job {} lost; cancelling its handler", r->ctx->id());
     cancel_handler(r);
   }
 
@@ -621,7 +621,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       std::lock_guard lock(counters_mutex_);
       counters_.released += to_release_.size();
     } catch (const std::exception& e) {
-      fmt::print(stderr, "jobrt worker {}: handing back {} jobs failed: {}\n", opts_.id, to_release_.size(), e.what());
+      jobrt::log(log_level::error, source_, "handing back {} jobs failed: {}", to_release_.size(), e.what());
     }
     to_release_.clear();
     stopped_ = true;
@@ -642,6 +642,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   asio::strand<asio::any_io_executor> strand_;
   backend& backend_;
   worker_options opts_;
+  std::string source_;  // how its log lines name it
   std::unordered_map<std::string, handler> handlers_;
   std::unordered_map<std::string, backoff> backoffs_;                      // by job type
   std::minstd_rand random_{std::random_device{}()};                        // backoff jitter
