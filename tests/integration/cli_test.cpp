@@ -275,3 +275,63 @@ TEST_CASE("jobrt worker serves Prometheus metrics on loopback") {
   CHECK(not_found.starts_with("HTTP/1.0 404"));
   CHECK(jobrt_cli({"worker", "--plugin", "x.so", "--metrics", "nohost"}).status == 2);
 }
+
+TEST_CASE("the example HTTP server enqueues a job per POST and runs them on its own io_context") {
+  auto out = fmt::format("/tmp/jobrt-example-{}.out", ::getpid());
+  std::vector<std::string> args{JOBRT_EXAMPLE_HTTP_SERVER};
+  std::vector<char*> argv{args[0].data(), nullptr};
+  posix_spawn_file_actions_t files;
+  posix_spawn_file_actions_init(&files);
+  posix_spawn_file_actions_addopen(&files, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  REQUIRE(::posix_spawn(&pid, JOBRT_EXAMPLE_HTTP_SERVER, &files, nullptr, argv.data(), environ) == 0);
+  posix_spawn_file_actions_destroy(&files);
+  std::vector<std::string> answers;
+  std::string stats;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    unsigned short port = 0;
+    for (int i = 0; i < 500 && port == 0; ++i) {
+      co_await sleep_for(std::chrono::milliseconds(10));
+      std::ifstream in(out);
+      std::string word;
+      if (in >> word >> word >> port) break;  // "listening on PORT"
+      port = 0;
+    }
+    REQUIRE(port != 0);
+    auto call = [&](std::string method, std::string target, std::string body) -> awaitable<std::string> {
+      asio::ip::tcp::socket s(ctx);
+      co_await s.async_connect({asio::ip::make_address("127.0.0.1"), port}, asio::use_awaitable);
+      auto req = fmt::format("{} {} HTTP/1.0\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{}", method, target,
+                             body.size(), body);
+      co_await asio::async_write(s, asio::buffer(req), asio::use_awaitable);
+      std::string answer;
+      auto [ec, n] = co_await asio::async_read(s, asio::dynamic_buffer(answer), asio::as_tuple(asio::use_awaitable));
+      CHECK(ec == asio::error::eof);
+      CHECK(n == answer.size());
+      co_return answer;
+    };
+    for (int i = 0; i < 20; ++i)
+      answers.push_back(co_await call(
+          "POST", "/jobs", fmt::format(R"({{"type":"greet","payload":{{"i":{}}},"group":"g{}"}})", i, i % 3)));
+    answers.push_back(co_await call("POST", "/jobs", "{not json"));
+    answers.push_back(co_await call("POST", "/jobs", R"({"payload":{}})"));
+    for (int i = 0; i < 500; ++i) {
+      stats = co_await call("GET", "/stats", "");
+      if (stats.find(R"("done":20)") != std::string::npos) break;
+      co_await sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  std::remove(out.c_str());
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  REQUIRE(answers.size() == 22);
+  CHECK(answers[0].starts_with("HTTP/1.0 202"));
+  CHECK(answers[0].find(R"({"id":"1"})") != std::string::npos);
+  CHECK(answers[20].starts_with("HTTP/1.0 400"));
+  CHECK(answers[20].find("body is not a JSON object") != std::string::npos);
+  CHECK(answers[21].find("job type is empty") != std::string::npos);
+  CHECK(stats.find(R"("done":20)") != std::string::npos);
+  CHECK(stats.find(R"("completed":20)") != std::string::npos);
+}
