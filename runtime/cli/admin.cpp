@@ -12,6 +12,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/json/serialize.hpp>
 
+#include <charconv>
 #include <chrono>
 #include <map>
 #include <set>
@@ -99,8 +100,24 @@ json::object to_json(const queue_counts& q) {
           {"recovered", q.recovered}};
 }
 
+// The runs a dead letter had: the failed ones before it (the record's header) and the last.
+std::int64_t runs_of(std::string_view record) {
+  std::int64_t before = 0;
+  auto [end, ec] = std::from_chars(record.data(), record.data() + record.size(), before);
+  return ec == std::errc{} && end != record.data() ? before + 1 : 0;
+}
+
+// When it was enqueued, from the body's "at", as text.
+std::string enqueued_of(std::string_view record) {
+  auto at = record.find("\"at\":");
+  std::int64_t ms = 0;
+  if (at != std::string_view::npos) std::from_chars(record.data() + at + 5, record.data() + record.size(), ms);
+  return ms > 0 ? fmt::format("{} ms ago", now_ms() - ms) : std::string("unknown");
+}
+
 json::object to_json(const dead_letter& d) {
-  return {{"id", d.id}, {"group", d.group}, {"error", d.error}, {"at_ms", d.at_ms}, {"record", d.record}};
+  return {{"id", d.id},       {"group", d.group},          {"error", d.error},
+          {"at_ms", d.at_ms}, {"runs", runs_of(d.record)}, {"record", d.record}};
 }
 
 }  // namespace
@@ -225,8 +242,9 @@ int dlq(const args& a) {
       if (c.json)
         fmt::print("{}\n", json::serialize(to_json(*d)));
       else
-        fmt::print("id {}\ngroup {}\nfailed {} ms ago\nerror {}\nrecord {}\n", d->id, d->group.empty() ? "-" : d->group,
-                   now_ms() - d->at_ms, d->error, d->record);
+        fmt::print("id {}\ngroup {}\nruns {}\nenqueued {}\nfailed {} ms ago\nerror {}\nrecord {}\n", d->id,
+                   d->group.empty() ? "-" : d->group, runs_of(d->record), enqueued_of(d->record), now_ms() - d->at_ms,
+                   d->error, d->record);
     });
   } else if (verb == "requeue") {
     if (ids.empty()) throw usage_error("dlq requeue: give the ids");

@@ -79,7 +79,7 @@ constexpr const char* worker_usage =
     "  --concurrency N      jobs at once (default 10)\n"
     "  --threads N          threads running the io_context (default 1)\n"
     "  --id ID              worker id (default: <host>:<pid>:<random>)\n"
-    "  --lease-ttl MS       lease time-to-live (default 30000; renewed every third of it)\n"
+    "  --lease-ttl MS       lease time-to-live (default 5000; renewed every third of it)\n"
     "  --burst N            jobs of one group in a row (default 4)\n"
     "  --on-failure POLICY  hold, skip or halt: what a grouped job's failure does (default hold)\n"
     "  --grace MS           how long running jobs may take to finish at stop (default 10000)\n"

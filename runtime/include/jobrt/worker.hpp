@@ -72,7 +72,8 @@ struct worker_options {
   std::string id;
   /// Jobs run at once.
   std::size_t concurrency = 10;
-  std::chrono::milliseconds lease_ttl{30000};
+  /// How long a lease lives unless renewed: a crashed worker's jobs run again after about this long.
+  std::chrono::milliseconds lease_ttl{5000};
   /// How often leases are renewed; 0: lease_ttl / 3.
   std::chrono::milliseconds watchdog_period{0};
   /// How often this worker runs the reaper (recovers expired leases and the claims of workers
