@@ -93,11 +93,10 @@ std::int64_t now_ms() {
 }
 
 json::object to_json(const queue_counts& q) {
-  return {{"ready_lanes", q.ready_lanes}, {"running", q.running},     {"delayed", q.delayed},
-          {"paused", q.paused},           {"dead", q.dead},           {"enqueued", q.enqueued},
-          {"started", q.started},         {"completed", q.completed}, {"failed", q.failed},
-          {"retried", q.retried},         {"deferred", q.deferred},   {"halted", q.halted},
-          {"recovered", q.recovered}};
+  return {{"ready_lanes", q.ready_lanes}, {"running", q.running},    {"delayed", q.delayed},   {"groups", q.groups},
+          {"paused", q.paused},           {"dead", q.dead},          {"enqueued", q.enqueued}, {"started", q.started},
+          {"completed", q.completed},     {"failed", q.failed},      {"retried", q.retried},   {"deferred", q.deferred},
+          {"halted", q.halted},           {"recovered", q.recovered}};
 }
 
 // The runs a dead letter had: the failed ones before it (the record's header) and the last.
@@ -144,10 +143,11 @@ int stats(const args& a) {
         fmt::print("{}\n", json::serialize(o));
       } else {
         fmt::print(
-            "queue {}: {} ready lanes, {} running, {} delayed, {} paused groups, {} dead | enqueued {}, started {}, "
+            "queue {}: {} ready lanes, {} running, {} delayed, {} groups with jobs, {} paused groups, {} dead | "
+            "enqueued {}, started {}, "
             "completed {}, failed {}, retried {}, deferred {}, halted {}, recovered {}",
-            c.queue, q.ready_lanes, q.running, q.delayed, q.paused, q.dead, q.enqueued, q.started, q.completed,
-            q.failed, q.retried, q.deferred, q.halted, q.recovered);
+            c.queue, q.ready_lanes, q.running, q.delayed, q.groups, q.paused, q.dead, q.enqueued, q.started,
+            q.completed, q.failed, q.retried, q.deferred, q.halted, q.recovered);
         if (last_completed >= 0 && watch > 0)
           fmt::print(" | {:.0f} jobs/s",
                      static_cast<double>(q.completed - last_completed) / static_cast<double>(watch));

@@ -1,7 +1,7 @@
 -- Checks the invariants of a queue's data model and, when asked, repairs what it finds. Reads
 -- everything (SCAN of the queue's keys): O(size of the queue), for operators and tests.
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>delayed  KEYS[4] <prefix>paused
--- KEYS[5] <prefix>parked  KEYS[6] <prefix>ids  KEYS[7] <prefix>workers
+-- KEYS[5] <prefix>parked  KEYS[6] <prefix>ids  KEYS[7] <prefix>workers  KEYS[8] <prefix>stats
 -- ARGV[1] '1' to repair
 -- Returns: {groups with jobs, pending jobs, oldest pending job's enqueue time (ms, 0: none),
 --   stuck groups, repairs made, then one line per problem}
@@ -142,6 +142,14 @@ for _, id in ipairs(redis.call('SMEMBERS', ids)) do
       redis.call('SREM', ids, id)
       repaired = repaired + 1
     end
+  end
+end
+local counted = tonumber(redis.call('HGET', KEYS[8], 'groups') or '0')
+if counted ~= groups then
+  problems[#problems + 1] = 'stats counts ' .. counted .. ' groups with jobs; there are ' .. groups
+  if repair then
+    redis.call('HSET', KEYS[8], 'groups', groups)
+    repaired = repaired + 1
   end
 end
 local out = {groups, jobs, oldest, stuck, repaired}

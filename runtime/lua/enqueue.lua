@@ -81,9 +81,13 @@ for i = 0, n - 1 do
   end
 end
 
+local new_groups = 0 -- groups that had no jobs: stats.groups counts groups with jobs
 for _, group in ipairs(order) do
   local list = groups[group]
-  if push_all(prefix .. 'g:' .. group, list) == #list then lanes[slot[group]] = 'g:' .. group end
+  if push_all(prefix .. 'g:' .. group, list) == #list then
+    lanes[slot[group]] = 'g:' .. group
+    new_groups = new_groups + 1
+  end
 end
 local final = {}
 for i = 1, #lanes do
@@ -96,4 +100,5 @@ if #later > 0 then
   if #first == 0 or earliest < tonumber(first[2]) then redis.call('PUBLISH', delayed, earliest) end
 end
 if stored > 0 then redis.call('HINCRBY', stats, 'enqueued', stored) end
+if new_groups > 0 then redis.call('HINCRBY', stats, 'groups', new_groups) end
 return out

@@ -87,7 +87,7 @@ local function is_paused(group)
 end
 
 local out, back, nexts, later = {}, {}, {}, {}
-local completed, failed, retried, deferred, halted = 0, 0, 0, 0, 0
+local completed, failed, retried, deferred, halted, emptied = 0, 0, 0, 0, 0, 0
 local nobody_waits = nil -- LLEN of ready, asked once: this script pushes to ready only at its end
 local function dead_letter(record, group, err)
   local id = string.match(record or '', '^%d+|([^|]*)|') or ''
@@ -125,6 +125,7 @@ for i = 1, n do
         local key = prefix .. lane
         record = redis.call('LPOP', key)
         local following = redis.call('LINDEX', key, 0)
+        if record and not following then emptied = emptied + 1 end
         if following then
           if want == '2' and nobody_waits == nil then nobody_waits = redis.call('LLEN', ready) == 0 end
           if kind == 'a' and (want == '1' or (want == '2' and nobody_waits and #back == 0)) and
@@ -200,4 +201,5 @@ if failed > 0 then redis.call('HINCRBY', stats, 'failed', failed) end
 if retried > 0 then redis.call('HINCRBY', stats, 'retried', retried) end
 if deferred > 0 then redis.call('HINCRBY', stats, 'deferred', deferred) end
 if halted > 0 then redis.call('HINCRBY', stats, 'halted', halted) end
+if emptied > 0 then redis.call('HINCRBY', stats, 'groups', -emptied) end
 return done(out)

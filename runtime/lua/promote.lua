@@ -1,5 +1,6 @@
 -- Moves due entries of delayed to where they belong, oldest first, at most max of them.
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>delayed  KEYS[3] <prefix>paused  KEYS[4] <prefix>parked
+-- KEYS[5] <prefix>stats
 -- ARGV[1] max
 -- Returns: {entries moved, ms until the next entry is due (-1: none)}
 --
@@ -30,6 +31,7 @@ for _, member in ipairs(due) do
     local group = string.sub(rest, 1, tonumber(len))
     if redis.call('RPUSH', prefix .. 'g:' .. group, string.sub(rest, tonumber(len) + 1)) == 1 then
       lane_of_group(group)
+      redis.call('HINCRBY', KEYS[5], 'groups', 1)
     end
   elseif kind == 'g:' then
     if redis.call('EXISTS', prefix .. member) == 1 then lane_of_group(string.sub(member, 3)) end

@@ -1,6 +1,6 @@
 -- Puts dead-lettered jobs back, with their attempts reset.
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>dead  KEYS[3] <prefix>dead:info  KEYS[4] <prefix>ids
--- KEYS[5] <prefix>paused  KEYS[6] <prefix>parked
+-- KEYS[5] <prefix>paused  KEYS[6] <prefix>parked  KEYS[7] <prefix>stats
 -- ARGV[1] 'tail' (behind the group's pending jobs, or the ready list's) or 'head' (next in its
 --   group, after the job at the group's head, which may be running; ungrouped: the ready list's
 --   head), then the ids
@@ -32,6 +32,7 @@ for i = 2, #ARGV do
         if head and at_head then
           redis.call('LINSERT', key, 'AFTER', head, record)
         elseif redis.call('RPUSH', key, record) == 1 then
+          redis.call('HINCRBY', KEYS[7], 'groups', 1)
           if redis.call('HEXISTS', paused, group) == 1 then
             redis.call('SADD', parked, group)
           else

@@ -29,6 +29,7 @@ if head and mode == 'skip' then
   redis.call('HSET', dead_info, id or '',
     cjson.encode({record = head, group = group, error = 'skipped by an operator', at = now}))
   redis.call('HINCRBY', stats, 'failed', 1)
+  if redis.call('EXISTS', key) == 0 then redis.call('HINCRBY', stats, 'groups', -1) end
 elseif head and string.find(state, '"halted"', 1, true) then
   local rest = string.match(head, '^%d+(|.*)$')
   if rest then redis.call('LSET', key, 0, '0' .. rest) end

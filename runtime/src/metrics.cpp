@@ -140,6 +140,7 @@ std::string prometheus_text(const std::vector<queue_metrics>& queues) {
       {"jobrt_queue_running", "Jobs running under a lease, in every process.", &queue_counts::running},
       {"jobrt_queue_delayed", "Delayed jobs and groups waiting for a retry.", &queue_counts::delayed},
       {"jobrt_queue_paused_groups", "Paused or halted groups.", &queue_counts::paused},
+      {"jobrt_queue_groups_active", "Groups with jobs, pending or running.", &queue_counts::groups},
       {"jobrt_queue_dead", "Dead letters.", &queue_counts::dead},
   };
   for (const auto& g : depth) {
@@ -147,6 +148,10 @@ std::string prometheus_text(const std::vector<queue_metrics>& queues) {
     for (const auto& q : queues)
       out += fmt::format("{}{{queue=\"{}\"}} {}\n", g.name, label(q.queue), q.counts.*g.field);
   }
+  family(out, "jobrt_queue_stuck_groups", "gauge",
+         "Groups with jobs that nothing would run, as the last check found (-1: not checked).");
+  for (const auto& q : queues)
+    out += fmt::format("jobrt_queue_stuck_groups{{queue=\"{}\"}} {}\n", label(q.queue), q.stuck_groups);
   family(out, "jobrt_queue_recovered_total", "counter", "Expired leases recovered in this queue, by any process.");
   for (const auto& q : queues)
     out += fmt::format("jobrt_queue_recovered_total{{queue=\"{}\"}} {}\n", label(q.queue), q.counts.recovered);

@@ -459,6 +459,7 @@ CONFORMANCE("check finds nothing wrong in a queue in every state") {
     for (auto& line : report.problems) MESSAGE(line);
     CHECK(report.problems.empty());
     CHECK(report.groups == 3);  // g, h, paused (g2's job is delayed, not in its group yet)
+    CHECK((co_await store.counts(b.queue())).groups == 3);
     CHECK(report.jobs == 6);
     CHECK(report.stuck_groups == 0);
     CHECK(report.oldest_enqueued_ms > 0);

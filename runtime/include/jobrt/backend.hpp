@@ -102,6 +102,7 @@ struct queue_counts {
   std::int64_t running = 0;
   std::int64_t delayed = 0;  ///< delayed jobs and groups waiting for a retry
   std::int64_t paused = 0;   ///< paused or halted groups
+  std::int64_t groups = 0;   ///< groups with jobs (pending or running)
   std::int64_t dead = 0;
   std::int64_t enqueued = 0;
   std::int64_t started = 0;

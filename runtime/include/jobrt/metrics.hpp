@@ -21,6 +21,7 @@ struct queue_metrics {
   std::string queue;
   std::vector<worker_metrics> workers;
   queue_counts counts;
+  std::int64_t stuck_groups = -1;  ///< from the last check (-1: none run)
 };
 
 /// The Prometheus text exposition (format 0.0.4) of these queues.

@@ -621,6 +621,7 @@ asio::awaitable<queue_counts> memory_backend::counts(std::string queue) {
   c.running = static_cast<std::int64_t>(q.active.size());
   c.delayed = static_cast<std::int64_t>(q.delayed.size());
   c.paused = static_cast<std::int64_t>(q.paused.size());
+  c.groups = static_cast<std::int64_t>(q.groups.size());
   c.dead = static_cast<std::int64_t>(q.dead.size());
   c.enqueued = q.enqueued;
   c.started = q.started;

@@ -337,13 +337,15 @@ asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
       c.deferred = value;
     else if (name == "halted")
       c.halted = value;
+    else if (name == "groups")
+      c.groups = value;
   }
   co_return c;
 }
 
 asio::awaitable<promote_result> redis_backend::promote(std::string queue, std::size_t max) {
   auto p = key_prefix(queue);
-  std::array<std::string, 4> keys{p + "ready", p + "delayed", p + "paused", p + "parked"};
+  std::array<std::string, 5> keys{p + "ready", p + "delayed", p + "paused", p + "parked", p + "stats"};
   std::array<std::string, 1> args{std::to_string(std::min(max, max_batch))};
   reply r = co_await promote_.run(conn_, keys, args);
   const auto& e = r.as_array();
@@ -458,7 +460,8 @@ asio::awaitable<std::vector<std::string>> redis_backend::requeue(std::string que
                                                                  bool at_head) {
   std::vector<std::string> out;
   auto p = key_prefix(queue);
-  std::array<std::string, 6> keys{p + "ready", p + "dead", p + "dead:info", p + "ids", p + "paused", p + "parked"};
+  std::array<std::string, 7> keys{p + "ready",  p + "dead",   p + "dead:info", p + "ids",
+                                  p + "paused", p + "parked", p + "stats"};
   for (std::size_t first = 0; first < ids.size(); first += max_batch) {
     std::vector<std::string_view> args{at_head ? "head" : "tail"};
     for (std::size_t i = first; i < std::min(ids.size(), first + max_batch); ++i) args.push_back(ids[i]);
@@ -518,8 +521,8 @@ asio::awaitable<std::vector<paused_group>> redis_backend::paused_groups(std::str
 
 asio::awaitable<check_report> redis_backend::check(std::string queue, bool repair) {
   auto p = key_prefix(queue);
-  std::array<std::string, 7> keys{p + "ready",  p + "active", p + "delayed", p + "paused",
-                                  p + "parked", p + "ids",    p + "workers"};
+  std::array<std::string, 8> keys{p + "ready",  p + "active", p + "delayed", p + "paused",
+                                  p + "parked", p + "ids",    p + "workers", p + "stats"};
   std::array<std::string, 1> args{repair ? "1" : "0"};
   reply r = co_await check_.run(conn_, keys, args);
   const auto& e = r.as_array();
