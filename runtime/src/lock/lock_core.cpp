@@ -1,0 +1,437 @@
+#include "lock/lock_core.hpp"
+
+#include <fmt/format.h>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <ostream>
+
+namespace asio = boost::asio;
+using boost::system::error_code;
+using boost::system::system_error;
+using namespace std::chrono_literals;
+
+namespace jobrt {
+namespace {
+
+class lock_category final : public boost::system::error_category {
+ public:
+  const char* name() const noexcept override { return "jobrt.lock"; }
+  std::string message(int ev) const override {
+    switch (static_cast<lock_error>(ev)) {
+      case lock_error::timeout: return "the lock was not taken within lock_options::wait";
+      case lock_error::empty_name: return "the lock name is empty";
+      case lock_error::invalid_ttl: return "lock_options::ttl must be at least 3 ms";
+      case lock_error::invalid_segments: return "a striped_mutex needs at least one segment";
+      case lock_error::closed: return "the lock service is closed";
+    }
+    return "unknown lock error";
+  }
+};
+
+const std::string empty_string;
+
+// Starts the timer's wait while holding `m`: wakers set a waiter's timer (expires_at) under the
+// same mutex, since Asio timers are not thread-safe and the waiting coroutine may run on a
+// multi-threaded io_context, where no strand would serialise the waker with it.
+template <class Token>
+auto async_wait_locked(std::mutex& m, asio::steady_timer& timer, Token&& token) {
+  return asio::async_initiate<Token, void(error_code)>(
+      [&m, &timer](auto handler) {
+        std::lock_guard lock(m);
+        timer.async_wait(std::move(handler));
+      },
+      token);
+}
+
+}  // namespace
+
+const boost::system::error_category& lock_error_category() noexcept {
+  static const lock_category instance;
+  return instance;
+}
+
+namespace detail {
+
+struct lock_core::waiter {
+  explicit waiter(asio::any_io_executor ex) : timer(std::move(ex)) {}
+  asio::steady_timer timer;
+  std::string token;
+  std::list<waiter*>* list = nullptr;  // in waiters_, while registered
+  std::list<waiter*>::iterator pos;
+  bool woken = false;                   // a wake-up not yet used by an attempt
+  std::optional<std::int64_t> granted;  // a FIFO hand-off's fence, not yet taken
+};
+
+// However lock() ends (a lease, an empty try_lock, a timeout, an error, a cancellation, or its
+// frame destroyed unresumed), the waiter leaves the list. A wake-up it got but did not use goes
+// to the next waiter of the lock (one release wakes one waiter per process, and must not be
+// lost with a waiter that left). A lock that may have been taken for it (an attempt whose answer
+// never came, a FIFO ticket or hand-off) is released in the background: nothing stays held by
+// nobody until its TTL.
+struct lock_core::waiter_guard {
+  lock_core& core;
+  waiter& w;
+  const std::string& name;
+  lock_order order;
+  bool needs_release = false;
+  bool done = false;  // the caller holds the lock now
+
+  ~waiter_guard() {
+    bool granted = false;
+    {
+      std::lock_guard lock(core.mutex_);
+      granted = w.granted.has_value();
+      if (w.list != nullptr) {
+        auto* list = w.list;
+        list->erase(w.pos);
+        w.list = nullptr;
+        if (w.woken && !done) core.wake_one_locked(*list);
+        if (list->empty()) core.waiters_.erase(name);
+      }
+    }
+    if (!done && (needs_release || granted)) core.release_in_background(name, w.token, order);
+  }
+};
+
+lock_core::lock_core(asio::any_io_executor ex)
+    : ex_(ex), strand_(asio::make_strand(ex)), watchdog_timer_(strand_), random_(std::random_device{}()) {}
+
+lock_core::~lock_core() = default;
+
+void lock_core::start() { asio::co_spawn(strand_, watchdog_loop(shared_from_this()), asio::detached); }
+
+void lock_core::close() {
+  if (closed_.exchange(true)) return;
+  asio::post(strand_, [self = shared_from_this()] {
+    self->watchdog_timer_.cancel();
+    self->held_.clear();
+  });
+  on_close();
+  wake_all();  // waiters find the service closed
+}
+
+std::string lock_core::make_token() {
+  std::uint64_t a = 0, b = 0;
+  {
+    std::lock_guard lock(mutex_);
+    a = random_();
+    b = random_();
+  }
+  return fmt::format("{:016x}{:016x}", a, b);
+}
+
+void lock_core::wake_one_locked(std::list<waiter*>& list) {
+  for (waiter* w : list) {
+    if (w->woken || w->granted) continue;  // already has a chance to use
+    w->woken = true;
+    // Unlike cancel(), this also covers a waiter between its attempt and its wait: that wait then
+    // completes at once.
+    w->timer.expires_at(lock_clock::time_point::min());
+    return;
+  }
+}
+
+void lock_core::wake(const std::string& name) {
+  std::lock_guard lock(mutex_);
+  if (auto it = waiters_.find(name); it != waiters_.end()) wake_one_locked(it->second);
+}
+
+void lock_core::grant(const std::string& name, const std::string& token, std::int64_t fence) {
+  std::lock_guard lock(mutex_);
+  auto it = waiters_.find(name);
+  if (it == waiters_.end()) return;  // another process' waiter, or one that left (it releases)
+  for (waiter* w : it->second) {
+    if (w->token != token) continue;
+    w->granted = fence;
+    w->timer.expires_at(lock_clock::time_point::min());
+    return;
+  }
+}
+
+void lock_core::wake_all() {
+  std::lock_guard lock(mutex_);
+  for (auto& [name, list] : waiters_) {
+    for (waiter* w : list) {
+      w->woken = true;
+      w->timer.expires_at(lock_clock::time_point::min());
+    }
+  }
+}
+
+asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std::string name, lock_options o,
+                                            bool wait) {
+  if (name.empty()) throw system_error(lock_error::empty_name, "lock");
+  if (o.ttl < 3ms)
+    throw system_error(lock_error::invalid_ttl,
+                       fmt::format("lock '{}': lock_options::ttl is {} ms", name, o.ttl.count()));
+  if (closed_) throw system_error(lock_error::closed, fmt::format("lock '{}'", name));
+  auto ex = co_await asio::this_coro::executor;
+  auto deadline = lock_clock::now() + std::max(o.wait, 0ms);
+  waiter w(ex);
+  w.token = make_token();
+  if (wait) {
+    // Registered before the first attempt: a release between the attempt and the wait must wake it.
+    std::lock_guard lock(mutex_);
+    auto& list = waiters_[name];
+    w.pos = list.insert(list.end(), &w);
+    w.list = &list;
+  }
+  waiter_guard guard{*this, w, name, o.order};
+
+  for (;;) {
+    auto cs = co_await asio::this_coro::cancellation_state;
+    if (cs.cancelled() != asio::cancellation_type::none)
+      throw system_error(asio::error::operation_aborted, fmt::format("lock '{}'", name));
+    if (closed_) throw system_error(lock_error::closed, fmt::format("lock '{}'", name));
+
+    std::optional<std::int64_t> granted;
+    {
+      std::lock_guard lock(mutex_);
+      w.woken = false;
+      granted = std::exchange(w.granted, std::nullopt);
+    }
+    auto attempt_start = lock_clock::now();
+    acquire_result r;
+    if (granted) {
+      r.acquired = true;
+      r.fence = *granted;
+    } else {
+      auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - attempt_start);
+      bool queue = wait && o.order == lock_order::fifo;
+      // Until an answer comes, the lock may have been taken for us (a connection lost after the
+      // call was written): released in the background if this ends here.
+      guard.needs_release = true;
+      r = co_await acquire(name, w.token, o, queue, std::max(remaining, 0ms) + 1s, 0ms);
+      guard.needs_release = queue;  // a FIFO ticket stays until it is used or taken back
+    }
+
+    if (r.acquired) {
+      guard.done = true;
+      auto s = std::make_shared<lease_state>();
+      s->core = self;
+      s->name = name;  // the guard still needs it
+      s->token = w.token;
+      s->fence = r.fence;
+      s->opts = o;
+      s->holder = ex;
+      // The TTL counts from when the server set it, which is after attempt_start; a hand-off was
+      // set before this waiter heard of it, so take a tenth off.
+      s->valid_until = granted ? lock_clock::now() + o.ttl - o.ttl / 10 : attempt_start + o.ttl;
+      s->next_renewal = o.renewal == lock_renewal::watchdog ? attempt_start + o.ttl / 3 : lock_clock::time_point::max();
+      hold(s);
+      co_return lock_lease(std::move(s));
+    }
+    if (!wait) co_return lock_lease();
+
+    auto now = lock_clock::now();
+    if (now >= deadline)
+      throw system_error(lock_error::timeout, fmt::format("lock '{}' not taken within {} ms", name, o.wait.count()));
+    // The backstop: a holder that dies without releasing publishes nothing; its TTL ends its lock.
+    auto until = deadline;
+    if (r.backstop >= 0ms) until = std::min(until, now + r.backstop + 1ms);
+    {
+      std::lock_guard lock(mutex_);
+      if (w.woken || w.granted) continue;  // woken while the attempt was on its way
+      w.timer.expires_at(until);
+    }
+    error_code ec;  // operation_aborted when cancelled; the loop's top finds out
+    co_await async_wait_locked(mutex_, w.timer, asio::redirect_error(asio::use_awaitable, ec));
+  }
+}
+
+asio::awaitable<bool> lock_core::unlock(std::shared_ptr<lease_state> s) {
+  if (s->released.exchange(true)) co_return false;
+  // The watchdog drops released leases on its own; nothing to tell it.
+  if (closed_) throw system_error(lock_error::closed, fmt::format("unlock '{}'", s->name));
+  co_return co_await release(s->name, s->token, s->opts.order);
+}
+
+void lock_core::hold(const std::shared_ptr<lease_state>& s) {
+  asio::post(strand_, [self = shared_from_this(), s] {
+    if (self->closed_) return;
+    self->held_.emplace(s.get(), s);
+    if (self->watchdog_sleeping_) self->watchdog_timer_.cancel();  // it may be due before the timer
+  });
+}
+
+void lock_core::mark_lost(const std::shared_ptr<lease_state>& s) {
+  if (s->released || s->lost.exchange(true)) return;
+  asio::post(s->holder, [s] { s->signal.emit(asio::cancellation_type::terminal); });
+}
+
+void lock_core::release_in_background(std::string name, std::string token, lock_order order) {
+  if (closed_) return;
+  asio::co_spawn(
+      ex_,
+      [self = shared_from_this(), name = std::move(name), token = std::move(token), order]() -> asio::awaitable<void> {
+        try {
+          co_await self->release(name, token, order);
+        } catch (const std::exception&) {
+          // The lock's TTL (or the FIFO ticket's) ends it anyway.
+        }
+      },
+      asio::detached);
+}
+
+// One loop for every lease of the service, on strand_: it sleeps until the earliest renewal or
+// expiry, and renews all leases that are due (or nearly: within ttl/12) in one call.
+asio::awaitable<void> lock_core::watchdog_loop(std::shared_ptr<lock_core> self) {
+  while (!closed_) {
+    auto now = lock_clock::now();
+    auto next = lock_clock::time_point::max();
+    std::vector<std::shared_ptr<lease_state>> due;
+    for (auto it = held_.begin(); it != held_.end();) {
+      auto s = it->second.lock();
+      if (!s || s->released) {
+        it = held_.erase(it);
+        continue;
+      }
+      if (now >= s->valid_until) {  // not renewed in time: someone else may hold it by now
+        mark_lost(s);
+        it = held_.erase(it);
+        continue;
+      }
+      if (s->opts.renewal == lock_renewal::watchdog) {
+        if (now + s->opts.ttl / 12 >= s->next_renewal)
+          due.push_back(s);
+        else
+          next = std::min(next, s->next_renewal);
+      }
+      next = std::min(next, s->valid_until);
+      ++it;
+    }
+
+    if (!due.empty()) {
+      std::vector<renew_item> items;
+      auto limit = std::chrono::milliseconds::max();
+      for (auto& s : due) {
+        items.push_back({s->name, s->token, s->opts.ttl});
+        limit = std::min(limit, std::chrono::duration_cast<std::chrono::milliseconds>(s->valid_until - now));
+      }
+      std::vector<bool> held;
+      std::string failure;
+      try {
+        held = co_await renew(std::move(items), std::max(limit, 1ms));
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      if (!failure.empty())
+        fmt::print(stderr, "jobrt lock: renewing {} locks failed: {} (retrying)\n", due.size(), failure);
+      for (std::size_t i = 0; i < due.size(); ++i) {
+        auto& s = due[i];
+        if (s->released) continue;
+        if (i >= held.size()) {  // failed: again soon, until valid_until says it is lost
+          s->next_renewal = lock_clock::now() + std::max(s->opts.ttl / 10, std::chrono::milliseconds(1));
+        } else if (held[i]) {
+          s->valid_until = now + s->opts.ttl;
+          s->next_renewal = now + s->opts.ttl / 3;
+        } else {
+          mark_lost(s);
+          held_.erase(s.get());
+        }
+      }
+      continue;
+    }
+
+    watchdog_timer_.expires_at(next);
+    watchdog_sleeping_ = true;
+    error_code ec;
+    co_await watchdog_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    watchdog_sleeping_ = false;
+  }
+  (void)self;
+}
+
+}  // namespace detail
+
+// --- lock_lease ---
+
+lock_lease& lock_lease::operator=(lock_lease&& other) noexcept {
+  if (this != &other) {
+    release_in_background();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+lock_lease::~lock_lease() { release_in_background(); }
+
+void lock_lease::release_in_background() noexcept {
+  if (!state_ || state_->released.exchange(true)) return;
+  try {
+    state_->core->release_in_background(state_->name, state_->token, state_->opts.order);
+  } catch (const std::exception&) {
+    // Out of memory: the TTL ends the lock.
+  }
+}
+
+const std::string& lock_lease::name() const { return state_ ? state_->name : empty_string; }
+const std::string& lock_lease::token() const { return state_ ? state_->token : empty_string; }
+std::int64_t lock_lease::fence() const { return state_ ? state_->fence : 0; }
+bool lock_lease::lost() const noexcept { return state_ && state_->lost.load(); }
+
+asio::cancellation_slot lock_lease::cancellation_slot() const {
+  if (!state_) throw std::logic_error("cancellation_slot() of an empty lock_lease");
+  return state_->signal.slot();
+}
+
+asio::awaitable<bool> lock_lease::unlock() {
+  if (!state_) co_return false;
+  auto s = state_;
+  co_return co_await s->core->unlock(s);
+}
+
+std::ostream& operator<<(std::ostream& os, const lock_lease& l) {
+  if (!l) return os << "lock_lease{}";
+  return os << "lock_lease{" << l.name() << ", fence " << l.fence() << (l.lost() ? ", lost" : "") << "}";
+}
+
+// --- lock_service, mutex, striped_mutex ---
+
+lock_service::lock_service(std::shared_ptr<detail::lock_core> core) : core_(std::move(core)) { core_->start(); }
+
+lock_service::~lock_service() {
+  if (core_) core_->close();
+}
+
+asio::awaitable<lock_lease> lock_service::lock(std::string name, lock_options o) {
+  return core_->lock(core_, std::move(name), o, true);
+}
+
+asio::awaitable<lock_lease> lock_service::try_lock(std::string name, lock_options o) {
+  return core_->lock(core_, std::move(name), o, false);
+}
+
+void lock_service::close() { core_->close(); }
+
+mutex::mutex(lock_service& s, std::string name, lock_options o) : service_(&s), name_(std::move(name)), opts_(o) {
+  if (name_.empty()) throw system_error(lock_error::empty_name, "mutex");
+}
+
+striped_mutex::striped_mutex(lock_service& s, std::string name, std::size_t segments, lock_options o)
+    : service_(&s), name_(std::move(name)), segments_(segments), opts_(o) {
+  if (name_.empty()) throw system_error(lock_error::empty_name, "striped_mutex");
+  if (segments_ == 0) throw system_error(lock_error::invalid_segments, fmt::format("striped_mutex '{}'", name_));
+}
+
+std::size_t striped_mutex::segment(std::string_view key) const noexcept {
+  std::uint64_t h = 14695981039346656037ull;  // FNV-1a, 64 bits: stable across processes and builds
+  for (char c : key) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return static_cast<std::size_t>(h % segments_);
+}
+
+std::string striped_mutex::segment_name(std::string_view key) const {
+  return fmt::format("{}:{}", name_, segment(key));
+}
+
+}  // namespace jobrt

@@ -1,0 +1,118 @@
+// What both lock services share: waiting (timers woken by releases, never polling), the
+// watchdog, leases and their lost signal. A backend (Redis, memory) supplies the three atomic
+// steps (acquire, release, renew) and calls wake()/grant()/wake_all() when it learns of releases.
+#pragma once
+
+#include <jobrt/mutex.hpp>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace jobrt::detail {
+
+using lock_clock = std::chrono::steady_clock;
+
+struct lease_state {
+  std::shared_ptr<lock_core> core;
+  std::string name;
+  std::string token;
+  std::int64_t fence = 0;
+  lock_options opts;
+  boost::asio::any_io_executor holder;  // where the lost signal is emitted
+  boost::asio::cancellation_signal signal;
+  std::atomic<bool> lost{false};
+  std::atomic<bool> released{false};
+  // The watchdog's bookkeeping, touched on the core's strand only.
+  lock_clock::time_point next_renewal;
+  lock_clock::time_point valid_until;  // renewed by then, or counted as lost
+};
+
+/// The answer of one acquire attempt.
+struct acquire_result {
+  bool acquired = false;
+  std::int64_t fence = 0;
+  /// When not acquired: how long the current holder (or the FIFO head's ticket) may keep it; the
+  /// waiter's backstop timer. Negative: unknown (retry at once, or at the wait's end).
+  std::chrono::milliseconds backstop{-1};
+};
+
+struct renew_item {
+  std::string name;
+  std::string token;
+  std::chrono::milliseconds ttl;
+};
+
+class lock_core : public std::enable_shared_from_this<lock_core> {
+ public:
+  explicit lock_core(boost::asio::any_io_executor ex);
+  virtual ~lock_core();
+  lock_core(const lock_core&) = delete;
+  lock_core& operator=(const lock_core&) = delete;
+
+  /// lock_service::lock (wait = true) and try_lock (wait = false).
+  boost::asio::awaitable<lock_lease> lock(std::shared_ptr<lock_core> self, std::string name, lock_options o, bool wait);
+  boost::asio::awaitable<bool> unlock(std::shared_ptr<lease_state> s);
+  /// Starts the watchdog; called once by the service's constructor.
+  void start();
+  void close();
+  bool closed() const noexcept { return closed_.load(); }
+  const boost::asio::any_io_executor& get_executor() const noexcept { return ex_; }
+
+  // --- the backend's steps ---
+  /// One attempt. With queue=true a FIFO waiter leaves a ticket valid for `ticket` (its
+  /// remaining wait). `limit`: the longest the call may take. Throws system_error on failure.
+  virtual boost::asio::awaitable<acquire_result> acquire(const std::string& name, const std::string& token,
+                                                         const lock_options& o, bool queue,
+                                                         std::chrono::milliseconds ticket,
+                                                         std::chrono::milliseconds limit) = 0;
+  /// Compare-and-delete (and FIFO hand-off; a FIFO waiter's ticket goes too). True when owned.
+  virtual boost::asio::awaitable<bool> release(const std::string& name, const std::string& token, lock_order order) = 0;
+  /// Compare-and-pexpire of every item: true = still held (renewed), false = lost.
+  virtual boost::asio::awaitable<std::vector<bool>> renew(std::vector<renew_item> items,
+                                                          std::chrono::milliseconds limit) = 0;
+  virtual void on_close() {}
+
+  /// A lock was released and nobody was handed it: one waiter of this process tries again.
+  void wake(const std::string& name);
+  /// A FIFO release handed the lock to `token` with `fence`.
+  void grant(const std::string& name, const std::string& token, std::int64_t fence);
+  /// Every waiter tries again (wake-ups may have been lost: the subscriber reconnected).
+  void wake_all();
+
+ private:
+  struct waiter;
+  struct waiter_guard;
+
+  std::string make_token();
+  void hold(const std::shared_ptr<lease_state>& s);
+  void mark_lost(const std::shared_ptr<lease_state>& s);
+  void wake_one_locked(std::list<waiter*>& list);
+  boost::asio::awaitable<void> watchdog_loop(std::shared_ptr<lock_core> self);
+  void release_in_background(std::string name, std::string token, lock_order order);
+
+  boost::asio::any_io_executor ex_;
+  boost::asio::strand<boost::asio::any_io_executor> strand_;  // the watchdog's state
+  boost::asio::steady_timer watchdog_timer_;
+  std::atomic<bool> closed_{false};
+  bool watchdog_sleeping_ = false;
+  std::unordered_map<lease_state*, std::weak_ptr<lease_state>> held_;  // on strand_
+
+  std::mutex mutex_;  // waiters_ and every waiter's timer
+  std::unordered_map<std::string, std::list<waiter*>> waiters_;
+  std::mt19937_64 random_;  // under mutex_
+
+  friend class jobrt::lock_lease;
+};
+
+}  // namespace jobrt::detail
