@@ -65,8 +65,11 @@ struct lock_core::waiter {
   std::string token;
   std::list<waiter*>* list = nullptr;  // in waiters_, while registered
   std::list<waiter*>::iterator pos;
+  lock_order order = lock_order::any;
+  std::chrono::milliseconds ttl{0};
   bool woken = false;                   // a wake-up not yet used by an attempt
-  std::optional<std::int64_t> granted;  // a FIFO hand-off's fence, not yet taken
+  bool handoff_pending = false;         // a release in this process is handing the lock to it
+  std::optional<std::int64_t> granted;  // a hand-off's fence, not yet taken
 };
 
 // However lock() ends (a lease, an empty try_lock, a timeout, an error, a cancellation, or its
@@ -87,7 +90,8 @@ struct lock_core::waiter_guard {
     bool granted = false;
     {
       std::lock_guard lock(core.mutex_);
-      granted = w.granted.has_value();
+      // A hand-off on its way lands on this token: the release below follows it on the connection.
+      granted = w.granted.has_value() || w.handoff_pending;
       if (w.list != nullptr) {
         auto* list = w.list;
         list->erase(w.pos);
@@ -109,10 +113,11 @@ void lock_core::start() { asio::co_spawn(strand_, watchdog_loop(shared_from_this
 
 void lock_core::close() {
   if (closed_.exchange(true)) return;
-  asio::post(strand_, [self = shared_from_this()] {
-    self->watchdog_timer_.cancel();
-    self->held_.clear();
-  });
+  {
+    std::lock_guard lock(held_mutex_);
+    held_.clear();
+  }
+  asio::post(strand_, [self = shared_from_this()] { self->watchdog_timer_.cancel(); });
   on_close();
   wake_all();  // waiters find the service closed
 }
@@ -129,7 +134,7 @@ std::string lock_core::make_token() {
 
 void lock_core::wake_one_locked(std::list<waiter*>& list) {
   for (waiter* w : list) {
-    if (w->woken || w->granted) continue;  // already has a chance to use
+    if (w->woken || w->granted || w->handoff_pending) continue;  // already has a chance to use
     w->woken = true;
     // Unlike cancel(), this also covers a waiter between its attempt and its wait: that wait then
     // completes at once.
@@ -150,6 +155,7 @@ void lock_core::grant(const std::string& name, const std::string& token, std::in
   for (waiter* w : it->second) {
     if (w->token != token) continue;
     w->granted = fence;
+    w->handoff_pending = false;
     w->timer.expires_at(lock_clock::time_point::min());
     return;
   }
@@ -176,6 +182,8 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
   auto deadline = lock_clock::now() + std::max(o.wait, 0ms);
   waiter w(ex);
   w.token = make_token();
+  w.order = o.order;
+  w.ttl = o.ttl;
   if (wait) {
     // Registered before the first attempt: a release between the attempt and the wait must wake it.
     std::lock_guard lock(mutex_);
@@ -238,7 +246,8 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
     if (r.backstop >= 0ms) until = std::min(until, now + r.backstop + 1ms);
     {
       std::lock_guard lock(mutex_);
-      if (w.woken || w.granted) continue;  // woken while the attempt was on its way
+      if (w.woken || w.granted) continue;  // woken while the attempt was on its way (a pending
+      // hand-off waits: its grant, or its failure, wakes the timer)
       w.timer.expires_at(until);
     }
     error_code ec;  // operation_aborted when cancelled; the loop's top finds out
@@ -248,17 +257,86 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
 
 asio::awaitable<bool> lock_core::unlock(std::shared_ptr<lease_state> s) {
   if (s->released.exchange(true)) co_return false;
-  // The watchdog drops released leases on its own; nothing to tell it.
+  forget(s.get());
   if (closed_) throw system_error(lock_error::closed, fmt::format("unlock '{}'", s->name));
-  co_return co_await release(s->name, s->token, s->opts.order);
+  co_return co_await release_to_next(s->name, s->token, s->opts.order);
 }
 
+// In "any" order, a release hands the lock straight to a waiter of this process, in the same
+// script call: that waiter holds it when the release's reply arrives, one round trip after the
+// unlock() (waking it through pub/sub and letting it try would take two). At most 8 hand-offs
+// in a row stay in this process; then the lock is released for all, so waiters elsewhere are
+// not starved. FIFO order hands off in the script itself.
+asio::awaitable<bool> lock_core::release_to_next(std::string name, std::string token, lock_order order) {
+  std::optional<local_handoff> next;
+  if (order == lock_order::any) {
+    std::lock_guard lock(mutex_);
+    auto it = waiters_.find(name);
+    if (it != waiters_.end() && streak_[name] < 8) {
+      for (waiter* w : it->second) {
+        if (w->order != lock_order::any || w->granted || w->handoff_pending) continue;
+        w->handoff_pending = true;
+        next = local_handoff{w->token, w->ttl};
+        break;
+      }
+    }
+  }
+  release_result r;
+  std::exception_ptr failure;
+  try {
+    r = co_await release(name, token, order, next ? &*next : nullptr);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (next) {
+    if (r.handed) {
+      {
+        std::lock_guard lock(mutex_);
+        ++streak_[name];
+      }
+      grant(name, next->token, *r.handed);
+    } else {
+      // Not handed (not owned any more, or the call failed): the waiter tries for itself. It
+      // may have left meanwhile, so it is looked up again by its token.
+      std::lock_guard lock(mutex_);
+      if (auto it = waiters_.find(name); it != waiters_.end()) {
+        for (waiter* w : it->second) {
+          if (w->token != next->token || !w->handoff_pending) continue;
+          w->handoff_pending = false;
+          w->woken = true;
+          w->timer.expires_at(lock_clock::time_point::min());
+        }
+      }
+    }
+  }
+  if (!r.handed) {
+    std::lock_guard lock(mutex_);
+    streak_.erase(name);
+  }
+  if (failure) std::rethrow_exception(failure);
+  co_return r.owned;
+}
+
+// Registering a lease costs a map insert: the watchdog is poked (a post) only when the lease is
+// due before the watchdog's timer, which with one TTL for all is rare (new leases are due last).
 void lock_core::hold(const std::shared_ptr<lease_state>& s) {
-  asio::post(strand_, [self = shared_from_this(), s] {
-    if (self->closed_) return;
-    self->held_.emplace(s.get(), s);
-    if (self->watchdog_sleeping_) self->watchdog_timer_.cancel();  // it may be due before the timer
-  });
+  bool poke = false;
+  {
+    std::lock_guard lock(held_mutex_);
+    if (closed_) return;
+    held_.emplace(s.get(), s);
+    auto due = std::min(s->next_renewal, s->valid_until);
+    if (due < armed_) {
+      armed_ = due;
+      poke = true;
+    }
+  }
+  if (poke) asio::post(strand_, [self = shared_from_this()] { self->watchdog_timer_.cancel(); });
+}
+
+void lock_core::forget(lease_state* s) {
+  std::lock_guard lock(held_mutex_);
+  held_.erase(s);
 }
 
 void lock_core::mark_lost(const std::shared_ptr<lease_state>& s) {
@@ -272,7 +350,7 @@ void lock_core::release_in_background(std::string name, std::string token, lock_
       ex_,
       [self = shared_from_this(), name = std::move(name), token = std::move(token), order]() -> asio::awaitable<void> {
         try {
-          co_await self->release(name, token, order);
+          co_await self->release_to_next(name, token, order);
         } catch (const std::exception&) {
           // The lock's TTL (or the FIFO ticket's) ends it anyway.
         }
@@ -287,26 +365,33 @@ asio::awaitable<void> lock_core::watchdog_loop(std::shared_ptr<lock_core> self) 
     auto now = lock_clock::now();
     auto next = lock_clock::time_point::max();
     std::vector<std::shared_ptr<lease_state>> due;
-    for (auto it = held_.begin(); it != held_.end();) {
-      auto s = it->second.lock();
-      if (!s || s->released) {
-        it = held_.erase(it);
-        continue;
+    std::vector<std::shared_ptr<lease_state>> expired;
+    {
+      std::lock_guard lock(held_mutex_);
+      for (auto it = held_.begin(); it != held_.end();) {
+        auto s = it->second.lock();
+        if (!s || s->released) {
+          it = held_.erase(it);
+          continue;
+        }
+        if (now >= s->valid_until) {  // not renewed in time: someone else may hold it by now
+          expired.push_back(std::move(s));
+          it = held_.erase(it);
+          continue;
+        }
+        if (s->opts.renewal == lock_renewal::watchdog) {
+          if (now + s->opts.ttl / 12 >= s->next_renewal)
+            due.push_back(s);
+          else
+            next = std::min(next, s->next_renewal);
+        }
+        next = std::min(next, s->valid_until);
+        ++it;
       }
-      if (now >= s->valid_until) {  // not renewed in time: someone else may hold it by now
-        mark_lost(s);
-        it = held_.erase(it);
-        continue;
-      }
-      if (s->opts.renewal == lock_renewal::watchdog) {
-        if (now + s->opts.ttl / 12 >= s->next_renewal)
-          due.push_back(s);
-        else
-          next = std::min(next, s->next_renewal);
-      }
-      next = std::min(next, s->valid_until);
-      ++it;
+      // While renewing, hold() need not poke: the loop looks at every lease again afterwards.
+      armed_ = due.empty() ? next : lock_clock::time_point::min();
     }
+    for (auto& s : expired) mark_lost(s);
 
     if (!due.empty()) {
       std::vector<renew_item> items;
@@ -324,27 +409,30 @@ asio::awaitable<void> lock_core::watchdog_loop(std::shared_ptr<lock_core> self) 
       }
       if (!failure.empty())
         fmt::print(stderr, "jobrt lock: renewing {} locks failed: {} (retrying)\n", due.size(), failure);
-      for (std::size_t i = 0; i < due.size(); ++i) {
-        auto& s = due[i];
-        if (s->released) continue;
-        if (i >= held.size()) {  // failed: again soon, until valid_until says it is lost
-          s->next_renewal = lock_clock::now() + std::max(s->opts.ttl / 10, std::chrono::milliseconds(1));
-        } else if (held[i]) {
-          s->valid_until = now + s->opts.ttl;
-          s->next_renewal = now + s->opts.ttl / 3;
-        } else {
-          mark_lost(s);
-          held_.erase(s.get());
+      std::vector<std::shared_ptr<lease_state>> lost;
+      {
+        std::lock_guard lock(held_mutex_);
+        for (std::size_t i = 0; i < due.size(); ++i) {
+          auto& s = due[i];
+          if (s->released) continue;
+          if (i >= held.size()) {  // failed: again soon, until valid_until says it is lost
+            s->next_renewal = lock_clock::now() + std::max(s->opts.ttl / 10, std::chrono::milliseconds(1));
+          } else if (held[i]) {
+            s->valid_until = now + s->opts.ttl;
+            s->next_renewal = now + s->opts.ttl / 3;
+          } else {
+            lost.push_back(s);
+            held_.erase(s.get());
+          }
         }
       }
+      for (auto& s : lost) mark_lost(s);
       continue;
     }
 
     watchdog_timer_.expires_at(next);
-    watchdog_sleeping_ = true;
     error_code ec;
     co_await watchdog_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    watchdog_sleeping_ = false;
   }
   (void)self;
 }
@@ -366,6 +454,7 @@ lock_lease::~lock_lease() { release_in_background(); }
 void lock_lease::release_in_background() noexcept {
   if (!state_ || state_->released.exchange(true)) return;
   try {
+    state_->core->forget(state_.get());
     state_->core->release_in_background(state_->name, state_->token, state_->opts.order);
   } catch (const std::exception&) {
     // Out of memory: the TTL ends the lock.

@@ -33,7 +33,7 @@ struct lease_state {
   boost::asio::cancellation_signal signal;
   std::atomic<bool> lost{false};
   std::atomic<bool> released{false};
-  // The watchdog's bookkeeping, touched on the core's strand only.
+  // The watchdog's bookkeeping, under the core's held_mutex_.
   lock_clock::time_point next_renewal;
   lock_clock::time_point valid_until;  // renewed by then, or counted as lost
 };
@@ -45,6 +45,17 @@ struct acquire_result {
   /// When not acquired: how long the current holder (or the FIFO head's ticket) may keep it; the
   /// waiter's backstop timer. Negative: unknown (retry at once, or at the wait's end).
   std::chrono::milliseconds backstop{-1};
+};
+
+/// A waiter of this process that a release in "any" order may hand the lock to directly.
+struct local_handoff {
+  std::string token;
+  std::chrono::milliseconds ttl;
+};
+
+struct release_result {
+  bool owned = false;                  ///< the caller owned the lock (it is released or handed on now)
+  std::optional<std::int64_t> handed;  ///< the fence of the local_handoff, when it got the lock
 };
 
 struct renew_item {
@@ -76,8 +87,10 @@ class lock_core : public std::enable_shared_from_this<lock_core> {
                                                          const lock_options& o, bool queue,
                                                          std::chrono::milliseconds ticket,
                                                          std::chrono::milliseconds limit) = 0;
-  /// Compare-and-delete (and FIFO hand-off; a FIFO waiter's ticket goes too). True when owned.
-  virtual boost::asio::awaitable<bool> release(const std::string& name, const std::string& token, lock_order order) = 0;
+  /// Compare-and-delete, or hand-off: in FIFO order to the queue's head (a FIFO waiter's ticket
+  /// goes too), else to `next` when given. Wakes waiters when the lock becomes free.
+  virtual boost::asio::awaitable<release_result> release(const std::string& name, const std::string& token,
+                                                         lock_order order, const local_handoff* next) = 0;
   /// Compare-and-pexpire of every item: true = still held (renewed), false = lost.
   virtual boost::asio::awaitable<std::vector<bool>> renew(std::vector<renew_item> items,
                                                           std::chrono::milliseconds limit) = 0;
@@ -96,20 +109,26 @@ class lock_core : public std::enable_shared_from_this<lock_core> {
 
   std::string make_token();
   void hold(const std::shared_ptr<lease_state>& s);
+  void forget(lease_state* s);
   void mark_lost(const std::shared_ptr<lease_state>& s);
   void wake_one_locked(std::list<waiter*>& list);
   boost::asio::awaitable<void> watchdog_loop(std::shared_ptr<lock_core> self);
+  /// Releases, handing the lock to a waiter of this process when there is one (order any).
+  boost::asio::awaitable<bool> release_to_next(std::string name, std::string token, lock_order order);
   void release_in_background(std::string name, std::string token, lock_order order);
 
   boost::asio::any_io_executor ex_;
-  boost::asio::strand<boost::asio::any_io_executor> strand_;  // the watchdog's state
+  boost::asio::strand<boost::asio::any_io_executor> strand_;  // the watchdog loop and its timer
   boost::asio::steady_timer watchdog_timer_;
   std::atomic<bool> closed_{false};
-  bool watchdog_sleeping_ = false;
-  std::unordered_map<lease_state*, std::weak_ptr<lease_state>> held_;  // on strand_
+  std::mutex held_mutex_;  // held_, armed_, and the leases' renewal times
+  std::unordered_map<lease_state*, std::weak_ptr<lease_state>> held_;
+  lock_clock::time_point armed_ = lock_clock::time_point::max();  // when the watchdog wakes next
 
   std::mutex mutex_;  // waiters_ and every waiter's timer
   std::unordered_map<std::string, std::list<waiter*>> waiters_;
+  // Local hand-offs in a row per lock: bounded, so waiters of other processes get their turn.
+  std::unordered_map<std::string, int> streak_;
   std::mt19937_64 random_;  // under mutex_
 
   friend class jobrt::lock_lease;

@@ -44,37 +44,46 @@ class memory_lock_core final : public lock_core {
     co_return acquire_result{false, 0, std::chrono::ceil<std::chrono::milliseconds>(until - now)};
   }
 
-  asio::awaitable<bool> release(const std::string& name, const std::string& token, lock_order order) override {
+  asio::awaitable<release_result> release(const std::string& name, const std::string& token, lock_order order,
+                                          const local_handoff* next) override {
     std::string granted;
     std::int64_t fence = 0;
+    bool owned = false;
+    std::optional<std::int64_t> handed;
     {
       std::lock_guard lock(m_);
       auto it = locks_.find(name);
-      if (it == locks_.end()) co_return false;
+      if (it == locks_.end()) co_return release_result{};
       auto& e = it->second;
       auto now = lock_clock::now();
       if (order == lock_order::fifo) std::erase_if(e.queue, [&](const ticket_entry& t) { return t.token == token; });
-      if (e.token != token || now >= e.expires) {
-        if (e.token.empty() && e.queue.empty()) locks_.erase(it);
-        co_return false;
-      }
-      e.token.clear();
-      if (order == lock_order::fifo) {
+      bool free = e.token.empty() || now >= e.expires;
+      owned = !free && e.token == token;
+      if (owned || free) e.token.clear();
+      // As lock_release.lua: a free lock goes to the head of the FIFO queue; also when the one
+      // leaving was a waiter (it may have been the head the free lock waited for).
+      if (order == lock_order::fifo && (owned || free)) {
         while (!e.queue.empty() && e.queue.front().deadline <= now) e.queue.pop_front();
-        if (!e.queue.empty()) {  // hand it to the head, as lock_release.lua does
+        if (!e.queue.empty()) {
           e.token = granted = e.queue.front().token;
           e.expires = now + e.queue.front().ttl;
           e.queue.pop_front();
           fence = ++fences_[name];
         }
       }
+      if (owned && order == lock_order::any && next != nullptr) {  // to a waiter of the caller's
+        e.token = next->token;
+        e.expires = now + next->ttl;
+        handed = ++fences_[name];
+      }
       if (e.token.empty() && e.queue.empty()) locks_.erase(it);
     }
-    if (granted.empty())
-      wake(name);
-    else
+    if (handed) co_return release_result{true, handed};
+    if (!granted.empty())
       grant(name, granted, fence);
-    co_return true;
+    else if (owned)
+      wake(name);
+    co_return release_result{owned, std::nullopt};
   }
 
   asio::awaitable<std::vector<bool>> renew(std::vector<renew_item> items, std::chrono::milliseconds) override {

@@ -70,15 +70,25 @@ class redis_lock_core final : public lock_core {
     co_return out;
   }
 
-  asio::awaitable<bool> release(const std::string& name, const std::string& token, lock_order order) override {
+  asio::awaitable<release_result> release(const std::string& name, const std::string& token, lock_order order,
+                                          const local_handoff* next) override {
     auto keys = keys_of(name);
-    std::array<std::string, 4> args{token, channel_, name, std::string(order_arg(order))};
+    std::array<std::string, 6> args{token,
+                                    channel_,
+                                    name,
+                                    std::string(order_arg(order)),
+                                    next ? next->token : std::string(),
+                                    next ? std::to_string(next->ttl.count()) : std::string("0")};
     auto req = release_.make_request(keys, args);
     req.options.timeout = opts_.io_timeout;
     // Resending is safe (the token check); a resent release only answers "not owned".
     req.options.resend_safe = true;
     redis::reply r = co_await run(release_, std::move(req), name);
-    co_return r.as_integer() == 1;
+    const auto& a = r.as_array();
+    release_result out;
+    out.owned = a.at(0).as_integer() == 1;
+    if (a.size() > 1) out.handed = a[1].as_integer();
+    co_return out;
   }
 
   // One pipelined request of one script call per lock: one round trip for all of them, and each
