@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <memory>
 #include <set>
+#include <thread>
 #include <vector>
 
 namespace asio = boost::asio;
@@ -351,4 +352,40 @@ LOCK_CONFORMANCE("a cancelled waiter leaves nothing held and a dropped lease is 
     CHECK(co_await next.unlock());
     CHECK(co_await a.try_lock(name, opts(std::chrono::seconds(5))));
   });
+}
+
+LOCK_CONFORMANCE("threads: coroutines on a 4-thread io_context exclude each other") {
+  asio::io_context ctx;
+  std::unique_ptr<lock_service> svc;
+  if (kind == service_kind::memory)
+    svc = std::make_unique<memory_lock_service>(ctx.get_executor());
+  else
+    svc = std::make_unique<redis_lock_service>(ctx.get_executor(), shared_redis());
+  auto name = key_prefix() + "threads";
+  std::atomic<int> holders{0}, overlaps{0}, done{0};
+  long counter = 0;  // guarded by the lock only
+  constexpr int coroutines = 16, rounds = 25;
+  for (int c = 0; c < coroutines; ++c) {
+    asio::co_spawn(
+        ctx,
+        [&]() -> awaitable<void> {
+          for (int i = 0; i < rounds; ++i) {
+            auto l = co_await svc->lock(name, opts(std::chrono::seconds(5)));
+            if (holders.fetch_add(1) != 0) ++overlaps;
+            long v = counter;
+            co_await asio::post(co_await asio::this_coro::executor, use_awaitable);
+            counter = v + 1;
+            holders.fetch_sub(1);
+            co_await l.unlock();
+          }
+          if (++done == coroutines) svc->close();
+        },
+        asio::detached);
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back([&] { ctx.run_for(std::chrono::seconds(30)); });
+  for (auto& t : threads) t.join();
+  CHECK(done == coroutines);
+  CHECK(overlaps == 0);
+  CHECK(counter == coroutines * rounds);
 }

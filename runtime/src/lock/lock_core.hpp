@@ -127,6 +127,8 @@ class lock_core : public std::enable_shared_from_this<lock_core> {
 
   std::mutex mutex_;  // waiters_ and every waiter's timer
   std::unordered_map<std::string, std::list<waiter*>> waiters_;
+  // Per lock with waiters: until when its holder may keep it, as the last failed attempt learned.
+  std::unordered_map<std::string, lock_clock::time_point> known_until_;
   // Local hand-offs in a row per lock: bounded, so waiters of other processes get their turn.
   std::unordered_map<std::string, int> streak_;
   std::mt19937_64 random_;  // under mutex_
