@@ -389,3 +389,34 @@ LOCK_CONFORMANCE("threads: coroutines on a 4-thread io_context exclude each othe
   CHECK(overlaps == 0);
   CHECK(counter == coroutines * rounds);
 }
+
+LOCK_CONFORMANCE("a burst of waiters behind a holder that dies gets the lock at its ttl") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto name = s.name("l");
+    lock_options dies = opts(std::chrono::milliseconds(300));
+    dies.renewal = lock_renewal::none;  // as if its process died: no renewal, no release
+    auto held = co_await s.make().lock(name, dies);
+    auto& b = s.make();
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::chrono::milliseconds> taken;
+    for (int w = 0; w < 5; ++w) {
+      asio::co_spawn(
+          ctx,
+          [&]() -> awaitable<void> {
+            auto l = co_await b.lock(name, opts(std::chrono::milliseconds(300)));
+            taken.push_back(since(t0));
+            co_await l.unlock();
+          },
+          asio::detached);
+    }
+    // One leaves early: those queued behind it without asking must not be stranded.
+    lock_options impatient = opts(std::chrono::milliseconds(300), std::chrono::milliseconds(50));
+    CHECK(co_await error_of(b.lock(name, impatient)) == lock_error::timeout);
+    for (int i = 0; i < 200 && taken.size() < 5; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(taken.size() == 5);
+    CHECK(taken.front() >= std::chrono::milliseconds(250));
+    CHECK(taken.back() < std::chrono::milliseconds(700));
+    CHECK(held.lost());
+  });
+}

@@ -69,6 +69,7 @@ struct lock_core::waiter {
   std::chrono::milliseconds ttl{0};
   bool woken = false;                   // a wake-up not yet used by an attempt
   bool handoff_pending = false;         // a release in this process is handing the lock to it
+  bool attempted = false;               // asked Redis at least once
   std::optional<std::int64_t> granted;  // a hand-off's fence, not yet taken
 };
 
@@ -96,7 +97,16 @@ struct lock_core::waiter_guard {
         auto* list = w.list;
         list->erase(w.pos);
         w.list = nullptr;
-        if (w.woken && !done) core.wake_one_locked(*list);
+        if (!done) {
+          if (w.woken) core.wake_one_locked(*list);
+          // One that waits behind this one without having asked (see lock()) asks now.
+          for (waiter* other : *list) {
+            if (other->attempted || other->woken || other->granted || other->handoff_pending) continue;
+            other->woken = true;
+            other->timer.expires_at(lock_clock::time_point::min());
+            break;
+          }
+        }
         if (list->empty()) {
           core.waiters_.erase(name);
           core.known_until_.erase(name);
@@ -187,17 +197,21 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
   w.token = make_token();
   w.order = o.order;
   w.ttl = o.ttl;
-  // In "any" order, a waiter that finds others of this process waiting for the lock does not ask
-  // Redis first: the lock is surely taken, the holder's release will hand it to one of them (or
-  // wake one), and the TTL they learned is its backstop. Under contention that halves the calls.
+  // In "any" order, a waiter that finds others of this service waiting for the lock does not ask
+  // Redis first: the lock is surely taken (or about to be, by one of them), its release will
+  // hand it to one of them or wake one, and the TTL they learned is the backstop (before any of
+  // them learned it: one TTL, the longest a dead holder keeps it). A burst of N waiters costs one
+  // failed call instead of N. A waiter that leaves wakes one that never asked, so none sleeps
+  // on a lock nobody holds.
   std::optional<lock_clock::time_point> queued_until;
   if (wait) {
     // Registered before the first attempt: a release between the attempt and the wait must wake it.
     std::lock_guard lock(mutex_);
     auto& list = waiters_[name];
-    if (o.order == lock_order::any && !list.empty()) {
+    if (o.order == lock_order::any && !list.empty() && list.front()->order == lock_order::any) {
       auto k = known_until_.find(name);
-      if (k != known_until_.end() && k->second > lock_clock::now()) queued_until = k->second;
+      auto now = lock_clock::now();
+      queued_until = k != known_until_.end() && k->second > now ? k->second : now + o.ttl;
     }
     w.pos = list.insert(list.end(), &w);
     w.list = &list;
@@ -235,6 +249,7 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
       // Until an answer comes, the lock may have been taken for us (a connection lost after the
       // call was written): released in the background if this ends here.
       guard.needs_release = true;
+      w.attempted = true;
       r = co_await acquire(name, w.token, o, queue, std::max(remaining, 0ms) + 1s, 0ms);
       guard.needs_release = queue;  // a FIFO ticket stays until it is used or taken back
       if (wait && !r.acquired && r.backstop >= 0ms) {
