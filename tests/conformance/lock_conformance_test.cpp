@@ -150,6 +150,7 @@ LOCK_CONFORMANCE("a waiter wakes within milliseconds of the release") {
     auto held = co_await a.lock(name, opts(std::chrono::seconds(10)));
     std::chrono::steady_clock::time_point released, taken;
     std::int64_t fence = 0;
+    bool finished = false;
     asio::co_spawn(
         ctx,
         [&]() -> awaitable<void> {
@@ -157,12 +158,13 @@ LOCK_CONFORMANCE("a waiter wakes within milliseconds of the release") {
           taken = std::chrono::steady_clock::now();
           fence = l.fence();
           co_await l.unlock();
+          finished = true;
         },
         asio::detached);
     co_await sleep_for(std::chrono::milliseconds(100));  // the waiter sleeps on its 10 s backstop by now
     released = std::chrono::steady_clock::now();
     co_await held.unlock();
-    for (int i = 0; i < 200 && fence == 0; ++i) co_await sleep_for(std::chrono::milliseconds(1));
+    for (int i = 0; i < 200 && !finished; ++i) co_await sleep_for(std::chrono::milliseconds(1));
     REQUIRE(fence > held.fence());
     auto handoff = std::chrono::duration_cast<std::chrono::microseconds>(taken - released);
     MESSAGE("hand-off " << handoff.count() << " us");
@@ -276,7 +278,9 @@ LOCK_CONFORMANCE("fifo: waiters get the lock in arrival order") {
     CHECK(order == std::vector<int>{0, 1, 2, 3, 4, 5});
     // A newcomer cannot jump the queue: with a waiter queued, try_lock fails although it is free
     // for a moment during a hand-off; and the queue empties.
-    CHECK(co_await s.make().try_lock(name, o));
+    auto last = co_await s.make().try_lock(name, o);
+    CHECK(last);
+    CHECK(co_await last.unlock());
   });
 }
 
@@ -291,21 +295,23 @@ LOCK_CONFORMANCE("fifo: a waiter that gives up leaves the queue") {
     short_wait.wait = std::chrono::milliseconds(100);
     CHECK(co_await error_of(s.make().lock(name, short_wait)) == lock_error::timeout);
     bool got = false;
+    std::chrono::steady_clock::time_point got_at;
     auto& late = s.make();
     asio::co_spawn(
         ctx,
         [&]() -> awaitable<void> {
           auto l = co_await late.lock(name, o);
-          got = true;
+          got_at = std::chrono::steady_clock::now();
           co_await l.unlock();
+          got = true;
         },
         asio::detached);
     co_await sleep_for(std::chrono::milliseconds(50));
     auto t0 = std::chrono::steady_clock::now();
     co_await held.unlock();
     for (int i = 0; i < 200 && !got; ++i) co_await sleep_for(std::chrono::milliseconds(1));
-    CHECK(got);
-    CHECK(since(t0) < std::chrono::milliseconds(100));
+    REQUIRE(got);
+    CHECK(got_at - t0 < std::chrono::milliseconds(100));
   });
 }
 
@@ -350,7 +356,9 @@ LOCK_CONFORMANCE("a cancelled waiter leaves nothing held and a dropped lease is 
     auto next = co_await b.lock(name, opts(std::chrono::seconds(5)));
     CHECK(since(t0) < std::chrono::milliseconds(500));
     CHECK(co_await next.unlock());
-    CHECK(co_await a.try_lock(name, opts(std::chrono::seconds(5))));
+    auto again = co_await a.try_lock(name, opts(std::chrono::seconds(5)));
+    CHECK(again);
+    CHECK(co_await again.unlock());
   });
 }
 
@@ -400,6 +408,7 @@ LOCK_CONFORMANCE("a burst of waiters behind a holder that dies gets the lock at 
     auto& b = s.make();
     auto t0 = std::chrono::steady_clock::now();
     std::vector<std::chrono::milliseconds> taken;
+    int unlocked = 0;
     for (int w = 0; w < 5; ++w) {
       asio::co_spawn(
           ctx,
@@ -407,16 +416,18 @@ LOCK_CONFORMANCE("a burst of waiters behind a holder that dies gets the lock at 
             auto l = co_await b.lock(name, opts(std::chrono::milliseconds(300)));
             taken.push_back(since(t0));
             co_await l.unlock();
+            ++unlocked;
           },
           asio::detached);
     }
     // One leaves early: those queued behind it without asking must not be stranded.
     lock_options impatient = opts(std::chrono::milliseconds(300), std::chrono::milliseconds(50));
     CHECK(co_await error_of(b.lock(name, impatient)) == lock_error::timeout);
-    for (int i = 0; i < 200 && taken.size() < 5; ++i) co_await sleep_for(std::chrono::milliseconds(5));
-    REQUIRE(taken.size() == 5);
+    for (int i = 0; i < 200 && unlocked < 5; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(unlocked == 5);
     CHECK(taken.front() >= std::chrono::milliseconds(250));
     CHECK(taken.back() < std::chrono::milliseconds(700));
     CHECK(held.lost());
+    CHECK_FALSE(co_await held.unlock());
   });
 }

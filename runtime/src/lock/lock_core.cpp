@@ -1,5 +1,7 @@
 #include "lock/lock_core.hpp"
 
+#include <jobrt/error.hpp>
+
 #include <fmt/format.h>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -70,6 +72,7 @@ struct lock_core::waiter {
   bool woken = false;                   // a wake-up not yet used by an attempt
   bool handoff_pending = false;         // a release in this process is handing the lock to it
   bool attempted = false;               // asked Redis at least once
+  bool attempted_once = false;          // and got an answer
   std::optional<std::int64_t> granted;  // a hand-off's fence, not yet taken
 };
 
@@ -122,7 +125,7 @@ lock_core::lock_core(asio::any_io_executor ex)
 
 lock_core::~lock_core() = default;
 
-void lock_core::start() { asio::co_spawn(strand_, watchdog_loop(shared_from_this()), asio::detached); }
+void lock_core::start() { asio::co_spawn(strand_, watchdog_loop(weak_from_this()), asio::detached); }
 
 void lock_core::close() {
   if (closed_.exchange(true)) return;
@@ -250,7 +253,16 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
       // call was written): released in the background if this ends here.
       guard.needs_release = true;
       w.attempted = true;
-      r = co_await acquire(name, w.token, o, queue, std::max(remaining, 0ms) + 1s, 0ms);
+      std::exception_ptr failure;
+      try {
+        r = co_await acquire(name, w.token, o, queue, std::max(remaining, 0ms) + 1s, 0ms);
+      } catch (const system_error& e) {
+        // Never written (no connection): it cannot have taken anything.
+        if (e.code() == error::not_connected) guard.needs_release = queue && w.attempted_once;
+        failure = std::current_exception();
+      }
+      if (failure) std::rethrow_exception(failure);
+      w.attempted_once = true;
       guard.needs_release = queue;  // a FIFO ticket stays until it is used or taken back
       if (wait && !r.acquired && r.backstop >= 0ms) {
         std::lock_guard lock(mutex_);
@@ -398,8 +410,24 @@ void lock_core::release_in_background(std::string name, std::string token, lock_
 
 // One loop for every lease of the service, on strand_: it sleeps until the earliest renewal or
 // expiry, and renews all leases that are due (or nearly: within ttl/12) in one call.
-asio::awaitable<void> lock_core::watchdog_loop(std::shared_ptr<lock_core> self) {
-  while (!closed_) {
+asio::awaitable<void> lock_core::watchdog_loop(std::weak_ptr<lock_core> weak) {
+  for (;;) {
+    auto self = weak.lock();
+    if (!self || self->closed_) co_return;
+    auto next = co_await self->watchdog_step();
+    if (!next) continue;
+    self->watchdog_timer_.expires_at(*next);
+    error_code ec;
+    co_await start_and_let_go<void(error_code)>(
+        self, [](lock_core& c, auto handler) { c.watchdog_timer_.async_wait(std::move(handler)); },
+        asio::redirect_error(asio::use_awaitable, ec));
+  }
+}
+
+// One round of the watchdog: expired leases are lost, due ones renewed. Returns when to wake
+// next, or nothing when it renewed (the loop looks at every lease again at once).
+asio::awaitable<std::optional<lock_clock::time_point>> lock_core::watchdog_step() {
+  {
     auto now = lock_clock::now();
     auto next = lock_clock::time_point::max();
     std::vector<std::shared_ptr<lease_state>> due;
@@ -465,14 +493,10 @@ asio::awaitable<void> lock_core::watchdog_loop(std::shared_ptr<lock_core> self) 
         }
       }
       for (auto& s : lost) mark_lost(s);
-      continue;
+      co_return std::nullopt;
     }
-
-    watchdog_timer_.expires_at(next);
-    error_code ec;
-    co_await watchdog_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    co_return next;
   }
-  (void)self;
 }
 
 }  // namespace detail

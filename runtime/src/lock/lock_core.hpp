@@ -6,6 +6,7 @@
 #include <jobrt/mutex.hpp>
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/async_result.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 
@@ -64,6 +65,19 @@ struct renew_item {
   std::chrono::milliseconds ttl;
 };
 
+/// Starts op(*self, handler) and lets go of `self` once it is started. A loop parked in an
+/// operation of something its object owns (a timer, a connection) must not keep the object alive
+/// that way: the cycle would outlive an io_context stopped before the object's close() ran.
+template <class Signature, class T, class Op, class Token>
+auto start_and_let_go(std::shared_ptr<T>& self, Op op, Token&& token) {
+  return boost::asio::async_initiate<Token, Signature>(
+      [&self, op](auto handler) mutable {
+        op(*self, std::move(handler));
+        self.reset();
+      },
+      token);
+}
+
 class lock_core : public std::enable_shared_from_this<lock_core> {
  public:
   explicit lock_core(boost::asio::any_io_executor ex);
@@ -112,7 +126,8 @@ class lock_core : public std::enable_shared_from_this<lock_core> {
   void forget(lease_state* s);
   void mark_lost(const std::shared_ptr<lease_state>& s);
   void wake_one_locked(std::list<waiter*>& list);
-  boost::asio::awaitable<void> watchdog_loop(std::shared_ptr<lock_core> self);
+  static boost::asio::awaitable<void> watchdog_loop(std::weak_ptr<lock_core> weak);
+  boost::asio::awaitable<std::optional<lock_clock::time_point>> watchdog_step();
   /// Releases, handing the lock to a waiter of this process when there is one (order any).
   boost::asio::awaitable<bool> release_to_next(std::string name, std::string token, lock_order order);
   void release_in_background(std::string name, std::string token, lock_order order);

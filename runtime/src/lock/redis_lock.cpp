@@ -169,10 +169,17 @@ class redis_lock_core final : public lock_core {
   // Wake-ups: 'r|<name>' (released: one local waiter retries) or 'g|<token>|<fence>|<name>'
   // (handed to that FIFO waiter). After every (re)subscription, every waiter retries: messages
   // published while the subscriber was away are lost.
-  static asio::awaitable<void> receive_loop(std::shared_ptr<redis_lock_core> self) {
+  // It holds the core only while it handles a message: parked in the subscriber, which the core
+  // owns, it would keep the core alive in a cycle (see start_and_let_go).
+  static asio::awaitable<void> receive_loop(std::weak_ptr<redis_lock_core> weak) {
     for (;;) {
-      auto [ec, m] = co_await self->sub_.async_receive(asio::as_tuple(asio::use_awaitable));
-      if (ec || self->closed()) co_return;
+      auto self = weak.lock();
+      if (!self) co_return;
+      auto [ec, m] = co_await start_and_let_go<void(boost::system::error_code, redis::message)>(
+          self, [](redis_lock_core& c, auto handler) { c.sub_.async_receive(std::move(handler)); },
+          asio::as_tuple(asio::use_awaitable));
+      self = weak.lock();
+      if (ec || !self || self->closed()) co_return;
       if (m.confirmation) {
         self->wake_all();
         continue;
