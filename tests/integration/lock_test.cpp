@@ -193,7 +193,7 @@ TEST_CASE("redis lock: the key deleted by an operator fires the holder's signal 
     REQUIRE(held.lost());
     auto after = std::chrono::duration_cast<std::chrono::milliseconds>(fired - deleted);
     MESSAGE("signalled " << after.count() << " ms after the DEL (watchdog period 200 ms)");
-    CHECK(after <= std::chrono::milliseconds(200 + 30));
+    CHECK(after <= std::chrono::milliseconds(200 + 50));  // one period, and scheduling slack
     // Someone else takes it; the old holder's unlock leaves it alone.
     auto next = co_await locks.try_lock(name, opts(std::chrono::seconds(5)));
     REQUIRE(next);
@@ -220,7 +220,7 @@ TEST_CASE("redis lock: a holder killed with kill -9 is replaced after its ttl an
     auto next = co_await locks.lock(name, opts(std::chrono::milliseconds(800)));
     auto waited = since(killed);
     MESSAGE("taken " << waited.count() << " ms after kill -9 (ttl 800 ms)");
-    CHECK(waited <= std::chrono::milliseconds(800 + 100));
+    CHECK(waited <= std::chrono::milliseconds(800 + 150));  // its TTL, and scheduling slack
     CHECK(waited >= std::chrono::milliseconds(800 * 2 / 3 - 50));  // renewed up to ttl/3 before
     CHECK(next.fence() > std::stoll(fence_text));
     CHECK(co_await next.unlock());
