@@ -1,8 +1,10 @@
 -- Takes a distributed lock (jobrt::lock_service, runtime/src/lock/redis_lock.cpp).
 -- KEYS[1] the lock (string: owner token, PX TTL)   KEYS[2] its fence counter (never expires)
 -- KEYS[3] FIFO queue (zset: token -> arrival, us)  KEYS[4] FIFO tickets (hash: token -> "deadline_ms|ttl_ms")
--- ARGV[1] token  ARGV[2] ttl ms  ARGV[3] 'any' or 'fifo'  ARGV[4] '1': queue a ticket when not taken
--- ARGV[5] ms the ticket stays valid (the waiter's remaining wait)
+-- KEYS[5] 'any' order: the service id of the last waiter that failed (string, PX)
+-- ARGV[1] token  ARGV[2] ttl ms  ARGV[3] 'any' or 'fifo'  ARGV[4] '1': the caller waits (FIFO:
+-- queue a ticket; any: mark KEYS[5])  ARGV[5] ms the ticket stays valid (the remaining wait)
+-- ARGV[6] the caller's service id
 -- Returns {1, fence} when the caller holds the lock (also when it already did: a resent call, or a
 -- FIFO hand-off whose message was lost), else {0, ms to wait for: the holder's PTTL, or the
 -- ticket of the queue's head; -1 when unknown}.
@@ -47,6 +49,7 @@ end
 
 if not current and (head == nil or head == ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  if not fifo and redis.call('GET', KEYS[5]) == ARGV[6] then redis.call('DEL', KEYS[5]) end
   if head then
     redis.call('ZREM', KEYS[3], head)
     redis.call('HDEL', KEYS[4], head)
@@ -65,4 +68,8 @@ end
 
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl < 0 and head_deadline then pttl = head_deadline - now_ms end
+if not fifo and ARGV[4] == '1' then
+  -- Tells a holder's service that handed the lock on within itself for long that others wait.
+  redis.call('SET', KEYS[5], ARGV[6], 'PX', math.max(pttl, 0) + 1000)
+end
 return {0, pttl}

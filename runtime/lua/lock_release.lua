@@ -1,12 +1,14 @@
 -- Releases a distributed lock if the caller owns it (compare-and-delete) and wakes waiters.
 -- KEYS as lock_acquire.lua. ARGV[1] token  ARGV[2] wake-up channel  ARGV[3] lock name
 -- ARGV[4] 'any' or 'fifo'  ARGV[5] 'any' only: a waiter's token to hand the lock to ('' none)
--- ARGV[6] that waiter's ttl ms
+-- ARGV[6] that waiter's ttl ms  ARGV[7] the caller's service id  ARGV[8] hand-offs it made in a row
 -- FIFO: the caller's ticket is removed too (a waiter giving up calls this), and a free lock with
 -- a live ticket at the queue's head is handed to that waiter in place: it is set to the waiter's
 -- token and TTL with a new fence, and the message 'g|<token>|<fence>|<name>' tells it so.
 -- 'any' with ARGV[5]: the lock is set to that token (a waiter in the caller's process, told by the
 -- reply) with a new fence. Otherwise the lock is deleted and 'r|<name>' wakes the waiters to race.
+-- After 8 hand-offs in a row, while a waiter of another service is marked (KEYS[5]), the lock is
+-- released for all instead, and {1, -1} tells the caller to hold its own waiters back briefly.
 -- Returns {1} when the caller owned the lock, {1, fence} when it was handed to ARGV[5], else {0}
 -- (nothing of another owner is touched).
 local fifo = ARGV[4] == 'fifo'
@@ -55,8 +57,14 @@ end
 if fifo then
   if hand_off() then return {1} end
 elseif ARGV[5] ~= '' then
-  redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
-  return {1, new_fence()}
+  local other = redis.call('GET', KEYS[5])
+  if tonumber(ARGV[8]) < 8 or not other or other == ARGV[7] then
+    redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
+    return {1, new_fence()}
+  end
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'r|' .. ARGV[3])
+  return {1, -1}
 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[2], 'r|' .. ARGV[3])

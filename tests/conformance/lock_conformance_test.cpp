@@ -431,3 +431,36 @@ LOCK_CONFORMANCE("a burst of waiters behind a holder that dies gets the lock at 
     CHECK_FALSE(co_await held.unlock());
   });
 }
+
+LOCK_CONFORMANCE("local hand-offs do not starve a waiter of another service") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto name = s.name("l");
+    auto& a = s.make();
+    auto& b = s.make();
+    constexpr int coroutines = 5, rounds = 40;
+    int a_holds = 0, a_done = 0, a_holds_before_b = -1;
+    for (int c = 0; c < coroutines; ++c) {
+      asio::co_spawn(
+          ctx,
+          [&]() -> awaitable<void> {
+            for (int i = 0; i < rounds; ++i) {
+              auto l = co_await a.lock(name, opts(std::chrono::seconds(5)));
+              ++a_holds;
+              co_await sleep_for(std::chrono::milliseconds(1));
+              co_await l.unlock();
+            }
+            ++a_done;
+          },
+          asio::detached);
+    }
+    co_await sleep_for(std::chrono::milliseconds(20));  // service a's coroutines are busy with it
+    auto l = co_await b.lock(name, opts(std::chrono::seconds(5)));
+    a_holds_before_b = a_holds;
+    co_await l.unlock();
+    for (int i = 0; i < 1000 && a_done < coroutines; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(a_done == coroutines);
+    MESSAGE("service b got the lock after " << a_holds_before_b << " of " << coroutines * rounds << " holds by a");
+    CHECK(a_holds_before_b < coroutines * rounds / 2);
+  });
+}

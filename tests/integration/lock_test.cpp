@@ -220,7 +220,7 @@ TEST_CASE("redis lock: a holder killed with kill -9 is replaced after its ttl an
     auto next = co_await locks.lock(name, opts(std::chrono::milliseconds(800)));
     auto waited = since(killed);
     MESSAGE("taken " << waited.count() << " ms after kill -9 (ttl 800 ms)");
-    CHECK(waited <= std::chrono::milliseconds(800 + 150));  // its TTL, and scheduling slack
+    CHECK(waited <= std::chrono::milliseconds(800 + 150));         // its TTL, and scheduling slack
     CHECK(waited >= std::chrono::milliseconds(800 * 2 / 3 - 50));  // renewed up to ttl/3 before
     CHECK(next.fence() > std::stoll(fence_text));
     CHECK(co_await next.unlock());

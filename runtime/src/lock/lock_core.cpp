@@ -61,6 +61,10 @@ const boost::system::error_category& lock_error_category() noexcept {
 
 namespace detail {
 
+// How long a service's waiters hold back after it yielded a lock to other services' waiters: time
+// for the release's message to reach them and their attempt to reach Redis.
+constexpr auto yield_window = std::chrono::milliseconds(3);
+
 struct lock_core::waiter {
   explicit waiter(asio::any_io_executor ex) : timer(std::move(ex)) {}
   asio::steady_timer timer;
@@ -70,6 +74,7 @@ struct lock_core::waiter {
   lock_order order = lock_order::any;
   std::chrono::milliseconds ttl{0};
   bool woken = false;                   // a wake-up not yet used by an attempt
+  lock_clock::time_point not_before;    // a woken waiter tries from then on (a yield, see below)
   bool handoff_pending = false;         // a release in this process is handing the lock to it
   bool attempted = false;               // asked Redis at least once
   bool attempted_once = false;          // and got an answer
@@ -101,11 +106,12 @@ struct lock_core::waiter_guard {
         list->erase(w.pos);
         w.list = nullptr;
         if (!done) {
-          if (w.woken) core.wake_one_locked(*list);
+          if (w.woken) core.wake_one_locked(name, *list);
           // One that waits behind this one without having asked (see lock()) asks now.
           for (waiter* other : *list) {
             if (other->attempted || other->woken || other->granted || other->handoff_pending) continue;
             other->woken = true;
+            other->not_before = lock_clock::time_point::min();
             other->timer.expires_at(lock_clock::time_point::min());
             break;
           }
@@ -113,6 +119,7 @@ struct lock_core::waiter_guard {
         if (list->empty()) {
           core.waiters_.erase(name);
           core.known_until_.erase(name);
+          core.yield_until_.erase(name);
         }
       }
     }
@@ -148,10 +155,20 @@ std::string lock_core::make_token() {
   return fmt::format("{:016x}{:016x}", a, b);
 }
 
-void lock_core::wake_one_locked(std::list<waiter*>& list) {
+void lock_core::wake_one_locked(const std::string& name, std::list<waiter*>& list) {
+  // After yielding the lock to other services, this one's waiter tries only when their waiters
+  // have had the time to take it.
+  auto at = lock_clock::time_point::min();
+  if (auto y = yield_until_.find(name); y != yield_until_.end()) {
+    if (y->second > lock_clock::now())
+      at = y->second;
+    else
+      yield_until_.erase(y);
+  }
   for (waiter* w : list) {
     if (w->woken || w->granted || w->handoff_pending) continue;  // already has a chance to use
     w->woken = true;
+    w->not_before = at;
     // Unlike cancel(), this also covers a waiter between its attempt and its wait: that wait then
     // completes at once.
     w->timer.expires_at(lock_clock::time_point::min());
@@ -161,7 +178,7 @@ void lock_core::wake_one_locked(std::list<waiter*>& list) {
 
 void lock_core::wake(const std::string& name) {
   std::lock_guard lock(mutex_);
-  if (auto it = waiters_.find(name); it != waiters_.end()) wake_one_locked(it->second);
+  if (auto it = waiters_.find(name); it != waiters_.end()) wake_one_locked(name, it->second);
 }
 
 void lock_core::grant(const std::string& name, const std::string& token, std::int64_t fence) {
@@ -182,6 +199,7 @@ void lock_core::wake_all() {
   for (auto& [name, list] : waiters_) {
     for (waiter* w : list) {
       w->woken = true;
+      w->not_before = lock_clock::time_point::min();
       w->timer.expires_at(lock_clock::time_point::min());
     }
   }
@@ -229,14 +247,25 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
 
     std::optional<std::int64_t> granted;
     bool skip = false;
+    bool held_back = false;
     {
       std::lock_guard lock(mutex_);
-      if (queued_until && !w.woken && !w.granted) {
+      if (w.granted) {
+        w.woken = false;
+        granted = std::exchange(w.granted, std::nullopt);
+      } else if (w.woken && lock_clock::now() < w.not_before) {
+        held_back = true;  // woken, but its service yielded the lock to others for a moment
+        w.timer.expires_at(w.not_before);
+      } else if (queued_until && !w.woken) {
         skip = true;
       } else {
         w.woken = false;
-        granted = std::exchange(w.granted, std::nullopt);
       }
+    }
+    if (held_back) {
+      error_code ec;
+      co_await async_wait_locked(mutex_, w.timer, asio::redirect_error(asio::use_awaitable, ec));
+      continue;
     }
     auto attempt_start = lock_clock::now();
     acquire_result r;
@@ -255,7 +284,7 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
       w.attempted = true;
       std::exception_ptr failure;
       try {
-        r = co_await acquire(name, w.token, o, queue, std::max(remaining, 0ms) + 1s, 0ms);
+        r = co_await acquire(name, w.token, o, wait, std::max(remaining, 0ms) + 1s, 0ms);
       } catch (const system_error& e) {
         // Never written (no connection): it cannot have taken anything.
         if (e.code() == error::not_connected) guard.needs_release = queue && w.attempted_once;
@@ -314,19 +343,25 @@ asio::awaitable<bool> lock_core::unlock(std::shared_ptr<lease_state> s) {
 
 // In "any" order, a release hands the lock straight to a waiter of this process, in the same
 // script call: that waiter holds it when the release's reply arrives, one round trip after the
-// unlock() (waking it through pub/sub and letting it try would take two). At most 8 hand-offs
-// in a row stay in this process; then the lock is released for all, so waiters elsewhere are
-// not starved. FIFO order hands off in the script itself.
+// unlock() (waking it through pub/sub and letting it try would take two). After 8 hand-offs in
+// a row, while a waiter of another service is marked in Redis, the script releases the lock for
+// all instead, and this service's waiters hold back for a few milliseconds, so the others get
+// it: a service (a process) with a steady supply of local waiters does not starve the rest.
+// FIFO order hands off in the script itself.
 asio::awaitable<bool> lock_core::release_to_next(std::string name, std::string token, lock_order order) {
   std::optional<local_handoff> next;
   if (order == lock_order::any) {
     std::lock_guard lock(mutex_);
     auto it = waiters_.find(name);
-    if (it != waiters_.end() && streak_[name] < 8) {
+    if (it != waiters_.end()) {
       for (waiter* w : it->second) {
         if (w->order != lock_order::any || w->granted || w->handoff_pending) continue;
         w->handoff_pending = true;
-        next = local_handoff{w->token, w->ttl};
+        auto s = streak_.find(name);
+        next = local_handoff{w->token, w->ttl, s == streak_.end() ? 0 : s->second};
+        // This release may yield: set before it is sent, since its wake-up message may arrive
+        // before its reply.
+        if (next->streak >= 8) yield_until_[name] = lock_clock::now() + yield_window;
         break;
       }
     }
@@ -338,30 +373,32 @@ asio::awaitable<bool> lock_core::release_to_next(std::string name, std::string t
   } catch (...) {
     failure = std::current_exception();
   }
+  {
+    std::lock_guard lock(mutex_);
+    if (r.handed)
+      ++streak_[name];
+    else
+      streak_.erase(name);
+    if (next && next->streak >= 8 && !r.yielded) yield_until_.erase(name);
+  }
   if (next) {
     if (r.handed) {
-      {
-        std::lock_guard lock(mutex_);
-        ++streak_[name];
-      }
       grant(name, next->token, *r.handed);
     } else {
-      // Not handed (not owned any more, or the call failed): the waiter tries for itself. It
-      // may have left meanwhile, so it is looked up again by its token.
+      // Not handed (yielded, not owned any more, or the call failed): the waiter tries for
+      // itself (after the yield). It may have left meanwhile: looked up again by its token.
       std::lock_guard lock(mutex_);
+      auto at = r.yielded ? yield_until_[name] : lock_clock::time_point::min();
       if (auto it = waiters_.find(name); it != waiters_.end()) {
         for (waiter* w : it->second) {
           if (w->token != next->token || !w->handoff_pending) continue;
           w->handoff_pending = false;
           w->woken = true;
+          w->not_before = at;
           w->timer.expires_at(lock_clock::time_point::min());
         }
       }
     }
-  }
-  if (!r.handed) {
-    std::lock_guard lock(mutex_);
-    streak_.erase(name);
   }
   if (failure) std::rethrow_exception(failure);
   co_return r.owned;

@@ -52,11 +52,13 @@ struct acquire_result {
 struct local_handoff {
   std::string token;
   std::chrono::milliseconds ttl;
+  int streak = 0;  ///< hand-offs this service made in a row on this lock
 };
 
 struct release_result {
   bool owned = false;                  ///< the caller owned the lock (it is released or handed on now)
   std::optional<std::int64_t> handed;  ///< the fence of the local_handoff, when it got the lock
+  bool yielded = false;                ///< released for all: another service's waiter has waited through a streak
 };
 
 struct renew_item {
@@ -95,10 +97,11 @@ class lock_core : public std::enable_shared_from_this<lock_core> {
   const boost::asio::any_io_executor& get_executor() const noexcept { return ex_; }
 
   // --- the backend's steps ---
-  /// One attempt. With queue=true a FIFO waiter leaves a ticket valid for `ticket` (its
-  /// remaining wait). `limit`: the longest the call may take. Throws system_error on failure.
+  /// One attempt. `waits`: the caller waits when it fails (not try_lock): in FIFO order it leaves
+  /// a ticket valid for `ticket` (its remaining wait); in "any" order Redis marks that a waiter of
+  /// this service waits. `limit`: the longest the call may take. Throws system_error on failure.
   virtual boost::asio::awaitable<acquire_result> acquire(const std::string& name, const std::string& token,
-                                                         const lock_options& o, bool queue,
+                                                         const lock_options& o, bool waits,
                                                          std::chrono::milliseconds ticket,
                                                          std::chrono::milliseconds limit) = 0;
   /// Compare-and-delete, or hand-off: in FIFO order to the queue's head (a FIFO waiter's ticket
@@ -125,7 +128,7 @@ class lock_core : public std::enable_shared_from_this<lock_core> {
   void hold(const std::shared_ptr<lease_state>& s);
   void forget(lease_state* s);
   void mark_lost(const std::shared_ptr<lease_state>& s);
-  void wake_one_locked(std::list<waiter*>& list);
+  void wake_one_locked(const std::string& name, std::list<waiter*>& list);
   static boost::asio::awaitable<void> watchdog_loop(std::weak_ptr<lock_core> weak);
   boost::asio::awaitable<std::optional<lock_clock::time_point>> watchdog_step();
   /// Releases, handing the lock to a waiter of this process when there is one (order any).
@@ -146,6 +149,8 @@ class lock_core : public std::enable_shared_from_this<lock_core> {
   std::unordered_map<std::string, lock_clock::time_point> known_until_;
   // Local hand-offs in a row per lock: bounded, so waiters of other processes get their turn.
   std::unordered_map<std::string, int> streak_;
+  // Locks this service released for others after a streak: its own waiters hold back until then.
+  std::unordered_map<std::string, lock_clock::time_point> yield_until_;
   std::mt19937_64 random_;  // under mutex_
 
   friend class jobrt::lock_lease;

@@ -34,7 +34,7 @@ class memory_lock_core final : public lock_core {
       e.expires = now + o.ttl;
       co_return acquire_result{true, ++fences_[name], {}};
     }
-    if (queue) {
+    if (queue && o.order == lock_order::fifo) {
       auto it = std::find_if(e.queue.begin(), e.queue.end(), [&](const ticket_entry& t) { return t.token == token; });
       if (it == e.queue.end()) it = e.queue.insert(e.queue.end(), ticket_entry{token, {}, o.ttl});
       it->deadline = now + ticket;

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <charconv>
+#include <random>
 
 namespace asio = boost::asio;
 using boost::system::system_error;
@@ -54,8 +55,12 @@ class redis_lock_core final : public lock_core {
                                           bool queue, std::chrono::milliseconds ticket,
                                           std::chrono::milliseconds) override {
     auto keys = keys_of(name);
-    std::array<std::string, 5> args{token, std::to_string(o.ttl.count()), std::string(order_arg(o.order)),
-                                    queue ? "1" : "0", std::to_string(ticket.count())};
+    std::array<std::string, 6> args{token,
+                                    std::to_string(o.ttl.count()),
+                                    std::string(order_arg(o.order)),
+                                    queue ? "1" : "0",
+                                    std::to_string(ticket.count()),
+                                    service_id_};
     auto req = acquire_.make_request(keys, args);
     req.options.timeout = opts_.io_timeout;
     req.options.resend_safe = true;  // a second run finds the lock ours and answers its fence
@@ -73,12 +78,14 @@ class redis_lock_core final : public lock_core {
   asio::awaitable<release_result> release(const std::string& name, const std::string& token, lock_order order,
                                           const local_handoff* next) override {
     auto keys = keys_of(name);
-    std::array<std::string, 6> args{token,
+    std::array<std::string, 8> args{token,
                                     channel_,
                                     name,
                                     std::string(order_arg(order)),
                                     next ? next->token : std::string(),
-                                    next ? std::to_string(next->ttl.count()) : std::string("0")};
+                                    next ? std::to_string(next->ttl.count()) : std::string("0"),
+                                    service_id_,
+                                    std::to_string(next ? next->streak : 0)};
     auto req = release_.make_request(keys, args);
     req.options.timeout = opts_.io_timeout;
     // Resending is safe (the token check); a resent release only answers "not owned".
@@ -87,7 +94,12 @@ class redis_lock_core final : public lock_core {
     const auto& a = r.as_array();
     release_result out;
     out.owned = a.at(0).as_integer() == 1;
-    if (a.size() > 1) out.handed = a[1].as_integer();
+    if (a.size() > 1) {
+      if (a[1].as_integer() < 0)
+        out.yielded = true;
+      else
+        out.handed = a[1].as_integer();
+    }
     co_return out;
   }
 
@@ -136,6 +148,11 @@ class redis_lock_core final : public lock_core {
   }
 
  private:
+  static std::string make_service_id() {
+    std::random_device rd;
+    return fmt::format("{:08x}{:08x}", rd(), rd());
+  }
+
   static bool needs_load(const redis::reply& r) {
     if (r.kind() != redis::reply_kind::array) return false;
     for (auto& e : r.as_array())
@@ -145,9 +162,9 @@ class redis_lock_core final : public lock_core {
 
   std::string lock_key(const std::string& name) const { return fmt::format("{}{{{}}}", opts_.prefix, name); }
 
-  std::array<std::string, 4> keys_of(const std::string& name) const {
+  std::array<std::string, 5> keys_of(const std::string& name) const {
     auto key = lock_key(name);
-    return {key, key + ":fence", key + ":q", key + ":qi"};
+    return {key, key + ":fence", key + ":q", key + ":qi", key + ":w"};
   }
 
   asio::awaitable<redis::reply> run(const redis::script& s, redis::request req, const std::string& name) {
@@ -205,6 +222,7 @@ class redis_lock_core final : public lock_core {
 
   redis_lock_options opts_;
   std::string channel_;
+  std::string service_id_ = make_service_id();
   redis::connection conn_;
   redis::subscriber sub_;
   redis::script acquire_, release_, extend_;
