@@ -9,7 +9,8 @@
 -- reply) with a new fence. Otherwise the lock is deleted and 'r|<name>' wakes the waiters to race.
 -- After 8 hand-offs in a row, while a waiter of another service is marked (KEYS[5]), the lock is
 -- released for all instead, and {1, -1} tells the caller to hold its own waiters back briefly.
--- Returns {1} when the caller owned the lock, {1, fence} when it was handed to ARGV[5], else {0}
+-- Returns {1} when the caller owned the lock, {1, fence} when it was handed to ARGV[5],
+-- {1, fence, token} when FIFO handed it to token, else {0}
 -- (nothing of another owner is touched).
 local fifo = ARGV[4] == 'fifo'
 
@@ -23,13 +24,14 @@ local function new_fence()
   return f
 end
 
--- Hands the (free) lock to the head of the FIFO queue; false when nobody live is queued.
+-- Hands the (free) lock to the head of the FIFO queue: {token, fence}, or nil when nobody live
+-- is queued.
 local function hand_off()
   local t = redis.call('TIME')
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   while true do
     local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    if not h then return false end
+    if not h then return nil end
     local info = redis.call('HGET', KEYS[4], h)
     redis.call('ZREM', KEYS[3], h)
     redis.call('HDEL', KEYS[4], h)
@@ -39,7 +41,7 @@ local function hand_off()
       redis.call('SET', KEYS[1], h, 'PX', ttl)
       local f = new_fence()
       redis.call('PUBLISH', ARGV[2], 'g|' .. h .. '|' .. string.format('%.0f', f) .. '|' .. ARGV[3])
-      return true
+      return {h, f}
     end
   end
 end
@@ -55,7 +57,10 @@ if current ~= ARGV[1] then
   return {0}
 end
 if fifo then
-  if hand_off() then return {1} end
+  local to = hand_off()
+  -- The new owner and its fence: when it waits in the caller's service, it is told by this reply,
+  -- before the message arrives.
+  if to then return {1, to[2], to[1]} end
 elseif ARGV[5] ~= '' then
   local other = redis.call('GET', KEYS[5])
   if tonumber(ARGV[8]) < 8 or not other or other == ARGV[7] then

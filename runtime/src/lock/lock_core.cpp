@@ -400,6 +400,9 @@ asio::awaitable<bool> lock_core::release_to_next(std::string name, std::string t
       }
     }
   }
+  // A FIFO hand-off to a waiter of this service: told now; its message, when it comes, finds it
+  // gone or sets the same fence again.
+  if (r.fifo_handed) grant(name, r.fifo_handed->first, r.fifo_handed->second);
   if (failure) std::rethrow_exception(failure);
   co_return r.owned;
 }

@@ -58,7 +58,10 @@ struct local_handoff {
 struct release_result {
   bool owned = false;                  ///< the caller owned the lock (it is released or handed on now)
   std::optional<std::int64_t> handed;  ///< the fence of the local_handoff, when it got the lock
-  bool yielded = false;                ///< released for all: another service's waiter has waited through a streak
+  /// Released for all: another service's waiter has waited through a streak.
+  bool yielded = false;
+  /// FIFO: the queue's head it was handed to, and its fence (it may wait in this service).
+  std::optional<std::pair<std::string, std::int64_t>> fifo_handed;
 };
 
 struct renew_item {

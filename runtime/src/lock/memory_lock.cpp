@@ -78,12 +78,15 @@ class memory_lock_core final : public lock_core {
       }
       if (e.token.empty() && e.queue.empty()) locks_.erase(it);
     }
-    if (handed) co_return release_result{true, handed};
+    release_result out;
+    out.owned = owned;
+    out.handed = handed;
+    if (handed) co_return out;
     if (!granted.empty())
       grant(name, granted, fence);
     else if (owned)
       wake(name);
-    co_return release_result{owned, std::nullopt};
+    co_return out;
   }
 
   asio::awaitable<std::vector<bool>> renew(std::vector<renew_item> items, std::chrono::milliseconds) override {

@@ -94,12 +94,12 @@ class redis_lock_core final : public lock_core {
     const auto& a = r.as_array();
     release_result out;
     out.owned = a.at(0).as_integer() == 1;
-    if (a.size() > 1) {
-      if (a[1].as_integer() < 0)
-        out.yielded = true;
-      else
-        out.handed = a[1].as_integer();
-    }
+    if (a.size() > 2)
+      out.fifo_handed.emplace(a[2].as_string(), a[1].as_integer());
+    else if (a.size() > 1 && a[1].as_integer() < 0)
+      out.yielded = true;
+    else if (a.size() > 1)
+      out.handed = a[1].as_integer();
     co_return out;
   }
 
