@@ -51,7 +51,9 @@ inline boost::system::error_code make_error_code(lock_error e) noexcept {
 
 /// Who gets a lock that is released while several coroutines wait for it.
 enum class lock_order {
-  /// Whoever asks first after the release (the woken waiters race; cheapest).
+  /// No order (the default, cheapest): a release hands the lock straight to a waiter of the same
+  /// service when there is one, else wakes waiters elsewhere to race for it. After 8 hand-offs in
+  /// a row within one service, a waiter of another service that waits gets its turn.
   any,
   /// First come, first served: waiters queue with tickets, and a release hands the lock straight
   /// to the head of the queue (no race, no extra round trip). A ticket not renewed by its waiter
