@@ -126,6 +126,8 @@ class lock_lease {
 
 /// Where locks live. Thread-safe: any number of coroutines on any threads may use one service.
 /// The service must outlive its leases' unlock() calls; leases destroyed after it do nothing.
+/// Releases in the background (a lease destroyed without unlock()) run on the service's
+/// executor: keep its io_context running until they are done, as for any pending operation.
 class lock_service {
  public:
   virtual ~lock_service();
