@@ -1,0 +1,76 @@
+-- Releases a distributed lock if the caller owns it (compare-and-delete) and wakes waiters.
+-- KEYS as lock_acquire.lua. ARGV[1] token  ARGV[2] wake-up channel  ARGV[3] lock name
+-- ARGV[4] 'any' or 'fifo'  ARGV[5] 'any' only: a waiter's token to hand the lock to ('' none)
+-- ARGV[6] that waiter's ttl ms  ARGV[7] the caller's service id  ARGV[8] hand-offs it made in a row
+-- FIFO: the caller's ticket is removed too (a waiter giving up calls this), and a free lock with
+-- a live ticket at the queue's head is handed to that waiter in place: it is set to the waiter's
+-- token and TTL with a new fence, and the message 'g|<token>|<fence>|<name>' tells it so.
+-- 'any' with ARGV[5]: the lock is set to that token (a waiter in the caller's process, told by the
+-- reply) with a new fence. Otherwise the lock is deleted and 'r|<name>' wakes the waiters to race.
+-- After 8 hand-offs in a row, while a waiter of another service is marked (KEYS[5]), the lock is
+-- released for all instead, and {1, -1} tells the caller to hold its own waiters back briefly.
+-- Returns {1} when the caller owned the lock, {1, fence} when it was handed to ARGV[5],
+-- {1, fence, token} when FIFO handed it to token, else {0}
+-- (nothing of another owner is touched).
+local fifo = ARGV[4] == 'fifo'
+
+local function new_fence()
+  local f = redis.call('INCR', KEYS[2])
+  if f == 1 then  -- the counter was lost with the server's data: see lock_acquire.lua
+    local t = redis.call('TIME')
+    f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', KEYS[2], string.format('%.0f', f))
+  end
+  return f
+end
+
+-- Hands the (free) lock to the head of the FIFO queue: {token, fence}, or nil when nobody live
+-- is queued.
+local function hand_off()
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  while true do
+    local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if not h then return nil end
+    local info = redis.call('HGET', KEYS[4], h)
+    redis.call('ZREM', KEYS[3], h)
+    redis.call('HDEL', KEYS[4], h)
+    local deadline, ttl = nil, nil
+    if info then deadline, ttl = string.match(info, '^(%d+)|(%d+)$') end
+    if deadline and tonumber(deadline) > now_ms then
+      redis.call('SET', KEYS[1], h, 'PX', ttl)
+      local f = new_fence()
+      redis.call('PUBLISH', ARGV[2], 'g|' .. h .. '|' .. string.format('%.0f', f) .. '|' .. ARGV[3])
+      return {h, f}
+    end
+  end
+end
+
+if fifo then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('HDEL', KEYS[4], ARGV[1])
+end
+local current = redis.call('GET', KEYS[1])
+if current ~= ARGV[1] then
+  -- A FIFO waiter that leaves may have been the head that a free lock waited for.
+  if fifo and not current then hand_off() end
+  return {0}
+end
+if fifo then
+  local to = hand_off()
+  -- The new owner and its fence: when it waits in the caller's service, it is told by this reply,
+  -- before the message arrives.
+  if to then return {1, to[2], to[1]} end
+elseif ARGV[5] ~= '' then
+  local other = redis.call('GET', KEYS[5])
+  if tonumber(ARGV[8]) < 8 or not other or other == ARGV[7] then
+    redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
+    return {1, new_fence()}
+  end
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'r|' .. ARGV[3])
+  return {1, -1}
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], 'r|' .. ARGV[3])
+return {1}

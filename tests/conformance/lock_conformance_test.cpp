@@ -1,0 +1,468 @@
+// The distributed lock's semantics, every case on both services: memory (in-process) and Redis.
+#include "support/redis_server.hpp"
+#include "support/run.hpp"
+
+#include <jobrt/mutex.hpp>
+
+#include <fmt/format.h>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <memory>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace asio = boost::asio;
+using namespace jobrt;
+using namespace jobrt::test;
+using asio::awaitable;
+using asio::use_awaitable;
+using boost::system::system_error;
+
+namespace {
+
+enum class service_kind { memory, redis };
+
+// Services for one test: the memory service is one shared object (its state is the locks); on
+// Redis every make() is a new service with connections of its own, as another process would have.
+class services {
+ public:
+  services(asio::io_context& ctx, service_kind kind) : ctx_(ctx), kind_(kind), prefix_(key_prefix()) {}
+
+  lock_service& make() {
+    if (kind_ == service_kind::memory) {
+      if (made_.empty()) made_.push_back(std::make_unique<memory_lock_service>(ctx_.get_executor()));
+      return *made_.front();
+    }
+    made_.push_back(std::make_unique<redis_lock_service>(ctx_.get_executor(), shared_redis()));
+    return *made_.back();
+  }
+  std::string name(std::string_view n) const { return prefix_ + std::string(n); }
+
+ private:
+  asio::io_context& ctx_;
+  service_kind kind_;
+  std::string prefix_;
+  std::vector<std::unique_ptr<lock_service>> made_;
+};
+
+lock_options opts(std::chrono::milliseconds ttl, std::chrono::milliseconds wait = std::chrono::seconds(10)) {
+  lock_options o;
+  o.ttl = ttl;
+  o.wait = wait;
+  return o;
+}
+
+std::chrono::milliseconds since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t);
+}
+
+template <class Awaitable>
+awaitable<boost::system::error_code> error_of(Awaitable a) {
+  boost::system::error_code ec;
+  try {
+    co_await std::move(a);
+  } catch (const system_error& e) {
+    ec = e.code();
+  }
+  co_return ec;
+}
+
+}  // namespace
+
+#define LOCK_CONFORMANCE(name)                                                                        \
+  static void DOCTEST_CAT(lock_conformance_, __LINE__)(service_kind);                                 \
+  TEST_CASE("memory lock: " name) { DOCTEST_CAT(lock_conformance_, __LINE__)(service_kind::memory); } \
+  TEST_CASE("redis lock: " name) { DOCTEST_CAT(lock_conformance_, __LINE__)(service_kind::redis); }   \
+  static void DOCTEST_CAT(lock_conformance_, __LINE__)(service_kind kind)
+
+LOCK_CONFORMANCE("lock and try_lock and unlock with growing fences") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto& a = s.make();
+    auto& b = s.make();
+    auto name = s.name("l");
+    auto first = co_await a.lock(name, opts(std::chrono::seconds(5)));
+    CHECK(first);
+    CHECK(first.name() == name);
+    CHECK(first.token().size() == 32);
+    CHECK_FALSE(co_await b.try_lock(name, opts(std::chrono::seconds(5))));
+    CHECK(co_await first.unlock());
+    CHECK_FALSE(co_await first.unlock());  // once only
+    auto second = co_await b.try_lock(name, opts(std::chrono::seconds(5)));
+    REQUIRE(second);
+    CHECK(second.fence() > first.fence());
+    CHECK(second.token() != first.token());
+    // Another lock is independent.
+    auto other = co_await a.try_lock(s.name("other"), opts(std::chrono::seconds(5)));
+    CHECK(other);
+    CHECK(co_await second.unlock());
+    CHECK(co_await other.unlock());
+    CHECK_FALSE(second.lost());
+  });
+}
+
+LOCK_CONFORMANCE("bad input: empty name and zero ttl and zero segments") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto& a = s.make();
+    CHECK(co_await error_of(a.lock("", opts(std::chrono::seconds(1)))) == lock_error::empty_name);
+    CHECK(co_await error_of(a.try_lock("", opts(std::chrono::seconds(1)))) == lock_error::empty_name);
+    CHECK(co_await error_of(a.lock(s.name("x"), opts(std::chrono::milliseconds(0)))) == lock_error::invalid_ttl);
+    try {
+      co_await a.lock(s.name("x"), opts(std::chrono::milliseconds(0)));
+      FAIL("no error");
+    } catch (const system_error& e) {
+      CHECK(std::string(e.what()).find("lock_options::ttl is 0 ms") != std::string::npos);
+    }
+    CHECK_THROWS_AS(striped_mutex(a, s.name("st"), 0), system_error);
+    CHECK_THROWS_AS(mutex(a, ""), system_error);
+  });
+}
+
+LOCK_CONFORMANCE("lock waits up to its wait and then fails with timeout") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto name = s.name("l");
+    auto held = co_await s.make().lock(name, opts(std::chrono::seconds(5)));
+    auto t0 = std::chrono::steady_clock::now();
+    CHECK(co_await error_of(s.make().lock(name, opts(std::chrono::seconds(5), std::chrono::milliseconds(200)))) ==
+          lock_error::timeout);
+    CHECK(since(t0) >= std::chrono::milliseconds(190));
+    CHECK(since(t0) < std::chrono::milliseconds(1000));
+    CHECK(co_await held.unlock());
+  });
+}
+
+LOCK_CONFORMANCE("a waiter wakes within milliseconds of the release") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto& a = s.make();
+    auto& b = s.make();
+    auto name = s.name("l");
+    auto held = co_await a.lock(name, opts(std::chrono::seconds(10)));
+    std::chrono::steady_clock::time_point released, taken;
+    std::int64_t fence = 0;
+    bool finished = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> awaitable<void> {
+          auto l = co_await b.lock(name, opts(std::chrono::seconds(10)));
+          taken = std::chrono::steady_clock::now();
+          fence = l.fence();
+          co_await l.unlock();
+          finished = true;
+        },
+        asio::detached);
+    co_await sleep_for(std::chrono::milliseconds(100));  // the waiter sleeps on its 10 s backstop by now
+    released = std::chrono::steady_clock::now();
+    co_await held.unlock();
+    for (int i = 0; i < 200 && !finished; ++i) co_await sleep_for(std::chrono::milliseconds(1));
+    REQUIRE(fence > held.fence());
+    auto handoff = std::chrono::duration_cast<std::chrono::microseconds>(taken - released);
+    MESSAGE("hand-off " << handoff.count() << " us");
+    CHECK(handoff < std::chrono::milliseconds(50));
+  });
+}
+
+LOCK_CONFORMANCE("a holder that works for 5x the ttl keeps the lock") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto name = s.name("l");
+    auto& other = s.make();
+    auto held = co_await s.make().lock(name, opts(std::chrono::milliseconds(200)));
+    for (int i = 0; i < 10; ++i) {
+      co_await sleep_for(std::chrono::milliseconds(100));
+      CHECK_FALSE(co_await other.try_lock(name, opts(std::chrono::milliseconds(200))));
+    }
+    CHECK_FALSE(held.lost());
+    CHECK(co_await held.unlock());
+  });
+}
+
+LOCK_CONFORMANCE("an expired holder cannot delete the next holder's lock") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto name = s.name("l");
+    auto& a = s.make();
+    auto& b = s.make();
+    lock_options no_watchdog = opts(std::chrono::milliseconds(150));
+    no_watchdog.renewal = lock_renewal::none;  // the watchdog stopped: it expires after its TTL
+    auto first = co_await a.lock(name, no_watchdog);
+    bool signalled = false;
+    asio::steady_timer work(ctx, std::chrono::steady_clock::time_point::max());
+    work.async_wait(asio::bind_cancellation_slot(first.cancellation_slot(),
+                                                 [&](boost::system::error_code ec) { signalled = bool(ec); }));
+    auto t0 = std::chrono::steady_clock::now();
+    auto second = co_await b.lock(name, opts(std::chrono::seconds(5)));  // woken by the TTL backstop
+    CHECK(since(t0) >= std::chrono::milliseconds(100));
+    CHECK(since(t0) < std::chrono::milliseconds(1000));
+    CHECK(second.fence() > first.fence());
+    co_await sleep_for(std::chrono::milliseconds(20));
+    CHECK(first.lost());
+    CHECK(signalled);
+    CHECK_FALSE(co_await first.unlock());  // compare-and-delete: the new owner is left alone
+    CHECK_FALSE(co_await a.try_lock(name, opts(std::chrono::seconds(5))));
+    CHECK_FALSE(second.lost());
+    CHECK(co_await second.unlock());
+  });
+}
+
+LOCK_CONFORMANCE("20 coroutines on 2 services: no lost update and fences in holding order") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    std::vector<lock_service*> svc{&s.make(), &s.make()};
+    auto name = s.name("l");
+    int counter = 0, holders = 0, max_holders = 0, done = 0;
+    std::vector<std::int64_t> fences;
+    for (int c = 0; c < 20; ++c) {
+      asio::co_spawn(
+          ctx,
+          [&, c]() -> awaitable<void> {
+            for (int i = 0; i < 10; ++i) {
+              auto l = co_await svc[static_cast<std::size_t>(c % 2)]->lock(name, opts(std::chrono::seconds(5)));
+              max_holders = std::max(max_holders, ++holders);
+              fences.push_back(l.fence());
+              int v = counter;
+              co_await asio::post(ctx, use_awaitable);
+              counter = v + 1;
+              --holders;
+              co_await l.unlock();
+            }
+            ++done;
+          },
+          asio::detached);
+    }
+    for (int i = 0; i < 3000 && done < 20; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(done == 20);
+    CHECK(counter == 200);
+    CHECK(max_holders == 1);
+    CHECK(std::is_sorted(fences.begin(), fences.end()));
+    CHECK(std::adjacent_find(fences.begin(), fences.end()) == fences.end());
+  });
+}
+
+LOCK_CONFORMANCE("fifo: waiters get the lock in arrival order") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto name = s.name("l");
+    lock_options o = opts(std::chrono::seconds(5));
+    o.order = lock_order::fifo;
+    auto held = co_await s.make().lock(name, o);
+    std::vector<int> order;
+    int done = 0;
+    for (int w = 0; w < 6; ++w) {
+      auto& svc = s.make();
+      asio::co_spawn(
+          ctx,
+          [&, w]() -> awaitable<void> {
+            auto l = co_await svc.lock(name, o);
+            order.push_back(w);
+            co_await sleep_for(std::chrono::milliseconds(2));
+            co_await l.unlock();
+            ++done;
+          },
+          asio::detached);
+      co_await sleep_for(std::chrono::milliseconds(30));  // each one queued before the next comes
+    }
+    co_await held.unlock();
+    for (int i = 0; i < 400 && done < 6; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(done == 6);
+    CHECK(order == std::vector<int>{0, 1, 2, 3, 4, 5});
+    // A newcomer cannot jump the queue: with a waiter queued, try_lock fails although it is free
+    // for a moment during a hand-off; and the queue empties.
+    auto last = co_await s.make().try_lock(name, o);
+    CHECK(last);
+    CHECK(co_await last.unlock());
+  });
+}
+
+LOCK_CONFORMANCE("fifo: a waiter that gives up leaves the queue") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto name = s.name("l");
+    lock_options o = opts(std::chrono::seconds(5));
+    o.order = lock_order::fifo;
+    auto held = co_await s.make().lock(name, o);
+    lock_options short_wait = o;
+    short_wait.wait = std::chrono::milliseconds(100);
+    CHECK(co_await error_of(s.make().lock(name, short_wait)) == lock_error::timeout);
+    bool got = false;
+    std::chrono::steady_clock::time_point got_at;
+    auto& late = s.make();
+    asio::co_spawn(
+        ctx,
+        [&]() -> awaitable<void> {
+          auto l = co_await late.lock(name, o);
+          got_at = std::chrono::steady_clock::now();
+          co_await l.unlock();
+          got = true;
+        },
+        asio::detached);
+    co_await sleep_for(std::chrono::milliseconds(50));
+    auto t0 = std::chrono::steady_clock::now();
+    co_await held.unlock();
+    for (int i = 0; i < 200 && !got; ++i) co_await sleep_for(std::chrono::milliseconds(1));
+    REQUIRE(got);
+    CHECK(got_at - t0 < std::chrono::milliseconds(100));
+  });
+}
+
+LOCK_CONFORMANCE("striped mutex: one key one segment") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto& a = s.make();
+    striped_mutex stripes(a, s.name("stock"), 8, opts(std::chrono::seconds(5)));
+    std::set<std::size_t> used;
+    for (int k = 0; k < 100; ++k) {
+      auto seg = stripes.segment(fmt::format("item:{}", k));
+      CHECK(seg < 8);
+      used.insert(seg);
+    }
+    CHECK(used.size() == 8);
+    CHECK(stripes.segment_name("item:1") == fmt::format("{}:{}", s.name("stock"), stripes.segment("item:1")));
+    auto held = co_await stripes.lock("item:1");
+    striped_mutex again(s.make(), s.name("stock"), 8, opts(std::chrono::seconds(5)));
+    CHECK_FALSE(co_await again.try_lock("item:1"));
+    std::string other = "item:2";
+    for (int k = 2; stripes.segment(other) == stripes.segment("item:1"); ++k) other = fmt::format("item:{}", k);
+    auto second = co_await again.try_lock(other);
+    CHECK(second);
+    CHECK(co_await second.unlock());
+    CHECK(co_await held.unlock());
+  });
+}
+
+LOCK_CONFORMANCE("a cancelled waiter leaves nothing held and a dropped lease is released") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    services s(ctx, kind);
+    auto name = s.name("l");
+    auto& a = s.make();
+    auto& b = s.make();
+    auto held = co_await a.lock(name, opts(std::chrono::seconds(5)));
+    asio::steady_timer t(ctx, std::chrono::milliseconds(50));
+    auto r = co_await (b.lock(name, opts(std::chrono::seconds(5))) || t.async_wait(use_awaitable));
+    CHECK(r.index() == 1);
+    {
+      lock_lease dropped = std::move(held);  // released in the background when it goes
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    auto next = co_await b.lock(name, opts(std::chrono::seconds(5)));
+    CHECK(since(t0) < std::chrono::milliseconds(500));
+    CHECK(co_await next.unlock());
+    auto again = co_await a.try_lock(name, opts(std::chrono::seconds(5)));
+    CHECK(again);
+    CHECK(co_await again.unlock());
+  });
+}
+
+LOCK_CONFORMANCE("threads: coroutines on a 4-thread io_context exclude each other") {
+  asio::io_context ctx;
+  std::unique_ptr<lock_service> svc;
+  if (kind == service_kind::memory)
+    svc = std::make_unique<memory_lock_service>(ctx.get_executor());
+  else
+    svc = std::make_unique<redis_lock_service>(ctx.get_executor(), shared_redis());
+  auto name = key_prefix() + "threads";
+  std::atomic<int> holders{0}, overlaps{0}, done{0};
+  long counter = 0;  // guarded by the lock only
+  constexpr int coroutines = 16, rounds = 25;
+  for (int c = 0; c < coroutines; ++c) {
+    asio::co_spawn(
+        ctx,
+        [&]() -> awaitable<void> {
+          for (int i = 0; i < rounds; ++i) {
+            auto l = co_await svc->lock(name, opts(std::chrono::seconds(5)));
+            if (holders.fetch_add(1) != 0) ++overlaps;
+            long v = counter;
+            co_await asio::post(co_await asio::this_coro::executor, use_awaitable);
+            counter = v + 1;
+            holders.fetch_sub(1);
+            co_await l.unlock();
+          }
+          if (++done == coroutines) svc->close();
+        },
+        asio::detached);
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back([&] { ctx.run_for(std::chrono::seconds(30)); });
+  for (auto& t : threads) t.join();
+  CHECK(done == coroutines);
+  CHECK(overlaps == 0);
+  CHECK(counter == coroutines * rounds);
+}
+
+LOCK_CONFORMANCE("a burst of waiters behind a holder that dies gets the lock at its ttl") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto name = s.name("l");
+    lock_options dies = opts(std::chrono::milliseconds(300));
+    dies.renewal = lock_renewal::none;  // as if its process died: no renewal, no release
+    auto held = co_await s.make().lock(name, dies);
+    auto& b = s.make();
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::chrono::milliseconds> taken;
+    int unlocked = 0;
+    for (int w = 0; w < 5; ++w) {
+      asio::co_spawn(
+          ctx,
+          [&]() -> awaitable<void> {
+            auto l = co_await b.lock(name, opts(std::chrono::milliseconds(300)));
+            taken.push_back(since(t0));
+            co_await l.unlock();
+            ++unlocked;
+          },
+          asio::detached);
+    }
+    // One leaves early: those queued behind it without asking must not be stranded.
+    lock_options impatient = opts(std::chrono::milliseconds(300), std::chrono::milliseconds(50));
+    CHECK(co_await error_of(b.lock(name, impatient)) == lock_error::timeout);
+    for (int i = 0; i < 200 && unlocked < 5; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(unlocked == 5);
+    CHECK(taken.front() >= std::chrono::milliseconds(250));
+    CHECK(taken.back() < std::chrono::milliseconds(700));
+    CHECK(held.lost());
+    CHECK_FALSE(co_await held.unlock());
+  });
+}
+
+LOCK_CONFORMANCE("local hand-offs do not starve a waiter of another service") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto name = s.name("l");
+    auto& a = s.make();
+    auto& b = s.make();
+    constexpr int coroutines = 5, rounds = 40;
+    int a_holds = 0, a_done = 0, a_holds_before_b = -1;
+    for (int c = 0; c < coroutines; ++c) {
+      asio::co_spawn(
+          ctx,
+          [&]() -> awaitable<void> {
+            for (int i = 0; i < rounds; ++i) {
+              auto l = co_await a.lock(name, opts(std::chrono::seconds(5)));
+              ++a_holds;
+              co_await sleep_for(std::chrono::milliseconds(1));
+              co_await l.unlock();
+            }
+            ++a_done;
+          },
+          asio::detached);
+    }
+    co_await sleep_for(std::chrono::milliseconds(20));  // service a's coroutines are busy with it
+    auto l = co_await b.lock(name, opts(std::chrono::seconds(5)));
+    a_holds_before_b = a_holds;
+    co_await l.unlock();
+    for (int i = 0; i < 1000 && a_done < coroutines; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(a_done == coroutines);
+    MESSAGE("service b got the lock after " << a_holds_before_b << " of " << coroutines * rounds << " holds by a");
+    CHECK(a_holds_before_b < coroutines * rounds / 2);
+  });
+}

@@ -1,0 +1,306 @@
+// The distributed lock on a real redis-server: several processes, an operator deleting the key,
+// kill -9 of a holder, a server restart, an unreachable server.
+#include "support/redis_server.hpp"
+#include "support/run.hpp"
+
+#include <jobrt/mutex.hpp>
+#include <jobrt/redis/connection.hpp>
+
+#include <fmt/format.h>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+
+#ifndef JOBRT_LOCK_PROCESS
+#error "JOBRT_LOCK_PROCESS must name the jobrt_lock_process executable (see tests/CMakeLists.txt)"
+#endif
+
+extern char** environ;
+
+namespace asio = boost::asio;
+using namespace jobrt;
+using namespace jobrt::test;
+using asio::awaitable;
+using asio::use_awaitable;
+using boost::system::system_error;
+
+namespace {
+
+std::chrono::milliseconds since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t);
+}
+
+// Processes of one test in a throw-away directory; whatever still runs at the end is killed.
+class processes {
+ public:
+  processes() {
+    char tmpl[] = "/tmp/jobrt-locks-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+    dir_ = tmpl;
+  }
+  ~processes() {
+    for (auto pid : pids_) kill(pid);
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  processes(const processes&) = delete;
+  processes& operator=(const processes&) = delete;
+
+  std::string path(std::string_view name) const { return fmt::format("{}/{}", dir_, name); }
+
+  pid_t spawn(std::vector<std::string> args) {
+    args.insert(args.begin(), JOBRT_LOCK_PROCESS);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    if (int rc = ::posix_spawn(&pid, JOBRT_LOCK_PROCESS, nullptr, nullptr, argv.data(), environ); rc != 0)
+      throw std::runtime_error(fmt::format("cannot start {}: {}", JOBRT_LOCK_PROCESS, std::strerror(rc)));
+    pids_.push_back(pid);
+    return pid;
+  }
+
+  static void kill(pid_t pid) {
+    if (pid <= 0) return;
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+  }
+
+  /// Waits (bounded) for every process to end; their exit codes, -1 for one still running.
+  awaitable<std::vector<int>> wait_all(std::chrono::milliseconds limit) {
+    auto end = std::chrono::steady_clock::now() + limit;
+    std::vector<int> codes(pids_.size(), -1);
+    for (;;) {
+      bool running = false;
+      for (std::size_t i = 0; i < pids_.size(); ++i) {
+        if (pids_[i] <= 0) continue;
+        int status = 0;
+        if (::waitpid(pids_[i], &status, WNOHANG) == pids_[i]) {
+          codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          pids_[i] = -1;
+        } else {
+          running = true;
+        }
+      }
+      if (!running || std::chrono::steady_clock::now() > end) co_return codes;
+      co_await sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  /// Waits (bounded) until the file exists and is not empty; its text.
+  static awaitable<std::string> file(const std::string& p, std::chrono::milliseconds limit) {
+    auto end = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < end) {
+      std::ifstream in(p);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (!text.empty() && text.back() == '\n') co_return text;
+      co_await sleep_for(std::chrono::milliseconds(5));
+    }
+    co_return std::string();
+  }
+
+ private:
+  std::string dir_;
+  std::vector<pid_t> pids_;
+};
+
+std::string url_of(const redis::config& cfg) { return fmt::format("redis://{}:{}", cfg.host, cfg.port); }
+
+lock_options opts(std::chrono::milliseconds ttl, std::chrono::milliseconds wait = std::chrono::seconds(10)) {
+  lock_options o;
+  o.ttl = ttl;
+  o.wait = wait;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("redis lock: 4 processes x 25 coroutines on 10 locks - no lost update and no two holders") {
+  run(
+      [](asio::io_context&) -> awaitable<void> {
+        auto cfg = shared_redis();
+        auto prefix = key_prefix();
+        constexpr int procs = 4, coroutines = 25, locks = 10, iterations = 20;
+        processes p;
+        for (int i = 0; i < procs; ++i)
+          p.spawn({"contend", url_of(cfg), prefix, std::to_string(locks), std::to_string(coroutines),
+                   std::to_string(iterations), p.path(fmt::format("holds-{}", i))});
+        auto codes = co_await p.wait_all(std::chrono::seconds(80));
+        for (int c : codes) REQUIRE(c == 0);
+
+        struct hold {
+          std::int64_t fence, since, until;
+          int process;
+        };
+        std::map<int, std::vector<hold>> by_lock;
+        for (int i = 0; i < procs; ++i) {
+          std::ifstream in(p.path(fmt::format("holds-{}", i)));
+          int l = 0;
+          hold h{};
+          while (in >> l >> h.fence >> h.since >> h.until) {
+            h.process = i;
+            by_lock[l].push_back(h);
+          }
+        }
+        std::size_t total = 0;
+        for (auto& [l, holds] : by_lock) {
+          total += holds.size();
+          std::sort(holds.begin(), holds.end(), [](const hold& a, const hold& b) { return a.since < b.since; });
+          for (std::size_t i = 1; i < holds.size(); ++i) {
+            INFO("lock " << l << " hold " << i);
+            CHECK(holds[i - 1].until <= holds[i].since);  // no two holders at once
+            CHECK(holds[i - 1].fence < holds[i].fence);   // fences grow in holding order
+          }
+          auto counter = redis_cli(cfg, {"GET", fmt::format("{}counter:{}", prefix, l)});
+          CHECK(counter == fmt::format("${}\r\n{}\r\n", std::to_string(holds.size()).size(), holds.size()));
+        }
+        CHECK(total == std::size_t(procs * coroutines * iterations));
+      },
+      std::chrono::seconds(100));
+}
+
+TEST_CASE("redis lock: the key deleted by an operator fires the holder's signal within one watchdog period") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    auto cfg = shared_redis();
+    redis_lock_service locks(ctx.get_executor(), cfg);
+    auto name = key_prefix() + "l";
+    auto held = co_await locks.lock(name, opts(std::chrono::milliseconds(600)));
+    asio::steady_timer work(ctx, std::chrono::steady_clock::time_point::max());
+    std::chrono::steady_clock::time_point fired;
+    work.async_wait(asio::bind_cancellation_slot(held.cancellation_slot(), [&](boost::system::error_code ec) {
+      if (ec) fired = std::chrono::steady_clock::now();
+    }));
+    co_await sleep_for(std::chrono::milliseconds(50));
+    auto deleted = std::chrono::steady_clock::now();
+    CHECK(redis_cli(cfg, {"DEL", "jobrt:lock:{" + name + "}"}) == ":1\r\n");
+    for (int i = 0; i < 100 && fired == std::chrono::steady_clock::time_point{}; ++i)
+      co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(held.lost());
+    auto after = std::chrono::duration_cast<std::chrono::milliseconds>(fired - deleted);
+    MESSAGE("signalled " << after.count() << " ms after the DEL (watchdog period 200 ms)");
+    CHECK(after <= std::chrono::milliseconds(200 + 50));  // one period, and scheduling slack
+    // Someone else takes it; the old holder's unlock leaves it alone.
+    auto next = co_await locks.try_lock(name, opts(std::chrono::seconds(5)));
+    REQUIRE(next);
+    CHECK_FALSE(co_await held.unlock());
+    CHECK(redis_cli(cfg, {"EXISTS", "jobrt:lock:{" + name + "}"}) == ":1\r\n");
+    CHECK(co_await next.unlock());
+  });
+}
+
+TEST_CASE("redis lock: a holder killed with kill -9 is replaced after its ttl and not later") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    auto cfg = shared_redis();
+    auto name = key_prefix() + "l";
+    processes p;
+    auto pid = p.spawn({"hold", url_of(cfg), name, "800", p.path("ready")});
+    auto fence_text = co_await processes::file(p.path("ready"), std::chrono::seconds(10));
+    REQUIRE_FALSE(fence_text.empty());
+    redis_lock_service locks(ctx.get_executor(), cfg);
+    // It is renewed while the process lives.
+    co_await sleep_for(std::chrono::milliseconds(1000));
+    CHECK_FALSE(co_await locks.try_lock(name, opts(std::chrono::milliseconds(800))));
+    auto killed = std::chrono::steady_clock::now();
+    processes::kill(pid);
+    auto next = co_await locks.lock(name, opts(std::chrono::milliseconds(800)));
+    auto waited = since(killed);
+    MESSAGE("taken " << waited.count() << " ms after kill -9 (ttl 800 ms)");
+    CHECK(waited <= std::chrono::milliseconds(800 + 150));         // its TTL, and scheduling slack
+    CHECK(waited >= std::chrono::milliseconds(800 * 2 / 3 - 50));  // renewed up to ttl/3 before
+    CHECK(next.fence() > std::stoll(fence_text));
+    CHECK(co_await next.unlock());
+  });
+}
+
+TEST_CASE("redis lock: redis-server restart while locks are held and waiters wait") {
+  run(
+      [](asio::io_context& ctx) -> awaitable<void> {
+        redis_server server;
+        auto cfg = server.config();
+        cfg.reconnect_wait_max = std::chrono::milliseconds(100);
+        redis_lock_service a(ctx.get_executor(), cfg);
+        redis_lock_service b(ctx.get_executor(), cfg);
+        auto held = co_await a.lock("stock", opts(std::chrono::milliseconds(900)));
+        bool signalled = false;
+        asio::steady_timer work(ctx, std::chrono::steady_clock::time_point::max());
+        work.async_wait(asio::bind_cancellation_slot(held.cancellation_slot(),
+                                                     [&](boost::system::error_code ec) { signalled = bool(ec); }));
+        int taken = 0;
+        std::vector<std::int64_t> fences;
+        for (int w = 0; w < 5; ++w) {
+          asio::co_spawn(
+              ctx,
+              [&]() -> awaitable<void> {
+                auto l = co_await b.lock("stock", opts(std::chrono::milliseconds(900), std::chrono::seconds(20)));
+                fences.push_back(l.fence());
+                co_await sleep_for(std::chrono::milliseconds(5));
+                co_await l.unlock();
+                ++taken;
+              },
+              asio::detached);
+        }
+        co_await sleep_for(std::chrono::milliseconds(200));
+        server.stop(true);
+        co_await sleep_for(std::chrono::milliseconds(300));
+        server.start();  // no persistence: the lock is gone
+        for (int i = 0; i < 1000 && taken < 5; ++i) co_await sleep_for(std::chrono::milliseconds(10));
+        CHECK(taken == 5);
+        CHECK(held.lost());
+        CHECK(signalled);
+        // The fence counter was lost with the data; new fences still exceed the old ones.
+        for (auto f : fences) CHECK(f > held.fence());
+        CHECK(std::is_sorted(fences.begin(), fences.end()));
+        CHECK_FALSE(co_await held.unlock());
+      },
+      std::chrono::seconds(30));
+}
+
+TEST_CASE("redis lock: an unreachable server fails with a clear error") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    auto cfg = redis::config::from_url("redis://127.0.0.1:1");
+    redis_lock_options o;
+    o.io_timeout = std::chrono::milliseconds(300);
+    redis_lock_service locks(ctx.get_executor(), cfg, o);
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      co_await locks.lock("x", opts(std::chrono::seconds(1)));
+      FAIL("locked on an unreachable server");
+    } catch (const system_error& e) {
+      MESSAGE(std::string(e.what()));
+      CHECK(e.code() == error::not_connected);
+      CHECK(std::string(e.what()).find("lock 'x'") != std::string::npos);
+      CHECK(std::string(e.what()).find("127.0.0.1:1") != std::string::npos);
+    }
+    CHECK(since(t0) < std::chrono::milliseconds(1500));
+  });
+}
+
+TEST_CASE("redis lock: keys share one hash tag per lock and the fence key outlives the lock") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    auto cfg = shared_redis();
+    redis_lock_service locks(ctx.get_executor(), cfg);
+    auto name = key_prefix() + "tagged";
+    auto held = co_await locks.lock(name, opts(std::chrono::seconds(5)));
+    auto key = "jobrt:lock:{" + name + "}";
+    CHECK(redis_cli(cfg, {"GET", key}) == fmt::format("${}\r\n{}\r\n", held.token().size(), held.token()));
+    CHECK(redis_cli(cfg, {"EXISTS", key + ":fence"}) == ":1\r\n");
+    CHECK(co_await held.unlock());
+    CHECK(redis_cli(cfg, {"EXISTS", key}) == ":0\r\n");
+    CHECK(redis_cli(cfg, {"EXISTS", key + ":fence"}) == ":1\r\n");
+  });
+}
