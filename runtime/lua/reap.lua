@@ -5,7 +5,8 @@
 -- ARGV[1] max leases, workers and dead letters to handle in this call
 -- ARGV[2] dead letters kept at most (0: no limit)  ARGV[3] their longest age in ms (0: no limit)
 -- Returns: {leases recovered, workers reaped, lanes handed back from their claimed lists,
---   dead letters removed by the retention limits}
+--   dead letters removed by the retention limits, then the job type of each recovered job whose
+--   record was found}
 --
 -- A lease past its deadline: its job goes back to the head of its group (it never left it) with
 -- its attempt counted in the record's header, and its lane to the head of ready. A worker whose
@@ -23,8 +24,11 @@ local function counted(record)
   return (tonumber(attempts) + 1) .. rest
 end
 
-local lanes = {}
+local lanes, types = {}, {}
 local recovered = 0
+local function type_of(record)
+  types[#types + 1] = string.match(record, '"type":"([^"]*)"') or '(unknown)'
+end
 for _, token in ipairs(redis.call('ZRANGEBYSCORE', active, '-inf', now, 'LIMIT', 0, max)) do
   redis.call('ZREM', active, token)
   recovered = recovered + 1
@@ -33,6 +37,7 @@ for _, token in ipairs(redis.call('ZRANGEBYSCORE', active, '-inf', now, 'LIMIT',
     local key = prefix .. lane
     local head = redis.call('LINDEX', key, 0)
     if head then
+      type_of(head)
       redis.call('LSET', key, 0, counted(head))
       if redis.call('HEXISTS', paused, string.sub(lane, 3)) == 1 then
         redis.call('SADD', parked, string.sub(lane, 3))
@@ -41,6 +46,7 @@ for _, token in ipairs(redis.call('ZRANGEBYSCORE', active, '-inf', now, 'LIMIT',
       end
     end
   else
+    type_of(lane)
     lanes[#lanes + 1] = 'j:' .. counted(string.sub(lane, 3))
   end
 end
@@ -73,4 +79,6 @@ if #expired > 0 then
   redis.call('ZREM', dead, unpack(expired))
   redis.call('HDEL', dead_info, unpack(expired))
 end
-return {recovered, reaped, handed, #expired}
+local out = {recovered, reaped, handed, #expired}
+for _, t in ipairs(types) do out[#out + 1] = t end
+return out

@@ -80,6 +80,8 @@ std::string prometheus_text(const std::vector<queue_metrics>& queues) {
        &type_counters::failed},
       {"jobrt_jobs_retried_total", "Runs that failed and will run again after a backoff.", &type_counters::retried},
       {"jobrt_jobs_deferred_total", "Runs that asked to run again later (retry_after).", &type_counters::deferred},
+      {"jobrt_jobs_recovered_total", "Jobs whose lease expired, sent back by this process's reapers.",
+       &type_counters::recovered},
   };
   for (const auto& c : per_type) {
     family(out, c.name, "counter", c.help);

@@ -525,6 +525,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
                    r.leases, r.lanes, r.workers);
         std::lock_guard lock(self->counters_mutex_);
         self->counters_.recovered += static_cast<std::uint64_t>(r.leases);
+        for (auto& type : r.recovered_types) ++self->by_type_[type].recovered;
       }
       if (r.leases == static_cast<std::int64_t>(batch) || r.workers == static_cast<std::int64_t>(batch) ||
           r.dead_removed == static_cast<std::int64_t>(batch))

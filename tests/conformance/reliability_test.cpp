@@ -525,5 +525,6 @@ CONFORMANCE("a worker started again under its id gets its previous leases back a
     CHECK(clock_type::now() - start < std::chrono::seconds(5));  // not the 30 s TTL
     for (auto& e : log.entries) CHECK(e.attempt == 2);           // the lost run counted
     CHECK((co_await b.make().counts(b.queue())).recovered == 2);
+    CHECK(w.metrics().by_type["t"].recovered == 2);  // this worker's reaper sent them back
   });
 }

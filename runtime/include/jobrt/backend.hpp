@@ -85,10 +85,11 @@ struct reap_options {
 };
 
 struct reap_result {
-  std::int64_t leases = 0;        ///< expired leases whose jobs went back to the head of their groups
-  std::int64_t workers = 0;       ///< workers whose heartbeat had expired
-  std::int64_t lanes = 0;         ///< lanes those workers had taken and not started, made ready again
-  std::int64_t dead_removed = 0;  ///< dead letters past the retention limits
+  std::int64_t leases = 0;                   ///< expired leases whose jobs went back to the head of their groups
+  std::int64_t workers = 0;                  ///< workers whose heartbeat had expired
+  std::int64_t lanes = 0;                    ///< lanes those workers had taken and not started, made ready again
+  std::int64_t dead_removed = 0;             ///< dead letters past the retention limits
+  std::vector<std::string> recovered_types;  ///< the job type of each recovered job found
 };
 
 struct promote_result {

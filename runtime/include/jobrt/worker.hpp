@@ -127,6 +127,7 @@ struct type_counters {
   std::uint64_t failed = 0;
   std::uint64_t retried = 0;
   std::uint64_t deferred = 0;
+  std::uint64_t recovered = 0;  ///< expired leases of this type this worker's reaper sent back
 };
 
 /// What a metrics endpoint shows of a worker.

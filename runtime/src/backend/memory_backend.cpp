@@ -75,6 +75,16 @@ std::string counted(const std::string& record) {
   return std::to_string(std::stoll(record.substr(0, digits)) + 1) + record.substr(digits);
 }
 
+// reap.lua's string.match(record, '"type":"([^"]*)"') or '(unknown)'.
+std::string type_in(std::string_view record) {
+  auto at = record.find("\"type\":\"");
+  if (at == std::string_view::npos) return "(unknown)";
+  auto begin = at + 8;
+  auto end = record.find('"', begin);
+  if (end == std::string_view::npos) return "(unknown)";
+  return std::string(record.substr(begin, end - begin));
+}
+
 // The record with its attempts reset to 0 (resume.lua, requeue.lua).
 std::string reset(const std::string& record) {
   std::size_t digits = 0;
@@ -575,12 +585,14 @@ asio::awaitable<reap_result> memory_backend::reap(std::string queue, reap_option
     if (is_group_lane(lane)) {
       auto group = q.groups.find(lane.substr(2));
       if (group == q.groups.end() || group->second.empty()) continue;
+      result.recovered_types.push_back(type_in(group->second.front()));
       group->second.front() = counted(group->second.front());
       if (q.paused.contains(group->first))
         q.parked.insert(group->first);
       else
         lanes.push_back(std::move(lane));
     } else {
+      result.recovered_types.push_back(type_in(lane));
       lanes.push_back("j:" + counted(lane.substr(2)));
     }
   }

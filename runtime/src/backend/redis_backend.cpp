@@ -296,7 +296,9 @@ asio::awaitable<reap_result> redis_backend::reap(std::string queue, reap_options
                                   std::to_string(opts.dead_max_age.count())};
   reply r = co_await reap_.run(conn_, keys, args);
   const auto& e = r.as_array();
-  co_return reap_result{e.at(0).as_integer(), e.at(1).as_integer(), e.at(2).as_integer(), e.at(3).as_integer()};
+  reap_result out{e.at(0).as_integer(), e.at(1).as_integer(), e.at(2).as_integer(), e.at(3).as_integer(), {}};
+  for (std::size_t i = 4; i < e.size(); ++i) out.recovered_types.push_back(e[i].as_string());
+  co_return out;
 }
 
 asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
