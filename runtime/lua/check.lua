@@ -98,9 +98,14 @@ for _, key in ipairs(scan(prefix .. 'g:*')) do
       end
     elseif #h > 1 then
       problems[#problems + 1] = 'group ' .. group .. ' has ' .. #h .. ' lanes: ' .. table.concat(h, ', ')
-      if repair then -- keep the first (ready, claimed, delayed, lease, parked): drop the others
-        for i = 2, #h do
-          if h[i] == 'ready' then redis.call('LREM', ready, -1, 'g:' .. group)
+      if repair then -- keep a lease if there is one (it cannot be dropped), else the first holder
+        local keep = 1
+        for i = 1, #h do
+          if h[i] == 'a lease' then keep = i end
+        end
+        for i = 1, #h do
+          if i == keep then -- kept
+          elseif h[i] == 'ready' then redis.call('LREM', ready, -1, 'g:' .. group)
           elseif h[i] == 'delayed' then redis.call('ZREM', delayed, 'g:' .. group)
           elseif h[i] == 'parked' then redis.call('SREM', parked, group)
           elseif string.sub(h[i], 1, 8) == 'claimed:' then redis.call('LREM', prefix .. h[i], -1, 'g:' .. group)

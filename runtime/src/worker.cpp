@@ -167,6 +167,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         jobrt::log(log_level::info, self->source_, "{} leases of this worker's previous run expired", expired);
         self->reap_timer_.cancel();
       }
+    } catch (const std::exception& e) {
+      jobrt::log(log_level::warn, self->source_, "expiring this worker's previous leases failed: {}", e.what());
+    }
+    try {
       std::vector<std::string> none;
       co_await self->backend_.extend(self->opts_.queue, self->opts_.id, std::move(none), self->opts_.lease_ttl);
     } catch (const std::exception& e) {
@@ -617,14 +621,18 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       deadline = clock::now() + std::max(grace, std::chrono::milliseconds(1000));
       while (held_ > 0 && clock::now() < deadline) co_await wait_on(idle_timer_, deadline);
     }
-    try {
-      co_await backend_.release(opts_.queue, opts_.id, to_release_);
-      std::lock_guard lock(counters_mutex_);
-      counters_.released += to_release_.size();
-    } catch (const std::exception& e) {
-      jobrt::log(log_level::error, source_, "handing back {} jobs failed: {}", to_release_.size(), e.what());
-    }
-    to_release_.clear();
+    // Tokens may arrive while a release is in flight (a burst's lease from an earlier finish):
+    // they go back in the next round.
+    do {
+      auto tokens = std::exchange(to_release_, {});
+      try {
+        co_await backend_.release(opts_.queue, opts_.id, tokens);
+        std::lock_guard lock(counters_mutex_);
+        counters_.released += tokens.size();
+      } catch (const std::exception& e) {
+        jobrt::log(log_level::error, source_, "handing back {} jobs failed: {}", tokens.size(), e.what());
+      }
+    } while (!to_release_.empty());
     stopped_ = true;
     stopped_timer_.cancel();
     watchdog_timer_.cancel();

@@ -240,8 +240,11 @@ TEST_CASE("jobrt worker serves Prometheus metrics on loopback") {
     }
     REQUIRE(port != 0);
     redis_backend store(ctx.get_executor(), cfg);
-    for (int i = 0; i < 500 && (co_await store.counts(queue)).completed < 25; ++i)
+    for (int i = 0; i < 500; ++i) {  // both finished: the 25 noops and the failing sleep
+      auto c = co_await store.counts(queue);
+      if (c.completed == 25 && c.dead == 1 && c.running == 0) break;
       co_await sleep_for(std::chrono::milliseconds(10));
+    }
     auto get = [&](std::string target) -> awaitable<std::string> {
       asio::ip::tcp::socket s(ctx);
       co_await s.async_connect({asio::ip::make_address("127.0.0.1"), port}, asio::use_awaitable);

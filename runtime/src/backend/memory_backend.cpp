@@ -937,8 +937,12 @@ asio::awaitable<check_report> memory_backend::check(std::string queue, bool repa
       }
     } else if (h.size() > 1) {
       problem(fmt::format("group {} has {} lanes: {}", group, h.size(), fmt::join(h, ", ")));
-      if (repair) {  // keep the first (ready, claimed, delayed, lease, parked): drop the others
-        for (std::size_t i = 1; i < h.size(); ++i) remove_lane(group, h[i]);
+      if (repair) {  // keep a lease if there is one (it cannot be dropped), else the first holder
+        std::size_t keep = 0;
+        for (std::size_t i = 0; i < h.size(); ++i)
+          if (h[i] == "a lease") keep = i;
+        for (std::size_t i = 0; i < h.size(); ++i)
+          if (i != keep) remove_lane(group, h[i]);
         ++out.repaired;
       }
     }
