@@ -114,6 +114,32 @@ TEST_CASE("redis-server stopped and started: reconnection - then EVALSHA after t
   });
 }
 
+TEST_CASE("a server still loading its dataset after a restart: requests wait for it instead of failing with LOADING") {
+  // key-load-delay slows loading to about 1.5 s; the small interval lets the server answer
+  // (LOADING) while it loads instead of leaving new connections unaccepted.
+  redis_server server({"--key-load-delay", "500", "--loading-process-events-interval-bytes", "1024"});
+  redis_cli(server.config(), {"EVAL", "for i = 1, 3000 do redis.call('SET', 'k' .. i, 'v' .. i) end", "0"});
+  redis_cli(server.config(), {"SAVE"});
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), fast(server.config()));
+    conn.start();
+    co_await exec(conn, request("PING"));
+    server.stop(true);
+    request get("GET", "k3000");
+    get.options.timeout = std::chrono::seconds(20);
+    get.options.resend_safe = true;  // it may be written before the loss is seen
+    auto waiting = conn.async_exec(std::move(get), use_tuple);
+    // start() returns once the server answers PING; the connection tries every 100 ms at most,
+    // so it reaches the loading server long before.
+    std::thread restart([&] { server.start(); });
+    auto [ec, r] = co_await std::move(waiting);
+    restart.join();
+    CHECK_FALSE(ec);
+    if (!ec) CHECK(r.as_string() == "v3000");
+    CHECK(conn.last_error().find("LOADING") != std::string::npos);  // it did meet the loading server
+  });
+}
+
 TEST_CASE("CLIENT PAUSE beyond two health intervals is detected as a dead connection") {
   redis_server server;
   run([&](asio::io_context& ctx) -> awaitable<void> {

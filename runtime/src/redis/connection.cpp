@@ -451,6 +451,10 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     }
     hello.push("CLIENT", "ID");
     names.push_back("CLIENT ID");
+    // A server still loading its dataset accepts the lines above but refuses every other command
+    // with LOADING: the connection is not ready until PING answers.
+    hello.push("PING");
+    names.push_back("PING");
     co_await asio::async_write(socket_, asio::buffer(hello.payload()), asio::use_awaitable);
 
     resp_parser parser;
@@ -467,10 +471,13 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         parser.feed(read_buffer_.data(), n);
       }
     }
-    for (std::size_t i = 0; i < names.size(); ++i)
-      if (replies[i].is_error())
-        throw std::runtime_error(fmt::format("{} refused: {}", names[i], replies[i].error_message()));
-    client_id_ = replies.back().as_integer();
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      if (!replies[i].is_error()) continue;
+      if (names[i] == "PING" && replies[i].error_message().starts_with("LOADING"))
+        throw std::runtime_error("the server is still loading its dataset (LOADING)");
+      throw std::runtime_error(fmt::format("{} refused: {}", names[i], replies[i].error_message()));
+    }
+    client_id_ = replies[replies.size() - 2].as_integer();
     last_read_ = clock::now();
   }
 
