@@ -67,7 +67,7 @@ end
 for _, member in ipairs(redis.call('ZRANGE', delayed, 0, -1)) do
   local kind = string.sub(member, 1, 2)
   if kind == 'd:' then
-    local len, rest = string.match(member, '^d:(%d+):(.*)$')
+    local len, rest = string.match(member, '^d:%d+:(%d+):(.*)$')
     if rest then job_at(string.sub(rest, tonumber(len) + 1), 'delayed') end
   else
     lane(member, 'delayed')

@@ -9,8 +9,10 @@
 -- 'j:<record>' in ready; grouped, at the tail of <prefix>g:<group>, and the lane 'g:<group>'
 -- goes to ready only when that list was empty (the group had no pending or running job).
 -- A job due later waits in delayed, scored by its due time: ungrouped as 'j:<record>', grouped as
--- 'd:<length of group>:<group><record>' (it joins its group when it is due). When it is due
--- before everything else there, PUBLISH <prefix>delayed wakes the workers' promoters.
+-- 'd:<order>:<length of group>:<group><record>' (it joins its group when it is due). <order> is
+-- a number from seq, 16 digits wide: members with one score sort by it, so grouped jobs due at
+-- the same time join their group in enqueue order. When a job is due before everything else
+-- there, PUBLISH <prefix>delayed wakes the workers' promoters.
 local ready, seq, ids, stats, delayed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = string.sub(ready, 1, -6)
 local n = tonumber(ARGV[1])
@@ -23,15 +25,21 @@ local function push_all(key, values)
   return len
 end
 
-local missing, timed = 0, false
+local missing, timed, timed_grouped = 0, false, 0
 for i = 0, n - 1 do
   local id = ARGV[2 + i * 4]
   if id == '' then missing = missing + 1 end
   if string.find(id, '|', 1, true) then return redis.error_reply("job id '" .. id .. "' contains '|'") end
-  if ARGV[5 + i * 4] ~= '' then timed = true end
+  if ARGV[5 + i * 4] ~= '' then
+    timed = true
+    if ARGV[3 + i * 4] ~= '' then timed_grouped = timed_grouped + 1 end
+  end
 end
-local next_id = 0
-if missing > 0 then next_id = redis.call('INCRBY', seq, missing) - missing end
+local next_id, next_order = 0, 0
+if missing + timed_grouped > 0 then
+  next_id = redis.call('INCRBY', seq, missing + timed_grouped) - missing - timed_grouped
+  next_order = next_id + missing
+end
 local now = 0
 if timed then
   local time = redis.call('TIME')
@@ -61,7 +69,10 @@ for i = 0, n - 1 do
     end
     if at then
       local member = 'j:' .. record
-      if group ~= '' then member = 'd:' .. #group .. ':' .. group .. record end
+      if group ~= '' then
+        next_order = next_order + 1
+        member = string.format('d:%016d:%d:', next_order, #group) .. group .. record
+      end
       later[#later + 1] = at
       later[#later + 1] = member
       if not earliest or at < earliest then earliest = at end

@@ -89,10 +89,16 @@ end
 local out, back, nexts, later = {}, {}, {}, {}
 local completed, failed, retried, deferred, halted, emptied = 0, 0, 0, 0, 0, 0
 local nobody_waits = nil -- LLEN of ready, asked once: this script pushes to ready only at its end
-local function dead_letter(record, group, err)
-  local id = string.match(record or '', '^%d+|([^|]*)|') or ''
-  redis.call('ZADD', dead, now, id)
-  redis.call('HSET', dead_info, id, cjson.encode({record = record or '', group = group, error = err, at = now}))
+-- A dead letter's key is its job's id; when another dead letter has that id (a producer-given id
+-- enqueued again after it failed) or the record has none, '<id>#<fence of this lease>': nothing
+-- already dead-lettered is overwritten.
+local function dead_letter(record, group, err, token)
+  local key = string.match(record or '', '^%d+|([^|]*)|') or ''
+  if key == '' or redis.call('HEXISTS', dead_info, key) == 1 then
+    key = key .. '#' .. string.match(token, '^[^|]*')
+  end
+  redis.call('ZADD', dead, now, key)
+  redis.call('HSET', dead_info, key, cjson.encode({record = record or '', group = group, error = err, at = now}))
   failed = failed + 1
 end
 -- A lane that goes back: to the tail of ready (round robin), later, or parked when its group is paused.
@@ -145,7 +151,7 @@ for i = 1, n do
       else
         local group = ''
         if grouped then group = string.sub(lane, 3) end
-        dead_letter(record, group, err)
+        dead_letter(record, group, err, token)
       end
     elseif grouped then -- 'r', 'd' or 'h': the job stays at its group's head
       local key = prefix .. lane

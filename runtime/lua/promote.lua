@@ -5,7 +5,7 @@
 -- Returns: {entries moved, ms until the next entry is due (-1: none)}
 --
 -- 'j:<record>' (an ungrouped job) and 'g:<group>' (a group waiting for its head job's retry)
--- go to the tail of ready, or a paused group's lane to parked; 'd:<n>:<group><record>' (a grouped
+-- go to the tail of ready, or a paused group's lane to parked; 'd:<order>:<n>:<group><record>' (a grouped
 -- job enqueued with a delay) joins its group's tail, and the group's lane goes to ready if the
 -- group was idle.
 local ready, delayed, paused, parked = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -27,7 +27,7 @@ end
 for _, member in ipairs(due) do
   local kind = string.sub(member, 1, 2)
   if kind == 'd:' then
-    local len, rest = string.match(member, '^d:(%d+):(.*)$')
+    local len, rest = string.match(member, '^d:%d+:(%d+):(.*)$')
     local group = string.sub(rest, 1, tonumber(len))
     if redis.call('RPUSH', prefix .. 'g:' .. group, string.sub(rest, tonumber(len) + 1)) == 1 then
       lane_of_group(group)

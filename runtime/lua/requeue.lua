@@ -3,22 +3,22 @@
 -- KEYS[5] <prefix>paused  KEYS[6] <prefix>parked  KEYS[7] <prefix>stats
 -- ARGV[1] 'tail' (behind the group's pending jobs, or the ready list's) or 'head' (next in its
 --   group, after the job at the group's head, which may be running; ungrouped: the ready list's
---   head), then the ids
--- Returns: the ids requeued (an id not dead-lettered, or whose producer-given id a pending job
--- has taken meanwhile, is left where it is).
+--   head), then the dead letters' keys (the job id, or '<id>#<fence>': see finish.lua)
+-- Returns: the keys requeued (a key not dead-lettered, or whose job's producer-given id a pending
+-- job has taken meanwhile, is left where it is).
 local ready, dead, dead_info, ids, paused, parked = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local prefix = string.sub(ready, 1, -6)
 local at_head = ARGV[1] == 'head'
 local out = {}
 for i = 2, #ARGV do
-  local id = ARGV[i]
-  local info = redis.call('HGET', dead_info, id)
+  local key = ARGV[i]
+  local info = redis.call('HGET', dead_info, key)
   local ok, letter = pcall(cjson.decode, info or '')
   if ok and type(letter) == 'table' and type(letter.record) == 'string' then
     local rest = string.match(letter.record, '^%d+(|.*)$')
     local record = letter.record
     if rest then record = '0' .. rest end
-    local body = string.match(record, '^%d+|[^|]*|(.*)$')
+    local id, body = string.match(record, '^%d+|([^|]*)|(.*)$')
     local decoded_ok, decoded = pcall(cjson.decode, body or '')
     local free = true
     if decoded_ok and type(decoded) == 'table' and decoded.u then free = redis.call('SADD', ids, id) == 1 end
@@ -40,9 +40,9 @@ for i = 2, #ARGV do
           end
         end
       end
-      redis.call('ZREM', dead, id)
-      redis.call('HDEL', dead_info, id)
-      out[#out + 1] = id
+      redis.call('ZREM', dead, key)
+      redis.call('HDEL', dead_info, key)
+      out[#out + 1] = key
     end
   end
 end

@@ -322,6 +322,83 @@ CONFORMANCE("delayed jobs run when due and an earlier one wakes the promoter") {
   });
 }
 
+CONFORMANCE("grouped jobs due at the same time join their group in enqueue order") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    // The ids sort against enqueue order: the order must come from enqueueing, not from the ids.
+    auto due = std::chrono::system_clock::now() + milliseconds(300);
+    std::vector<job_spec> first, second;
+    for (int i = 9; i >= 5; --i) {
+      auto s = named(fmt::format("k{}", i));
+      s.id = fmt::format("k{}", i);
+      s.run_at = due;
+      (i >= 7 ? first : second).push_back(std::move(s));
+    }
+    co_await p.enqueue_bulk(std::move(first));
+    co_await p.enqueue_bulk(std::move(second));
+    auto last = named("a0");  // a third call, the smallest id of all
+    last.id = "a0";
+    last.run_at = due;
+    co_await p.enqueue(last);
+    worker w(ctx.get_executor(), b.make(), b.worker_opts(4));
+    run_log log;
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      log.add(c);
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return log.entries.size() == 6; }, std::chrono::seconds(5)));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(log.names() == "k9#1 k8#1 k7#1 k6#1 k5#1 a0#1");
+  });
+}
+
+CONFORMANCE("a dead letter never replaces another: a producer-given id that fails again gets a key of its own") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    claim_options co{"w", 10, std::chrono::seconds(30)};
+    std::vector<std::string> fences;
+    for (int round = 0; round < 2; ++round) {  // the same id, enqueued again once the first has failed
+      auto s = named(fmt::format("run{}", round), std::nullopt);
+      s.id = "same";
+      s.max_attempts = 1;
+      CHECK_FALSE((co_await p.enqueue(s)).duplicate);
+      auto claimed = co_await store.claim(b.queue(), co);
+      REQUIRE(claimed.size() == 1);
+      fences.push_back(std::to_string(claimed[0].fence));
+      std::vector<finish_item> items(1);
+      items[0].token = claimed[0].token;
+      items[0].kind = finish_kind::fail;
+      items[0].error = fmt::format("failure {}", round);
+      items[0].unique_id = "same";
+      CHECK((co_await store.finish(b.queue(), "w", std::move(items), std::chrono::seconds(30))).at(0).lease_held);
+    }
+    auto all = co_await store.dead_letters(b.queue(), 0, 10);
+    REQUIRE(all.size() == 2);
+    CHECK(all[0].id == "same");
+    CHECK(all[0].error == "failure 0");
+    CHECK(all[0].record.find("run0") != std::string::npos);
+    CHECK(all[1].id == "same#" + fences[1]);
+    CHECK(all[1].error == "failure 1");
+    CHECK(all[1].record.find("run1") != std::string::npos);
+    // Requeued by its key, the second takes the id back: a third enqueue of it is a duplicate.
+    std::vector<std::string> second{all[1].id};
+    CHECK(co_await store.requeue(b.queue(), second, false) == second);
+    auto again = named("run2", std::nullopt);
+    again.id = "same";
+    CHECK((co_await p.enqueue(again)).duplicate);
+    std::vector<std::string> first{"same"};
+    CHECK((co_await store.requeue(b.queue(), first, false)).empty());  // its id is taken
+    auto claimed = co_await store.claim(b.queue(), co);
+    REQUIRE(claimed.size() == 1);
+    CHECK(claimed[0].record.find("run1") != std::string::npos);
+    CHECK((co_await store.dead_letters(b.queue(), 0, 10)).size() == 1);
+  });
+}
+
 CONFORMANCE("dead letters: list, show, requeue to the tail or the head, purge, retention") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

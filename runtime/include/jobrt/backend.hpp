@@ -117,7 +117,9 @@ struct queue_counts {
 
 /// A dead-lettered job.
 struct dead_letter {
-  std::string id;  ///< taken from the record; "" when the record has no id
+  /// The key operators use: the job's id, or "<id>#<fence>" when another dead letter already had
+  /// that id (a producer-given id enqueued again after it failed) or the record has no id.
+  std::string id;
   std::string group;
   std::string record;  ///< as it was when it failed: "<attempts before>|<id>|<body>"
   std::string error;
@@ -197,7 +199,7 @@ class backend {
   virtual boost::asio::awaitable<void> wait_delayed(std::string queue, std::uint64_t seen,
                                                     std::chrono::milliseconds timeout) = 0;
 
-  // --- dead letters ---
+  // --- dead letters (`ids` below are their keys, dead_letter::id) ---
 
   /// Oldest first.
   virtual boost::asio::awaitable<std::vector<dead_letter>> dead_letters(std::string queue, std::size_t offset,
@@ -205,7 +207,7 @@ class backend {
   virtual boost::asio::awaitable<std::optional<dead_letter>> dead_letter_of(std::string queue, std::string id) = 0;
   /// Puts dead-lettered jobs back with their attempts reset: at the tail of their group (or of the
   /// ready list), or at_head: next in their group (after the job at its head) or at the head of
-  /// the ready list. Returns the ids requeued; an id that is not dead-lettered, or whose
+  /// the ready list. Returns the keys requeued; a key that is not dead-lettered, or whose job's
   /// producer-given id a pending job has taken meanwhile, stays where it is.
   virtual boost::asio::awaitable<std::vector<std::string>> requeue(std::string queue, std::vector<std::string> ids,
                                                                    bool at_head) = 0;

@@ -135,7 +135,7 @@ struct memory_backend::queue_state {
   std::unordered_set<std::string> ids;                                  // producer-given ids pending or running
   std::unordered_map<std::string, dead_letter> dead;
   // delayed: (due ms, member) in the zset's order; members as in Redis: 'j:<record>', 'g:<group>',
-  // 'd:<length of group>:<group><record>'.
+  // 'd:<order>:<length of group>:<group><record>'.
   std::set<std::pair<std::int64_t, std::string>> delayed;
   std::map<std::string, paused_group> paused;
   std::unordered_set<std::string> parked;  // paused groups whose lane is nowhere else
@@ -224,8 +224,11 @@ asio::awaitable<std::vector<enqueue_result>> memory_backend::enqueue(std::string
     if (job.id.find('|') != std::string::npos)
       throw std::invalid_argument(fmt::format("job id '{}' contains '|'", job.id));
   auto missing = std::count_if(jobs.begin(), jobs.end(), [](const encoded_job& j) { return j.id.empty(); });
-  std::int64_t next_id = q.seq;
-  q.seq += static_cast<std::int64_t>(missing);
+  auto timed_grouped = std::count_if(jobs.begin(), jobs.end(), [](const encoded_job& j) {
+    return (j.run_at_ms > 0 || j.delay_ms > 0) && !j.group.empty();
+  });
+  std::int64_t next_id = q.seq, next_order = q.seq + missing;
+  q.seq += static_cast<std::int64_t>(missing + timed_grouped);
 
   // The batch's lanes in order; a group's lane takes the place of its first job and is filled in
   // only if the group turns out to be idle.
@@ -254,8 +257,9 @@ asio::awaitable<std::vector<enqueue_result>> memory_backend::enqueue(std::string
     std::string record = "0|" + id + '|' + job.body;
     std::int64_t due = job.run_at_ms > 0 ? job.run_at_ms : job.delay_ms > 0 ? now + job.delay_ms : 0;
     if (due > now) {
-      later.emplace_back(due, job.group.empty() ? "j:" + std::move(record)
-                                                : fmt::format("d:{}:{}{}", job.group.size(), job.group, record));
+      later.emplace_back(due, job.group.empty()
+                                  ? "j:" + std::move(record)
+                                  : fmt::format("d:{:016}:{}:{}{}", ++next_order, job.group.size(), job.group, record));
       continue;
     }
     if (job.group.empty()) {
@@ -406,9 +410,12 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
   std::vector<std::pair<std::int64_t, std::string>> later;
   std::vector<std::pair<std::string, std::int64_t>> leases;
   std::int64_t completed = 0, failed = 0, retried = 0, deferred = 0, halted = 0;
-  auto dead_letter_of = [&](const std::optional<std::string>& record, std::string group, std::string error) {
-    std::string id = record_id(record.value_or(""));
-    q.dead[id] = dead_letter{id, std::move(group), record.value_or(""), std::move(error), now};
+  // Keyed as finish.lua does: the id, or '<id>#<fence>' when that is taken or there is no id.
+  auto dead_letter_of = [&](const std::optional<std::string>& record, std::string group, std::string error,
+                            std::string_view token) {
+    std::string key = record_id(record.value_or(""));
+    if (key.empty() || q.dead.contains(key)) key += "#" + std::string(token.substr(0, token.find('|')));
+    q.dead[key] = dead_letter{key, std::move(group), record.value_or(""), std::move(error), now};
     ++failed;
   };
   // A lane that goes back: to the tail of ready, later, or parked when its group is paused.
@@ -461,7 +468,7 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
       if (ack)
         ++completed;
       else
-        dead_letter_of(record, grouped ? lane.substr(2) : std::string(), item.error);
+        dead_letter_of(record, grouped ? lane.substr(2) : std::string(), item.error, item.token);
     } else if (grouped) {  // retry, defer or halt: the job stays at its group's head
       auto group = q.groups.find(lane.substr(2));
       if (group != q.groups.end()) {
@@ -661,9 +668,9 @@ asio::awaitable<promote_result> memory_backend::promote(std::string queue, std::
   while (!q.delayed.empty() && q.delayed.begin()->first <= now && static_cast<std::size_t>(result.moved) < max) {
     std::string member = std::move(q.delayed.extract(q.delayed.begin()).value().second);
     ++result.moved;
-    if (member.starts_with("d:")) {  // 'd:<n>:<group><record>'
-      auto colon = member.find(':', 2);
-      auto n = std::stoul(member.substr(2, colon - 2));
+    if (member.starts_with("d:")) {  // 'd:<order>:<n>:<group><record>'
+      auto start = member.find(':', 2) + 1, colon = member.find(':', start);
+      auto n = std::stoul(member.substr(start, colon - start));
       std::string group = member.substr(colon + 1, n);
       auto& list = q.groups[group];
       list.push_back(member.substr(colon + 1 + n));
@@ -724,7 +731,7 @@ asio::awaitable<std::vector<std::string>> memory_backend::requeue(std::string qu
     auto found = q.dead.find(id);
     if (found == q.dead.end()) continue;
     std::string record = reset(found->second.record);
-    if (unique_of(record) && !q.ids.insert(id).second) continue;  // a pending job has its id
+    if (unique_of(record) && !q.ids.insert(record_id(record)).second) continue;  // a pending job has it
     const std::string& group = found->second.group;
     if (group.empty()) {
       if (at_head)
@@ -892,8 +899,8 @@ asio::awaitable<check_report> memory_backend::check(std::string queue, bool repa
   }
   for (auto& [due, member] : q.delayed) {
     if (member.starts_with("d:")) {
-      auto colon = member.find(':', 2);
-      auto n = std::stoul(member.substr(2, colon - 2));
+      auto start = member.find(':', 2) + 1, colon = member.find(':', start);
+      auto n = std::stoul(member.substr(start, colon - start));
       job_at(member.substr(colon + 1 + n), "delayed");
     } else {
       lane(member, "delayed");
