@@ -16,8 +16,9 @@
 --
 -- Safe to send again: a worker has one finish call in flight at a time, and the result of its
 -- last call is kept under finished:<worker>. The same call id again (a resend after a lost
--- reply) gets that result back and changes nothing; without it, a burst's next job leased by
--- the first run would belong to nobody.
+-- reply) gets that result back and changes nothing but the next jobs' leases (renewed, or
+-- reported as not leased when reaped meanwhile); without it, a burst's next job leased by the
+-- first run would belong to nobody.
 local ready, active, fence_key, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ids, dead, dead_info, finished = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local delayed, paused, parked = KEYS[9], KEYS[10], KEYS[11]
@@ -37,6 +38,18 @@ if last then
       local text = string.sub(last, colon + 1, colon + len)
       if #out % 3 == 0 then out[#out + 1] = tonumber(text) else out[#out + 1] = text end
       pos = colon + len + 1
+    end
+    -- A next job leased by the first run may have been reaped since (the resend came after its
+    -- TTL): it is not ours to start any more. One still held gets a full TTL from now.
+    local time = redis.call('TIME')
+    local deadline = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl
+    for i = 2, #out, 3 do
+      if out[i] ~= '' and redis.call('ZSCORE', active, out[i]) then
+        redis.call('ZADD', active, 'XX', deadline, out[i])
+      elseif out[i] ~= '' then
+        out[i] = ''
+        out[i + 1] = ''
+      end
     end
     return out
   end

@@ -188,7 +188,7 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
   std::string dir = tmpl;
   std::map<long, std::int64_t> killed_at;  // pid → when (realtime us)
   int kills = 0, connection_kills = 0;
-  std::int64_t recovered = 0, restart_at = 0;
+  std::int64_t recovered = 0, restart_at = 0, restarted_at = 0;
   std::set<std::string> ids;
   check_report final_check;
   queue_counts final_counts;
@@ -270,7 +270,8 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
           if (!restarted && enqueued == all.size() && elapsed() > milliseconds(6000)) {
             server.stop(true);  // SIGKILL: appendfsync always keeps every acknowledged write
             restart_at = now_us();
-            server.start();
+            server.start();  // returns once the server answers (its AOF loaded)
+            restarted_at = now_us();
             restarted = true;
           }
           auto counts = co_await store.counts(queue);
@@ -351,9 +352,13 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
   CHECK(overlaps == 0);
   CHECK(order_breaks == 0);
 
-  // From a kill to the next start of each group the killed process was running.
+  // From a kill to the next start of each group the killed process was running. A kill whose
+  // recovery window meets the server's restart waits for the server too: it is left out here
+  // (the checks above cover what it may not do).
   std::int64_t longest = 0;
+  auto window = std::chrono::duration_cast<std::chrono::microseconds>(lease_ttl + watchdog_period).count() + 500000;
   for (auto& [pid, at] : killed_at) {
+    if (at + window >= restart_at && at <= restarted_at) continue;
     for (auto& [fence, r] : runs) {
       if (r.pid != pid || r.start > at || (r.outcome != 0 && r.end <= at)) continue;
       auto& list = r.group == "-" ? by_job[r.id] : by_group[r.group];
@@ -370,10 +375,12 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
 
   auto summary = fmt::format(
       "chaos: {} jobs ({} grouped over {} groups, {} delayed), {} runs, {} worker kills, {} connection kills, "
-      "redis-server restarted once, {} leases recovered, {} re-runs, longest kill to next start {} ms (lease TTL {} "
+      "redis-server restarted once ({} ms until it answered), {} leases recovered, {} re-runs, longest kill to next "
+      "start {} ms (lease TTL {} "
       "ms + watchdog {} ms = {} ms)",
-      ids.size(), grouped_jobs, groups, delayed_jobs, runs.size(), kills, connection_kills, recovered, reruns,
-      longest / 1000, lease_ttl.count(), watchdog_period.count(), (lease_ttl + watchdog_period).count());
+      ids.size(), grouped_jobs, groups, delayed_jobs, runs.size(), kills, connection_kills,
+      (restarted_at - restart_at) / 1000, recovered, reruns, longest / 1000, lease_ttl.count(), watchdog_period.count(),
+      (lease_ttl + watchdog_period).count());
   MESSAGE(summary);
   if (const char* out = std::getenv("JOBRT_CHAOS_SUMMARY")) std::ofstream(out) << summary << "\n";
   CHECK(longest / 1000 <= (lease_ttl + watchdog_period).count() + 500);

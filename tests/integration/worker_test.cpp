@@ -190,6 +190,22 @@ TEST_CASE("finish sent twice (a resend after a lost reply) changes nothing the s
     CHECK(counts.running == 1);
     auto left = co_await redis::exec(store.connection(), redis::request("LLEN", p + "g:g"));
     CHECK(left.as_integer() == 2);  // one job popped, not two
+
+    // A resend renews the next job's lease (it may come late)...
+    std::string next(first.as_array().at(1).as_string());
+    co_await redis::exec(store.connection(), redis::request("ZADD", p + "active", "XX", "1", next));
+    co_await finish.run(store.connection(), keys, args);
+    auto score = co_await redis::exec(store.connection(), redis::request("ZSCORE", p + "active", next));
+    CHECK(std::stoll(std::string(score.as_string())) > 1000);
+    // ...and one that comes after the lease was reaped does not hand out the job again.
+    co_await redis::exec(store.connection(), redis::request("ZADD", p + "active", "XX", "1", next));
+    reap_options ro;
+    auto reaped = co_await store.reap(queue, ro);
+    CHECK(reaped.leases == 1);
+    auto late = co_await finish.run(store.connection(), keys, args);
+    CHECK(late.as_array().at(0).as_integer() == 1);
+    CHECK(late.as_array().at(1).as_string().empty());
+    CHECK(late.as_array().at(2).as_string().empty());
   });
 }
 
