@@ -80,6 +80,33 @@ asio::awaitable<void> wait_on(asio::steady_timer& t, clock::time_point until = c
   co_await t.async_wait(use_tuple);
 }
 
+// A backend call with a time limit: past it the call is cancelled and this throws. For calls
+// that must not hold up a loop, or stop(), while the backend is unreachable.
+template <class T>
+asio::awaitable<T> bounded(asio::any_io_executor ex, asio::awaitable<T> call, clock::duration limit,
+                           std::string_view what) {
+  asio::steady_timer timer(ex, limit);
+  auto [order, error, value, timer_ec] =
+      co_await asio::experimental::make_parallel_group(asio::co_spawn(ex, std::move(call), asio::deferred),
+                                                       timer.async_wait(asio::deferred))
+          .async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
+  (void)timer_ec;
+  if (order[0] == 1)
+    throw std::runtime_error(fmt::format("{} got no answer within {} ms", what,
+                                         std::chrono::duration_cast<std::chrono::milliseconds>(limit).count()));
+  if (error) std::rethrow_exception(error);
+  co_return std::move(value);
+}
+
+asio::awaitable<void> bounded(asio::any_io_executor ex, asio::awaitable<void> call, clock::duration limit,
+                              std::string_view what) {
+  auto wrapped = [](asio::awaitable<void> c) -> asio::awaitable<bool> {
+    co_await std::move(c);
+    co_return true;
+  };
+  co_await bounded(std::move(ex), wrapped(std::move(call)), limit, what);
+}
+
 }  // namespace
 
 class worker::impl : public std::enable_shared_from_this<impl> {
@@ -95,6 +122,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         watchdog_timer_(strand_),
         reap_timer_(strand_),
         retry_timer_(strand_),
+        flush_timer_(strand_),
         stopped_timer_(strand_, clock::time_point::max()) {
     if (opts_.id.empty()) opts_.id = make_worker_id();
     source_ = "worker " + opts_.id;
@@ -151,6 +179,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     job_state state = job_state::running;
     bool timed_out = false;
     clock::time_point started = clock::now();
+    // Past this, no renewal has reached the backend for a whole TTL: the lease is gone or about
+    // to go. Set from when the lease's reply came (it was made a round trip before), then from
+    // when each renewal that found it held was sent.
+    clock::time_point valid_until;
   };
 
   // --- claiming ---
@@ -162,9 +194,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // A worker that ran before under this id gets its leases back at once: they expire now and
     // the reaper, woken here, sends their jobs back (its claimed lanes it takes at its first claim).
     try {
-      auto expired = co_await self->backend_.expire_own(self->opts_.queue, self->opts_.id);
+      auto expired = co_await bounded(self->strand_, self->backend_.expire_own(self->opts_.queue, self->opts_.id),
+                                      self->opts_.lease_ttl, "expiring this worker's previous leases");
       if (expired > 0) {
         jobrt::log(log_level::info, self->source_, "{} leases of this worker's previous run expired", expired);
+        self->reap_now_ = true;  // seen by the reaper even if it is in a call now
         self->reap_timer_.cancel();
       }
     } catch (const std::exception& e) {
@@ -172,7 +206,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     try {
       std::vector<std::string> none;
-      co_await self->backend_.extend(self->opts_.queue, self->opts_.id, std::move(none), self->opts_.lease_ttl);
+      co_await bounded(self->strand_,
+                       self->backend_.extend(self->opts_.queue, self->opts_.id, std::move(none), self->opts_.lease_ttl),
+                       self->opts_.lease_ttl, "the first heartbeat");
     } catch (const std::exception& e) {
       jobrt::log(log_level::warn, self->source_, "first heartbeat failed: {}", e.what());
     }
@@ -250,6 +286,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     auto r = std::make_shared<running_job>(strand_);
     r->unique_id = j.unique_id ? j.id : std::string();
     r->burst_left = burst_left;
+    r->valid_until = clock::now() + opts_.lease_ttl;
     // A strand even for an ungrouped job: its cancellation is emitted there, and that must not
     // race with the handler on a multi-threaded io_context.
     r->executor = j.group.empty() ? asio::any_io_executor(asio::make_strand(ex_)) : acquire_strand(j.group);
@@ -375,6 +412,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   }
 
   void queue_finish(finish_item item) {
+    if (stopped_) {  // the backend may be gone: the lease expires and the job runs again
+      jobrt::log(log_level::warn, source_, "lease {} ended after stop; not finished", item.token);
+      return;
+    }
     pending_finish_.push_back(std::move(item));
     if (!flushing_) {
       flushing_ = true;
@@ -386,31 +427,39 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   static asio::awaitable<void> flush_loop(std::shared_ptr<impl> self) {
     auto backoff = std::chrono::milliseconds(100);
-    while (!self->pending_finish_.empty()) {
-      auto items = std::move(self->pending_finish_);
-      self->pending_finish_.clear();
+    std::vector<finish_item> items;
+    while (!items.empty() || !self->pending_finish_.empty()) {
+      if (items.empty()) items = std::exchange(self->pending_finish_, {});
       std::vector<finish_result> results;
       std::string failure;
       try {
-        results = co_await self->backend_.finish(self->opts_.queue, self->opts_.id, items, self->opts_.lease_ttl);
+        results = co_await bounded(
+            self->strand_, self->backend_.finish(self->opts_.queue, self->opts_.id, items, self->opts_.lease_ttl),
+            self->opts_.lease_ttl, "finishing");
         backoff = std::chrono::milliseconds(100);
       } catch (const std::exception& e) {
         failure = e.what();
       }
       if (!failure.empty()) {
-        // Finishing again is safe: a token already finished reads as a lost lease.
+        if (self->stopped_) {
+          jobrt::log(log_level::error, self->source_,
+                     "finishing {} jobs failed after stop: {}; their leases expire and they run again", items.size(),
+                     failure);
+          break;
+        }
+        // The same batch again, alone: the same call, which the backend answers from its record
+        // of the last call if the first one got through.
         jobrt::log(log_level::warn, self->source_, "finishing {} jobs failed: {} (retrying in {} ms)", items.size(),
                    failure, backoff.count());
-        self->pending_finish_.insert(self->pending_finish_.begin(), std::make_move_iterator(items.begin()),
-                                     std::make_move_iterator(items.end()));
-        asio::steady_timer pause(self->strand_);
-        co_await wait_on(pause, clock::now() + backoff);
+        co_await wait_on(self->flush_timer_, clock::now() + backoff);
         backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
         continue;
       }
       for (std::size_t i = 0; i < items.size() && i < results.size(); ++i) self->on_finished(items[i], results[i]);
+      items.clear();
     }
     self->flushing_ = false;
+    self->idle_timer_.cancel();
   }
 
   void on_finished(const finish_item& item, finish_result& result) {
@@ -453,9 +502,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       jobrt::log(log_level::warn, source_, "lease {} was lost before it finished; not acked", item.token);
     drop_held();
     if (!result.next) return;
-    if (stopping_) {  // leased to us as we stop: hand it back, do not start it
+    if (stopping_) {  // leased to us as we stop: hand it back (stop does), do not start it
       to_release_.push_back(result.next->token);
-      if (stopped_) release_now();
       return;
     }
     // The group's next job, at once; a burst that went on because nobody waited starts over.
@@ -469,44 +517,47 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     idle_timer_.cancel();
   }
 
-  // A lease that came after stop() released what it had (a burst on a late finish).
-  void release_now() {
-    asio::co_spawn(
-        strand_,
-        [self = shared_from_this(), tokens = std::exchange(to_release_, {})]() -> asio::awaitable<void> {
-          try {
-            co_await self->backend_.release(self->opts_.queue, self->opts_.id, tokens);
-          } catch (const std::exception& e) {
-            jobrt::log(log_level::error, self->source_, "handing back {} jobs failed: {}", tokens.size(), e.what());
-          }
-        },
-        asio::detached);
-  }
-
   // --- leases ---
 
+  // Every period, one call renews every lease. A call gets one period to answer; while none
+  // does, the leases run out here as they do in the backend, and their handlers are cancelled.
   static asio::awaitable<void> watchdog_loop(std::shared_ptr<impl> self) {
+    auto period = self->opts_.watchdog_period;
+    auto tick = clock::now();
     while (!self->stopped_) {
-      co_await wait_on(self->watchdog_timer_, clock::now() + self->opts_.watchdog_period);
+      tick = std::max(tick + period, clock::now());
+      co_await wait_on(self->watchdog_timer_, tick);
       if (self->stopped_) break;
       std::vector<std::string> tokens;
       for (auto& [token, r] : self->running_)
         if (r->state != job_state::lost) tokens.push_back(token);  // finishing too: a finish may be retrying
-      std::vector<bool> held;
+      auto sent = clock::now();
       try {
-        held = co_await self->backend_.extend(self->opts_.queue, self->opts_.id, tokens, self->opts_.lease_ttl);
+        auto held = co_await bounded(
+            self->strand_, self->backend_.extend(self->opts_.queue, self->opts_.id, tokens, self->opts_.lease_ttl),
+            period, "lease renewal");
+        {
+          std::lock_guard lock(self->counters_mutex_);
+          ++self->counters_.renewals;
+        }
+        for (std::size_t i = 0; i < tokens.size() && i < held.size(); ++i) {
+          if (!held[i]) {
+            self->lease_lost(tokens[i], "lost");
+          } else if (auto it = self->running_.find(tokens[i]); it != self->running_.end()) {
+            it->second->valid_until = std::max(it->second->valid_until, sent + self->opts_.lease_ttl);
+          }
+        }
       } catch (const std::exception& e) {
         // Said out loud: a renewal that did not happen is how leases get lost.
         jobrt::log(log_level::warn, self->source_, "lease renewal failed: {}", e.what());
-        continue;
       }
-      {
-        std::lock_guard lock(self->counters_mutex_);
-        ++self->counters_.renewals;
-      }
-      for (std::size_t i = 0; i < tokens.size() && i < held.size(); ++i)
-        if (!held[i]) self->lease_lost(tokens[i]);
+      std::vector<std::string> expired;
+      for (auto& [token, r] : self->running_)
+        if (r->state == job_state::running && r->valid_until <= clock::now()) expired.push_back(token);
+      for (auto& token : expired) self->lease_lost(token, "not renewed for a whole lease TTL");
     }
+    self->watching_ = false;
+    self->idle_timer_.cancel();
   }
 
   // Recovery is every live worker's job, on a timer: what a crashed worker held goes back within
@@ -519,7 +570,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       reap_result r;
       std::string failure;
       try {
-        r = co_await self->backend_.reap(self->opts_.queue, ro);
+        r = co_await bounded(self->strand_, self->backend_.reap(self->opts_.queue, ro), self->opts_.lease_ttl,
+                             "reaping");
       } catch (const std::exception& e) {
         failure = e.what();
       }
@@ -534,8 +586,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       if (r.leases == static_cast<std::int64_t>(batch) || r.workers == static_cast<std::int64_t>(batch) ||
           r.dead_removed == static_cast<std::int64_t>(batch))
         continue;  // more to do: at once
+      if (std::exchange(self->reap_now_, false)) continue;
       co_await wait_on(self->reap_timer_, clock::now() + self->opts_.reap_period);
     }
+    self->reaping_ = false;
+    self->idle_timer_.cancel();
   }
 
   // Delayed jobs and retries waiting for their backoff: moved when due, by a timer armed for the
@@ -577,7 +632,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     return lane.starts_with("j:") ? lane.substr(2) : std::string_view();
   }
 
-  void lease_lost(const std::string& token) {
+  void lease_lost(const std::string& token, std::string_view why) {
     auto it = running_.find(token);
     if (it == running_.end() || it->second->state == job_state::finishing) return;
     auto r = it->second;
@@ -586,7 +641,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       std::lock_guard lock(counters_mutex_);
       ++counters_.leases_lost;
     }
-    jobrt::log(log_level::warn, source_, "lease of job {} lost; cancelling its handler", r->ctx->id());
+    jobrt::log(log_level::warn, source_, "lease of job {} {}; cancelling its handler", r->ctx->id(), why);
     cancel_handler(r);
   }
 
@@ -601,7 +656,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   asio::awaitable<void> do_stop(std::chrono::milliseconds grace) {
     if (stop_started_) {  // another stop() is at work: wait for it
-      while (!stopped_) co_await stopped_timer_.async_wait(use_tuple);
+      while (!stop_done_) co_await stopped_timer_.async_wait(use_tuple);
       co_return;
     }
     stop_started_ = true;
@@ -621,25 +676,36 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       deadline = clock::now() + std::max(grace, std::chrono::milliseconds(1000));
       while (held_ > 0 && clock::now() < deadline) co_await wait_on(idle_timer_, deadline);
     }
-    // Tokens may arrive while a release is in flight (a burst's lease from an earlier finish):
-    // they go back in the next round.
-    do {
-      auto tokens = std::exchange(to_release_, {});
-      try {
-        co_await backend_.release(opts_.queue, opts_.id, tokens);
-        std::lock_guard lock(counters_mutex_);
-        counters_.released += tokens.size();
-      } catch (const std::exception& e) {
-        jobrt::log(log_level::error, source_, "handing back {} jobs failed: {}", tokens.size(), e.what());
-      }
-    } while (!to_release_.empty());
+    co_await release_all();
+    // The loops end, and stop() waits for them: none touches the backend after it returns.
+    // Their calls are bounded, so this ends even when the backend is unreachable.
     stopped_ = true;
-    stopped_timer_.cancel();
     watchdog_timer_.cancel();
     reap_timer_.cancel();
     retry_timer_.cancel();
+    flush_timer_.cancel();
     promote_stop_.emit(asio::cancellation_type::terminal);
-    while (started_ && promoting_) co_await wait_on(idle_timer_);
+    while (started_ && (promoting_ || watching_ || reaping_ || flushing_)) co_await wait_on(idle_timer_);
+    co_await release_all();  // a late finish may have leased us a burst's next job
+    stop_done_ = true;
+    stopped_timer_.cancel();
+  }
+
+  // Hands back what was leased and not started. Tokens may arrive while a release is in flight
+  // (a burst's lease from an earlier finish): they go back in the next round.
+  asio::awaitable<void> release_all() {
+    while (!to_release_.empty()) {
+      auto tokens = std::exchange(to_release_, {});
+      try {
+        co_await bounded(strand_, backend_.release(opts_.queue, opts_.id, tokens), opts_.lease_ttl,
+                         "handing back jobs");
+        std::lock_guard lock(counters_mutex_);
+        counters_.released += tokens.size();
+      } catch (const std::exception& e) {
+        jobrt::log(log_level::error, source_, "handing back {} jobs failed: {}; their leases expire", tokens.size(),
+                   e.what());
+      }
+    }
   }
 
   struct group_strand {
@@ -665,6 +731,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   asio::steady_timer watchdog_timer_;
   asio::steady_timer reap_timer_;
   asio::steady_timer retry_timer_;          // the promoter's pause after a failure
+  asio::steady_timer flush_timer_;          // the finisher's pause after a failure
   asio::cancellation_signal promote_stop_;  // ends the promoter's wait
   asio::steady_timer stopped_timer_;        // never expires: later stop() calls wait on it
   std::size_t held_ = 0;                    // jobs leased and not yet finished
@@ -672,9 +739,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   bool started_ = false;
   bool claiming_ = true;
   bool promoting_ = true;
+  bool watching_ = true;
+  bool reaping_ = true;
+  bool reap_now_ = false;  // expire_own made leases reapable: reap again at once
   bool stop_started_ = false;
   bool stopping_ = false;
   bool stopped_ = false;
+  bool stop_done_ = false;
   bool flushing_ = false;
   mutable std::mutex counters_mutex_;
   worker_counters counters_;

@@ -9,7 +9,9 @@
 #include "backend/lua_scripts.hpp"
 
 #include <fmt/format.h>
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <sys/resource.h>
@@ -364,5 +366,57 @@ TEST_CASE("a lease held across a redis-server restart is renewed and its job run
     auto counts = co_await store.counts("q");
     CHECK(counts.completed == 1);
     CHECK(counts.running == 0);
+  });
+}
+
+TEST_CASE(
+    "redis-server down for longer than the lease TTL: the handler is cancelled, stop() still returns, the job runs "
+    "again") {
+  redis_server server({"--appendonly", "yes", "--appendfsync", "always"});
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    auto lease_ttl = std::chrono::milliseconds(900);
+    redis_backend store(ctx.get_executor(), server.config());
+    producer p(store, "q");
+    job_spec s;
+    s.type = "t";
+    s.group = "g";
+    co_await p.enqueue(s);
+    worker_options o;
+    o.queue = "q";
+    o.lease_ttl = lease_ttl;
+    auto w = std::make_unique<worker>(ctx.get_executor(), store, o);
+    bool cancelled = false;
+    std::chrono::steady_clock::time_point down, cancelled_at;
+    w->add_handler("t", [&](job_context& c) -> awaitable<void> {
+      asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::seconds(30));
+      co_await t.async_wait(asio::as_tuple(use_awaitable));
+      cancelled = c.cancelled();
+      cancelled_at = std::chrono::steady_clock::now();
+    });
+    w->start();
+    CHECK(co_await wait_until([&] { return w->in_flight() == 1; }));
+    server.stop(true);
+    down = std::chrono::steady_clock::now();
+    // No renewal can reach the server: within the TTL and a watchdog period the lease is
+    // given up here, as the server will find it expired.
+    CHECK(co_await wait_until([&] { return cancelled; }));
+    CHECK(cancelled_at - down <= lease_ttl + lease_ttl / 3 + std::chrono::milliseconds(300));
+    CHECK(w->counters().leases_lost == 1);
+    auto stop_began = std::chrono::steady_clock::now();
+    co_await w->stop(std::chrono::milliseconds(200));  // every call it makes is bounded
+    CHECK(std::chrono::steady_clock::now() - stop_began < std::chrono::seconds(5));
+    w.reset();
+    server.start();
+    // Another worker finds the lease expired and runs the job again, as its second attempt.
+    worker again(ctx.get_executor(), store, o);
+    int attempt = 0;
+    again.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      attempt = c.attempt();
+      co_return;
+    });
+    again.start();
+    CHECK(co_await wait_until([&] { return again.counters().completed == 1; }));
+    co_await again.stop(std::chrono::seconds(5));
+    CHECK(attempt == 2);
   });
 }

@@ -67,7 +67,6 @@ class redis_backend final : public backend {
  private:
   redis::blocking_connection& blocking_for(const std::string& worker);
   redis::request claim_request(const std::string& prefix, const claim_options& opts) const;
-  static std::uint64_t next_call_id();
   bool take_idle_mark(const std::string& worker);
   void set_idle_mark(const std::string& worker);
 

@@ -116,7 +116,11 @@ request redis_backend::claim_request(const std::string& p, const claim_options& 
                                   p + "paused", p + "parked"};
   std::array<std::string, 2> args{std::to_string(std::min(opts.max, max_batch)),
                                   std::to_string(opts.lease_ttl.count())};
-  return claim_.make_request(keys, args);
+  auto req = claim_.make_request(keys, args);
+  // Cut short after it was written, it could lease jobs that nobody would run until their
+  // leases expire: once written, the caller gets its reply.
+  req.options.keep_once_written = true;
+  return req;
 }
 
 asio::awaitable<std::vector<claimed_job>> redis_backend::claim(std::string queue, claim_options opts) {
@@ -138,14 +142,14 @@ redis::blocking_connection& redis_backend::blocking_for(const std::string& worke
 
 asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string queue, claim_options opts,
                                                                     std::chrono::milliseconds wait) {
-  // The claim script runs shielded from the caller's cancellation: cut short after it was
-  // written, it could lease jobs that nobody would run until their leases expire.
-  auto shielded = asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable);
   // Right after a wait that found nothing, the claim below would find nothing either: whatever
   // arrived since makes BLMOVE return at once. So an idle worker sends one claim per wait.
+  // (A cancellation cuts the claim short only before it is written: see claim_request.)
   if (!take_idle_mark(opts.worker)) {
-    auto jobs = co_await asio::co_spawn(ex_, claim(queue, opts), shielded);
-    if (!jobs.empty() || wait.count() <= 0) co_return jobs;  // (BLMOVE with timeout 0 would block forever)
+    auto jobs = co_await claim(queue, opts);
+    auto cs = co_await asio::this_coro::cancellation_state;
+    if (!jobs.empty() || wait.count() <= 0 || cs.cancelled() != asio::cancellation_type::none)
+      co_return jobs;  // (BLMOVE with timeout 0 would block forever)
   }
   // Wait inside Redis: BLMOVE moves the next lane to this worker's claimed list (where a crash
   // cannot lose it). The claim script goes in the same write, right behind it: Redis runs it the
@@ -169,17 +173,11 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
   if (claimed.is_error()) {  // NOSCRIPT on that connection's server: claim the usual way, which loads it
     if (!claimed.error_message().starts_with("NOSCRIPT"))
       throw boost::system::system_error(error::server_error, std::string(claimed.error_message()));
-    co_return co_await asio::co_spawn(ex_, claim(std::move(queue), std::move(opts)), shielded);
+    co_return co_await claim(std::move(queue), std::move(opts));
   }
   auto jobs = parse_claimed(claimed);
   if (jobs.empty()) set_idle_mark(opts.worker);
   co_return jobs;
-}
-
-std::uint64_t redis_backend::next_call_id() {
-  // Unique per call of this process; with the worker in the key, unique enough across processes.
-  static std::atomic<std::uint64_t> counter{std::random_device{}()};
-  return counter.fetch_add(1, std::memory_order_relaxed);
 }
 
 bool redis_backend::take_idle_mark(const std::string& worker) {
@@ -212,7 +210,18 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
                                    p + "ids",     p + "dead",   p + "dead:info", p + "finished:" + worker,
                                    p + "delayed", p + "paused", p + "parked"};
   std::string ttl = std::to_string(lease_ttl.count()), n = std::to_string(items.size());
-  std::string call = fmt::format("{:016x}", next_call_id());
+  // The call's id comes from what it carries: the same batch sent again (a retry after a lost
+  // reply or a timeout) is the same call, and the script answers it from its record.
+  std::uint64_t id = 14695981039346656037ull;  // FNV-1a
+  auto mix = [&](std::string_view text) {
+    for (char ch : text) id = (id ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+    id = (id ^ 0xff) * 1099511628211ull;
+  };
+  for (auto& it : items) {
+    mix(it.token);
+    mix(std::string_view(reinterpret_cast<const char*>(&it.kind), sizeof it.kind));
+  }
+  std::string call = fmt::format("{:016x}", id);
   std::vector<std::string_view> args{ttl, n, call};
   args.reserve(3 + items.size() * 6);
   std::vector<std::string> delays;

@@ -162,7 +162,8 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         auto self = weak_self.lock();
         if (!self) return;
         asio::post(self->strand_, [self, weak_op] {
-          if (auto o = weak_op.lock()) self->cancel(*o, asio::error::operation_aborted);
+          auto o = weak_op.lock();
+          if (o && !(o->written() && o->keep_once_written())) self->cancel(*o, asio::error::operation_aborted);
         });
       });
     }

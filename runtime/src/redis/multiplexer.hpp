@@ -31,6 +31,7 @@ class pending {
 
   bool done() const noexcept { return done_; }
   bool written() const noexcept { return written_; }
+  bool keep_once_written() const noexcept { return keep_once_written_; }
   bool blocking() const noexcept { return blocking_; }
   clock::time_point deadline() const noexcept { return deadline_; }
   std::size_t expected_replies() const noexcept { return expected_; }
@@ -49,6 +50,7 @@ class pending {
   std::size_t received_ = 0;      // replies read so far (also counted once abandoned)
   clock::time_point deadline_;
   bool resend_safe_;
+  bool keep_once_written_;
   bool blocking_;
   bool written_ = false;
   bool done_ = false;  // completed; if still queued, its reply is read and dropped

@@ -19,6 +19,10 @@ struct request_options {
   std::chrono::milliseconds timeout{0};
   /// Safe to send again when the connection drops after it was written (reads, idempotent writes).
   bool resend_safe = false;
+  /// Cancellation cuts it short only while it waits to be written; once written, its reply is
+  /// delivered (a write whose result the caller must see, such as a claim that leases jobs).
+  /// A timeout still applies.
+  bool keep_once_written = false;
 };
 
 /// A pipeline of commands. Arguments are binary safe: strings, string_views, integers, and
