@@ -18,6 +18,8 @@ local problems, repaired = {}, 0
 local holders, seen_ids = {}, {}
 local oldest, jobs = 0, 0
 
+-- The queue's name may hold glob characters: the prefix is matched literally.
+local literal_prefix = string.gsub(prefix, '([%*%?%[%]\\])', '\\%1')
 local function scan(pattern)
   local keys, cursor = {}, '0'
   repeat
@@ -51,7 +53,7 @@ end
 for _, l in ipairs(redis.call('LRANGE', ready, 0, -1)) do lane(l, 'ready') end
 local live = {}
 for i, w in ipairs(redis.call('ZRANGE', workers, 0, -1)) do live[w] = true end
-for _, key in ipairs(scan(prefix .. 'claimed:*')) do
+for _, key in ipairs(scan(literal_prefix .. 'claimed:*')) do
   local worker = string.sub(key, #prefix + 9)
   local lanes = redis.call('LRANGE', key, 0, -1)
   for _, l in ipairs(lanes) do lane(l, 'claimed:' .. worker) end
@@ -80,7 +82,7 @@ end
 for _, group in ipairs(redis.call('SMEMBERS', parked)) do hold(group, 'parked') end
 
 local groups, stuck = 0, 0
-for _, key in ipairs(scan(prefix .. 'g:*')) do
+for _, key in ipairs(scan(literal_prefix .. 'g:*')) do
   local group = string.sub(key, #prefix + 3)
   local records = redis.call('LRANGE', key, 0, -1)
   if #records > 0 then

@@ -1,6 +1,6 @@
 -- Resumes a paused or halted group.
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>paused  KEYS[3] <prefix>parked  KEYS[4] <prefix>dead
--- KEYS[5] <prefix>dead:info  KEYS[6] <prefix>ids  KEYS[7] <prefix>stats
+-- KEYS[5] <prefix>dead:info  KEYS[6] <prefix>ids  KEYS[7] <prefix>stats  KEYS[8] <prefix>fence
 -- ARGV[1] group  ARGV[2] 'retry' (a halted group's head job runs again with its attempts reset)
 --   or 'skip' (the head job goes to the dead letters first; only while the group's lane is parked)
 -- Returns: 1 resumed; 0 the group was not paused; error when skip finds the group's head running.
@@ -25,8 +25,12 @@ if head and mode == 'skip' then
   local id, body = string.match(head, '^%d+|([^|]*)|(.*)$')
   local ok, decoded = pcall(cjson.decode, body or '')
   if ok and type(decoded) == 'table' and decoded.u then redis.call('SREM', ids, id) end
-  redis.call('ZADD', dead, now, id or '')
-  redis.call('HSET', dead_info, id or '',
+  local letter = id or '' -- keyed as finish.lua does, with a fence of its own
+  if letter == '' or redis.call('HEXISTS', dead_info, letter) == 1 then
+    letter = letter .. '#' .. redis.call('INCR', KEYS[8])
+  end
+  redis.call('ZADD', dead, now, letter)
+  redis.call('HSET', dead_info, letter,
     cjson.encode({record = head, group = group, error = 'skipped by an operator', at = now}))
   redis.call('HINCRBY', stats, 'failed', 1)
   if redis.call('EXISTS', key) == 0 then redis.call('HINCRBY', stats, 'groups', -1) end

@@ -509,6 +509,63 @@ CONFORMANCE("pause and resume a group: nothing of it starts while paused") {
   });
 }
 
+CONFORMANCE("pause and resume during a retry's backoff keep the backoff") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    std::vector<job_spec> specs{named("a"), named("b")};
+    co_await p.enqueue_bulk(std::move(specs));
+    auto o = b.worker_opts(2);
+    o.retry_backoff = backoff{milliseconds(800), 2.0, milliseconds(1000), 0.0};
+    worker w(ctx.get_executor(), b.make(), o);
+    run_log log;
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      log.add(c);
+      if (c.attempt() == 1 && c.payload().at("name") == "a") throw std::runtime_error("first time fails");
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return log.entries.size() == 1; }));
+    CHECK(co_await eventually([&] { return w.counters().retried == 1; }));
+    // The group's lane waits for the backoff: a pause and a resume now must not cut it short.
+    CHECK(co_await b.make().pause(b.queue(), "g"));
+    CHECK(co_await b.make().resume(b.queue(), "g", resume_mode::retry));
+    CHECK(co_await eventually([&] { return log.entries.size() == 3; }, std::chrono::seconds(5)));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(log.names() == "a#1 a#2 b#1");
+    CHECK(log.entries[1].at - log.entries[0].at >= milliseconds(800) - slack);
+    CHECK((co_await b.make().check(b.queue(), false)).problems.empty());
+  });
+}
+
+CONFORMANCE("a group paused during a retry's backoff stays parked when the retry comes due") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    std::vector<job_spec> specs{named("a"), named("b")};
+    co_await p.enqueue_bulk(std::move(specs));
+    auto o = b.worker_opts(2);
+    o.retry_backoff = backoff{milliseconds(200), 2.0, milliseconds(1000), 0.0};
+    worker w(ctx.get_executor(), b.make(), o);
+    run_log log;
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      log.add(c);
+      if (c.attempt() == 1 && c.payload().at("name") == "a") throw std::runtime_error("first time fails");
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return w.counters().retried == 1; }));
+    CHECK(co_await b.make().pause(b.queue(), "g"));
+    co_await sleep_for(milliseconds(600));  // the retry came due meanwhile: parked, not run
+    CHECK(log.names() == "a#1");
+    CHECK((co_await b.make().check(b.queue(), false)).problems.empty());
+    CHECK(co_await b.make().resume(b.queue(), "g", resume_mode::retry));
+    CHECK(co_await eventually([&] { return log.entries.size() == 3; }, std::chrono::seconds(5)));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(log.names() == "a#1 a#2 b#1");
+  });
+}
+
 CONFORMANCE("check finds nothing wrong in a queue in every state") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

@@ -420,3 +420,21 @@ TEST_CASE(
     CHECK(attempt == 2);
   });
 }
+
+TEST_CASE("check reads only its own queue's keys when the queue's name has glob characters") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    std::string glob = key_prefix() + "q*[a]?", other = key_prefix() + "qXa!";  // `other` matches glob as a pattern
+    for (auto& queue : {glob, other}) {
+      producer p(store, queue);
+      job_spec s;
+      s.type = "t";
+      s.group = "g";
+      co_await p.enqueue(s);
+    }
+    auto report = co_await store.check(glob, false);
+    CHECK(report.groups == 1);
+    CHECK(report.jobs == 1);
+    CHECK(report.problems.empty());
+  });
+}

@@ -779,20 +779,12 @@ asio::awaitable<bool> memory_backend::pause(std::string queue, std::string group
   std::lock_guard lock(mutex_);
   queue_state& q = queue_locked(queue);
   if (!q.paused.try_emplace(group, paused_group{group, false, {}, now_ms()}).second) co_return false;
-  std::string lane = "g:" + group;
-  auto in_ready = std::find(q.ready.begin(), q.ready.end(), lane);  // LREM ready 1 lane
-  bool parked = false;
+  // As pause.lua: a lane in ready is parked now; one waiting in delayed, as it comes due.
+  auto in_ready = std::find(q.ready.begin(), q.ready.end(), "g:" + group);  // LREM ready 1 lane
   if (in_ready != q.ready.end()) {
     q.ready.erase(in_ready);
-    parked = true;
-  } else {
-    auto in_delayed = std::find_if(q.delayed.begin(), q.delayed.end(), [&](const auto& e) { return e.second == lane; });
-    if (in_delayed != q.delayed.end()) {
-      q.delayed.erase(in_delayed);
-      parked = true;
-    }
+    q.parked.insert(group);
   }
-  if (parked) q.parked.insert(group);
   co_return true;
 }
 
@@ -815,7 +807,9 @@ asio::awaitable<bool> memory_backend::resume(std::string queue, std::string grou
     list->second.pop_front();
     std::string id = record_id(head);
     if (unique_of(head)) q.ids.erase(id);
-    q.dead[id] = dead_letter{id, group, std::move(head), "skipped by an operator", now_ms()};
+    std::string key = id;  // as resume.lua: a key of its own when the id is taken or missing
+    if (key.empty() || q.dead.contains(key)) key += "#" + std::to_string(++q.fence);
+    q.dead[key] = dead_letter{key, group, std::move(head), "skipped by an operator", now_ms()};
     ++q.failed;
     if (list->second.empty()) q.groups.erase(list);
   } else if (list != q.groups.end() && halted) {
@@ -994,6 +988,7 @@ asio::awaitable<check_report> memory_backend::check(std::string queue, bool repa
       ++it;
     }
   }
+  if (out.repaired > 0) wake_locked(q, q.ready.size());  // lanes made ready: waiting claims take them
   co_return out;
 }
 

@@ -500,8 +500,8 @@ asio::awaitable<bool> redis_backend::pause(std::string queue, std::string group)
 
 asio::awaitable<bool> redis_backend::resume(std::string queue, std::string group, resume_mode mode) {
   auto p = key_prefix(queue);
-  std::array<std::string, 7> keys{p + "ready",     p + "paused", p + "parked", p + "dead",
-                                  p + "dead:info", p + "ids",    p + "stats"};
+  std::array<std::string, 8> keys{p + "ready",     p + "paused", p + "parked", p + "dead",
+                                  p + "dead:info", p + "ids",    p + "stats",  p + "fence"};
   std::array<std::string, 2> args{group, mode == resume_mode::skip ? "skip" : "retry"};
   reply r = co_await resume_.run(conn_, keys, args);
   co_return r.as_integer() == 1;
