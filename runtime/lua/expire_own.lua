@@ -7,11 +7,17 @@ local active, list = KEYS[1], KEYS[2]
 local held = redis.call('GET', list)
 redis.call('DEL', list)
 if not held then return 0 end
-local n = 0
-for token in string.gmatch(held, '[^\n]+') do
+local n, pos = 0, 1
+while pos <= #held do -- '<length>:<token>' one after another (see extend.lua)
+  local colon = string.find(held, ':', pos, true)
+  if not colon then break end
+  local len = tonumber(string.sub(held, pos, colon - 1))
+  if not len then break end
+  local token = string.sub(held, colon + 1, colon + len)
   if redis.call('ZSCORE', active, token) then
     redis.call('ZADD', active, 'XX', 0, token)
     n = n + 1
   end
+  pos = colon + len + 1
 end
 return n

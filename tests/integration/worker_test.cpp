@@ -438,3 +438,25 @@ TEST_CASE("check reads only its own queue's keys when the queue's name has glob 
     CHECK(report.problems.empty());
   });
 }
+
+TEST_CASE("a worker's next run expires every lease it held: more than one script batch and tokens with newlines") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    std::string queue = key_prefix() + "q";
+    auto p = redis_backend::key_prefix(queue);
+    std::vector<std::string> tokens, scored;
+    for (int i = 0; i < 1500; ++i) {
+      // An ungrouped job's token carries its record, whose JSON may hold raw newlines.
+      tokens.push_back(fmt::format("{}|j:0|{}|{{\n\"type\": \"t\"}}", i + 1, i + 1));
+      scored.push_back("9999999999999");
+      scored.push_back(tokens.back());
+    }
+    co_await redis::exec(store.connection(), redis::request("ZADD", p + "active", scored));
+    auto held = co_await store.extend(queue, "w", tokens, std::chrono::seconds(30));
+    CHECK(held.size() == 1500);
+    CHECK(std::count(held.begin(), held.end(), true) == 1500);
+    CHECK(co_await store.expire_own(queue, "w") == 1500);
+    auto expired = co_await redis::exec(store.connection(), redis::request("ZCOUNT", p + "active", "0", "0"));
+    CHECK(expired.as_integer() == 1500);
+  });
+}

@@ -262,17 +262,8 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
 asio::awaitable<std::vector<bool>> redis_backend::extend(std::string queue, std::string worker,
                                                          std::vector<std::string> tokens,
                                                          std::chrono::milliseconds lease_ttl) {
-  if (tokens.size() > max_batch) {
-    std::vector<bool> all;
-    for (std::size_t first = 0; first < tokens.size(); first += max_batch) {
-      auto last = std::min(tokens.size(), first + max_batch);
-      std::vector<std::string> part(tokens.begin() + static_cast<std::ptrdiff_t>(first),
-                                    tokens.begin() + static_cast<std::ptrdiff_t>(last));
-      auto held = co_await extend(queue, worker, std::move(part), lease_ttl);
-      all.insert(all.end(), held.begin(), held.end());
-    }
-    co_return all;
-  }
+  // One call however many tokens (the script takes them 1000 at a time): the list of leases it
+  // records for expire_own must be the whole of them.
   auto p = key_prefix(queue);
   std::array<std::string, 3> keys{p + "active", p + "workers", p + "leases:" + worker};
   std::string ttl = std::to_string(lease_ttl.count());
