@@ -255,8 +255,12 @@ awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool gro
     ours.push_back(std::chrono::duration<double, std::micro>(started - sent).count());
   }
   co_await w.stop(std::chrono::seconds(5));
-  fmt::print("pickup grouped={} n={} p50_us={:.0f} p99_us={:.0f} bare_p50_us={:.0f} bare_p99_us={:.0f}\n", grouped, n,
-             percentile(ours, 0.5), percentile(ours, 0.99), percentile(bare, 0.5), percentile(bare, 0.99));
+  fmt::print(
+      "pickup grouped={} n={} p50_us={:.0f} p99_us={:.0f} bare_p50_us={:.0f} bare_p99_us={:.0f} p10_us={:.0f} "
+      "p25_us={:.0f} p75_us={:.0f} p90_us={:.0f} p95_us={:.0f}\n",
+      grouped, n, percentile(ours, 0.5), percentile(ours, 0.99), percentile(bare, 0.5), percentile(bare, 0.99),
+      percentile(ours, 0.1), percentile(ours, 0.25), percentile(ours, 0.75), percentile(ours, 0.9),
+      percentile(ours, 0.95));
 }
 
 awaitable<void> depth(asio::io_context& ctx, redis::config cfg, long queued) {
