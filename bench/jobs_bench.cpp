@@ -4,9 +4,11 @@
 //     enqueue N no-op jobs in batches of 1000, then one worker runs them; prints jobs/s,
 //     enqueue jobs/s, Redis commands per job (INFO commandstats: commands inside scripts count),
 //     Redis CPU per job (INFO cpu), Redis memory per queued job (INFO memory).
-//   jobrt_bench_jobs URL pickup N GROUPED
+//   jobrt_bench_jobs URL pickup N GROUPED [GAP_US=1000]
 //     an idle worker; N jobs enqueued one at a time, each after the previous one ran; prints the
 //     enqueue-to-handler-start latency p50/p99, and the same for a bare LPUSH → BLMOVE wake-up.
+//     GAP_US between a job's start and the next enqueue (1 ms, as the Node drivers of the peers
+//     wait: the shortest timer they have), so the worker is idle again in its blocking claim.
 //   jobrt_bench_jobs URL fill N GROUPS
 //     flushes the server and enqueues N no-op jobs in batches of 1000 on queue "bench"; prints
 //     enqueue jobs/s and Redis memory per queued job. For runs with several worker processes.
@@ -26,6 +28,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
@@ -35,6 +38,7 @@
 #include <cstdlib>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 namespace asio = boost::asio;
@@ -208,7 +212,7 @@ awaitable<void> work(asio::io_context& ctx, redis::config cfg, long n, std::size
              epoch_us(start), epoch_us(last), (c1 - c0) * 1e6);
 }
 
-awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool grouped) {
+awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool grouped, std::chrono::microseconds gap) {
   redis_backend store(ctx.get_executor(), cfg);
   auto& conn = store.connection();
   co_await redis::exec(conn, redis::request("FLUSHALL"));
@@ -236,22 +240,31 @@ awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool gro
   o.concurrency = 100;
   worker w(ctx.get_executor(), store, o);
   clock_type::time_point started{};
+  // The handler wakes the loop below by cancelling this timer: no polling, which would compete
+  // with the worker for this thread.
+  asio::steady_timer ran(ctx);
   w.add_handler("noop", [&](job_context&) -> awaitable<void> {
     started = clock_type::now();
+    ran.cancel();
     co_return;
   });
   w.start();
   producer p(store, "pickup");
   std::vector<double> ours;
   for (int i = 0; i < n; ++i) {
-    co_await sleep_for(std::chrono::microseconds(200));  // the worker is idle in BLMOVE again
+    co_await sleep_for(gap);  // the worker is idle in its blocking claim again
     job_spec s;
     s.type = "noop";
     if (grouped) s.group = std::to_string(i);  // a new group each time
     started = {};
     auto sent = clock_type::now();
     co_await p.enqueue(std::move(s));
-    while (started == clock_type::time_point{}) co_await sleep_for(std::chrono::microseconds(20));
+    while (started == clock_type::time_point{}) {
+      ran.expires_after(std::chrono::seconds(10));
+      boost::system::error_code ec;
+      co_await ran.async_wait(asio::redirect_error(use_awaitable, ec));
+      if (!ec) throw std::runtime_error(fmt::format("pickup: job {} did not start within 10 s", i));
+    }
     ours.push_back(std::chrono::duration<double, std::micro>(started - sent).count());
   }
   co_await w.stop(std::chrono::seconds(5));
@@ -305,10 +318,11 @@ awaitable<void> depth(asio::io_context& ctx, redis::config cfg, long queued) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fmt::print(stderr,
-               "usage: {} URL throughput N C GROUPS [BURST] | fill N GROUPS | work N C [BURST] | pickup N GROUPED | "
-               "depth DEPTH\n",
-               argv[0]);
+    fmt::print(
+        stderr,
+        "usage: {} URL throughput N C GROUPS [BURST] | fill N GROUPS | work N C [BURST] | pickup N GROUPED [GAP_US] | "
+        "depth DEPTH\n",
+        argv[0]);
     return 2;
   }
   auto cfg = redis::config::from_url(argv[1]);
@@ -326,7 +340,9 @@ int main(int argc, char** argv) {
                               static_cast<std::size_t>(arg(6, 4))),
                    done);
   else if (mode == "pickup")
-    asio::co_spawn(ctx, pickup(ctx, cfg, static_cast<int>(arg(3, 1000)), arg(4, 0) != 0), done);
+    asio::co_spawn(
+        ctx, pickup(ctx, cfg, static_cast<int>(arg(3, 1000)), arg(4, 0) != 0, std::chrono::microseconds(arg(5, 1000))),
+        done);
   else if (mode == "fill")
     asio::co_spawn(ctx, fill_only(ctx, cfg, arg(3, 100000), arg(4, 0)), done);
   else if (mode == "work")

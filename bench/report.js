@@ -332,6 +332,13 @@ L.push('');
 L.push(`Raw results: [results.csv](${rel('results.csv')}), [results.json](${rel('results.json')}), [raw.txt](${rel('raw.txt')}).`);
 L.push('');
 
+L.push(
+  'Run it again: `bench/run` (RUNS=3 by default; it installs Node, npm, gnuplot and the pinned npm packages when ' +
+    'missing, builds the benchmarks with `--parallel ${JOBS:-1}`, and rewrites this section). `bench/run --smoke` (or ' +
+    '`scripts/bench-smoke.sh`, for CI) runs every scenario with small counts in well under 2 minutes and writes only ' +
+    '`bench/results/smoke/`.',
+);
+L.push('');
 L.push('### Against the goals');
 L.push('');
 L.push('| goal | measured (median of per-run ratios, range) | bound | |');
@@ -357,6 +364,19 @@ for (const id of throughputIds) {
 }
 L.push('');
 L.push(`![throughput by scenario](${rel('throughput.svg')})`);
+L.push('');
+L.push(
+  'Where the time goes while jobs are processed: the share of a core that the server and the client process used ' +
+    '(CPU per job × jobs/s, medians). A side near 1.0 is the limit; when neither is, the run is bound by round trips.',
+);
+L.push('');
+L.push('| scenario | redis-server, share of its core | client process, share of its core |');
+L.push('|---|---|---|');
+for (const id of ['jobrt_ungrouped', 'jobrt_g1', 'jobrt_g1000', 'jobrt_g100000', 'bullmq', 'bee', 'groupmq_g1000', 'groupmq_g1']) {
+  if (!present(id)) continue;
+  const share = (f) => perRun((run) => (value(id, f, run) * value(id, 'jobs_per_sec', run)) / 1e6);
+  L.push(`| ${byId[id].label} | ${cell(share('process_cpu_us_per_job'), 2)} | ${cell(share('worker_cpu_us_per_job'), 2)} |`);
+}
 L.push('');
 
 L.push('### jobrt ÷ each peer (per-run ratios: median and range)');
@@ -388,8 +408,8 @@ L.push('### Idle pickup latency');
 L.push('');
 L.push(
   `An idle worker (concurrency 100); ${nOf('pickup_jobrt')} jobs enqueued one at a time, each after the previous one started; ` +
-    'the time from the enqueue call to the handler\'s start, in the same process. jobrt waits 200 µs between jobs, the Node ' +
-    'drivers 1 ms (the shortest timer); both leave the worker idle in its blocking wait.',
+    'the time from the enqueue call to the handler\'s start, in the same process. Between a job\'s start and the next ' +
+    'enqueue every driver waits 1 ms (the shortest Node timer), so the worker is idle in its blocking wait again.',
 );
 L.push('');
 L.push('| queue | p50 (µs) | p90 (µs) | p99 (µs) |');
