@@ -363,6 +363,18 @@ for (const id of throughputIds) {
   );
 }
 L.push('');
+if (present('handmade')) {
+  const h = metric('handmade', 'jobs_per_sec');
+  const threads = Number(first('handmade').threads);
+  L.push(
+    `The hand-made design at its own sleeps did ${fmtNum(h.median, 1)} jobs/s with ${threads} threads, ` +
+      `${fmtNum(h.median / threads, 3)} per thread, below the 0.5 per thread that its 2 s round pause ` +
+      'alone would allow: the threads take the queue lock one at a time, and a thread that finds it taken sleeps ' +
+      '800 ms before it tries again. Without sleeps, one thread shows what the claim itself costs as the list grows: ' +
+      'the `LREM` walks the list.',
+  );
+  L.push('');
+}
 L.push(`![throughput by scenario](${rel('throughput.svg')})`);
 L.push('');
 L.push(
