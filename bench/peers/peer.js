@@ -30,6 +30,10 @@ function fail(e) {
 }
 process.on('unhandledRejection', fail);
 process.on('uncaughtException', fail);
+// A hard bound on the whole run (PEER_DEADLINE seconds, 280 unless set): a peer that hangs (a
+// lost server, a job that never runs) fails the suite instead of stalling it.
+const deadline = Number(process.env.PEER_DEADLINE || 280);
+setTimeout(() => fail(new Error(`no result within ${deadline} s`)), deadline * 1000).unref();
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const nowUs = () => Number(process.hrtime.bigint()) / 1000;
