@@ -4,9 +4,18 @@
 //     enqueue N no-op jobs in batches of 1000, then one worker runs them; prints jobs/s,
 //     enqueue jobs/s, Redis commands per job (INFO commandstats: commands inside scripts count),
 //     Redis CPU per job (INFO cpu), Redis memory per queued job (INFO memory).
-//   jobrt_bench_jobs URL pickup N GROUPED
+//   jobrt_bench_jobs URL pickup N GROUPED [GAP_US=1000]
 //     an idle worker; N jobs enqueued one at a time, each after the previous one ran; prints the
 //     enqueue-to-handler-start latency p50/p99, and the same for a bare LPUSH → BLMOVE wake-up.
+//     GAP_US between a job's start and the next enqueue (1 ms, as the Node drivers of the peers
+//     wait: the shortest timer they have), so the worker is idle again in its blocking claim.
+//   jobrt_bench_jobs URL fill N GROUPS
+//     flushes the server and enqueues N no-op jobs in batches of 1000 on queue "bench"; prints
+//     enqueue jobs/s and Redis memory per queued job. For runs with several worker processes.
+//   jobrt_bench_jobs URL work N CONCURRENCY [BURST=4]
+//     one worker process on queue "bench" until the queue has completed N jobs (its counters,
+//     read every 5 ms); prints its own jobs, the wall-clock times (µs since the epoch) of its
+//     start and of its last handler run, and its CPU time (getrusage).
 //   jobrt_bench_jobs URL depth DEPTH
 //     one queue 1,000 deep and one DEPTH deep; 100 claims of 10 jobs from each, alternating;
 //     prints the median server time of a claim script call at each depth, and their ratio.
@@ -19,13 +28,17 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 namespace asio = boost::asio;
@@ -76,6 +89,18 @@ awaitable<server_stats> read_stats(redis::connection& c) {
   co_return s;
 }
 
+// CPU time of this process so far, user + system.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto secs = [](timeval t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
+  return secs(u.ru_utime) + secs(u.ru_stime);
+}
+
+std::int64_t epoch_us(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+
 double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1))];
@@ -112,10 +137,12 @@ awaitable<void> throughput(asio::io_context& ctx, redis::config cfg, long n, std
     ++done;
     co_return;
   });
+  auto c2 = cpu_seconds();
   auto t2 = clock_type::now();
   w.start();
   while (done < n) co_await sleep_for(std::chrono::microseconds(500));
   auto t3 = clock_type::now();
+  auto c3 = cpu_seconds();
   co_await w.stop(std::chrono::seconds(5));
   auto s2 = co_await read_stats(conn);
   auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
@@ -124,17 +151,68 @@ awaitable<void> throughput(asio::io_context& ctx, redis::config cfg, long n, std
       "throughput groups={} n={} concurrency={} jobs_per_sec={:.0f} enqueue_per_sec={:.0f} "
       "cmds_per_job={:.2f} enqueue_cmds_per_job={:.2f} process_cmds_per_job={:.2f} "
       "redis_cpu_us_per_job={:.2f} enqueue_cpu_us_per_job={:.2f} process_cpu_us_per_job={:.2f} "
-      "mem_bytes_per_job={:.1f}\n",
+      "mem_bytes_per_job={:.1f} worker_cpu_us_per_job={:.2f}\n",
       groups, n, concurrency, static_cast<double>(n) / secs(t3 - t2), static_cast<double>(n) / secs(t1 - t0),
       per_job(static_cast<double>(s2.commands - s0.commands)), per_job(static_cast<double>(s1.commands - s0.commands)),
       per_job(static_cast<double>(s2.commands - s1.commands)), per_job((s2.cpu_seconds - s0.cpu_seconds) * 1e6),
       per_job((s1.cpu_seconds - s0.cpu_seconds) * 1e6), per_job((s2.cpu_seconds - s1.cpu_seconds) * 1e6),
-      per_job(static_cast<double>(s1.used_memory - s0.used_memory)));
+      per_job(static_cast<double>(s1.used_memory - s0.used_memory)), per_job((c3 - c2) * 1e6));
   if (std::getenv("JOBRT_BENCH_VERBOSE"))
     for (auto& [k, v] : s2.commandstats) fmt::print("  {} {}\n", k, v);
 }
 
-awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool grouped) {
+awaitable<void> fill_only(asio::io_context& ctx, redis::config cfg, long n, long groups) {
+  redis_backend store(ctx.get_executor(), cfg);
+  auto& conn = store.connection();
+  co_await redis::exec(conn, redis::request("FLUSHALL"));
+  producer p(store, "bench");
+  std::vector<job_spec> specs;
+  specs.reserve(static_cast<std::size_t>(n));
+  for (long i = 0; i < n; ++i) {
+    job_spec s;
+    s.type = "noop";
+    if (groups > 0) s.group = std::to_string(i % groups);
+    specs.push_back(std::move(s));
+  }
+  auto s0 = co_await read_stats(conn);
+  auto t0 = clock_type::now();
+  co_await p.enqueue_bulk(std::move(specs));
+  auto t1 = clock_type::now();
+  auto s1 = co_await read_stats(conn);
+  fmt::print("fill groups={} n={} enqueue_per_sec={:.0f} mem_bytes_per_job={:.1f}\n", groups, n,
+             static_cast<double>(n) / std::chrono::duration<double>(t1 - t0).count(),
+             static_cast<double>(s1.used_memory - s0.used_memory) / static_cast<double>(n));
+}
+
+awaitable<void> work(asio::io_context& ctx, redis::config cfg, long n, std::size_t concurrency, std::size_t burst) {
+  redis_backend store(ctx.get_executor(), cfg);
+  long done = 0;
+  auto last = std::chrono::system_clock::now();
+  worker_options o;
+  o.queue = "bench";
+  o.concurrency = concurrency;
+  o.burst = burst;
+  worker w(ctx.get_executor(), store, o);
+  w.add_handler("noop", [&](job_context&) -> awaitable<void> {
+    ++done;
+    last = std::chrono::system_clock::now();
+    co_return;
+  });
+  auto c0 = cpu_seconds();
+  auto start = std::chrono::system_clock::now();
+  w.start();
+  for (;;) {
+    co_await sleep_for(std::chrono::milliseconds(5));
+    auto counts = co_await store.counts("bench");
+    if (counts.completed >= n) break;
+  }
+  auto c1 = cpu_seconds();
+  co_await w.stop(std::chrono::seconds(5));
+  fmt::print("work n={} concurrency={} jobs={} start_us={} end_us={} worker_cpu_us={:.0f}\n", n, concurrency, done,
+             epoch_us(start), epoch_us(last), (c1 - c0) * 1e6);
+}
+
+awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool grouped, std::chrono::microseconds gap) {
   redis_backend store(ctx.get_executor(), cfg);
   auto& conn = store.connection();
   co_await redis::exec(conn, redis::request("FLUSHALL"));
@@ -162,27 +240,40 @@ awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool gro
   o.concurrency = 100;
   worker w(ctx.get_executor(), store, o);
   clock_type::time_point started{};
+  // The handler wakes the loop below by cancelling this timer: no polling, which would compete
+  // with the worker for this thread.
+  asio::steady_timer ran(ctx);
   w.add_handler("noop", [&](job_context&) -> awaitable<void> {
     started = clock_type::now();
+    ran.cancel();
     co_return;
   });
   w.start();
   producer p(store, "pickup");
   std::vector<double> ours;
   for (int i = 0; i < n; ++i) {
-    co_await sleep_for(std::chrono::microseconds(200));  // the worker is idle in BLMOVE again
+    co_await sleep_for(gap);  // the worker is idle in its blocking claim again
     job_spec s;
     s.type = "noop";
     if (grouped) s.group = std::to_string(i);  // a new group each time
     started = {};
     auto sent = clock_type::now();
     co_await p.enqueue(std::move(s));
-    while (started == clock_type::time_point{}) co_await sleep_for(std::chrono::microseconds(20));
+    while (started == clock_type::time_point{}) {
+      ran.expires_after(std::chrono::seconds(10));
+      boost::system::error_code ec;
+      co_await ran.async_wait(asio::redirect_error(use_awaitable, ec));
+      if (!ec) throw std::runtime_error(fmt::format("pickup: job {} did not start within 10 s", i));
+    }
     ours.push_back(std::chrono::duration<double, std::micro>(started - sent).count());
   }
   co_await w.stop(std::chrono::seconds(5));
-  fmt::print("pickup grouped={} n={} p50_us={:.0f} p99_us={:.0f} bare_p50_us={:.0f} bare_p99_us={:.0f}\n", grouped, n,
-             percentile(ours, 0.5), percentile(ours, 0.99), percentile(bare, 0.5), percentile(bare, 0.99));
+  fmt::print(
+      "pickup grouped={} n={} p50_us={:.0f} p99_us={:.0f} bare_p50_us={:.0f} bare_p99_us={:.0f} p10_us={:.0f} "
+      "p25_us={:.0f} p75_us={:.0f} p90_us={:.0f} p95_us={:.0f}\n",
+      grouped, n, percentile(ours, 0.5), percentile(ours, 0.99), percentile(bare, 0.5), percentile(bare, 0.99),
+      percentile(ours, 0.1), percentile(ours, 0.25), percentile(ours, 0.75), percentile(ours, 0.9),
+      percentile(ours, 0.95));
 }
 
 awaitable<void> depth(asio::io_context& ctx, redis::config cfg, long queued) {
@@ -227,7 +318,11 @@ awaitable<void> depth(asio::io_context& ctx, redis::config cfg, long queued) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fmt::print(stderr, "usage: {} URL throughput N C GROUPS [BURST] | pickup N GROUPED | depth DEPTH\n", argv[0]);
+    fmt::print(
+        stderr,
+        "usage: {} URL throughput N C GROUPS [BURST] | fill N GROUPS | work N C [BURST] | pickup N GROUPED [GAP_US] | "
+        "depth DEPTH\n",
+        argv[0]);
     return 2;
   }
   auto cfg = redis::config::from_url(argv[1]);
@@ -245,7 +340,15 @@ int main(int argc, char** argv) {
                               static_cast<std::size_t>(arg(6, 4))),
                    done);
   else if (mode == "pickup")
-    asio::co_spawn(ctx, pickup(ctx, cfg, static_cast<int>(arg(3, 1000)), arg(4, 0) != 0), done);
+    asio::co_spawn(
+        ctx, pickup(ctx, cfg, static_cast<int>(arg(3, 1000)), arg(4, 0) != 0, std::chrono::microseconds(arg(5, 1000))),
+        done);
+  else if (mode == "fill")
+    asio::co_spawn(ctx, fill_only(ctx, cfg, arg(3, 100000), arg(4, 0)), done);
+  else if (mode == "work")
+    asio::co_spawn(
+        ctx, work(ctx, cfg, arg(3, 100000), static_cast<std::size_t>(arg(4, 100)), static_cast<std::size_t>(arg(5, 4))),
+        done);
   else if (mode == "depth")
     asio::co_spawn(ctx, depth(ctx, cfg, arg(3, 1000)), done);
   else {
