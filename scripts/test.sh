@@ -33,3 +33,6 @@ for flavour in ci-release ci-asan; do
   echo "== tests: $flavour"
   ctest --test-dir "build/$flavour" --output-on-failure -j "$(nproc)"
 done
+
+echo "== benchmark suite, smoke mode (small counts: it must run, not be fast)"
+JOBS="$(nproc)" scripts/bench-smoke.sh build/ci-release
