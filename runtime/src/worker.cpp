@@ -158,6 +158,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       asio::co_spawn(self->strand_, watchdog_loop(self), rethrow);
       asio::co_spawn(self->strand_, reap_loop(self), rethrow);
       asio::co_spawn(self->strand_, promote_loop(self), rethrow);
+      asio::co_spawn(self->strand_, flush_loop(self), asio::bind_cancellation_slot(self->flush_stop_.slot(), rethrow));
     });
   }
 
@@ -183,6 +184,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // to go. Set from when the lease's reply came (it was made a round trip before), then from
     // when each renewal that found it held was sent.
     clock::time_point valid_until;
+    // Counts against the concurrency until the handler is done; a job whose finish asks for its
+    // group's next job keeps it until the answer (the next job takes it over).
+    bool holds_slot = true;
   };
 
   // --- claiming ---
@@ -213,7 +217,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       jobrt::log(log_level::warn, self->source_, "first heartbeat failed: {}", e.what());
     }
     while (!self->stopping_) {
-      std::size_t free = self->opts_.concurrency > self->held_ ? self->opts_.concurrency - self->held_ : 0;
+      std::size_t free = self->opts_.concurrency > self->busy_ ? self->opts_.concurrency - self->busy_ : 0;
       if (free == 0) {
         co_await wait_on(self->slot_timer_);
         continue;
@@ -249,6 +253,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
         continue;
       }
+      self->queue_drained_ = jobs.size() < free;  // nothing else was ready
       for (auto& j : jobs) self->launch(std::move(j), self->opts_.burst);
     }
     self->claiming_ = false;
@@ -259,6 +264,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   void launch(claimed_job c, std::size_t burst_left) {
     ++held_;
     held_count_.store(held_, std::memory_order_relaxed);
+    ++busy_;
     std::string token = c.token;
     job j;
     try {
@@ -268,6 +274,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       // Its id, if it has one, is released too (forgetting an id that is not there is harmless).
       finish_now(token, finish_kind::fail, std::string(detail::record_id(c.record)),
                  fmt::format("malformed job: {}", e.what()));
+      free_slot();
       return;
     }
     if (j.attempt > j.max_attempts) {  // its leases expired that often: a poison job, not a loop
@@ -275,12 +282,14 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       finish_now(token, halt ? finish_kind::halt : finish_kind::fail, j.unique_id ? j.id : std::string(),
                  fmt::format("gave up: attempt {} of at most {} (earlier attempts lost their leases)", j.attempt,
                              j.max_attempts));
+      free_slot();
       return;
     }
     auto h = handlers_.find(j.type);
     if (h == handlers_.end()) {
       finish_now(token, finish_kind::fail, j.unique_id ? j.id : std::string(),
                  fmt::format("no handler for type {}", j.type));
+      free_slot();
       return;
     }
     auto r = std::make_shared<running_job>(strand_);
@@ -344,12 +353,14 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     switch (r->state) {
       case job_state::lost:  // not ours any more: no ack
+        free_slot(*r);
         release_strand(r->ctx->group());
         running_.erase(it);
         drop_held();
         return;
       case job_state::stopping:
         if (e) {  // interrupted by stop: hand it back, no attempt counted
+          free_slot(*r);
           release_strand(r->ctx->group());
           to_release_.push_back(token);
           running_.erase(it);
@@ -372,8 +383,17 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       item.kind = finish_kind::defer;
       item.delay = *r->ctx->retry_after_;
     }
-    if (item.kind == finish_kind::ack && !stopping_ && !r->ctx->group().empty())
-      item.want_next = r->burst_left > 1 ? finish_item::next_policy::yes : finish_item::next_policy::if_nobody_waits;
+    // The group's next job in the finish's answer: within a burst; after it, only when nothing
+    // else was ready at the last claim (the script also checks that nobody waits).
+    if (item.kind == finish_kind::ack && !stopping_ && !r->ctx->group().empty()) {
+      if (r->burst_left > 1)
+        item.want_next = finish_item::next_policy::yes;
+      else if (queue_drained_)
+        item.want_next = finish_item::next_policy::if_nobody_waits;
+    }
+    // The slot is free for a claim while the finish is on its way, unless the answer may bring
+    // a job to run in it.
+    if (item.want_next == finish_item::next_policy::no) free_slot(*r);
     queue_finish(std::move(item));
   }
 
@@ -417,25 +437,30 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       return;
     }
     pending_finish_.push_back(std::move(item));
-    if (!flushing_) {
-      flushing_ = true;
-      asio::co_spawn(strand_, flush_loop(shared_from_this()), [](std::exception_ptr e) {
-        if (e) std::rethrow_exception(e);
-      });
-    }
+    if (flush_idle_) flush_timer_.cancel();
   }
 
+  // Runs from start() to stop(): one finish call at a time carries every result that came in
+  // meanwhile. stop() cuts short a call the backend does not answer (flush_stop_).
   static asio::awaitable<void> flush_loop(std::shared_ptr<impl> self) {
+    co_await asio::this_coro::throw_if_cancelled(false);  // a cancelled call fails like any other
     auto backoff = std::chrono::milliseconds(100);
     std::vector<finish_item> items;
-    while (!items.empty() || !self->pending_finish_.empty()) {
-      if (items.empty()) items = std::exchange(self->pending_finish_, {});
+    for (;;) {
+      if (items.empty()) {
+        if (self->pending_finish_.empty()) {
+          if (self->stopped_) break;
+          self->flush_idle_ = true;
+          co_await wait_on(self->flush_timer_);  // until queue_finish or stop
+          self->flush_idle_ = false;
+          continue;
+        }
+        items = std::exchange(self->pending_finish_, {});
+      }
       std::vector<finish_result> results;
       std::string failure;
       try {
-        results = co_await bounded(
-            self->strand_, self->backend_.finish(self->opts_.queue, self->opts_.id, items, self->opts_.lease_ttl),
-            self->opts_.lease_ttl, "finishing");
+        results = co_await self->backend_.finish(self->opts_.queue, self->opts_.id, items, self->opts_.lease_ttl);
         backoff = std::chrono::milliseconds(100);
       } catch (const std::exception& e) {
         failure = e.what();
@@ -467,6 +492,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     std::string job_id(detail::record_id(lane_record(item.token)));
     std::string type = "(not started)";  // failed before its handler ran: malformed, unknown type, ...
     if (auto it = running_.find(item.token); it != running_.end()) {
+      free_slot(*it->second);
       burst_left = it->second->burst_left;
       job_id = it->second->ctx->id();
       type = it->second->ctx->job().type;
@@ -508,6 +534,15 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     // The group's next job, at once; a burst that went on because nobody waited starts over.
     launch(std::move(*result.next), burst_left > 1 ? burst_left - 1 : 1);
+  }
+
+  void free_slot(running_job& r) {
+    if (!std::exchange(r.holds_slot, false)) return;
+    free_slot();
+  }
+  void free_slot() {
+    --busy_;
+    slot_timer_.cancel();
   }
 
   void drop_held() {
@@ -684,6 +719,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     reap_timer_.cancel();
     retry_timer_.cancel();
     flush_timer_.cancel();
+    flush_stop_.emit(asio::cancellation_type::terminal);
     promote_stop_.emit(asio::cancellation_type::terminal);
     while (started_ && (promoting_ || watching_ || reaping_ || flushing_)) co_await wait_on(idle_timer_);
     co_await release_all();  // a late finish may have leased us a burst's next job
@@ -733,8 +769,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   asio::steady_timer retry_timer_;          // the promoter's pause after a failure
   asio::steady_timer flush_timer_;          // the finisher's pause after a failure
   asio::cancellation_signal promote_stop_;  // ends the promoter's wait
+  asio::cancellation_signal flush_stop_;    // ends a finish call the backend does not answer
   asio::steady_timer stopped_timer_;        // never expires: later stop() calls wait on it
   std::size_t held_ = 0;                    // jobs leased and not yet finished
+  std::size_t busy_ = 0;                    // slots taken (see running_job::holds_slot)
+  bool queue_drained_ = false;              // the last claim got fewer jobs than it asked for
   std::atomic<std::size_t> held_count_{0};
   bool started_ = false;
   bool claiming_ = true;
@@ -746,7 +785,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   bool stopping_ = false;
   bool stopped_ = false;
   bool stop_done_ = false;
-  bool flushing_ = false;
+  bool flushing_ = true;
+  bool flush_idle_ = false;
   mutable std::mutex counters_mutex_;
   worker_counters counters_;
   std::map<std::string, type_counters> by_type_;

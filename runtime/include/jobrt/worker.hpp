@@ -70,7 +70,8 @@ struct worker_options {
   /// Unique per running worker; a restarted worker with the same id takes back its own claims.
   /// Empty: <hostname>:<pid>:<random>.
   std::string id;
-  /// Jobs run at once.
+  /// Handlers run at once. A job whose handler is done gives its slot to the next claim while
+  /// its result is on its way to the backend (unless that answer may bring its group's next job).
   std::size_t concurrency = 10;
   /// How long a lease lives unless renewed: a crashed worker's jobs run again after about this long.
   std::chrono::milliseconds lease_ttl{5000};
