@@ -90,9 +90,16 @@ constexpr const char* worker_usage =
     "  --metrics-check S    run check (reads the whole queue) at most every S seconds for the\n"
     "                       stuck-groups gauge (default 60; 0: never)\n";
 
+// SIGTERM or SIGINT before the worker listens for them (it was still loading plugins or
+// connecting): remembered, so that it stops as soon as it can, cleanly, instead of dying.
+volatile std::sig_atomic_t early_signal = 0;
+void remember_signal(int signal) { early_signal = signal; }
+
 }  // namespace
 
 int worker_command(const args& a) {
+  std::signal(SIGTERM, remember_signal);
+  std::signal(SIGINT, remember_signal);
   std::string url = default_redis_url();
   bool url_given = false;
   std::vector<std::string> plugins;
@@ -192,6 +199,12 @@ int worker_command(const args& a) {
     queues[i].id = queues.size() == 1 ? base_id : fmt::format("{}:{}", base_id, queues[i].queue);
 
   with_backend(url, threads, [&](asio::io_context& ctx, redis_backend& store) -> asio::awaitable<void> {
+    asio::signal_set signals(ctx, SIGTERM, SIGINT);  // from here on a signal waits for async_wait
+    if (early_signal != 0) {
+      log(log_level::info, "worker " + base_id, "{} before it started: stopping",
+          early_signal == SIGINT ? "SIGINT" : "SIGTERM");
+      co_return;
+    }
     std::vector<std::unique_ptr<jobrt::worker>> pool;
     std::string types;
     for (auto& p : loaded)
@@ -210,7 +223,6 @@ int worker_command(const args& a) {
         }
       }
     }
-    asio::signal_set signals(ctx, SIGTERM, SIGINT);
     std::unique_ptr<metrics_server> metrics;
     std::vector<std::int64_t> stuck(queues.size(), -1);
     std::chrono::steady_clock::time_point last_check{};

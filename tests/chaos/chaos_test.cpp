@@ -103,26 +103,30 @@ class workers {
     return pid;
   }
 
-  /// SIGTERM to all, then waits (bounded); true when all exited with status 0.
-  awaitable<bool> stop_all(milliseconds limit) {
+  /// SIGTERM to all, then waits (bounded); "" when all exited with status 0, else what went wrong.
+  awaitable<std::string> stop_all(milliseconds limit) {
     for (auto pid : pids_)
       if (pid > 0) ::kill(pid, SIGTERM);
-    bool clean = true;
+    std::string problems;
     auto end = std::chrono::steady_clock::now() + limit;
-    for (auto& pid : pids_) {
+    for (std::size_t slot = 0; slot < pids_.size(); ++slot) {
+      auto& pid = pids_[slot];
       while (pid > 0) {
         int status = 0;
         if (::waitpid(pid, &status, WNOHANG) == pid) {
-          clean = clean && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+          if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            problems += fmt::format("worker slot {} (pid {}) ended with status {}; see {}/worker-{}-*.out\n", slot, pid,
+                                    status, dir_, slot);
           pid = -1;
         } else if (std::chrono::steady_clock::now() > end) {
-          co_return false;
+          co_return problems +
+              fmt::format("worker slot {} (pid {}) still running {} ms after SIGTERM\n", slot, pid, limit.count());
         } else {
           co_await sleep_for(milliseconds(10));
         }
       }
     }
-    co_return clean;
+    co_return problems;
   }
 
   /// A worker that died by itself (it should not).
@@ -208,6 +212,7 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
   std::int64_t recovered = 0, restart_at = 0, restarted_at = 0;
   std::set<std::string> ids;
   check_report final_check;
+  std::string stop_problems;
   queue_counts final_counts;
 
   run(
@@ -303,7 +308,8 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
           }
           co_await sleep_for(milliseconds(100));
         }
-        CHECK(co_await pool.stop_all(std::chrono::seconds(20)));
+        stop_problems = co_await pool.stop_all(std::chrono::seconds(20));
+        CHECK_MESSAGE(stop_problems.empty(), stop_problems);
         final_counts = co_await store.counts(queue);
         recovered = final_counts.recovered;
         final_check = co_await store.check(queue, false);
@@ -406,5 +412,6 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
   CHECK(longest / 1000 <= (lease_ttl + watchdog_period).count() + 500);
   CHECK(kills >= 5);
   CHECK(restart_at > 0);
-  if (lost == 0 && overlaps == 0 && order_breaks == 0 && unexplained == 0) std::filesystem::remove_all(dir);
+  if (lost == 0 && overlaps == 0 && order_breaks == 0 && unexplained == 0 && stop_problems.empty())
+    std::filesystem::remove_all(dir);
 }

@@ -20,6 +20,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 #ifndef JOBRT_BIN
 #error "JOBRT_BIN, JOBRT_HANDLERS and JOBRT_TEST_PLUGINS must be defined (see tests/CMakeLists.txt)"
@@ -128,6 +129,20 @@ TEST_CASE("jobrt worker runs plugin handlers on jobs from jobrt enqueue and stop
   auto check = jobrt_cli({"check", "--redis", url, "--queue", queue});
   CHECK(check.status == 0);
   CHECK(check.output.find("no problems") != std::string::npos);
+}
+
+TEST_CASE("jobrt worker stops cleanly on a SIGTERM that comes while it is still connecting") {
+  redis_server server;  // private: paused below
+  // The server answers nothing for 1.5 s, so the worker sits in its first PING when SIGTERM comes.
+  redis_cli(server.config(), {"CLIENT", "PAUSE", "1500", "ALL"});
+  auto out = fmt::format("/tmp/jobrt-cli-early-{}.out", ::getpid());
+  auto pid =
+      start({"worker", "--redis", server.url(), "--queue", "early", "--plugin", JOBRT_HANDLERS "/jobrt_noop.so"}, out);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // past main(), still connecting
+  ::kill(pid, SIGTERM);
+  auto f = wait_for(pid, out);
+  CHECK(f.status == 0);
+  CHECK(f.output.find("SIGTERM before it started: stopping") != std::string::npos);
 }
 
 TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the right exit code") {
