@@ -61,6 +61,17 @@ std::string_view record_id(std::string_view record) noexcept {
   return record.substr(first + 1, second - first - 1);
 }
 
+std::string producer_id(std::string_view record) {
+  auto id = record_id(record);
+  if (id.empty()) return {};
+  boost::system::error_code ec;
+  auto body = boost::json::parse(record.substr(record.find('|', record.find('|') + 1) + 1), ec);
+  if (ec || !body.is_object()) return {};
+  auto* u = body.as_object().if_contains("u");
+  bool given = u && ((u->is_int64() && u->as_int64() != 0) || (u->is_bool() && u->as_bool()));
+  return given ? std::string(id) : std::string();
+}
+
 namespace {
 
 template <class T>

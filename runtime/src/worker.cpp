@@ -270,10 +270,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     try {
       j = detail::decode_record(c.record, c.group);
     } catch (const std::exception& e) {
-      // A record a buggy producer wrote: it fails with the reason; nothing else is touched.
-      // Its id, if it has one, is released too (forgetting an id that is not there is harmless).
-      finish_now(token, finish_kind::fail, std::string(detail::record_id(c.record)),
-                 fmt::format("malformed job: {}", e.what()));
+      // A record a buggy producer wrote: it fails with the reason; nothing else is touched. Its
+      // id is released only when the body, as far as it reads, says the producer gave it.
+      finish_now(token, finish_kind::fail, detail::producer_id(c.record), fmt::format("malformed job: {}", e.what()));
       free_slot();
       return;
     }

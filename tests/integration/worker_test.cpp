@@ -95,8 +95,12 @@ TEST_CASE("malformed jobs written by another producer are dead-lettered and the 
     redis_backend store(ctx.get_executor(), shared_redis());
     std::string queue = key_prefix() + "q";
     auto ready = redis_backend::key_prefix(queue) + "ready";
-    co_await redis::exec(store.connection(), redis::request("RPUSH", ready, "j:garbage", "j:0|x|{not json",
-                                                            "j:0|y|{\"payload\":1}", "j:0|z|[1,2]"));
+    co_await redis::exec(store.connection(),
+                         redis::request("RPUSH", ready, "j:garbage", "j:0|x|{not json", "j:0|y|{\"payload\":1}",
+                                        "j:0|z|[1,2]", "j:0|w|{\"u\":1}", "j:0|v|{\"payload\":2}"));
+    // w's producer gave its id (its body says "u"); v's body does not say so: v stays taken.
+    auto ids = redis_backend::key_prefix(queue) + "ids";
+    co_await redis::exec(store.connection(), redis::request("SADD", ids, "w", "v"));
     worker_options o;
     o.queue = queue;
     worker w(ctx.get_executor(), store, o);
@@ -114,8 +118,13 @@ TEST_CASE("malformed jobs written by another producer are dead-lettered and the 
     CHECK(ran == 1);
     co_await w.stop(std::chrono::seconds(1));  // its finishes are all in, then
     auto counts = co_await store.counts(queue);
-    CHECK(counts.failed == 4);
-    CHECK(counts.dead == 4);  // the record with no id at all is dead-lettered under ""
+    CHECK(counts.failed == 6);
+    CHECK(counts.dead == 6);
+    auto dead = co_await store.dead_letters(queue, 0, 10);
+    CHECK(std::count_if(dead.begin(), dead.end(), [](auto& d) { return d.id.starts_with("#"); }) == 1);  // no id
+    auto left = co_await redis::exec(store.connection(), redis::request("SMEMBERS", ids));
+    REQUIRE(left.as_array().size() == 1);
+    CHECK(left.as_array()[0].as_string() == "v");
     auto info = co_await redis::exec(store.connection(),
                                      redis::request("HGETALL", redis_backend::key_prefix(queue) + "dead:info"));
     std::string all;
