@@ -20,6 +20,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #ifndef JOBRT_BIN
@@ -313,8 +314,12 @@ TEST_CASE("the example HTTP server enqueues a job per POST and runs them on its 
     for (int i = 0; i < 500 && port == 0; ++i) {
       co_await sleep_for(std::chrono::milliseconds(10));
       std::ifstream in(out);
+      std::string line;
+      // "listening on PORT\n", read only once the whole line is there (the file is being written).
+      if (!std::getline(in, line) || in.eof()) continue;
+      std::istringstream words(line);
       std::string word;
-      if (in >> word >> word >> port) break;  // "listening on PORT"
+      if (words >> word >> word >> port) break;
       port = 0;
     }
     REQUIRE(port != 0);
