@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <set>
@@ -85,6 +86,7 @@ class workers {
     posix_spawn_file_actions_t files;
     posix_spawn_file_actions_init(&files);
     auto out = fmt::format("{}/worker-{}-{}.out", dir_, slot, ++starts_);
+    outs_[slot] = out;
     posix_spawn_file_actions_addopen(&files, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&files, 1, 2);
     pid_t pid = -1;
@@ -105,6 +107,17 @@ class workers {
 
   /// SIGTERM to all, then waits (bounded); "" when all exited with status 0, else what went wrong.
   awaitable<std::string> stop_all(milliseconds limit) {
+    // A worker restarted a moment ago may not have reached main() yet, where it starts to take
+    // signals: wait (bounded) until each says it runs.
+    auto ready_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (std::size_t slot = 0; slot < pids_.size(); ++slot) {
+      while (pids_[slot] > 0 && std::chrono::steady_clock::now() < ready_by) {
+        std::ifstream in(outs_[slot]);
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        if (text.find("running probe") != std::string::npos) break;
+        co_await sleep_for(milliseconds(10));
+      }
+    }
     for (auto pid : pids_)
       if (pid > 0) ::kill(pid, SIGTERM);
     std::string problems;
@@ -144,6 +157,7 @@ class workers {
  private:
   std::string dir_, url_;
   std::vector<pid_t> pids_;
+  std::vector<std::string> outs_ = std::vector<std::string>(worker_count);
   int starts_ = 0;
 };
 
