@@ -25,31 +25,33 @@ local delayed, paused, parked = KEYS[9], KEYS[10], KEYS[11]
 local prefix = string.sub(ready, 1, -6)
 local ttl, n, call = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 
--- The cache holds '<call id>\n' and then, for each reply element, '<length>:<text>' (held flags
--- as '0'/'1'): cheap to write on every call, decoded only on a resend.
+-- The cache holds '<call id>\n' and then, for each item, its held flag ('0'/'1') and its next
+-- token as '<length>:<token>': cheap to write on every call, decoded only on a resend. A next
+-- job's record is not kept: while its lease lasts it is the head of its group's list.
 local last = redis.call('GET', finished)
 if last then
   local sep = string.find(last, '\n', 1, true)
   if sep and string.sub(last, 1, sep - 1) == call then
-    local out, pos = {}, sep + 1
-    while pos <= #last do
-      local colon = string.find(last, ':', pos, true)
-      local len = tonumber(string.sub(last, pos, colon - 1))
-      local text = string.sub(last, colon + 1, colon + len)
-      if #out % 3 == 0 then out[#out + 1] = tonumber(text) else out[#out + 1] = text end
-      pos = colon + len + 1
-    end
     -- A next job leased by the first run may have been reaped since (the resend came after its
     -- TTL): it is not ours to start any more. One still held gets a full TTL from now.
     local time = redis.call('TIME')
     local deadline = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl
-    for i = 2, #out, 3 do
-      if out[i] ~= '' and redis.call('ZSCORE', active, out[i]) then
-        redis.call('ZADD', active, 'XX', deadline, out[i])
-      elseif out[i] ~= '' then
-        out[i] = ''
-        out[i + 1] = ''
+    local out, pos = {}, sep + 1
+    while pos <= #last do
+      local colon = string.find(last, ':', pos, true)
+      local len = tonumber(string.sub(last, pos + 1, colon - 1))
+      local token = string.sub(last, colon + 1, colon + len)
+      local record = ''
+      if token ~= '' and redis.call('ZSCORE', active, token) then
+        redis.call('ZADD', active, 'XX', deadline, token)
+        record = redis.call('LINDEX', prefix .. string.sub(token, string.find(token, '|', 1, true) + 1), 0) or ''
+      else
+        token = ''
       end
+      out[#out + 1] = tonumber(string.sub(last, pos, pos))
+      out[#out + 1] = token
+      out[#out + 1] = record
+      pos = colon + len + 1
     end
     return out
   end
@@ -57,10 +59,7 @@ end
 
 local function done(out)
   local parts = {call, '\n'}
-  for i = 1, #out do
-    local text = tostring(out[i])
-    parts[#parts + 1] = #text .. ':' .. text
-  end
+  for i = 1, #out, 3 do parts[#parts + 1] = out[i] .. #out[i + 1] .. ':' .. out[i + 1] end
   redis.call('SET', finished, table.concat(parts), 'PX', 600000)
   return out
 end
