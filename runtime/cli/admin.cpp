@@ -69,14 +69,7 @@ void with_store(const common& c, Body body) {
   asio::co_spawn(
       ctx,
       [&]() -> asio::awaitable<void> {
-        redis::request ping("PING");
-        ping.options.timeout = std::chrono::seconds(10);
-        try {
-          co_await redis::exec(store.connection(), std::move(ping));
-        } catch (const std::exception& e) {
-          throw std::runtime_error(
-              fmt::format("redis at {} does not answer: {} ({})", c.url, e.what(), store.connection().last_error()));
-        }
+        co_await check_reachable(store.connection(), c.url);
         co_await body(store);
       },
       [&](std::exception_ptr e) {

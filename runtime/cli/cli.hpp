@@ -1,6 +1,10 @@
 // The jobrt command: shared pieces of its subcommands.
 #pragma once
 
+#include <jobrt/redis/connection.hpp>
+
+#include <boost/asio/awaitable.hpp>
+
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -25,6 +29,9 @@ std::size_t number_arg(const args& a, std::size_t& i);
 std::string default_redis_url();
 /// Throws usage_error naming what is wrong with a Redis URL.
 void check_url(const std::string& url);
+/// A PING with a time limit: a server that is not there is an error naming it after a while,
+/// not a hang (requests have no timeout of their own).
+boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std::string& url);
 
 int demo(const args& a);
 int worker_command(const args& a);

@@ -50,14 +50,6 @@ namespace asio = boost::asio;
 using namespace asio::experimental::awaitable_operators;
 using clock = std::chrono::steady_clock;
 
-// A server that is not there is an error after a while, not a hang: requests have no timeout of
-// their own.
-asio::awaitable<void> check_server(redis::connection& conn) {
-  redis::request ping("PING");
-  ping.options.timeout = std::chrono::seconds(10);
-  co_await redis::exec(conn, std::move(ping));
-}
-
 struct demo_options {
   std::size_t jobs = 20000;
   std::size_t commodities = 300;
@@ -457,7 +449,7 @@ int run_demo_processes(const demo_options& o) {
       [&]() -> asio::awaitable<void> {
         // A clean queue for this run (the demo's state keys go with it).
         auto& conn = store.connection();
-        co_await check_server(conn);
+        co_await check_reachable(conn, o.redis_url);
         auto keys_found = co_await redis::exec(conn, redis::request("KEYS", redis_backend::key_prefix(o.queue) + "*"));
         std::vector<std::string> stale;
         for (const auto& k : keys_found.as_array()) stale.push_back(k.as_string());
@@ -674,7 +666,7 @@ int demo_worker(const args& a) {
       ctx,
       [&]() -> asio::awaitable<void> {
         auto& conn = store.connection();
-        co_await check_server(conn);
+        co_await check_reachable(conn, url);
         for (auto& w : pool) w->start();
         co_await redis::exec(conn, redis::request("RPUSH", keys->ready(), ::getpid()));
         co_await signals.async_wait(asio::use_awaitable);

@@ -2,6 +2,7 @@
 #include "cli.hpp"
 
 #include <jobrt/redis/config.hpp>
+#include <jobrt/redis/request.hpp>
 
 #include <fmt/format.h>
 
@@ -25,6 +26,16 @@ std::size_t number_arg(const args& a, std::size_t& i) {
   if (ec != std::errc{} || end != text.data() + text.size())
     throw usage_error(fmt::format("option {}: '{}' is not a non-negative number", name, text));
   return value;
+}
+
+boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std::string& url) {
+  redis::request ping("PING");
+  ping.options.timeout = std::chrono::seconds(10);
+  try {
+    co_await redis::exec(conn, std::move(ping));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("redis at {} does not answer: {} ({})", url, e.what(), conn.last_error()));
+  }
 }
 
 std::string default_redis_url() {

@@ -32,18 +32,6 @@ namespace {
 
 namespace asio = boost::asio;
 
-// A server that is not there is an error after a while, not a hang: requests have no timeout of
-// their own.
-asio::awaitable<void> check_reachable(redis::connection& conn, const std::string& url) {
-  redis::request ping("PING");
-  ping.options.timeout = std::chrono::seconds(10);
-  try {
-    co_await redis::exec(conn, std::move(ping));
-  } catch (const std::exception& e) {
-    throw std::runtime_error(fmt::format("redis at {} does not answer: {} ({})", url, e.what(), conn.last_error()));
-  }
-}
-
 // Runs `body` on a fresh io_context with a Redis backend; rethrows what it throws.
 template <class Body>
 void with_backend(const std::string& url, std::size_t threads, Body body) {
