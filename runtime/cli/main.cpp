@@ -34,7 +34,11 @@ boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std:
   try {
     co_await redis::exec(conn, std::move(ping));
   } catch (const std::exception& e) {
-    throw std::runtime_error(fmt::format("redis at {} does not answer: {} ({})", url, e.what(), conn.last_error()));
+    // The connection's own account says why (refused, timed out, AUTH refused...); else the request's.
+    auto why = conn.last_error();
+    // The address without the URL's password.
+    throw std::runtime_error(fmt::format("redis at {} does not answer: {}", redis::config::from_url(url).address(),
+                                         why.empty() ? e.what() : why));
   }
 }
 

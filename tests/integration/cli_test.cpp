@@ -175,9 +175,11 @@ TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the 
   CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue}).status == 2);  // no --type
   CHECK(jobrt_cli({"worker", "--redis", "http://nope", "--plugin", "x.so"}).status == 2);
   CHECK(jobrt_cli({"frobnicate"}).status == 2);
-  auto down = jobrt_cli({"stats", "--redis", "redis://127.0.0.1:1"});
+  auto down = jobrt_cli({"stats", "--redis", "redis://:secret@127.0.0.1:1"});
   CHECK(down.status == 1);
-  CHECK(down.output.find("redis at redis://127.0.0.1:1 does not answer") != std::string::npos);
+  CHECK(down.output.find("redis at redis://127.0.0.1:1/0 does not answer: connect to redis://127.0.0.1:1/0:") !=
+        std::string::npos);
+  CHECK(down.output.find("secret") == std::string::npos);  // the URL's password is not printed
 }
 
 TEST_CASE("jobrt worker and enqueue take a config file with several queues and grouping rules") {
