@@ -212,7 +212,7 @@ int worker_command(const args& a) {
       }
     }
     std::unique_ptr<metrics_server> metrics;
-    std::vector<std::int64_t> stuck(queues.size(), -1);
+    std::vector<std::int64_t> stuck(queues.size(), -1), oldest(queues.size(), -1);
     std::chrono::steady_clock::time_point last_check{};
     if (metrics_endpoint) {
       metrics = std::make_unique<metrics_server>(
@@ -223,12 +223,17 @@ int worker_command(const args& a) {
                            (last_check == std::chrono::steady_clock::time_point{} || now - last_check >= check_every);
             if (recheck) last_check = now;
             for (std::size_t i = 0; i < pool.size(); ++i) {
-              if (recheck) stuck[i] = (co_await store.check(queues[i].queue, false)).stuck_groups;
+              if (recheck) {
+                auto report = co_await store.check(queues[i].queue, false);
+                stuck[i] = report.stuck_groups;
+                oldest[i] = report.oldest_enqueued_ms;
+              }
               queue_metrics q;
               q.queue = queues[i].queue;
               q.workers.push_back(pool[i]->metrics());
               q.counts = co_await store.counts(q.queue);
               q.stuck_groups = stuck[i];
+              q.oldest_enqueued_ms = oldest[i];
               all.push_back(std::move(q));
             }
             co_return prometheus_text(all);

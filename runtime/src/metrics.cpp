@@ -12,6 +12,7 @@
 #include <boost/beast/http/write.hpp>
 
 #include <charconv>
+#include <chrono>
 #include <map>
 #include <stdexcept>
 
@@ -154,6 +155,17 @@ std::string prometheus_text(const std::vector<queue_metrics>& queues) {
          "Groups with jobs that nothing would run, as the last check found (-1: not checked).");
   for (const auto& q : queues)
     out += fmt::format("jobrt_queue_stuck_groups{{queue=\"{}\"}} {}\n", label(q.queue), q.stuck_groups);
+  family(out, "jobrt_queue_oldest_job_age_seconds", "gauge",
+         "Age now of the oldest job pending, delayed or running, as the last check found it (0: none; -1: not "
+         "checked).");
+  auto now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  for (const auto& q : queues) {
+    double age = q.oldest_enqueued_ms <= 0 ? static_cast<double>(q.oldest_enqueued_ms)
+                                           : static_cast<double>(now_ms - q.oldest_enqueued_ms) / 1000.0;
+    out += fmt::format("jobrt_queue_oldest_job_age_seconds{{queue=\"{}\"}} {}\n", label(q.queue), age);
+  }
   family(out, "jobrt_queue_recovered_total", "counter", "Expired leases recovered in this queue, by any process.");
   for (const auto& q : queues)
     out += fmt::format("jobrt_queue_recovered_total{{queue=\"{}\"}} {}\n", label(q.queue), q.counts.recovered);

@@ -293,6 +293,7 @@ TEST_CASE("jobrt worker serves Prometheus metrics on loopback") {
   CHECK(has(fmt::format("jobrt_queue_dead{{queue=\"{}\"}} 1", queue)));
   CHECK(has(fmt::format("jobrt_jobs_in_flight{{queue=\"{}\"}} 0", queue)));
   CHECK(has(fmt::format("jobrt_queue_stuck_groups{{queue=\"{}\"}} 0", queue)));
+  CHECK(has(fmt::format("jobrt_queue_oldest_job_age_seconds{{queue=\"{}\"}} 0", queue)));  // nothing left
   CHECK(has(fmt::format("jobrt_queue_groups_active{{queue=\"{}\"}} 0", queue)));
   CHECK(page.find("# TYPE jobrt_job_run_seconds histogram") != std::string::npos);
   CHECK(not_found.starts_with("HTTP/1.0 404"));

@@ -22,6 +22,9 @@ struct queue_metrics {
   std::vector<worker_metrics> workers;
   queue_counts counts;
   std::int64_t stuck_groups = -1;  ///< from the last check (-1: none run)
+  /// From the last check: the enqueue time of the oldest job pending, delayed or running, in ms
+  /// since the epoch (0: no job; -1: none run).
+  std::int64_t oldest_enqueued_ms = -1;
 };
 
 /// The Prometheus text exposition (format 0.0.4) of these queues.
