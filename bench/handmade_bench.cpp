@@ -24,6 +24,8 @@
 // Output: one line of key=value pairs. The server must be a throw-away one: it is flushed.
 #include <hiredis.h>
 
+#include "server_stats.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -84,35 +86,11 @@ class client {
   redisContext* ctx_;
 };
 
-std::map<std::string, std::string> info_fields(const std::string& text) {
-  std::map<std::string, std::string> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    auto colon = line.find(':');
-    if (colon != std::string::npos && line[0] != '#') out[line.substr(0, colon)] = line.substr(colon + 1);
-  }
-  return out;
-}
-
-struct server_stats {
-  double cpu_seconds = 0;
-  long commands = 0;  // every command but INFO and CONFIG
-  double usec = 0;    // their server time
-};
+using jobrt::bench::server_stats;
 
 server_stats read_stats(client& c) {
   auto r = c.command({"INFO", "all"});
-  auto f = info_fields(std::string(r->str, r->len));
-  server_stats s;
-  s.cpu_seconds = std::stod(f["used_cpu_user"]) + std::stod(f["used_cpu_sys"]);
-  for (auto& [k, v] : f) {
-    if (!k.starts_with("cmdstat_") || k == "cmdstat_info" || k.starts_with("cmdstat_config")) continue;
-    s.commands += std::stol(v.substr(v.find("calls=") + 6));
-    s.usec += std::stod(v.substr(v.find("usec=") + 5));
-  }
-  return s;
+  return jobrt::bench::parse_server_stats(std::string(r->str, r->len));
 }
 
 const std::string queue_key = "handmade:queue";

@@ -24,6 +24,8 @@
 #include <jobrt/redis_backend.hpp>
 #include <jobrt/worker.hpp>
 
+#include "server_stats.hpp"
+
 #include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -55,38 +57,11 @@ awaitable<void> sleep_for(std::chrono::microseconds d) {
   co_await t.async_wait(use_awaitable);
 }
 
-std::map<std::string, std::string> info_fields(const std::string& text) {
-  std::map<std::string, std::string> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    auto colon = line.find(':');
-    if (colon != std::string::npos && line[0] != '#') out[line.substr(0, colon)] = line.substr(colon + 1);
-  }
-  return out;
-}
-
-struct server_stats {
-  double cpu_seconds = 0;  // used_cpu_user + used_cpu_sys
-  long commands = 0;       // every command but INFO and CONFIG
-  long used_memory = 0;
-  std::map<std::string, std::string> commandstats;
-};
+using bench::server_stats;
 
 awaitable<server_stats> read_stats(redis::connection& c) {
   auto r = co_await redis::exec(c, redis::request("INFO", "all"));
-  auto f = info_fields(r.as_string());
-  server_stats s;
-  s.cpu_seconds = std::stod(f["used_cpu_user"]) + std::stod(f["used_cpu_sys"]);
-  s.used_memory = std::stol(f["used_memory"]);
-  for (auto& [k, v] : f) {
-    if (!k.starts_with("cmdstat_")) continue;
-    s.commandstats[k] = v;
-    if (k == "cmdstat_info" || k.starts_with("cmdstat_config")) continue;
-    s.commands += std::stol(v.substr(v.find("calls=") + 6));
-  }
-  co_return s;
+  co_return bench::parse_server_stats(std::string(r.as_string()));
 }
 
 // CPU time of this process so far, user + system.
@@ -106,13 +81,8 @@ double percentile(std::vector<double> v, double p) {
   return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1))];
 }
 
-awaitable<void> throughput(asio::io_context& ctx, redis::config cfg, long n, std::size_t concurrency, long groups,
-                           std::size_t burst) {
-  redis_backend store(ctx.get_executor(), cfg);
-  auto& conn = store.connection();
-  co_await redis::exec(conn, redis::request("FLUSHALL"));
-  co_await redis::exec(conn, redis::request("CONFIG", "RESETSTAT"));
-  producer p(store, "bench");
+// n no-op jobs, spread over `groups` groups (0: ungrouped).
+std::vector<job_spec> noop_jobs(long n, long groups) {
   std::vector<job_spec> specs;
   specs.reserve(static_cast<std::size_t>(n));
   for (long i = 0; i < n; ++i) {
@@ -121,6 +91,17 @@ awaitable<void> throughput(asio::io_context& ctx, redis::config cfg, long n, std
     if (groups > 0) s.group = std::to_string(i % groups);
     specs.push_back(std::move(s));
   }
+  return specs;
+}
+
+awaitable<void> throughput(asio::io_context& ctx, redis::config cfg, long n, std::size_t concurrency, long groups,
+                           std::size_t burst) {
+  redis_backend store(ctx.get_executor(), cfg);
+  auto& conn = store.connection();
+  co_await redis::exec(conn, redis::request("FLUSHALL"));
+  co_await redis::exec(conn, redis::request("CONFIG", "RESETSTAT"));
+  producer p(store, "bench");
+  auto specs = noop_jobs(n, groups);
   auto s0 = co_await read_stats(conn);
   auto t0 = clock_type::now();
   co_await p.enqueue_bulk(std::move(specs));
@@ -166,14 +147,7 @@ awaitable<void> fill_only(asio::io_context& ctx, redis::config cfg, long n, long
   auto& conn = store.connection();
   co_await redis::exec(conn, redis::request("FLUSHALL"));
   producer p(store, "bench");
-  std::vector<job_spec> specs;
-  specs.reserve(static_cast<std::size_t>(n));
-  for (long i = 0; i < n; ++i) {
-    job_spec s;
-    s.type = "noop";
-    if (groups > 0) s.group = std::to_string(i % groups);
-    specs.push_back(std::move(s));
-  }
+  auto specs = noop_jobs(n, groups);
   auto s0 = co_await read_stats(conn);
   auto t0 = clock_type::now();
   co_await p.enqueue_bulk(std::move(specs));
