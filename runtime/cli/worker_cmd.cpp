@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/deferred.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -32,23 +33,23 @@ namespace {
 
 namespace asio = boost::asio;
 
+// SIGTERM or SIGINT before the worker listens for them (it was still loading plugins): remembered,
+// so that it stops as soon as it can, cleanly, instead of dying.
+volatile std::sig_atomic_t early_signal = 0;
+void remember_signal(int signal) { early_signal = signal; }
+
+const char* signal_name(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }
+
 // Runs `body` on a fresh io_context with a Redis backend; rethrows what it throws.
 template <class Body>
 void with_backend(const std::string& url, std::size_t threads, Body body) {
-  auto cfg = redis::config::from_url(url);
   asio::io_context ctx(static_cast<int>(threads));
-  redis_backend store(ctx.get_executor(), cfg);
+  redis_backend store(ctx.get_executor(), redis::config::from_url(url));
   std::exception_ptr failure;
-  asio::co_spawn(
-      ctx,
-      [&]() -> asio::awaitable<void> {
-        co_await check_reachable(store.connection(), url);
-        co_await body(ctx, store);
-      },
-      [&](std::exception_ptr e) {
-        failure = e;
-        ctx.stop();
-      });
+  asio::co_spawn(ctx, body(ctx, store), [&](std::exception_ptr e) {
+    failure = e;
+    ctx.stop();
+  });
   std::vector<std::thread> extra;
   for (std::size_t t = 1; t < threads; ++t) extra.emplace_back([&] { ctx.run(); });
   ctx.run();
@@ -77,11 +78,6 @@ constexpr const char* worker_usage =
     "                       loopback when HOST is left out; PORT 0 picks one and prints it)\n"
     "  --metrics-check S    run check (reads the whole queue) at most every S seconds for the\n"
     "                       stuck-groups gauge (default 60; 0: never)\n";
-
-// SIGTERM or SIGINT before the worker listens for them (it was still loading plugins or
-// connecting): remembered, so that it stops as soon as it can, cleanly, instead of dying.
-volatile std::sig_atomic_t early_signal = 0;
-void remember_signal(int signal) { early_signal = signal; }
 
 }  // namespace
 
@@ -187,10 +183,18 @@ int worker_command(const args& a) {
     queues[i].id = queues.size() == 1 ? base_id : fmt::format("{}:{}", base_id, queues[i].queue);
 
   with_backend(url, threads, [&](asio::io_context& ctx, redis_backend& store) -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
     asio::signal_set signals(ctx, SIGTERM, SIGINT);  // from here on a signal waits for async_wait
-    if (early_signal != 0) {
-      log(log_level::info, "worker " + base_id, "{} before it started: stopping",
-          early_signal == SIGINT ? "SIGINT" : "SIGTERM");
+    // A signal before this point, or while it connects (a server that is down or paused must not
+    // keep a stopping worker), ends it cleanly at once.
+    int early = early_signal;
+    if (early == 0) {
+      log(log_level::info, "worker " + base_id, "connecting to redis at {}", redis::config::from_url(url).address());
+      auto first = co_await (check_reachable(store.connection(), url) || signals.async_wait(asio::use_awaitable));
+      if (first.index() == 1) early = std::get<1>(first);
+    }
+    if (early != 0) {
+      log(log_level::info, "worker " + base_id, "{} before it started: stopping", signal_name(early));
       co_return;
     }
     std::vector<std::unique_ptr<jobrt::worker>> pool;
@@ -250,8 +254,7 @@ int worker_command(const args& a) {
     }
     int signal = co_await signals.async_wait(asio::use_awaitable);
     if (metrics) metrics->stop();
-    log(log_level::info, "worker " + base_id, "{}: stopping (grace {} ms)", signal == SIGINT ? "SIGINT" : "SIGTERM",
-        grace.count());
+    log(log_level::info, "worker " + base_id, "{}: stopping (grace {} ms)", signal_name(signal), grace.count());
     {  // all drain at once
       auto ex = ctx.get_executor();
       using stop_op = decltype(asio::co_spawn(ex, pool.front()->stop(grace), asio::deferred));
@@ -419,6 +422,7 @@ int enqueue_command(const args& a) {
   bool tty = ::isatty(STDERR_FILENO) == 1 && specs.size() > 1;
   std::vector<enqueue_result> results;
   with_backend(url, 1, [&](asio::io_context&, redis_backend& store) -> asio::awaitable<void> {
+    co_await check_reachable(store.connection(), url);
     producer p(store, queue, po);
     constexpr std::size_t step = 10000;  // a progress line per step, on a terminal
     for (std::size_t first = 0; first < specs.size(); first += step) {

@@ -132,16 +132,28 @@ TEST_CASE("jobrt worker runs plugin handlers on jobs from jobrt enqueue and stop
   CHECK(check.output.find("no problems") != std::string::npos);
 }
 
-TEST_CASE("jobrt worker stops cleanly on a SIGTERM that comes while it is still connecting") {
+TEST_CASE("jobrt worker stops cleanly and at once on a SIGTERM that comes while it is still connecting") {
   redis_server server;  // private: paused below
-  // The server answers nothing for 1.5 s, so the worker sits in its first PING when SIGTERM comes.
-  redis_cli(server.config(), {"CLIENT", "PAUSE", "1500", "ALL"});
+  // The server answers nothing for 20 s, so the worker sits in its first PING when SIGTERM comes.
+  redis_cli(server.config(), {"CLIENT", "PAUSE", "20000", "ALL"});
   auto out = fmt::format("/tmp/jobrt-cli-early-{}.out", ::getpid());
   auto pid =
       start({"worker", "--redis", server.url(), "--queue", "early", "--plugin", JOBRT_HANDLERS "/jobrt_noop.so"}, out);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // past main(), still connecting
+  // Its log says when it connects; a SIGTERM sent before the process gets that far would only
+  // test the kernel's default action.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  auto connecting = [&] {
+    std::ifstream in(out);
+    std::string text(std::istreambuf_iterator<char>(in), {});
+    return text.find("connecting to redis at") != std::string::npos;
+  };
+  while (!connecting() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(connecting());
+  auto signalled = std::chrono::steady_clock::now();
   ::kill(pid, SIGTERM);
   auto f = wait_for(pid, out);
+  CHECK(std::chrono::steady_clock::now() - signalled < std::chrono::seconds(10));  // not when the pause ends
   CHECK(f.status == 0);
   CHECK(f.output.find("SIGTERM before it started: stopping") != std::string::npos);
 }
