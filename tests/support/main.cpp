@@ -1,2 +1,42 @@
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// The test programs' main: doctest's, plus one rule. ctest runs each case by name
+// (--test-case=NAME); a name that doctest's filter cannot match (a comma splits it into two
+// filters) would run nothing and pass. So a run with a filter that matched no case fails.
+#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
+
+#include <cstdio>
+
+namespace {
+
+int cases_started = 0;
+
+struct case_counter : doctest::IReporter {
+  explicit case_counter(const doctest::ContextOptions&) {}
+  void report_query(const doctest::QueryData&) override {}
+  void test_run_start() override {}
+  void test_run_end(const doctest::TestRunStats&) override {}
+  void test_case_start(const doctest::TestCaseData&) override { ++cases_started; }
+  void test_case_reenter(const doctest::TestCaseData&) override {}
+  void test_case_end(const doctest::CurrentTestCaseStats&) override {}
+  void test_case_exception(const doctest::TestCaseException&) override {}
+  void subcase_start(const doctest::SubcaseSignature&) override {}
+  void subcase_end() override {}
+  void log_assert(const doctest::AssertData&) override {}
+  void log_message(const doctest::MessageData&) override {}
+  void test_case_skipped(const doctest::TestCaseData&) override {}
+};
+
+REGISTER_LISTENER("case_counter", 1, case_counter);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  doctest::Context context(argc, argv);
+  int rc = context.run();
+  if (context.shouldExit()) return rc;  // --help, --list-test-cases, ...
+  if (rc == 0 && cases_started == 0) {
+    std::fprintf(stderr, "no test case matched the filter: a name with a comma cannot be matched\n");
+    return 1;
+  }
+  return rc;
+}
