@@ -18,6 +18,9 @@ cmake --install build/ci-release --prefix build/ci-install >/dev/null
 cmake -S tests/consumer -B build/ci-consumer -DCMAKE_PREFIX_PATH="$root/build/ci-install" >/dev/null
 cmake --build build/ci-consumer -j "$(nproc)" >/dev/null
 build/ci-consumer/consumer
+# The plugin it built is docs/HANDLERS.md's example, word for word.
+diff <(awk '/^```cpp$/{on=1; next} on && /^```$/{exit} on' docs/HANDLERS.md) <(tail -n +2 tests/consumer/greet.cpp) ||
+  { echo "docs/HANDLERS.md's example and tests/consumer/greet.cpp differ"; exit 1; }
 
 echo "== build: ASan+UBSan"
 scripts/build.sh build/ci-asan -DCMAKE_BUILD_TYPE=Debug -DJOBRT_WERROR=ON -DJOBRT_SANITIZE=ON

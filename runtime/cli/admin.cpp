@@ -15,6 +15,7 @@
 #include <charconv>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace jobrt::cli {
@@ -121,7 +122,8 @@ int stats(const args& a) {
         "usage: jobrt stats [--redis URL] [--queue NAME] [--json] [--watch SECONDS]\n"
         "A queue's counts (ready lanes, running, delayed, paused groups, dead letters) and counters\n"
         "(enqueued, started, completed, failed, retried, deferred, halted, recovered). --watch prints\n"
-        "them again every SECONDS, with the completion rate, until interrupted.\n");
+        "them again every SECONDS, with the completion rate since the last report (jobs/s; in JSON\n"
+        "\"completed_per_s\"), until interrupted.\n");
     return 0;
   }
   auto watch = c.numbers.contains("--watch") ? c.numbers["--watch"] : 0;
@@ -130,9 +132,13 @@ int stats(const args& a) {
     asio::steady_timer timer(co_await asio::this_coro::executor);
     for (;;) {
       auto q = co_await store.counts(c.queue);
+      // The completion rate since the last report (so from the second on).
+      std::optional<double> rate;
+      if (last_completed >= 0) rate = static_cast<double>(q.completed - last_completed) / static_cast<double>(watch);
       if (c.json) {
         auto o = to_json(q);
         o["queue"] = c.queue;
+        if (rate) o["completed_per_s"] = *rate;
         fmt::print("{}\n", json::serialize(o));
       } else {
         fmt::print(
@@ -141,9 +147,7 @@ int stats(const args& a) {
             "completed {}, failed {}, retried {}, deferred {}, halted {}, recovered {}",
             c.queue, q.ready_lanes, q.running, q.delayed, q.groups, q.paused, q.dead, q.enqueued, q.started,
             q.completed, q.failed, q.retried, q.deferred, q.halted, q.recovered);
-        if (last_completed >= 0 && watch > 0)
-          fmt::print(" | {:.0f} jobs/s",
-                     static_cast<double>(q.completed - last_completed) / static_cast<double>(watch));
+        if (rate) fmt::print(" | {:.0f} jobs/s", *rate);
         fmt::print("\n");
       }
       if (watch == 0) break;

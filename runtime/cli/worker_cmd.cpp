@@ -21,6 +21,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <fstream>
 #include <map>
@@ -424,14 +425,21 @@ int enqueue_command(const args& a) {
   with_backend(url, 1, [&](asio::io_context&, redis_backend& store) -> asio::awaitable<void> {
     co_await check_reachable(store.connection(), url);
     producer p(store, queue, po);
-    constexpr std::size_t step = 10000;  // a progress line per step, on a terminal
+    // One bulk call per step, and on a terminal a redrawn progress bar after each: about 1% a
+    // step, in batches that still cost few round trips.
+    auto step = std::clamp<std::size_t>(specs.size() / 100, 1000, 10000);
+    auto began = std::chrono::steady_clock::now();
     for (std::size_t first = 0; first < specs.size(); first += step) {
       auto last = std::min(specs.size(), first + step);
       std::vector<job_spec> part(std::make_move_iterator(specs.begin() + static_cast<std::ptrdiff_t>(first)),
                                  std::make_move_iterator(specs.begin() + static_cast<std::ptrdiff_t>(last)));
       auto done = co_await p.enqueue_bulk(std::move(part));
       results.insert(results.end(), done.begin(), done.end());
-      if (tty) fmt::print(stderr, "\r[{:<40}] {}/{}", std::string(40 * last / specs.size(), '#'), last, specs.size());
+      if (tty) {
+        std::chrono::duration<double> took = std::chrono::steady_clock::now() - began;
+        fmt::print(stderr, "\r[{:<40}] {:3}%  {}/{}  {:.0f} jobs/s", std::string(40 * last / specs.size(), '#'),
+                   100 * last / specs.size(), last, specs.size(), static_cast<double>(last) / took.count());
+      }
     }
     if (tty) fmt::print(stderr, "\n");
   });

@@ -1,6 +1,8 @@
-// Enqueues a grouped job on the embedded backend and runs it with a worker: proof that an
-// installed jobrt compiles and links from another project.
+// Proof that an installed jobrt compiles and links from another project: enqueues a grouped job
+// on the embedded backend and runs it with a worker, then loads the greet plugin (built here from
+// docs/HANDLERS.md's example) and runs its handler on a good and on a bad payload.
 #include <jobrt/memory_backend.hpp>
+#include <jobrt/plugin.hpp>
 #include <jobrt/producer.hpp>
 #include <jobrt/worker.hpp>
 
@@ -13,6 +15,8 @@
 #include <cstdio>
 
 int main() {
+  // Before the worker: its handlers' code lives in the plugin, which must outlive them.
+  auto greet = jobrt::load_plugin(GREET_PLUGIN);
   boost::asio::io_context ctx;
   jobrt::memory_backend store(ctx.get_executor());
   jobrt::worker_options opts;
@@ -23,7 +27,9 @@ int main() {
     ran = static_cast<int>(job.payload().at("n").as_int64());
     co_return;
   });
+  greet->register_with(w);
   w.start();
+  jobrt::queue_counts counts;
   boost::asio::co_spawn(
       ctx,
       [&]() -> boost::asio::awaitable<void> {
@@ -33,15 +39,22 @@ int main() {
         spec.payload = {{"n", 42}};
         spec.group = "g";
         co_await p.enqueue(spec);
+        spec.type = "greet";
+        spec.payload = {{"name", "world"}};
+        co_await p.enqueue(spec);
+        spec.payload = {{"name", 7}};  // not a string: a permanent failure, to the dead letters
+        co_await p.enqueue(spec);
         boost::asio::steady_timer t(ctx);
-        for (int i = 0; i < 500 && ran == 0; ++i) {
+        for (int i = 0; i < 500 && counts.completed + counts.dead < 3; ++i) {
           t.expires_after(std::chrono::milliseconds(10));
           co_await t.async_wait(boost::asio::use_awaitable);
+          counts = co_await store.counts("consumer");
         }
         co_await w.stop(std::chrono::seconds(1));
       },
       boost::asio::detached);
   ctx.run();
-  std::printf("consumer: the job ran with n=%d\n", ran);
-  return ran == 42 ? 0 : 1;
+  std::printf("consumer: the job ran with n=%d; %lld jobs completed, %lld dead-lettered\n", ran,
+              static_cast<long long>(counts.completed), static_cast<long long>(counts.dead));
+  return ran == 42 && counts.completed == 2 && counts.dead == 1 ? 0 : 1;
 }

@@ -9,6 +9,7 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/json/parse.hpp>
 
 #include <fmt/format.h>
 
@@ -41,8 +42,8 @@ struct finished {
   std::string output;
 };
 
-// Starts `jobrt args...` with stdout and stderr to one file.
-pid_t start(const std::vector<std::string>& args, const std::string& out) {
+// Starts `jobrt args...` with stdout and stderr to one file, and `env` added to the environment.
+pid_t start(const std::vector<std::string>& args, const std::string& out, const std::vector<std::string>& env = {}) {
   std::vector<std::string> all{JOBRT_BIN};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -52,8 +53,13 @@ pid_t start(const std::vector<std::string>& args, const std::string& out) {
   posix_spawn_file_actions_init(&files);
   posix_spawn_file_actions_addopen(&files, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&files, 1, 2);
+  std::vector<std::string> vars(env);
+  std::vector<char*> envp;
+  for (auto& v : vars) envp.push_back(v.data());
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);  // the first of a name wins
+  envp.push_back(nullptr);
   pid_t pid = -1;
-  int rc = ::posix_spawn(&pid, JOBRT_BIN, &files, nullptr, argv.data(), environ);
+  int rc = ::posix_spawn(&pid, JOBRT_BIN, &files, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&files);
   REQUIRE(rc == 0);
   return pid;
@@ -70,9 +76,37 @@ finished wait_for(pid_t pid, const std::string& out) {
   return f;
 }
 
-finished jobrt_cli(const std::vector<std::string>& args) {
+finished jobrt_cli(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
   auto out = fmt::format("/tmp/jobrt-cli-{}-{}.out", ::getpid(), std::rand());
-  return wait_for(start(args, out), out);
+  return wait_for(start(args, out, env), out);
+}
+
+// Waits (bounded) until the file has `text`.
+bool wait_for_text(const std::string& file, std::string_view text, std::chrono::seconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    std::ifstream in(file);
+    std::string all(std::istreambuf_iterator<char>(in), {});
+    if (all.find(text) != std::string::npos) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// Waits (bounded) until the queue's counts satisfy `done`; returns the last counts read.
+template <class Done>
+queue_counts wait_counts(const redis::config& cfg, const std::string& queue, Done done) {
+  queue_counts counts;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      counts = co_await store.counts(queue);
+      if (done(counts) || std::chrono::steady_clock::now() > end) break;
+      co_await sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  return counts;
 }
 
 std::string url_of(const redis::config& cfg) { return fmt::format("redis://{}:{}", cfg.host, cfg.port); }
@@ -141,15 +175,7 @@ TEST_CASE("jobrt worker stops cleanly and at once on a SIGTERM that comes while 
       start({"worker", "--redis", server.url(), "--queue", "early", "--plugin", JOBRT_HANDLERS "/jobrt_noop.so"}, out);
   // Its log says when it connects; a SIGTERM sent before the process gets that far would only
   // test the kernel's default action.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  auto connecting = [&] {
-    std::ifstream in(out);
-    std::string text(std::istreambuf_iterator<char>(in), {});
-    return text.find("connecting to redis at") != std::string::npos;
-  };
-  while (!connecting() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  REQUIRE(connecting());
+  REQUIRE(wait_for_text(out, "connecting to redis at", std::chrono::seconds(20)));
   auto signalled = std::chrono::steady_clock::now();
   ::kill(pid, SIGTERM);
   auto f = wait_for(pid, out);
@@ -374,4 +400,142 @@ TEST_CASE("the example HTTP server enqueues a job per POST and runs them on its 
   CHECK(answers[21].find("job type is empty") != std::string::npos);
   CHECK(stats.find(R"("done":20)") != std::string::npos);
   CHECK(stats.find(R"("completed":20)") != std::string::npos);
+}
+
+TEST_CASE("every jobrt command answers --help and version prints it and REDIS_URL is the default server") {
+  for (std::string command : {"worker", "enqueue", "stats", "check", "dlq", "group", "demo"}) {
+    auto help = jobrt_cli({command, "--help"});
+    CHECK_MESSAGE(help.status == 0, command);
+    CHECK_MESSAGE(help.output.starts_with("usage: jobrt " + command), help.output);
+  }
+  auto top = jobrt_cli({"--help"});
+  CHECK(top.status == 0);
+  CHECK(top.output.find("Each command takes --help") != std::string::npos);
+  auto version = jobrt_cli({"version"});
+  CHECK(version.status == 0);
+  CHECK(version.output.starts_with("jobrt "));
+
+  auto url = url_of(shared_redis());
+  std::string queue = key_prefix() + "env";
+  auto enqueued = jobrt_cli({"enqueue", "--queue", queue, "--type", "noop"}, {"REDIS_URL=" + url});
+  CHECK(enqueued.status == 0);
+  auto stats = jobrt_cli({"stats", "--queue", queue, "--json"}, {"REDIS_URL=" + url});
+  CHECK(stats.status == 0);
+  CHECK(stats.output.find("\"enqueued\":1") != std::string::npos);
+  auto elsewhere = jobrt_cli({"stats", "--queue", queue}, {"REDIS_URL=redis://127.0.0.1:1"});
+  CHECK(elsewhere.status == 1);
+  CHECK(elsewhere.output.find("redis at redis://127.0.0.1:1/0 does not answer") != std::string::npos);
+  auto given = jobrt_cli({"stats", "--redis", url, "--queue", queue}, {"REDIS_URL=redis://127.0.0.1:1"});
+  CHECK(given.status == 0);  // --redis wins over the environment
+}
+
+TEST_CASE(
+    "operators' commands from the command line: enqueue --file and group pause/show/resume and dlq show/requeue/purge "
+    "and stats --watch") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "ops";
+  auto file = fmt::format("/tmp/jobrt-cli-ops-{}.jsonl", ::getpid());
+  std::ofstream(file) << R"({"type":"noop","payload":{"n":1},"group":"g","id":"g-1"})"
+                      << "\n\n"  // a blank line is skipped
+                      << R"({"type":"noop","payload":{"n":2},"group":"g","id":"g-2"})"
+                      << "\n"
+                      << R"({"type":"sleep","payload":{"ms":1,"fail":true},"max_attempts":1,"id":"bad-1"})"
+                      << "\n"
+                      << R"({"type":"sleep","payload":{"ms":1,"fail":true},"max_attempts":1,"id":"bad-2"})"
+                      << "\n";
+  auto lines = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file});
+  std::remove(file.c_str());
+  CHECK(lines.status == 0);
+  CHECK(lines.output == "enqueued 4 jobs on " + queue + " (0 duplicates)\n");
+
+  auto paused = jobrt_cli({"group", "pause", "g", "--redis", url, "--queue", queue});
+  CHECK(paused.output == "group g: paused\n");
+  CHECK(jobrt_cli({"group", "pause", "g", "--redis", url, "--queue", queue}).output == "group g: already paused\n");
+  auto shown = jobrt_cli({"group", "show", "--redis", url, "--queue", queue, "--json"});
+  CHECK(shown.output.find(R"("group":"g","halted":false)") != std::string::npos);
+
+  auto watch_out = fmt::format("/tmp/jobrt-cli-watch-{}.out", ::getpid());
+  auto watcher = start({"stats", "--redis", url, "--queue", queue, "--json", "--watch", "1"}, watch_out);
+  auto out = fmt::format("/tmp/jobrt-cli-ops-worker-{}.out", ::getpid());
+  auto pid = start({"worker", "--redis", url, "--queue", queue, "--plugin", JOBRT_HANDLERS "/jobrt_noop.so", "--plugin",
+                    JOBRT_HANDLERS "/jobrt_sleep.so"},
+                   out);
+  auto counts = wait_counts(cfg, queue, [](const queue_counts& c) { return c.dead == 2; });
+  CHECK(counts.dead == 2);
+  CHECK(counts.completed == 0);  // g is paused: neither of its jobs started
+  CHECK(counts.started == 2);
+
+  auto resumed = jobrt_cli({"group", "resume", "g", "--redis", url, "--queue", queue});
+  CHECK(resumed.output == "group g: resumed\n");
+  counts = wait_counts(cfg, queue, [](const queue_counts& c) { return c.completed == 2; });
+  CHECK(counts.completed == 2);
+  CHECK(jobrt_cli({"group", "show", "--redis", url, "--queue", queue}).output.empty());
+  CHECK(wait_for_text(watch_out, R"("completed":2)", std::chrono::seconds(10)));
+  ::kill(watcher, SIGTERM);
+  auto watched = wait_for(watcher, watch_out);
+  CHECK(watched.output.find(R"("completed_per_s":)") != std::string::npos);  // from the second report on
+  ::kill(pid, SIGTERM);
+  CHECK(wait_for(pid, out).status == 0);
+
+  auto show = jobrt_cli({"dlq", "show", "bad-1", "--redis", url, "--queue", queue});
+  CHECK(show.status == 0);
+  CHECK(show.output.find("id bad-1\n") != std::string::npos);
+  CHECK(show.output.find("runs 1\n") != std::string::npos);
+  CHECK(show.output.find("error sleep: failed as asked (payload.fail)") != std::string::npos);
+  auto show_json = jobrt_cli({"dlq", "show", "bad-2", "--redis", url, "--queue", queue, "--json"});
+  auto letter = boost::json::parse(show_json.output).as_object();
+  CHECK(letter.at("id").as_string() == "bad-2");
+  CHECK(letter.at("runs").as_int64() == 1);
+  auto none = jobrt_cli({"dlq", "show", "nope", "--redis", url, "--queue", queue});
+  CHECK(none.status == 1);
+  CHECK(none.output.find("no dead letter nope in queue " + queue) != std::string::npos);
+
+  auto requeued = jobrt_cli({"dlq", "requeue", "bad-1", "nope", "--head", "--redis", url, "--queue", queue});
+  CHECK(requeued.status == 1);  // one of the two was not there
+  CHECK(requeued.output == "requeued 1 of 2\n");
+  counts = wait_counts(cfg, queue, [](const queue_counts&) { return true; });
+  CHECK(counts.dead == 1);
+  CHECK(counts.ready_lanes == 1);  // bad-1 waits for a worker again
+  CHECK(jobrt_cli({"dlq", "purge", "bad-2", "--redis", url, "--queue", queue}).output == "purged 1\n");
+  CHECK(jobrt_cli({"dlq", "purge", "--all", "--redis", url, "--queue", queue}).output == "purged 0\n");
+  CHECK(jobrt_cli({"dlq", "purge", "--redis", url, "--queue", queue}).status == 2);  // neither ids nor --all
+  CHECK(jobrt_cli({"dlq", "list", "--redis", url, "--queue", queue}).output.empty());
+}
+
+TEST_CASE("jobrt check reports a stuck group with exit code 1 and --repair fixes it") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "stuck";
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "noop", "--group", "fine"}).status == 0);
+  // A producer in another language pushed a job but not its group's lane.
+  redis_cli(cfg, {"RPUSH", "jobrt:{" + queue + "}:g:orphan", R"(0|orphan-1|{"type":"noop","payload":{}})"});
+  auto found = jobrt_cli({"check", queue, "--redis", url});
+  CHECK(found.status == 1);
+  CHECK(found.output.find("problem: group orphan has 1 jobs and no lane, lease or parked lane") != std::string::npos);
+  auto repaired = jobrt_cli({"check", queue, "--redis", url, "--repair", "--json"});
+  CHECK(repaired.status == 0);
+  auto report = boost::json::parse(repaired.output).as_object();
+  CHECK(report.at("repaired").as_int64() >= 1);
+  CHECK(report.at("groups").as_int64() == 2);
+  auto again = jobrt_cli({"check", queue, "--redis", url});
+  CHECK(again.status == 0);
+  CHECK(again.output.find("no problems") != std::string::npos);
+  auto counts = wait_counts(cfg, queue, [](const queue_counts&) { return true; });
+  CHECK(counts.ready_lanes == 2);  // both groups can be claimed now
+}
+
+TEST_CASE(
+    "jobrt demo passes its checks grouped on the embedded backend and on Redis and --no-groups shows lost updates") {
+  auto grouped = jobrt_cli({"demo", "--jobs", "2000", "--commodities", "40"});
+  CHECK(grouped.status == 0);
+  CHECK(grouped.output.find("40/40 commodities   ok") != std::string::npos);
+  CHECK(grouped.output.find("FAILED") == std::string::npos);
+  auto loose = jobrt_cli({"demo", "--jobs", "2000", "--commodities", "40", "--no-groups"});
+  CHECK(loose.status == 0);
+  CHECK(loose.output.find("Without groups, concurrent read-yield-write runs lost") != std::string::npos);
+  auto on_redis = jobrt_cli(
+      {"demo", "--jobs", "1000", "--commodities", "20", "--redis", url_of(shared_redis()), "--processes", "2"});
+  CHECK_MESSAGE(on_redis.status == 0, on_redis.output);
+  CHECK(on_redis.output.find("20/20 commodities   ok") != std::string::npos);
 }
