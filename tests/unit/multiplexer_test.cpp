@@ -164,7 +164,7 @@ TEST_CASE_FIXTURE(fixture, "a push filter takes pub/sub messages out of the repl
   CHECK(a->value.as_string() == "PONG");
 }
 
-TEST_CASE_FIXTURE(fixture, "drain completes at most the replies asked for, then the rest") {
+TEST_CASE_FIXTURE(fixture, "drain completes at most the replies asked for - then the rest") {
   auto a = add(request("GET", "a"));
   auto b = add(request("GET", "b"));
   auto c = add(request("GET", "c"));
