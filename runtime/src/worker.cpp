@@ -222,7 +222,12 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         co_await wait_on(self->slot_timer_);
         continue;
       }
-      claim_options co{self->opts_.id, free, self->opts_.lease_ttl};
+      // Under load a claim asks for at most half the slots: the next claim goes out as soon as
+      // this one's jobs start, and the backend serves it while this process runs them. Claims
+      // for every free slot keep both sides in step, each idle while the other works (bench:
+      // about 20% more jobs/s with half; a third or a quarter gained less, their calls cost more).
+      auto want = self->queue_drained_ ? free : std::min(free, (self->opts_.concurrency + 1) / 2);
+      claim_options co{self->opts_.id, want, self->opts_.lease_ttl};
       std::vector<claimed_job> jobs;
       std::string failure;
       try {
@@ -253,7 +258,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
         continue;
       }
-      self->queue_drained_ = jobs.size() < free;  // nothing else was ready
+      self->queue_drained_ = jobs.size() < want;  // nothing else was ready
       for (auto& j : jobs) self->launch(std::move(j), self->opts_.burst);
     }
     self->claiming_ = false;
