@@ -30,7 +30,12 @@ std::chrono::milliseconds backoff::delay_after(int attempt, double random) const
   for (int i = 1; i < attempt && d < static_cast<double>(max.count()); ++i) d *= factor;
   d = std::min(d, static_cast<double>(max.count()));
   d *= 1.0 + jitter * (2.0 * random - 1.0);
-  return std::chrono::milliseconds(static_cast<std::int64_t>(std::max(0.0, d)));
+  // A cap near the largest duration (a "no cap") must not overflow the conversion: that is
+  // undefined, and on x86 gives a negative delay, a retry at once, in a loop. NaN (0 ms times an
+  // infinite factor) is 0.
+  constexpr double longest = 9.2e18;  // ms, below 2^63
+  if (!(d > 0.0)) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::min(d, longest)));
 }
 
 }  // namespace jobrt

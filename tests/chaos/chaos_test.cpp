@@ -1,8 +1,9 @@
 // The chaos test: real `jobrt worker` processes run the probe plugin on one queue while a driver
 // kill -9's and restarts them, kills their Redis connections and restarts redis-server once
-// (appendonly yes, appendfsync always). Then the probes' logs are checked: no job lost, no two
-// runs of a group at once while both held live leases, order kept (retries included), re-runs
-// only where a lease was lost, and `check` finds nothing.
+// (appendonly yes, appendfsync always). Then the probes' logs are checked: no job lost (every job
+// completed, but those meant to fail every run, which are in the dead letters once each), no two
+// runs of a group at once while both held live leases, order kept (retries and dead-lettered
+// heads included), re-runs only where a lease was lost, and `check` finds nothing.
 #include "support/redis_server.hpp"
 #include "support/run.hpp"
 
@@ -43,6 +44,13 @@ namespace {
 constexpr int groups = 500;
 constexpr int grouped_jobs = 20000;
 constexpr int delayed_jobs = 200;
+// Grouped jobs that fail every run (max_attempts 2): in 8 groups, every 8th job of each from the
+// 4th on, 5 per group; under `hold` each group waits for the doomed job's retry and goes on after
+// it is dead-lettered.
+constexpr int doomed_groups = 8;
+constexpr int doomed_jobs = doomed_groups * (grouped_jobs / groups / 8);
+constexpr int doomed_max_attempts = 2;
+constexpr bool doomed(int n) { return n % groups < doomed_groups && (n / groups) % 8 == 3; }
 constexpr int worker_count = 4;
 constexpr milliseconds lease_ttl{1500};
 constexpr milliseconds watchdog_period = lease_ttl / 3;  // the worker's default
@@ -224,7 +232,8 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
   std::map<long, std::int64_t> killed_at;  // pid → when (realtime us)
   int kills = 0, connection_kills = 0;
   std::int64_t recovered = 0, restart_at = 0, restarted_at = 0;
-  std::set<std::string> ids;
+  std::set<std::string> ids, doomed_ids;
+  std::vector<dead_letter> dead;
   check_report final_check;
   std::string stop_problems;
   queue_counts final_counts;
@@ -239,8 +248,9 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
         producer p(store, queue);
         std::mt19937 random(12345);
 
-        // 20,000 grouped jobs in order over 500 groups, 1 in 20 failing its first run; 200
-        // ungrouped jobs delayed by up to 5 s. Enqueued in 20 steps while the chaos goes on.
+        // 20,000 grouped jobs in order over 500 groups, 1 in 20 failing its first run, 40 failing
+        // every run; 200 ungrouped jobs delayed by up to 5 s. Enqueued in 20 steps while the chaos
+        // goes on.
         std::vector<job_spec> all;
         for (int n = 0; n < grouped_jobs; ++n) {
           job_spec s;
@@ -248,9 +258,14 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
           s.id = fmt::format("j{}", n);
           s.group = fmt::format("g{}", n % groups);
           boost::json::object payload{{"s", n / groups}, {"ms", 5 + n % 11}};
-          if (n % 20 == 7) payload["fail"] = true;
+          if (doomed(n)) {
+            payload["die"] = true;
+            doomed_ids.insert(s.id);
+          } else if (n % 20 == 7) {
+            payload["fail"] = true;
+          }
           s.payload = std::move(payload);
-          s.max_attempts = 10;
+          s.max_attempts = doomed(n) ? doomed_max_attempts : 10;
           s.retry_backoff = backoff{milliseconds(100), 2.0, milliseconds(1000), 0.2};
           all.push_back(std::move(s));
         }
@@ -326,6 +341,7 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
         CHECK_MESSAGE(stop_problems.empty(), stop_problems);
         final_counts = co_await store.counts(queue);
         recovered = final_counts.recovered;
+        dead = co_await store.dead_letters(queue, 0, 10 * doomed_jobs);
         final_check = co_await store.check(queue, false);
       },
       std::chrono::seconds(240));
@@ -344,17 +360,56 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
     return k != killed_at.end() && k->second >= r.start && k->second <= t;
   };
 
-  // 0 lost: every job ended (E) once at least.
-  int lost = 0;
+  // 0 lost: every job ended (E) once at least, but the doomed ones, which never did.
+  REQUIRE(doomed_ids.size() == static_cast<std::size_t>(doomed_jobs));
+  int lost = 0, doomed_ended = 0;
   for (auto& id : ids) {
     auto it = by_job.find(id);
+    if (doomed_ids.contains(id)) {
+      if (it != by_job.end())
+        for (auto* r : it->second)
+          if (r->outcome == 'E' && ++doomed_ended <= 5)
+            MESSAGE("doomed job " << id << " ended well (fence " << r->fence << ")");
+      continue;
+    }
     bool ended = it != by_job.end() &&
                  std::any_of(it->second.begin(), it->second.end(), [](auto* r) { return r->outcome == 'E'; });
     if (!ended && ++lost <= 5) MESSAGE("lost: " << id);
   }
   CHECK(lost == 0);
-  CHECK(final_counts.dead == 0);
-  CHECK(final_counts.completed == static_cast<std::int64_t>(ids.size()));
+  CHECK(doomed_ended == 0);
+  CHECK(final_counts.completed == static_cast<std::int64_t>(ids.size() - doomed_ids.size()));
+
+  // The doomed jobs are in the dead letters, each once, with its group and the error of its last
+  // attempt: the probe's, or, when its last attempts' leases were lost (killed workers), the
+  // worker's refusal to start it a third time. Nothing else is.
+  CHECK(final_counts.dead == doomed_jobs);
+  CHECK(final_counts.failed == doomed_jobs);
+  std::map<std::string, int> dead_count;
+  int by_probe = 0, given_up = 0, bad_dead = 0;
+  for (auto& d : dead) {
+    auto first = d.record.find('|');
+    auto id = d.record.substr(first + 1, d.record.find('|', first + 1) - first - 1);
+    ++dead_count[id];
+    int n = id.starts_with("j") ? std::atoi(id.c_str() + 1) : -1;
+    bool expected = doomed_ids.contains(id) && d.group == fmt::format("g{}", n % groups);
+    if (d.error == "probe: fails every run on purpose")
+      ++by_probe;
+    else if (d.error.starts_with("gave up: attempt ") &&
+             d.error.find(fmt::format(" of at most {} (", doomed_max_attempts)) != std::string::npos)
+      ++given_up;
+    else
+      expected = false;
+    if (!expected && ++bad_dead <= 5)
+      MESSAGE("unexpected dead letter " << d.id << " (group " << d.group << "): " << d.error);
+  }
+  CHECK(bad_dead == 0);
+  int not_dead_once = 0;
+  for (auto& id : doomed_ids)
+    if (dead_count[id] != 1 && ++not_dead_once <= 5)
+      MESSAGE("doomed job " << id << " is in the dead letters " << dead_count[id] << " times");
+  CHECK(not_dead_once == 0);
+  CHECK(dead.size() == static_cast<std::size_t>(doomed_jobs));
 
   // Re-runs only where a lease was lost: every run but a job's last ended on purpose (F), was
   // cancelled (C), its process was killed before the next run started, or its ack found the
@@ -414,18 +469,19 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
   CHECK(final_check.problems.empty());
 
   auto summary = fmt::format(
-      "chaos: {} jobs ({} grouped over {} groups, {} delayed), {} runs, {} worker kills, {} connection kills, "
-      "redis-server restarted once ({} ms until it answered), {} leases recovered, {} re-runs, longest kill to next "
-      "start {} ms (lease TTL {} "
-      "ms + watchdog {} ms = {} ms)",
-      ids.size(), grouped_jobs, groups, delayed_jobs, runs.size(), kills, connection_kills,
-      (restarted_at - restart_at) / 1000, recovered, reruns, longest / 1000, lease_ttl.count(), watchdog_period.count(),
-      (lease_ttl + watchdog_period).count());
+      "chaos: {} jobs ({} grouped over {} groups, {} delayed, {} failing every run), {} runs, {} worker kills, {} "
+      "connection kills, redis-server restarted once ({} ms until it answered), {} leases recovered, {} re-runs, {} "
+      "dead-lettered as intended ({} by their handler's error, {} given up after lost leases), longest kill to next "
+      "start {} ms (lease TTL {} ms + watchdog {} ms = {} ms)",
+      ids.size(), grouped_jobs, groups, delayed_jobs, doomed_jobs, runs.size(), kills, connection_kills,
+      (restarted_at - restart_at) / 1000, recovered, reruns, dead.size(), by_probe, given_up, longest / 1000,
+      lease_ttl.count(), watchdog_period.count(), (lease_ttl + watchdog_period).count());
   MESSAGE(summary);
   if (const char* out = std::getenv("JOBRT_CHAOS_SUMMARY")) std::ofstream(out) << summary << "\n";
   CHECK(longest / 1000 <= (lease_ttl + watchdog_period).count() + 500);
   CHECK(kills >= 5);
   CHECK(restart_at > 0);
-  if (lost == 0 && overlaps == 0 && order_breaks == 0 && unexplained == 0 && stop_problems.empty())
+  if (lost == 0 && doomed_ended == 0 && bad_dead == 0 && not_dead_once == 0 && overlaps == 0 && order_breaks == 0 &&
+      unexplained == 0 && stop_problems.empty())
     std::filesystem::remove_all(dir);
 }

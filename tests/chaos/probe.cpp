@@ -2,8 +2,10 @@
 // process, to <$JOBRT_CHAOS_LOG>/<pid>.log, one line per event written with one write(2) to an
 // O_APPEND file, so a kill -9 loses at most the line not yet written. Lines:
 //   <S|E|F|C> <job id> <group or -> <seq> <fence> <pid> <attempt> <realtime us>
-// S start, E end, F failed on purpose (payload.fail and attempt 1), C cancelled (lease lost).
-// payload: {"s": seq in its group, "ms": how long it works, "fail": true to fail its first run}
+// S start, E end, F failed on purpose (payload.fail and attempt 1, or payload.die), C cancelled
+// (lease lost).
+// payload: {"s": seq in its group, "ms": how long it works, "fail": true to fail its first run,
+//           "die": true to fail every run (it is meant to end in the dead letters)}
 #include <jobrt/plugin.hpp>
 
 #include <fmt/format.h>
@@ -51,6 +53,10 @@ boost::asio::awaitable<void> probe(jobrt::job_context& c) {
   if (ec || c.cancelled()) {
     record('C', c, seq);
     throw std::runtime_error("probe: cancelled");
+  }
+  if (p.contains("die")) {
+    record('F', c, seq);
+    throw std::runtime_error("probe: fails every run on purpose");
   }
   if (p.contains("fail") && c.attempt() == 1) {
     record('F', c, seq);

@@ -315,6 +315,17 @@ CONFORMANCE("bad input at run time: unknown type and a throwing handler fail the
     CHECK(counts.dead == 2);
     CHECK(counts.failed == 2);
     CHECK(counts.completed == 1);
+    // Each dead letter says why: the unknown type by name, the handler's own error.
+    auto dead = co_await b.make().dead_letters(b.queue(), 0, 10);
+    REQUIRE(dead.size() == 2);
+    std::map<std::string, std::string> error_of;  // by job type
+    for (auto& d : dead) {
+      CHECK(d.group == "g");
+      auto body = boost::json::parse(d.record.substr(d.record.find('|', d.record.find('|') + 1) + 1));
+      error_of[std::string(body.at("type").as_string())] = d.error;
+    }
+    CHECK(error_of["nobody"] == "no handler for type nobody");
+    CHECK(error_of["throws"] == "payload must be an object");
   });
 }
 

@@ -280,6 +280,57 @@ CONFORMANCE("ungrouped retries back off and count attempts") {
   });
 }
 
+CONFORMANCE("a job type's own backoff wins over the worker's, and a job's own over both") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    // Each fails its first run, in a group of its own (so they fail and retry side by side).
+    auto typed = make_job("typed", {{"name", "typed"}}, "g1");
+    auto own = make_job("typed", {{"name", "own"}}, "g2");
+    own.retry_backoff = backoff{milliseconds(700), 1.0, milliseconds(700), 0.0};
+    auto plain = make_job("plain", {{"name", "plain"}}, "g3");
+    std::vector<job_spec> specs{typed, own, plain};
+    co_await p.enqueue_bulk(std::move(specs));
+    auto o = b.worker_opts(4);
+    o.retry_backoff = backoff{milliseconds(1500), 2.0, milliseconds(10000), 0.0};  // the worker's default
+    worker w(ctx.get_executor(), b.make(), o);
+    run_log log;
+    auto fail_first = [&](job_context& c) -> awaitable<void> {
+      log.add(c);
+      if (c.attempt() == 1) throw std::runtime_error("first run fails");
+      co_return;
+    };
+    w.add_handler("typed", fail_first, backoff{milliseconds(100), 2.0, milliseconds(1000), 0.0});
+    w.add_handler("plain", fail_first);
+    w.start();
+    CHECK(co_await eventually([&] { return log.entries.size() == 6; }, std::chrono::seconds(10)));
+    co_await w.stop(std::chrono::seconds(5));
+    std::map<std::string, std::vector<clock_type::time_point>> runs;
+    for (auto& e : log.entries) {
+      CHECK(e.attempt == static_cast<int>(runs[e.name].size()) + 1);
+      runs[e.name].push_back(e.at);
+    }
+    auto gap = [&](const std::string& name) {
+      REQUIRE(runs[name].size() == 2);
+      return std::chrono::duration_cast<milliseconds>(runs[name][1] - runs[name][0]);
+    };
+    auto typed_gap = gap("typed"), own_gap = gap("own"), plain_gap = gap("plain");
+    INFO("retry after " << typed_gap.count() << " ms (type), " << own_gap.count() << " ms (job), " << plain_gap.count()
+                        << " ms (worker)");
+    // The type's 100 ms, not the worker's 1500 ms (generous: a loaded machine may be slow to
+    // start the retry, never early).
+    CHECK(typed_gap >= milliseconds(100) - slack);
+    CHECK(typed_gap < milliseconds(1000));
+    // The job's own 700 ms wins over its type's 100 ms.
+    CHECK(own_gap >= milliseconds(700) - slack);
+    CHECK(own_gap < milliseconds(1400));
+    // A type without a backoff of its own gets the worker's.
+    CHECK(plain_gap >= milliseconds(1500) - slack);
+    CHECK(w.counters().retried == 3);
+    CHECK(w.counters().completed == 3);
+  });
+}
+
 CONFORMANCE("delayed jobs run when due and an earlier one wakes the promoter") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

@@ -136,6 +136,92 @@ TEST_CASE("malformed jobs written by another producer are dead-lettered and the 
   });
 }
 
+TEST_CASE("malformed records inside a group are dead-lettered and the rest of the group runs in order") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    std::string queue = key_prefix() + "q";
+    auto p = redis_backend::key_prefix(queue);
+    auto& c = store.connection();
+    producer prod(store, queue);
+    auto job = [](std::optional<std::string> group, int n) {
+      job_spec s;
+      s.type = "ok";
+      s.group = std::move(group);
+      s.payload = {{"n", n}};
+      return s;
+    };
+    // Another producer wrote a garbage record as the head of group "bad" (a new group: its lane
+    // and its count, as enqueue.lua makes them), then good jobs go behind it, another garbage
+    // record among them; group "fine" and an ungrouped job are not to be touched.
+    co_await redis::exec(c, redis::request("RPUSH", p + "g:bad", "garbage"));
+    co_await redis::exec(c, redis::request("RPUSH", p + "ready", "g:bad"));
+    co_await redis::exec(c, redis::request("HINCRBY", p + "stats", "groups", "1"));
+    std::vector<job_spec> first{job("bad", 1), job("fine", 1)};
+    co_await prod.enqueue_bulk(std::move(first));
+    co_await redis::exec(c, redis::request("RPUSH", p + "g:bad", "0|broken|{not json"));
+    std::vector<job_spec> rest{job("bad", 2), job("fine", 2), job("bad", 3), job(std::nullopt, 1)};
+    co_await prod.enqueue_bulk(std::move(rest));
+    auto length = co_await redis::exec(c, redis::request("LLEN", p + "g:bad"));
+    REQUIRE(length.as_integer() == 5);  // the producer appended behind the garbage: one lane
+    auto before = co_await store.check(queue, false);
+    for (auto& line : before.problems) MESSAGE(line);
+    REQUIRE(before.problems.size() == 1);
+    CHECK(before.problems[0] == "malformed record in group bad: garbage");
+
+    worker_options o;
+    o.queue = queue;
+    o.concurrency = 4;
+    worker w(ctx.get_executor(), store, o);
+    std::map<std::string, std::vector<std::int64_t>> ran;  // by group, in start order
+    w.add_handler("ok", [&](job_context& jc) -> awaitable<void> {
+      ran[jc.group().empty() ? "-" : jc.group()].push_back(jc.payload().at("n").as_int64());
+      co_return;
+    });
+    w.start();
+    auto total = [&] {
+      std::size_t n = 0;
+      for (auto& [g, list] : ran) n += list.size();
+      return n;
+    };
+    for (int i = 0; i < 1000 && (total() < 6 || w.counters().failed < 2); ++i)
+      co_await sleep_for(std::chrono::milliseconds(5));
+    co_await w.stop(std::chrono::seconds(1));  // its finishes are all in, then
+    CHECK(ran["bad"] == std::vector<std::int64_t>{1, 2, 3});
+    CHECK(ran["fine"] == std::vector<std::int64_t>{1, 2});
+    CHECK(ran["-"] == std::vector<std::int64_t>{1});
+    CHECK(w.counters().retried == 0);  // failed at once, no retry
+
+    auto dead = co_await store.dead_letters(queue, 0, 10);
+    REQUIRE(dead.size() == 2);
+    std::map<std::string, const dead_letter*> by_record;
+    for (auto& d : dead) by_record[d.record] = &d;
+    REQUIRE(by_record.count("garbage") == 1);
+    REQUIRE(by_record.count("0|broken|{not json") == 1);
+    auto& garbage = *by_record["garbage"];
+    CHECK(garbage.group == "bad");
+    CHECK(garbage.error == "malformed job: job record 'garbage' is not '<attempts>|<id>|<body>'");
+    CHECK(garbage.id.starts_with("#"));  // it has no id: keyed by its lease's fence
+    auto& broken = *by_record["0|broken|{not json"];
+    CHECK(broken.group == "bad");
+    CHECK(broken.id == "broken");
+    CHECK(broken.error.starts_with("malformed job: job broken body is not JSON"));
+
+    auto counts = co_await store.counts(queue);
+    CHECK(counts.completed == 6);
+    CHECK(counts.failed == 2);
+    CHECK(counts.dead == 2);
+    CHECK(counts.retried == 0);
+    CHECK(counts.running == 0);
+    CHECK(counts.ready_lanes == 0);
+    CHECK(counts.groups == 0);
+    auto left = co_await redis::exec(c, redis::request("EXISTS", p + "g:bad", p + "g:fine"));
+    CHECK(left.as_integer() == 0);
+    auto after = co_await store.check(queue, false);
+    for (auto& line : after.problems) MESSAGE(line);
+    CHECK(after.problems.empty());
+  });
+}
+
 TEST_CASE("lanes a dead worker took with BLMOVE but never started go back to the ready list") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), shared_redis());
@@ -267,6 +353,73 @@ TEST_CASE("check reports broken bookkeeping and repair fixes it") {
     claim_options co{"w", 10, std::chrono::seconds(30)};
     auto claimed = co_await store.claim(queue, co);
     CHECK(claimed.size() == 4);
+  });
+}
+
+TEST_CASE("check reports a job in two places and a lease on a group with no jobs, and repair fixes both") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    std::string queue = key_prefix() + "q";
+    auto p = redis_backend::key_prefix(queue);
+    auto& c = store.connection();
+    producer prod(store, queue);
+    job_spec grouped;
+    grouped.type = "t";
+    grouped.group = "dup";
+    grouped.id = "in-group";
+    job_spec ungrouped;
+    ungrouped.type = "t";
+    ungrouped.id = "loose";
+    std::vector<job_spec> specs{grouped, ungrouped};
+    co_await prod.enqueue_bulk(std::move(specs));
+    auto record = std::string((co_await redis::exec(c, redis::request("LINDEX", p + "g:dup", "0"))).as_string());
+    REQUIRE(record.starts_with("0|in-group|"));
+    auto lanes = co_await redis::exec(c, redis::request("LRANGE", p + "ready", "0", "-1"));
+    std::string loose_lane;
+    for (auto& l : lanes.as_array())
+      if (l.as_string().starts_with("j:")) loose_lane = std::string(l.as_string());
+    REQUIRE(loose_lane.starts_with("j:0|loose|"));
+    // A job in two places: the grouped job's record also as an ungrouped lane in ready (a
+    // producer's half-done rewrite), the ungrouped job also waiting in delayed (a retry written
+    // twice). A lease on a group with no jobs: its job is gone (an operator deleted the list), a
+    // finish of it would pop a job enqueued to the group later while another worker runs that.
+    co_await redis::exec(c, redis::request("RPUSH", p + "ready", "j:" + record));
+    co_await redis::exec(c, redis::request("ZADD", p + "delayed", "4102444800000", loose_lane));
+    auto far = std::chrono::duration_cast<std::chrono::milliseconds>(
+                   (std::chrono::system_clock::now() + std::chrono::minutes(10)).time_since_epoch())
+                   .count();
+    co_await redis::exec(c, redis::request("ZADD", p + "active", far, "999999|g:gone"));
+
+    auto report = co_await store.check(queue, false);
+    for (auto& line : report.problems) MESSAGE(line);
+    CHECK(report.problems.size() == 3);
+    auto has = [&](std::string_view text) {
+      return std::any_of(report.problems.begin(), report.problems.end(),
+                         [&](const std::string& line) { return line.find(text) != std::string::npos; });
+    };
+    CHECK(has("job in-group is in ready and in group dup"));
+    CHECK(has("job loose is in ready and in delayed"));
+    CHECK(has("a lane of group gone, which has no jobs, is in a lease"));
+    CHECK(report.stuck_groups == 0);
+
+    auto repaired = co_await store.check(queue, true);
+    CHECK(repaired.repaired == 3);
+    auto after = co_await store.check(queue, false);
+    for (auto& line : after.problems) MESSAGE(line);
+    CHECK(after.problems.empty());
+    CHECK(after.jobs == 2);
+    // What was kept: the group's record and the ready lane; the copies and the lease are gone.
+    auto counts = co_await store.counts(queue);
+    CHECK(counts.delayed == 0);
+    CHECK(counts.running == 0);
+    CHECK(counts.ready_lanes == 2);
+    claim_options co{"w", 10, std::chrono::seconds(30)};
+    auto claimed = co_await store.claim(queue, co);
+    REQUIRE(claimed.size() == 2);
+    std::set<std::string> got;
+    for (auto& j : claimed) got.insert(j.group + ":" + j.record);
+    CHECK(got == std::set<std::string>{"dup:" + record, ":" + loose_lane.substr(2)});
+    CHECK((co_await store.claim(queue, co)).empty());
   });
 }
 
