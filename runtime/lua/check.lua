@@ -11,11 +11,16 @@
 -- lease names a group without jobs; a producer-given id in ids belongs to a pending job, and a
 -- job id is in one place only; no lanes sit in the claimed list of a worker that has no
 -- heartbeat.
+-- Repair of a job in two places keeps a group's record or a lease (neither can be dropped: a
+-- running job stays at its group's head) and drops a lane's copy (in ready, a claimed list or
+-- delayed); a lease on a group without jobs is removed: its job is gone, and a finish under it
+-- would pop a job enqueued to the group since, which another worker may be running.
 local ready, active, delayed, paused, parked, ids, workers = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local prefix = string.sub(ready, 1, -6)
 local repair = ARGV[1] == '1'
 local problems, repaired = {}, 0
-local holders, seen_ids = {}, {}
+local holders, seen_ids, leases_of = {}, {}, {}
+local drops = {} -- copies of jobs to drop, after the scan (it reads lists that a drop changes)
 local oldest, jobs = 0, 0
 
 -- The queue's name may hold glob characters: the prefix is matched literally.
@@ -34,29 +39,48 @@ local function hold(group, where)
   h[#h + 1] = where
   holders[group] = h
 end
-local function job_at(record, where)
+-- drop removes this copy of the job (nil: a group's record or a lease, which stay).
+local function job_at(record, where, drop)
   local id = string.match(record, '^%d+|([^|]*)|')
   if not id then
     problems[#problems + 1] = 'malformed record in ' .. where .. ': ' .. string.sub(record, 1, 60)
     return
   end
-  if seen_ids[id] then problems[#problems + 1] = 'job ' .. id .. ' is in ' .. seen_ids[id] .. ' and in ' .. where end
-  seen_ids[id] = where
+  local first = seen_ids[id]
+  if first then
+    problems[#problems + 1] = 'job ' .. id .. ' is in ' .. first.where .. ' and in ' .. where
+    if repair and drop then
+      drops[#drops + 1] = drop
+      repaired = repaired + 1
+    elseif repair and first.drop then
+      drops[#drops + 1] = first.drop
+      seen_ids[id] = {where = where}
+      repaired = repaired + 1
+    end
+  else
+    seen_ids[id] = {where = where, drop = drop}
+  end
   jobs = jobs + 1
   local at = tonumber(string.match(record, '"at":(%d+)'))
   if at and (oldest == 0 or at < oldest) then oldest = at end
 end
-local function lane(l, where)
-  if string.sub(l, 1, 2) == 'g:' then hold(string.sub(l, 3), where) else job_at(string.sub(l, 3), where) end
+local function lane(l, where, drop)
+  if string.sub(l, 1, 2) == 'g:' then hold(string.sub(l, 3), where) else job_at(string.sub(l, 3), where, drop) end
 end
 
-for _, l in ipairs(redis.call('LRANGE', ready, 0, -1)) do lane(l, 'ready') end
+for _, l in ipairs(redis.call('LRANGE', ready, 0, -1)) do
+  lane(l, 'ready', function() redis.call('LREM', ready, -1, l) end)
+end
 local live = {}
 for i, w in ipairs(redis.call('ZRANGE', workers, 0, -1)) do live[w] = true end
 for _, key in ipairs(scan(literal_prefix .. 'claimed:*')) do
   local worker = string.sub(key, #prefix + 9)
   local lanes = redis.call('LRANGE', key, 0, -1)
-  for _, l in ipairs(lanes) do lane(l, 'claimed:' .. worker) end
+  for _, l in ipairs(lanes) do
+    lane(l, 'claimed:' .. worker, function() -- or in ready, when the repair below put it back
+      if redis.call('LREM', key, -1, l) == 0 then redis.call('LREM', ready, 1, l) end
+    end)
+  end
   if not live[worker] and #lanes > 0 then
     problems[#problems + 1] = #lanes .. ' lanes held by worker ' .. worker .. ', which has no heartbeat'
     if repair then
@@ -68,16 +92,25 @@ for _, key in ipairs(scan(literal_prefix .. 'claimed:*')) do
 end
 for _, member in ipairs(redis.call('ZRANGE', delayed, 0, -1)) do
   local kind = string.sub(member, 1, 2)
+  local function drop() redis.call('ZREM', delayed, member) end
   if kind == 'd:' then
     local len, rest = string.match(member, '^d:%d+:(%d+):(.*)$')
-    if rest then job_at(string.sub(rest, tonumber(len) + 1), 'delayed') end
+    if rest then job_at(string.sub(rest, tonumber(len) + 1), 'delayed', drop) end
   else
-    lane(member, 'delayed')
+    lane(member, 'delayed', drop)
   end
 end
 for _, token in ipairs(redis.call('ZRANGE', active, 0, -1)) do
   local bar = string.find(token, '|', 1, true)
-  if bar then lane(string.sub(token, bar + 1), 'a lease') end
+  if bar then
+    local l = string.sub(token, bar + 1)
+    if string.sub(l, 1, 2) == 'g:' then
+      local tokens = leases_of[string.sub(l, 3)] or {}
+      tokens[#tokens + 1] = token
+      leases_of[string.sub(l, 3)] = tokens
+    end
+    lane(l, 'a lease')
+  end
 end
 for _, group in ipairs(redis.call('SMEMBERS', parked)) do hold(group, 'parked') end
 
@@ -132,8 +165,9 @@ for group, h in pairs(holders) do -- lanes of groups without jobs
       if repair then redis.call('SREM', parked, group) end
     else
       problems[#problems + 1] = 'a lane of group ' .. group .. ', which has no jobs, is in ' .. where
-      if repair and where ~= 'a lease' then -- a lease ends with its job's finish or expiry
+      if repair then
         if where == 'ready' then redis.call('LREM', ready, 0, 'g:' .. group)
+        elseif where == 'a lease' then redis.call('ZREM', active, table.remove(leases_of[group]))
         elseif where == 'delayed' then redis.call('ZREM', delayed, 'g:' .. group)
         elseif string.sub(where, 1, 8) == 'claimed:' then redis.call('LREM', prefix .. where, 0, 'g:' .. group)
         end
@@ -142,6 +176,7 @@ for group, h in pairs(holders) do -- lanes of groups without jobs
     end
   end
 end
+for _, drop in ipairs(drops) do drop() end
 for _, id in ipairs(redis.call('SMEMBERS', ids)) do
   if not seen_ids[id] then
     problems[#problems + 1] = 'id ' .. id .. ' is taken but no pending job has it'

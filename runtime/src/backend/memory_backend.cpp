@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <charconv>
 #include <deque>
+#include <functional>
 #include <iterator>
 #include <list>
 #include <map>
@@ -852,8 +853,17 @@ asio::awaitable<check_report> memory_backend::check(std::string queue, bool repa
   queue_state& q = queue_locked(queue);
   auto problem = [&](std::string text) { out.problems.push_back(std::move(text)); };
   std::unordered_map<std::string, std::vector<std::string>> holders;
-  std::unordered_map<std::string, std::string> seen_ids;
-  auto job_at = [&](const std::string& record, const std::string& where) {
+  // check.lua's job_at with a drop: removes that copy of a job (none for a group's record or a
+  // lease, which stay). Drops run after the scan, which walks the containers they change.
+  using drop_fn = std::function<void()>;
+  struct sighting {
+    std::string where;
+    drop_fn drop;
+  };
+  std::unordered_map<std::string, sighting> seen_ids;
+  std::vector<drop_fn> drops;
+  std::unordered_map<std::string, std::vector<std::string>> leases_of;  // group -> its lease tokens
+  auto job_at = [&](const std::string& record, const std::string& where, drop_fn drop) {
     std::size_t digits = 0;
     while (digits < record.size() && record[digits] >= '0' && record[digits] <= '9') ++digits;
     auto end = digits > 0 && digits < record.size() && record[digits] == '|' ? record.find('|', digits + 1)
@@ -863,23 +873,50 @@ asio::awaitable<check_report> memory_backend::check(std::string queue, bool repa
       return;
     }
     std::string id = record.substr(digits + 1, end - digits - 1);
-    if (auto [it, added] = seen_ids.try_emplace(id, where); !added)
-      problem(fmt::format("job {} is in {} and in {}", id, it->second, where));
+    if (auto [it, added] = seen_ids.try_emplace(id, sighting{where, drop}); !added) {
+      problem(fmt::format("job {} is in {} and in {}", id, it->second.where, where));
+      if (repair && drop) {
+        drops.push_back(std::move(drop));
+        ++out.repaired;
+      } else if (repair && it->second.drop) {
+        drops.push_back(std::move(it->second.drop));
+        it->second = sighting{where, {}};
+        ++out.repaired;
+      }
+    }
     ++out.jobs;
     auto at = enqueued_at(record);
     if (at > 0 && (out.oldest_enqueued_ms == 0 || at < out.oldest_enqueued_ms)) out.oldest_enqueued_ms = at;
   };
-  auto lane = [&](const std::string& l, const std::string& where) {
+  auto lane = [&](const std::string& l, const std::string& where, drop_fn drop) {
     if (is_group_lane(l))
       holders[l.substr(2)].push_back(where);
     else
-      job_at(l.substr(2), where);
+      job_at(l.substr(2), where, std::move(drop));
+  };
+  // LREM ready -1 <lane>: its last copy.
+  auto drop_last_ready = [&q](std::string l) {
+    return [&q, l = std::move(l)] {
+      if (auto it = std::find(q.ready.rbegin(), q.ready.rend(), l); it != q.ready.rend())
+        q.ready.erase(std::next(it).base());
+    };
   };
 
-  for (auto& l : q.ready) lane(l, "ready");
+  for (auto& l : q.ready) lane(l, "ready", drop_last_ready(l));
   for (auto it = q.claimed.begin(); it != q.claimed.end();) {
     auto& [worker, lanes] = *it;
-    for (auto& l : lanes) lane(l, "claimed:" + worker);
+    for (auto& l : lanes) {
+      lane(l, "claimed:" + worker, [&q, worker = worker, l] {  // or in ready, when the repair below put it back
+        if (auto found = q.claimed.find(worker); found != q.claimed.end()) {
+          auto& list = found->second;
+          if (auto at = std::find(list.rbegin(), list.rend(), l); at != list.rend()) {
+            list.erase(std::next(at).base());
+            return;
+          }
+        }
+        if (auto at = std::find(q.ready.begin(), q.ready.end(), l); at != q.ready.end()) q.ready.erase(at);
+      });
+    }
     if (!q.workers.contains(worker) && !lanes.empty()) {
       problem(fmt::format("{} lanes held by worker {}, which has no heartbeat", lanes.size(), worker));
       if (repair) {
@@ -891,16 +928,22 @@ asio::awaitable<check_report> memory_backend::check(std::string queue, bool repa
     }
     ++it;
   }
-  for (auto& [due, member] : q.delayed) {
+  for (auto& entry : q.delayed) {
+    auto& member = entry.second;
+    auto drop = [&q, entry] { q.delayed.erase(entry); };
     if (member.starts_with("d:")) {
       auto start = member.find(':', 2) + 1, colon = member.find(':', start);
       auto n = std::stoul(member.substr(start, colon - start));
-      job_at(member.substr(colon + 1 + n), "delayed");
+      job_at(member.substr(colon + 1 + n), "delayed", drop);
     } else {
-      lane(member, "delayed");
+      lane(member, "delayed", drop);
     }
   }
-  for (auto& [token, deadline] : q.active) lane(lane_of(token), "a lease");
+  for (auto& [token, deadline] : q.active) {
+    auto l = lane_of(token);
+    if (is_group_lane(l)) leases_of[l.substr(2)].push_back(token);
+    lane(l, "a lease", {});
+  }
   for (auto& group : q.parked) holders[group].push_back("parked");
 
   auto remove_lane = [&](const std::string& group, const std::string& where) {
@@ -919,7 +962,7 @@ asio::awaitable<check_report> memory_backend::check(std::string queue, bool repa
   };
   for (auto& [group, records] : q.groups) {
     ++out.groups;
-    for (auto& r : records) job_at(r, "group " + group);
+    for (auto& r : records) job_at(r, "group " + group, {});
     std::vector<std::string> h;
     if (auto found = holders.find(group); found != holders.end()) {
       h = std::move(found->second);
@@ -963,18 +1006,23 @@ asio::awaitable<check_report> memory_backend::check(std::string queue, bool repa
         continue;
       }
       problem(fmt::format("a lane of group {}, which has no jobs, is in {}", group, where));
-      if (repair && where != "a lease") {  // a lease ends with its job's finish or expiry
+      if (repair) {
         std::string l = "g:" + group;
-        if (where == "ready")
+        if (where == "ready") {
           std::erase(q.ready, l);
-        else if (where == "delayed")
+        } else if (where == "a lease") {
+          q.active.erase(leases_of[group].back());
+          leases_of[group].pop_back();
+        } else if (where == "delayed") {
           std::erase_if(q.delayed, [&](const auto& e) { return e.second == l; });
-        else if (where.starts_with("claimed:"))
+        } else if (where.starts_with("claimed:")) {
           std::erase(q.claimed[where.substr(8)], l);
+        }
         ++out.repaired;
       }
     }
   }
+  for (auto& drop : drops) drop();
   for (auto it = q.ids.begin(); it != q.ids.end();) {
     if (seen_ids.contains(*it)) {
       ++it;
