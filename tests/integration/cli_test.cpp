@@ -150,12 +150,16 @@ TEST_CASE("jobrt worker runs plugin handlers on jobs from jobrt enqueue and stop
   CHECK(counts.dead == 1);
   CHECK(counts.retried == 0);
   for (auto pid : workers) ::kill(pid, SIGTERM);
+  std::string logs;
   for (std::size_t i = 0; i < workers.size(); ++i) {
     auto f = wait_for(workers[i], outs[i]);
     CHECK(f.status == 0);
     CHECK(f.output.find("SIGTERM: stopping") != std::string::npos);
     CHECK(f.output.find("stopped:") != std::string::npos);
+    logs += f.output;
   }
+  // tenant_import reports its progress through the job's logger (every 10 chunks, and at the end).
+  CHECK(logs.find("importing orders for tenant acme: 1000/1000 rows") != std::string::npos);
   auto stats = jobrt_cli({"stats", "--redis", url, "--queue", queue, "--json"});
   CHECK(stats.status == 0);
   CHECK(stats.output.find("\"completed\":201") != std::string::npos);

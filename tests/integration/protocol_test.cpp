@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -62,14 +63,24 @@ TEST_CASE("jobs enqueued with redis-cli by the protocol document run on a C++ wo
   auto cfg = shared_redis();
   std::string queue = key_prefix() + "protocol";
   std::string p = fmt::format("jobrt:{{{}}}:", queue);
+  auto now_ms = [] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  auto enqueued_at = now_ms();
+  auto run_at = enqueued_at + 400;  // the same clock as the server's: both on this machine
   auto printed = redis_cli_process({"-h", cfg.host, "-p", cfg.port, "--eval", JOBRT_LUA_DIR "/enqueue.lua", p + "ready",
-                                    p + "seq", p + "ids", p + "stats", p + "delayed", ",", "3",
+                                    p + "seq", p + "ids", p + "stats", p + "delayed", ",", "5",
+                                    // grouped and delayed by 200 ms: it joins its group when due
+                                    "order-3", "crm:acme", R"({"type":"import","payload":{"rows":40},"u":1})", "+200",
                                     // grouped, with an id of ours
                                     "order-1", "crm:acme", R"({"type":"import","payload":{"rows":10},"u":1})", "",
                                     // the same group, after it
                                     "order-2", "crm:acme", R"({"type":"import","payload":{"rows":20},"u":1})", "",
                                     // ungrouped, id assigned, due in 300 ms
-                                    "", "", R"({"type":"import","payload":{"rows":30}})", "+300"});
+                                    "", "", R"({"type":"import","payload":{"rows":30}})", "+300",
+                                    // ungrouped, id assigned, to run at a time (ms since the epoch)
+                                    "", "", R"({"type":"import","payload":{"rows":50}})", std::to_string(run_at)});
   CHECK(printed.find("order-1") != std::string::npos);
   CHECK(printed.find("order-2") != std::string::npos);
   // The same id again while it is pending: a duplicate, nothing stored.
@@ -84,20 +95,26 @@ TEST_CASE("jobs enqueued with redis-cli by the protocol document run on a C++ wo
     o.queue = queue;
     worker w(ctx.get_executor(), store, o);
     std::vector<std::string> ran;
+    std::map<std::int64_t, std::int64_t> started_at;  // by rows
     w.add_handler("import", [&](job_context& c) -> awaitable<void> {
       ran.push_back(fmt::format("{}:{}:{}", c.id(), c.group(), c.payload().at("rows").as_int64()));
+      started_at[c.payload().at("rows").as_int64()] = now_ms();
       co_return;
     });
     w.start();
     auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (ran.size() < 3 && std::chrono::steady_clock::now() < end) co_await sleep_for(std::chrono::milliseconds(10));
+    while (ran.size() < 5 && std::chrono::steady_clock::now() < end) co_await sleep_for(std::chrono::milliseconds(10));
     co_await w.stop(std::chrono::seconds(5));
-    REQUIRE(ran.size() == 3);
-    CHECK(ran[0] == "order-1:crm:acme:10");
+    REQUIRE(ran.size() == 5);
+    CHECK(ran[0] == "order-1:crm:acme:10");  // the delayed order-3, enqueued first, was not due yet
     CHECK(ran[1] == "order-2:crm:acme:20");
-    CHECK(ran[2].ends_with("::30"));  // the delayed one, last
+    CHECK(std::count(ran.begin(), ran.end(), "order-3:crm:acme:40") == 1);
+    CHECK(started_at[40] >= enqueued_at + 200);
+    CHECK(started_at[30] >= enqueued_at + 300);
+    CHECK(started_at[50] >= run_at);
+    CHECK(std::count_if(ran.begin(), ran.end(), [](auto& r) { return r.ends_with("::50"); }) == 1);
     auto counts = co_await store.counts(queue);
-    CHECK(counts.enqueued == 3);
-    CHECK(counts.completed == 3);
+    CHECK(counts.enqueued == 5);
+    CHECK(counts.completed == 5);
   });
 }
