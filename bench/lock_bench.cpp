@@ -9,7 +9,9 @@
 //     WAITERS coroutines in all, each asking for one of the LOCKS locks at random), each takes it once,
 //     holds it for nothing and releases it. A new round starts when every coroutine is done;
 //     rounds go on for SECONDS (a round under way is finished, except for sleep-retry, where
-//     coroutines stop trying at SECONDS and only completed pairs count). Every coroutine asks
+//     coroutines stop trying at SECONDS and only completed pairs count). SECONDS written as <N>r
+//     runs exactly N rounds instead: a fixed amount of work, for counting instructions with
+//     valgrind --tool=callgrind (not for sleep-retry). Every coroutine asks
 //     once per round, so nobody can retake the lock it just released: each pair is a hand-off.
 //     Hand-off latency: from the moment the holder calls unlock() to the moment the next
 //     holder's lock() returns, both in this process (steady_clock), for every acquisition that
@@ -100,8 +102,9 @@ struct lock_slot {
   std::optional<clock_type::time_point> released;  // when the last holder called unlock()
 };
 
-awaitable<void> contend(redis::config cfg, std::string kind, int locks, int waiters, double seconds, int service_count,
-                        bool total) {
+// fixed_rounds > 0: exactly that many rounds, whatever the time.
+awaitable<void> contend(redis::config cfg, std::string kind, int locks, int waiters, double seconds, long fixed_rounds,
+                        int service_count, bool total) {
   auto ex = co_await asio::this_coro::executor;
   redis::connection conn(ex, cfg);
   conn.start();
@@ -124,7 +127,7 @@ awaitable<void> contend(redis::config cfg, std::string kind, int locks, int wait
   auto stop = start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
   long rounds = 0;
   std::uint64_t token_seq = 0;
-  while (clock_type::now() < stop) {
+  while (fixed_rounds > 0 ? rounds < fixed_rounds : clock_type::now() < stop) {
     ++rounds;
     std::vector<lock_slot> slots(static_cast<std::size_t>(locks));
     int remaining = total ? waiters : locks * waiters;
@@ -179,7 +182,7 @@ awaitable<void> contend(redis::config cfg, std::string kind, int locks, int wait
 int usage() {
   fmt::print(stderr,
              "usage: jobrt_bench_lock URL rtt N\n"
-             "       jobrt_bench_lock URL jobrt|jobrt-fifo|sleep-retry LOCKS WAITERS SECONDS [SERVICES=1] "
+             "       jobrt_bench_lock URL jobrt|jobrt-fifo|sleep-retry LOCKS WAITERS SECONDS|<N>r [SERVICES=1] "
              "[per-lock|total]\n");
   return 2;
 }
@@ -200,7 +203,11 @@ int main(int argc, char** argv) {
       int service_count = a.size() >= 6 ? std::stoi(a[5]) : 1;
       bool total = a.size() == 7 && a[6] == "total";
       if (service_count < 1 || (a.size() == 7 && !total && a[6] != "per-lock")) return usage();
-      asio::co_spawn(ctx, contend(cfg, a[1], std::stoi(a[2]), std::stoi(a[3]), std::stod(a[4]), service_count, total),
+      long fixed_rounds = a[4].ends_with('r') ? std::stol(a[4]) : 0;
+      if (a[4].ends_with('r') && (fixed_rounds < 1 || a[1] == "sleep-retry")) return usage();
+      double seconds = fixed_rounds > 0 ? 1e9 : std::stod(a[4]);
+      asio::co_spawn(ctx,
+                     contend(cfg, a[1], std::stoi(a[2]), std::stoi(a[3]), seconds, fixed_rounds, service_count, total),
                      [](std::exception_ptr e) {
                        if (e) std::rethrow_exception(e);
                      });

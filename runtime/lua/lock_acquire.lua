@@ -1,9 +1,10 @@
 -- Takes a distributed lock (jobrt::lock_service, runtime/src/lock/redis_lock.cpp).
 -- KEYS[1] the lock (string: owner token, PX TTL)   KEYS[2] its fence counter (never expires)
--- KEYS[3] FIFO queue (zset: token -> arrival, us)  KEYS[4] FIFO tickets (hash: token -> "deadline_ms|ttl_ms")
--- KEYS[5] 'any' order: the service id of the last waiter that failed (string, PX)
+-- FIFO order: KEYS[3] the queue (zset: token -> arrival, us)  KEYS[4] tickets (hash: token -> "deadline_ms|ttl_ms")
+-- 'any' order: KEYS[3] the service id of the last waiter that failed (string, PX)
+-- (Only the keys of the caller's order are passed: fewer arguments to send, all the keys it touches declared.)
 -- ARGV[1] token  ARGV[2] ttl ms  ARGV[3] 'any' or 'fifo'  ARGV[4] '1': the caller waits (FIFO:
--- queue a ticket; any: mark KEYS[5])  ARGV[5] ms the ticket stays valid (the remaining wait)
+-- queue a ticket; any: mark KEYS[3])  ARGV[5] ms the ticket stays valid (the remaining wait)
 -- ARGV[6] the caller's service id
 -- Returns {1, fence} when the caller holds the lock (also when it already did: a resent call, or a
 -- FIFO hand-off whose message was lost), else {0, ms to wait for: the holder's PTTL, or the
@@ -49,7 +50,7 @@ end
 
 if not current and (head == nil or head == ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  if not fifo and redis.call('GET', KEYS[5]) == ARGV[6] then redis.call('DEL', KEYS[5]) end
+  if not fifo and redis.call('GET', KEYS[3]) == ARGV[6] then redis.call('DEL', KEYS[3]) end
   if head then
     redis.call('ZREM', KEYS[3], head)
     redis.call('HDEL', KEYS[4], head)
@@ -70,6 +71,6 @@ local pttl = redis.call('PTTL', KEYS[1])
 if pttl < 0 and head_deadline then pttl = head_deadline - now_ms end
 if not fifo and ARGV[4] == '1' then
   -- Tells a holder's service that handed the lock on within itself for long that others wait.
-  redis.call('SET', KEYS[5], ARGV[6], 'PX', math.max(pttl, 0) + 1000)
+  redis.call('SET', KEYS[3], ARGV[6], 'PX', math.max(pttl, 0) + 1000)
 end
 return {0, pttl}

@@ -1,5 +1,5 @@
 -- Releases a distributed lock if the caller owns it (compare-and-delete) and wakes waiters.
--- KEYS as lock_acquire.lua. ARGV[1] token  ARGV[2] wake-up channel  ARGV[3] lock name
+-- KEYS as lock_acquire.lua (by order). ARGV[1] token  ARGV[2] wake-up channel  ARGV[3] lock name
 -- ARGV[4] 'any' or 'fifo'  ARGV[5] 'any' only: a waiter's token to hand the lock to ('' none)
 -- ARGV[6] that waiter's ttl ms  ARGV[7] the caller's service id  ARGV[8] hand-offs it made in a row
 -- FIFO: the caller's ticket is removed too (a waiter giving up calls this), and a free lock with
@@ -7,7 +7,7 @@
 -- token and TTL with a new fence, and the message 'g|<token>|<fence>|<name>' tells it so.
 -- 'any' with ARGV[5]: the lock is set to that token (a waiter in the caller's process, told by the
 -- reply) with a new fence. Otherwise the lock is deleted and 'r|<name>' wakes the waiters to race.
--- After 8 hand-offs in a row, while a waiter of another service is marked (KEYS[5]), the lock is
+-- After 8 hand-offs in a row, while a waiter of another service is marked (KEYS[3]), the lock is
 -- released for all instead, and {1, -1} tells the caller to hold its own waiters back briefly.
 -- Returns {1} when the caller owned the lock, {1, fence} when it was handed to ARGV[5],
 -- {1, fence, token} when FIFO handed it to token, else {0}
@@ -62,7 +62,7 @@ if fifo then
   -- before the message arrives.
   if to then return {1, to[2], to[1]} end
 elseif ARGV[5] ~= '' then
-  local other = redis.call('GET', KEYS[5])
+  local other = redis.call('GET', KEYS[3])
   if tonumber(ARGV[8]) < 8 or not other or other == ARGV[7] then
     redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
     return {1, new_fence()}

@@ -3,8 +3,10 @@
 #include <jobrt/error.hpp>
 
 #include <fmt/format.h>
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/deferred.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
@@ -12,6 +14,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <ostream>
 
 namespace asio = boost::asio;
@@ -39,6 +42,15 @@ class lock_category final : public boost::system::error_category {
 
 const std::string empty_string;
 
+// The first 8 bytes of a token as a number: a lock's waiters are searched by token (grants, and
+// the FIFO hand-off messages every service reads), and for all but the one sought this tells the
+// difference without calling memcmp.
+std::uint64_t token_key(std::string_view token) noexcept {
+  std::uint64_t key = 0;
+  if (!token.empty()) std::memcpy(&key, token.data(), std::min(token.size(), sizeof key));
+  return key;
+}
+
 // Starts the timer's wait while holding `m`: wakers set a waiter's timer (expires_at) under the
 // same mutex, since Asio timers are not thread-safe and the waiting coroutine may run on a
 // multi-threaded io_context, where no strand would serialise the waker with it.
@@ -51,6 +63,10 @@ auto async_wait_locked(std::mutex& m, asio::steady_timer& timer, Token&& token) 
       },
       token);
 }
+
+// A waiter's wait: a deferred operation, which co_await runs without a coroutine frame of its
+// own (use_awaitable allocates one per wait), and its error as a value, not an exception.
+constexpr auto wait_token = asio::as_tuple(asio::deferred);
 
 }  // namespace
 
@@ -69,8 +85,10 @@ struct lock_core::waiter {
   explicit waiter(asio::any_io_executor ex) : timer(std::move(ex)) {}
   asio::steady_timer timer;
   std::string token;
-  std::list<waiter*>* list = nullptr;  // in waiters_, while registered
-  std::list<waiter*>::iterator pos;
+  std::uint64_t token_key = 0;  // token_key(token): compared first when a token is looked up
+  lock_entry* entry = nullptr;  // its lock's entry in locks_, while registered
+  waiter* prev = nullptr;       // the entry's list
+  waiter* next = nullptr;
   lock_order order = lock_order::any;
   std::chrono::milliseconds ttl{0};
   bool woken = false;                   // a wake-up not yet used by an attempt
@@ -96,41 +114,54 @@ struct lock_core::waiter_guard {
   bool done = false;  // the caller holds the lock now
 
   ~waiter_guard() {
+    // Left already (it holds the lock, see lock()): only the owner changes w.entry.
+    if (done && w.entry == nullptr) return;
     bool granted = false;
     {
       std::lock_guard lock(core.mutex_);
       // A hand-off on its way lands on this token: the release below follows it on the connection.
       granted = w.granted.has_value() || w.handoff_pending;
-      if (w.list != nullptr) {
-        auto* list = w.list;
-        list->erase(w.pos);
-        w.list = nullptr;
-        if (!done) {
-          if (w.woken) core.wake_one_locked(name, *list);
-          // One that waits behind this one without having asked (see lock()) asks now.
-          for (waiter* other : *list) {
-            if (other->attempted || other->woken || other->granted || other->handoff_pending) continue;
-            other->woken = true;
-            other->not_before = lock_clock::time_point::min();
-            other->timer.expires_at(lock_clock::time_point::min());
-            break;
-          }
-        }
-        if (list->empty()) {
-          core.waiters_.erase(name);
-          core.known_until_.erase(name);
-          core.yield_until_.erase(name);
-        }
-      }
+      core.leave_locked(w, name, done);
     }
     if (!done && (needs_release || granted)) core.release_in_background(name, w.token, order);
   }
 };
 
+void lock_core::leave_locked(waiter& w, const std::string& name, bool done) {
+  if (w.entry == nullptr) return;
+  lock_entry& e = *w.entry;
+  (w.prev ? w.prev->next : e.first) = w.next;
+  (w.next ? w.next->prev : e.last) = w.prev;
+  w.entry = nullptr;
+  w.prev = w.next = nullptr;
+  if (!done) {
+    if (w.woken) wake_one_locked(e);
+    // One that waits behind this one without having asked (see lock()) asks now.
+    for (waiter* other = e.first; other != nullptr; other = other->next) {
+      if (other->attempted || other->woken || other->granted || other->handoff_pending) continue;
+      other->woken = true;
+      other->not_before = lock_clock::time_point::min();
+      other->timer.expires_at(lock_clock::time_point::min());
+      break;
+    }
+  }
+  if (e.first == nullptr) {
+    e.known_until = lock_clock::time_point::min();
+    e.yield_until = lock_clock::time_point::min();
+    if (e.streak == 0) locks_.erase(name);
+  }
+}
+
 lock_core::lock_core(asio::any_io_executor ex)
     : ex_(ex), strand_(asio::make_strand(ex)), watchdog_timer_(strand_), random_(std::random_device{}()) {}
 
 lock_core::~lock_core() = default;
+
+lease_state::~lease_state() {
+  // Usually unlock() or the lease's destructor took it out already; the flag spares the lock then
+  // (it is cleared under held_mutex_ by whoever unlinks, who touches the lease no more after).
+  if (core && in_held.load(std::memory_order_acquire)) core->forget(this);
+}
 
 void lock_core::start() { asio::co_spawn(strand_, watchdog_loop(weak_from_this()), asio::detached); }
 
@@ -138,7 +169,7 @@ void lock_core::close() {
   if (closed_.exchange(true)) return;
   {
     std::lock_guard lock(held_mutex_);
-    held_.clear();
+    while (held_first_ != nullptr) unlink_held_locked(held_first_);
   }
   asio::post(strand_, [self = shared_from_this()] { self->watchdog_timer_.cancel(); });
   on_close();
@@ -146,26 +177,45 @@ void lock_core::close() {
 }
 
 std::string lock_core::make_token() {
-  std::uint64_t a = 0, b = 0;
+  std::uint64_t words[2];
   {
     std::lock_guard lock(mutex_);
-    a = random_();
-    b = random_();
+    words[0] = random_();
+    words[1] = random_();
   }
-  return fmt::format("{:016x}{:016x}", a, b);
+  // As fmt's "{:016x}{:016x}", a byte (two digits) at a time: one token per lock() call.
+  static constexpr auto hex_pairs = [] {
+    constexpr std::string_view digits = "0123456789abcdef";
+    std::array<char, 512> t{};
+    for (std::size_t b = 0; b < 256; ++b) {
+      t[2 * b] = digits[b >> 4];
+      t[2 * b + 1] = digits[b & 0xf];
+    }
+    return t;
+  }();
+  std::string token(token_length, '0');
+  char* p = token.data();
+  for (std::uint64_t w : words) {
+    for (int shift = 56; shift >= 0; shift -= 8, p += 2) {
+      std::size_t b = (w >> shift) & 0xff;
+      p[0] = hex_pairs[2 * b];
+      p[1] = hex_pairs[2 * b + 1];
+    }
+  }
+  return token;
 }
 
-void lock_core::wake_one_locked(const std::string& name, std::list<waiter*>& list) {
+void lock_core::wake_one_locked(lock_entry& e) {
   // After yielding the lock to other services, this one's waiter tries only when their waiters
   // have had the time to take it.
   auto at = lock_clock::time_point::min();
-  if (auto y = yield_until_.find(name); y != yield_until_.end()) {
-    if (y->second > lock_clock::now())
-      at = y->second;
+  if (e.yield_until != lock_clock::time_point::min()) {
+    if (e.yield_until > lock_clock::now())
+      at = e.yield_until;
     else
-      yield_until_.erase(y);
+      e.yield_until = lock_clock::time_point::min();
   }
-  for (waiter* w : list) {
+  for (waiter* w = e.first; w != nullptr; w = w->next) {
     if (w->woken || w->granted || w->handoff_pending) continue;  // already has a chance to use
     w->woken = true;
     w->not_before = at;
@@ -176,28 +226,32 @@ void lock_core::wake_one_locked(const std::string& name, std::list<waiter*>& lis
   }
 }
 
-void lock_core::wake(const std::string& name) {
+void lock_core::wake(std::string_view name) {
   std::lock_guard lock(mutex_);
-  if (auto it = waiters_.find(name); it != waiters_.end()) wake_one_locked(name, it->second);
+  if (auto it = locks_.find(name); it != locks_.end()) wake_one_locked(it->second);
 }
 
-void lock_core::grant(const std::string& name, const std::string& token, std::int64_t fence) {
-  std::lock_guard lock(mutex_);
-  auto it = waiters_.find(name);
-  if (it == waiters_.end()) return;  // another process' waiter, or one that left (it releases)
-  for (waiter* w : it->second) {
-    if (w->token != token) continue;
+bool lock_core::grant_locked(lock_entry& e, std::string_view token, std::int64_t fence) {
+  const std::uint64_t key = token_key(token);
+  for (waiter* w = e.first; w != nullptr; w = w->next) {
+    if (w->token_key != key || w->token != token) continue;
     w->granted = fence;
     w->handoff_pending = false;
     w->timer.expires_at(lock_clock::time_point::min());
-    return;
+    return true;
   }
+  return false;  // another process' waiter, or one that left (it releases)
+}
+
+void lock_core::grant(std::string_view name, std::string_view token, std::int64_t fence) {
+  std::lock_guard lock(mutex_);
+  if (auto it = locks_.find(name); it != locks_.end()) grant_locked(it->second, token, fence);
 }
 
 void lock_core::wake_all() {
   std::lock_guard lock(mutex_);
-  for (auto& [name, list] : waiters_) {
-    for (waiter* w : list) {
+  for (auto& [name, e] : locks_) {
+    for (waiter* w = e.first; w != nullptr; w = w->next) {
       w->woken = true;
       w->not_before = lock_clock::time_point::min();
       w->timer.expires_at(lock_clock::time_point::min());
@@ -216,6 +270,7 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
   auto deadline = lock_clock::now() + std::max(o.wait, 0ms);
   waiter w(ex);
   w.token = make_token();
+  w.token_key = token_key(w.token);
   w.order = o.order;
   w.ttl = o.ttl;
   // In "any" order, a waiter that finds others of this service waiting for the lock does not ask
@@ -228,14 +283,15 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
   if (wait) {
     // Registered before the first attempt: a release between the attempt and the wait must wake it.
     std::lock_guard lock(mutex_);
-    auto& list = waiters_[name];
-    if (o.order == lock_order::any && !list.empty() && list.front()->order == lock_order::any) {
-      auto k = known_until_.find(name);
+    lock_entry& e = locks_.try_emplace(name).first->second;
+    if (o.order == lock_order::any && e.first != nullptr && e.first->order == lock_order::any) {
       auto now = lock_clock::now();
-      queued_until = k != known_until_.end() && k->second > now ? k->second : now + o.ttl;
+      queued_until = e.known_until > now ? e.known_until : now + o.ttl;
     }
-    w.pos = list.insert(list.end(), &w);
-    w.list = &list;
+    w.prev = e.last;
+    (e.last ? e.last->next : e.first) = &w;
+    e.last = &w;
+    w.entry = &e;
   }
   waiter_guard guard{*this, w, name, o.order};
 
@@ -253,6 +309,8 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
       if (w.granted) {
         w.woken = false;
         granted = std::exchange(w.granted, std::nullopt);
+        // It holds the lock: out of the list now, under this lock rather than another below.
+        leave_locked(w, name, true);
       } else if (w.woken && lock_clock::now() < w.not_before) {
         held_back = true;  // woken, but its service yielded the lock to others for a moment
         w.timer.expires_at(w.not_before);
@@ -263,8 +321,7 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
       }
     }
     if (held_back) {
-      error_code ec;
-      co_await async_wait_locked(mutex_, w.timer, asio::redirect_error(asio::use_awaitable, ec));
+      co_await async_wait_locked(mutex_, w.timer, wait_token);
       continue;
     }
     auto attempt_start = lock_clock::now();
@@ -295,19 +352,25 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
       guard.needs_release = queue;  // a FIFO ticket stays until it is used or taken back
       if (wait && !r.acquired && r.backstop >= 0ms) {
         std::lock_guard lock(mutex_);
-        known_until_[name] = lock_clock::now() + r.backstop;
+        w.entry->known_until = lock_clock::now() + r.backstop;  // registered: it waits
       }
     }
 
     if (r.acquired) {
       guard.done = true;
+      if (w.entry != nullptr) {  // (only this coroutine changes w.entry)
+        // Out of the list now rather than when the guard goes: then nothing here needs the
+        // name and the token any more, and the lease takes them over.
+        std::lock_guard lock(mutex_);
+        leave_locked(w, name, true);
+      }
       auto s = std::make_shared<lease_state>();
-      s->core = self;
-      s->name = name;  // the guard still needs it
-      s->token = w.token;
+      s->core = std::move(self);
+      s->name = std::move(name);
+      s->token = std::move(w.token);
       s->fence = r.fence;
       s->opts = o;
-      s->holder = ex;
+      s->holder = std::move(ex);
       // The TTL counts from when the server set it, which is after attempt_start; a hand-off was
       // set before this waiter heard of it, so take a tenth off.
       s->valid_until = granted ? lock_clock::now() + o.ttl - o.ttl / 10 : attempt_start + o.ttl;
@@ -329,16 +392,30 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
       // hand-off waits: its grant, or its failure, wakes the timer)
       w.timer.expires_at(until);
     }
-    error_code ec;  // operation_aborted when cancelled; the loop's top finds out
-    co_await async_wait_locked(mutex_, w.timer, asio::redirect_error(asio::use_awaitable, ec));
+    // operation_aborted when cancelled (ignored: the loop's top finds out)
+    co_await async_wait_locked(mutex_, w.timer, wait_token);
   }
 }
 
+// One coroutine for lock_lease::unlock (which only forwards): `s` keeps the name and token alive
+// for release_to_next, which takes them by reference.
 asio::awaitable<bool> lock_core::unlock(std::shared_ptr<lease_state> s) {
-  if (s->released.exchange(true)) co_return false;
-  forget(s.get());
-  if (closed_) throw system_error(lock_error::closed, fmt::format("unlock '{}'", s->name));
-  co_return co_await release_to_next(s->name, s->token, s->opts.order);
+  if (!s || s->released.exchange(true)) co_return false;
+  lock_core& core = *s->core;
+  core.forget(s.get());
+  if (core.closed_) throw system_error(lock_error::closed, fmt::format("unlock '{}'", s->name));
+  // release_to_next's steps, inline: one coroutine frame fewer per unlock.
+  auto next = core.pick_next(s->name, s->opts.order);
+  release_result r;
+  std::exception_ptr failure;
+  try {
+    r = co_await core.release(s->name, s->token, s->opts.order, next ? &*next : nullptr);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  core.after_release(s->name, next, r);
+  if (failure) std::rethrow_exception(failure);
+  co_return r.owned;
 }
 
 // In "any" order, a release hands the lock straight to a waiter of this process, in the same
@@ -348,24 +425,8 @@ asio::awaitable<bool> lock_core::unlock(std::shared_ptr<lease_state> s) {
 // all instead, and this service's waiters hold back for a few milliseconds, so the others get
 // it: a service (a process) with a steady supply of local waiters does not starve the rest.
 // FIFO order hands off in the script itself.
-asio::awaitable<bool> lock_core::release_to_next(std::string name, std::string token, lock_order order) {
-  std::optional<local_handoff> next;
-  if (order == lock_order::any) {
-    std::lock_guard lock(mutex_);
-    auto it = waiters_.find(name);
-    if (it != waiters_.end()) {
-      for (waiter* w : it->second) {
-        if (w->order != lock_order::any || w->granted || w->handoff_pending) continue;
-        w->handoff_pending = true;
-        auto s = streak_.find(name);
-        next = local_handoff{w->token, w->ttl, s == streak_.end() ? 0 : s->second};
-        // This release may yield: set before it is sent, since its wake-up message may arrive
-        // before its reply.
-        if (next->streak >= 8) yield_until_[name] = lock_clock::now() + yield_window;
-        break;
-      }
-    }
-  }
+asio::awaitable<bool> lock_core::release_to_next(const std::string& name, const std::string& token, lock_order order) {
+  auto next = pick_next(name, order);
   release_result r;
   std::exception_ptr failure;
   try {
@@ -373,48 +434,80 @@ asio::awaitable<bool> lock_core::release_to_next(std::string name, std::string t
   } catch (...) {
     failure = std::current_exception();
   }
-  {
-    std::lock_guard lock(mutex_);
-    if (r.handed)
-      ++streak_[name];
-    else
-      streak_.erase(name);
-    if (next && next->streak >= 8 && !r.yielded) yield_until_.erase(name);
+  after_release(name, next, r);
+  if (failure) std::rethrow_exception(failure);
+  co_return r.owned;
+}
+
+std::optional<local_handoff> lock_core::pick_next(const std::string& name, lock_order order) {
+  std::optional<local_handoff> next;
+  if (order != lock_order::any) return next;
+  std::lock_guard lock(mutex_);
+  auto it = locks_.find(name);
+  if (it == locks_.end()) return next;
+  lock_entry& e = it->second;
+  for (waiter* w = e.first; w != nullptr; w = w->next) {
+    if (w->order != lock_order::any || w->granted || w->handoff_pending) continue;
+    w->handoff_pending = true;
+    next.emplace(w->token, w->ttl, e.streak);
+    // This release may yield: set before it is sent, since its wake-up message may arrive
+    // before its reply.
+    if (next->streak >= 8) e.yield_until = lock_clock::now() + yield_window;
+    break;
   }
+  return next;
+}
+
+void lock_core::after_release(const std::string& name, const std::optional<local_handoff>& next,
+                              const release_result& r) {
+  std::lock_guard lock(mutex_);
+  auto it = locks_.find(name);
+  if (r.handed) {
+    // The streak outlives the waiters (the entry stays while it is not 0), as the next release
+    // continues it.
+    if (it == locks_.end()) it = locks_.try_emplace(name).first;
+    ++it->second.streak;
+  }
+  if (it == locks_.end()) return;  // no waiter here, no streak to end
+  lock_entry& e = it->second;
+  if (!r.handed) e.streak = 0;
+  if (next && next->streak >= 8 && !r.yielded) e.yield_until = lock_clock::time_point::min();
   if (next) {
     if (r.handed) {
-      grant(name, next->token, *r.handed);
+      grant_locked(e, next->token(), *r.handed);
     } else {
       // Not handed (yielded, not owned any more, or the call failed): the waiter tries for
       // itself (after the yield). It may have left meanwhile: looked up again by its token.
-      std::lock_guard lock(mutex_);
-      auto at = r.yielded ? yield_until_[name] : lock_clock::time_point::min();
-      if (auto it = waiters_.find(name); it != waiters_.end()) {
-        for (waiter* w : it->second) {
-          if (w->token != next->token || !w->handoff_pending) continue;
-          w->handoff_pending = false;
-          w->woken = true;
-          w->not_before = at;
-          w->timer.expires_at(lock_clock::time_point::min());
-        }
+      auto at = r.yielded ? e.yield_until : lock_clock::time_point::min();
+      const std::uint64_t key = token_key(next->token());
+      for (waiter* w = e.first; w != nullptr; w = w->next) {
+        if (w->token_key != key || w->token != next->token() || !w->handoff_pending) continue;
+        w->handoff_pending = false;
+        w->woken = true;
+        w->not_before = at;
+        w->timer.expires_at(lock_clock::time_point::min());
       }
     }
   }
   // A FIFO hand-off to a waiter of this service: told now; its message, when it comes, finds it
   // gone or sets the same fence again.
-  if (r.fifo_handed) grant(name, r.fifo_handed->first, r.fifo_handed->second);
-  if (failure) std::rethrow_exception(failure);
-  co_return r.owned;
+  if (r.fifo_handed) grant_locked(e, r.fifo_handed->first, r.fifo_handed->second);
+  if (e.first == nullptr && e.streak == 0) locks_.erase(it);
 }
 
-// Registering a lease costs a map insert: the watchdog is poked (a post) only when the lease is
-// due before the watchdog's timer, which with one TTL for all is rare (new leases are due last).
+// Registering a lease costs linking it into a list: the watchdog is poked (a post) only when the
+// lease is due before the watchdog's timer, which with one TTL for all is rare (new leases are
+// due last).
 void lock_core::hold(const std::shared_ptr<lease_state>& s) {
   bool poke = false;
   {
     std::lock_guard lock(held_mutex_);
     if (closed_) return;
-    held_.emplace(s.get(), s);
+    s->in_held.store(true, std::memory_order_relaxed);
+    s->held_prev = nullptr;
+    s->held_next = held_first_;
+    if (held_first_ != nullptr) held_first_->held_prev = s.get();
+    held_first_ = s.get();
     auto due = std::min(s->next_renewal, s->valid_until);
     if (due < armed_) {
       armed_ = due;
@@ -426,7 +519,15 @@ void lock_core::hold(const std::shared_ptr<lease_state>& s) {
 
 void lock_core::forget(lease_state* s) {
   std::lock_guard lock(held_mutex_);
-  held_.erase(s);
+  unlink_held_locked(s);
+}
+
+void lock_core::unlink_held_locked(lease_state* s) noexcept {
+  if (!s->in_held.load(std::memory_order_relaxed)) return;
+  (s->held_prev ? s->held_prev->held_next : held_first_) = s->held_next;
+  if (s->held_next != nullptr) s->held_next->held_prev = s->held_prev;
+  s->in_held.store(false, std::memory_order_release);
+  s->held_prev = s->held_next = nullptr;
 }
 
 void lock_core::mark_lost(const std::shared_ptr<lease_state>& s) {
@@ -474,25 +575,37 @@ asio::awaitable<std::optional<lock_clock::time_point>> lock_core::watchdog_step(
     std::vector<std::shared_ptr<lease_state>> expired;
     {
       std::lock_guard lock(held_mutex_);
-      for (auto it = held_.begin(); it != held_.end();) {
-        auto s = it->second.lock();
-        if (!s || s->released) {
-          it = held_.erase(it);
+      // A lease in the list is alive or being destroyed: its destructor leaves the list under
+      // held_mutex_, so this sees it either linked with its members intact or not at all. Only a
+      // lease that is due or expired is taken (a shared_ptr), and it is kept past the lock: one
+      // dropped here that was the last would run that destructor under held_mutex_.
+      for (lease_state* p = held_first_; p != nullptr;) {
+        lease_state* following = p->held_next;
+        if (p->released) {
+          unlink_held_locked(p);
+          p = following;
           continue;
         }
-        if (now >= s->valid_until) {  // not renewed in time: someone else may hold it by now
-          expired.push_back(std::move(s));
-          it = held_.erase(it);
-          continue;
+        bool is_expired = now >= p->valid_until;  // not renewed in time: another may hold it by now
+        bool is_due =
+            !is_expired && p->opts.renewal == lock_renewal::watchdog && now + p->opts.ttl / 12 >= p->next_renewal;
+        if (is_expired || is_due) {
+          auto s = p->weak_from_this().lock();
+          if (!s || is_expired) unlink_held_locked(p);
+          if (!s) {  // being destroyed
+            p = following;
+            continue;
+          }
+          (is_expired ? expired : due).push_back(std::move(s));
+          if (is_expired) {
+            p = following;
+            continue;
+          }
+        } else if (p->opts.renewal == lock_renewal::watchdog) {
+          next = std::min(next, p->next_renewal);
         }
-        if (s->opts.renewal == lock_renewal::watchdog) {
-          if (now + s->opts.ttl / 12 >= s->next_renewal)
-            due.push_back(s);
-          else
-            next = std::min(next, s->next_renewal);
-        }
-        next = std::min(next, s->valid_until);
-        ++it;
+        next = std::min(next, p->valid_until);
+        p = following;
       }
       // While renewing, hold() need not poke: the loop looks at every lease again afterwards.
       armed_ = due.empty() ? next : lock_clock::time_point::min();
@@ -528,7 +641,7 @@ asio::awaitable<std::optional<lock_clock::time_point>> lock_core::watchdog_step(
             s->next_renewal = now + s->opts.ttl / 3;
           } else {
             lost.push_back(s);
-            held_.erase(s.get());
+            unlink_held_locked(s.get());
           }
         }
       }
@@ -573,11 +686,9 @@ asio::cancellation_slot lock_lease::cancellation_slot() const {
   return state_->signal.slot();
 }
 
-asio::awaitable<bool> lock_lease::unlock() {
-  if (!state_) co_return false;
-  auto s = state_;
-  co_return co_await s->core->unlock(s);
-}
+// Not a coroutine itself: one frame fewer per unlock. Still lazy: nothing happens until the
+// returned awaitable is awaited.
+asio::awaitable<bool> lock_lease::unlock() { return detail::lock_core::unlock(state_); }
 
 std::ostream& operator<<(std::ostream& os, const lock_lease& l) {
   if (!l) return os << "lock_lease{}";

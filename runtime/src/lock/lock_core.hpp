@@ -10,13 +10,15 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
-#include <list>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -24,7 +26,13 @@ namespace jobrt::detail {
 
 using lock_clock = std::chrono::steady_clock;
 
-struct lease_state {
+struct lease_state : std::enable_shared_from_this<lease_state> {
+  lease_state() = default;
+  lease_state(const lease_state&) = delete;
+  lease_state& operator=(const lease_state&) = delete;
+  /// Leaves the core's list of held leases if it is still in it (see lock_core::hold).
+  ~lease_state();
+
   std::shared_ptr<lock_core> core;
   std::string name;
   std::string token;
@@ -37,6 +45,9 @@ struct lease_state {
   // The watchdog's bookkeeping, under the core's held_mutex_.
   lock_clock::time_point next_renewal;
   lock_clock::time_point valid_until;  // renewed by then, or counted as lost
+  std::atomic<bool> in_held{false};    // linked in the core's list of held leases (written under held_mutex_)
+  lease_state* held_prev = nullptr;
+  lease_state* held_next = nullptr;
 };
 
 /// The answer of one acquire attempt.
@@ -48,9 +59,21 @@ struct acquire_result {
   std::chrono::milliseconds backstop{-1};
 };
 
+/// Length of an owner token: 128 random bits in hex (lock_core::make_token).
+inline constexpr std::size_t token_length = 32;
+
 /// A waiter of this process that a release in "any" order may hand the lock to directly.
 struct local_handoff {
-  std::string token;
+  local_handoff(std::string_view t, std::chrono::milliseconds waiter_ttl, int s)
+      : size(std::min(t.size(), token_length)), ttl(waiter_ttl), streak(s) {
+    std::copy_n(t.begin(), size, chars.begin());
+  }
+  /// The waiter's token: a copy (the waiter may leave while the release is on its way), kept
+  /// inline rather than in a std::string, which would allocate for every hand-off.
+  std::string_view token() const noexcept { return {chars.data(), size}; }
+
+  std::array<char, token_length> chars;
+  std::size_t size;
   std::chrono::milliseconds ttl;
   int streak = 0;  ///< hand-offs this service made in a row on this lock
 };
@@ -92,7 +115,8 @@ class lock_core : public std::enable_shared_from_this<lock_core> {
 
   /// lock_service::lock (wait = true) and try_lock (wait = false).
   boost::asio::awaitable<lock_lease> lock(std::shared_ptr<lock_core> self, std::string name, lock_options o, bool wait);
-  boost::asio::awaitable<bool> unlock(std::shared_ptr<lease_state> s);
+  /// lock_lease::unlock: false for an empty or already released lease.
+  static boost::asio::awaitable<bool> unlock(std::shared_ptr<lease_state> s);
   /// Starts the watchdog; called once by the service's constructor.
   void start();
   void close();
@@ -117,46 +141,70 @@ class lock_core : public std::enable_shared_from_this<lock_core> {
   virtual void on_close() {}
 
   /// A lock was released and nobody was handed it: one waiter of this process tries again.
-  void wake(const std::string& name);
+  void wake(std::string_view name);
   /// A FIFO release handed the lock to `token` with `fence`.
-  void grant(const std::string& name, const std::string& token, std::int64_t fence);
+  void grant(std::string_view name, std::string_view token, std::int64_t fence);
   /// Every waiter tries again (wake-ups may have been lost: the subscriber reconnected).
   void wake_all();
 
  private:
   struct waiter;
   struct waiter_guard;
+  // What the service knows of one lock that has waiters in it (or a streak), under mutex_.
+  struct lock_entry {
+    // Its waiters in arrival order, linked through the waiters themselves.
+    waiter* first = nullptr;
+    waiter* last = nullptr;
+    // Until when its holder may keep it, as the last failed attempt learned (min: unknown).
+    lock_clock::time_point known_until = lock_clock::time_point::min();
+    // Local hand-offs in a row: bounded, so waiters of other processes get their turn.
+    int streak = 0;
+    // Released for others after a streak: this service's waiters hold back until then (min: no).
+    lock_clock::time_point yield_until = lock_clock::time_point::min();
+  };
+  // Heterogeneous lookup: a name from a pub/sub message needs no std::string.
+  struct name_hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+  };
 
   std::string make_token();
   void hold(const std::shared_ptr<lease_state>& s);
   void forget(lease_state* s);
+  void unlink_held_locked(lease_state* s) noexcept;
   void mark_lost(const std::shared_ptr<lease_state>& s);
-  void wake_one_locked(const std::string& name, std::list<waiter*>& list);
+  void wake_one_locked(lock_entry& e);
+  bool grant_locked(lock_entry& e, std::string_view token, std::int64_t fence);
+  /// Takes `w` out of its lock's list; `done`: it holds the lock (no wake-up to pass on).
+  void leave_locked(waiter& w, const std::string& name, bool done);
   static boost::asio::awaitable<void> watchdog_loop(std::weak_ptr<lock_core> weak);
   boost::asio::awaitable<std::optional<lock_clock::time_point>> watchdog_step();
-  /// Releases, handing the lock to a waiter of this process when there is one (order any).
-  boost::asio::awaitable<bool> release_to_next(std::string name, std::string token, lock_order order);
+  /// Releases, handing the lock to a waiter of this process when there is one (order any). The
+  /// caller keeps `name` and `token` alive until it completes.
+  boost::asio::awaitable<bool> release_to_next(const std::string& name, const std::string& token, lock_order order);
   void release_in_background(std::string name, std::string token, lock_order order);
+  // release_to_next's steps around the backend's release(): the local waiter to hand the lock to,
+  // then the streak, the hand-off's outcome told to that waiter, and a FIFO grant.
+  std::optional<local_handoff> pick_next(const std::string& name, lock_order order);
+  void after_release(const std::string& name, const std::optional<local_handoff>& next, const release_result& r);
 
   boost::asio::any_io_executor ex_;
   boost::asio::strand<boost::asio::any_io_executor> strand_;  // the watchdog loop and its timer
   boost::asio::steady_timer watchdog_timer_;
   std::atomic<bool> closed_{false};
-  std::mutex held_mutex_;  // held_, armed_, and the leases' renewal times
-  std::unordered_map<lease_state*, std::weak_ptr<lease_state>> held_;
+  std::mutex held_mutex_;  // the list of held leases, armed_, and the leases' renewal times
+  // Every held lease of the service, linked through the leases themselves (no allocation per
+  // lease); a lease leaves it when released, lost or destroyed.
+  lease_state* held_first_ = nullptr;
   lock_clock::time_point armed_ = lock_clock::time_point::max();  // when the watchdog wakes next
 
-  std::mutex mutex_;  // waiters_ and every waiter's timer
-  std::unordered_map<std::string, std::list<waiter*>> waiters_;
-  // Per lock with waiters: until when its holder may keep it, as the last failed attempt learned.
-  std::unordered_map<std::string, lock_clock::time_point> known_until_;
-  // Local hand-offs in a row per lock: bounded, so waiters of other processes get their turn.
-  std::unordered_map<std::string, int> streak_;
-  // Locks this service released for others after a streak: its own waiters hold back until then.
-  std::unordered_map<std::string, lock_clock::time_point> yield_until_;
+  std::mutex mutex_;  // locks_, every waiter's state and timer
+  // Per lock with waiters in this service, or a streak of local hand-offs (lock_entry).
+  std::unordered_map<std::string, lock_entry, name_hash, std::equal_to<>> locks_;
   std::mt19937_64 random_;  // under mutex_
 
   friend class jobrt::lock_lease;
+  friend struct lease_state;
 };
 
 }  // namespace jobrt::detail

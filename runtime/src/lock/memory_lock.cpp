@@ -72,7 +72,7 @@ class memory_lock_core final : public lock_core {
         }
       }
       if (owned && order == lock_order::any && next != nullptr) {  // to a waiter of the caller's
-        e.token = next->token;
+        e.token = next->token();
         e.expires = now + next->ttl;
         handed = ++fences_[name];
       }

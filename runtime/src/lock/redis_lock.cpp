@@ -9,12 +9,16 @@
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/deferred.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
+#include <cstring>
 #include <random>
+#include <span>
 
 namespace asio = boost::asio;
 using boost::system::system_error;
@@ -24,6 +28,58 @@ namespace detail {
 namespace {
 
 std::string_view order_arg(lock_order o) { return o == lock_order::fifo ? "fifo" : "any"; }
+
+// Calls and receives as deferred operations: co_await runs them without a coroutine frame of
+// their own (use_awaitable allocates one per operation), with errors as values.
+constexpr auto use_tuple = asio::as_tuple(asio::deferred);
+
+// The keys of a lock that a call of lock_acquire.lua or lock_release.lua touches, side by side
+// in one buffer: <prefix>{<name>} and <prefix>{<name>}:fence, then :q and :qi in FIFO order, :w in
+// "any" order. No allocation for usual names; the request copies them.
+class lock_keys {
+ public:
+  lock_keys(std::string_view prefix, std::string_view name, lock_order order) {
+    static constexpr std::array<std::string_view, 3> any_suffixes{":fence", ":w"};
+    static constexpr std::array<std::string_view, 3> fifo_suffixes{":fence", ":q", ":qi"};
+    const auto& suffixes = order == lock_order::fifo ? fifo_suffixes : any_suffixes;
+    count_ = order == lock_order::fifo ? 4 : 3;
+    const std::size_t base = prefix.size() + name.size() + 2;
+    std::size_t total = base;
+    for (std::size_t i = 0; i + 1 < count_; ++i) total += base + suffixes[i].size();
+    char* p = inline_.data();
+    if (total > inline_.size()) {
+      heap_.resize(total);
+      p = heap_.data();
+    }
+    // The lock's key, then the others as copies of it with their suffix.
+    char* first = p;
+    std::memcpy(p, prefix.data(), prefix.size());
+    p += prefix.size();
+    *p++ = '{';
+    std::memcpy(p, name.data(), name.size());
+    p += name.size();
+    *p++ = '}';
+    views_[0] = std::string_view(first, base);
+    for (std::size_t i = 1; i < count_; ++i) {
+      char* start = p;
+      std::memcpy(p, first, base);
+      p += base;
+      for (char c : suffixes[i - 1]) *p++ = c;
+      views_[i] = std::string_view(start, base + suffixes[i - 1].size());
+    }
+  }
+  lock_keys(const lock_keys&) = delete;
+  lock_keys& operator=(const lock_keys&) = delete;
+
+  std::span<const std::string_view> views() const noexcept { return {views_.data(), count_}; }
+  std::size_t size() const noexcept { return count_; }
+
+ private:
+  std::array<char, 256> inline_;
+  std::string heap_;
+  std::array<std::string_view, 4> views_;
+  std::size_t count_;
+};
 
 class redis_lock_core final : public lock_core {
  public:
@@ -54,17 +110,20 @@ class redis_lock_core final : public lock_core {
   asio::awaitable<acquire_result> acquire(const std::string& name, const std::string& token, const lock_options& o,
                                           bool queue, std::chrono::milliseconds ticket,
                                           std::chrono::milliseconds) override {
-    auto keys = keys_of(name);
-    std::array<std::string, 6> args{token,
-                                    std::to_string(o.ttl.count()),
-                                    std::string(order_arg(o.order)),
-                                    queue ? "1" : "0",
-                                    std::to_string(ticket.count()),
-                                    service_id_};
-    auto req = acquire_.make_request(keys, args);
-    req.options.timeout = opts_.io_timeout;
-    req.options.resend_safe = true;  // a second run finds the lock ours and answers its fence
-    redis::reply r = co_await run(acquire_, std::move(req), name);
+    auto make = [&] {
+      lock_keys keys(opts_.prefix, name, o.order);
+      redis::request req("EVALSHA", acquire_.sha1(), keys.size(), keys.views(), token, o.ttl.count(),
+                         order_arg(o.order), queue ? "1" : "0", ticket.count(), service_id_);
+      req.options.timeout = opts_.io_timeout;
+      req.options.resend_safe = true;  // a second run finds the lock ours and answers its fence
+      return req;
+    };
+    auto [ec, r] = co_await conn_.async_exec(make(), use_tuple);
+    if (needs_reload(ec, r)) {
+      std::tie(ec, r) = co_await conn_.async_exec(with_load(acquire_, make()), use_tuple);
+      unpack_reload(ec, r);
+    }
+    check(ec, r, name);
     const auto& a = r.as_array();
     acquire_result out;
     out.acquired = a.at(0).as_integer() == 1;
@@ -77,20 +136,22 @@ class redis_lock_core final : public lock_core {
 
   asio::awaitable<release_result> release(const std::string& name, const std::string& token, lock_order order,
                                           const local_handoff* next) override {
-    auto keys = keys_of(name);
-    std::array<std::string, 8> args{token,
-                                    channel_,
-                                    name,
-                                    std::string(order_arg(order)),
-                                    next ? next->token : std::string(),
-                                    next ? std::to_string(next->ttl.count()) : std::string("0"),
-                                    service_id_,
-                                    std::to_string(next ? next->streak : 0)};
-    auto req = release_.make_request(keys, args);
-    req.options.timeout = opts_.io_timeout;
-    // Resending is safe (the token check); a resent release only answers "not owned".
-    req.options.resend_safe = true;
-    redis::reply r = co_await run(release_, std::move(req), name);
+    auto make = [&] {
+      lock_keys keys(opts_.prefix, name, order);
+      redis::request req("EVALSHA", release_.sha1(), keys.size(), keys.views(), token, channel_, name, order_arg(order),
+                         next ? next->token() : std::string_view(), next ? next->ttl.count() : 0, service_id_,
+                         next ? next->streak : 0);
+      req.options.timeout = opts_.io_timeout;
+      // Resending is safe (the token check); a resent release only answers "not owned".
+      req.options.resend_safe = true;
+      return req;
+    };
+    auto [ec, r] = co_await conn_.async_exec(make(), use_tuple);
+    if (needs_reload(ec, r)) {
+      std::tie(ec, r) = co_await conn_.async_exec(with_load(release_, make()), use_tuple);
+      unpack_reload(ec, r);
+    }
+    check(ec, r, name);
     const auto& a = r.as_array();
     release_result out;
     out.owned = a.at(0).as_integer() == 1;
@@ -162,25 +223,36 @@ class redis_lock_core final : public lock_core {
 
   std::string lock_key(const std::string& name) const { return fmt::format("{}{{{}}}", opts_.prefix, name); }
 
-  std::array<std::string, 5> keys_of(const std::string& name) const {
-    auto key = lock_key(name);
-    return {key, key + ":fence", key + ":q", key + ":qi", key + ":w"};
+  // acquire() and release() call their script as redis::script::run does (EVALSHA; after
+  // NOSCRIPT, SCRIPT LOAD and the same EVALSHA in one round trip), but inline in their own
+  // coroutine and without keeping a copy of every request for the rare reload: they build it again.
+  static bool needs_reload(const boost::system::error_code& ec, const redis::reply& r) {
+    return ec == error::server_error && r.error_message().starts_with("NOSCRIPT");
   }
 
-  asio::awaitable<redis::reply> run(const redis::script& s, redis::request req, const std::string& name) {
-    std::string failure;
-    boost::system::error_code code;
-    try {
-      co_return co_await s.run(conn_, std::move(req));
-    } catch (const system_error& e) {
-      code = e.code();
-      failure = e.what();
-      // what() is "<what_arg>: <message of the code> [...]"; the code's message is added again below.
-      if (auto at = failure.rfind(": " + code.message()); at != std::string::npos) failure.resize(at);
-      if (failure == code.message() || failure.starts_with(code.message() + " [")) failure.clear();
-    }
-    // The connection's own words say why (e.g. "connect to redis://...: Connection refused").
-    throw system_error(code, fmt::format("lock '{}'", name) + (failure.empty() ? "" : ": " + failure));
+  static redis::request with_load(const redis::script& s, redis::request evalsha) {
+    redis::request load("SCRIPT", "LOAD", s.source());
+    load.options = evalsha.options;
+    load.append(evalsha);
+    return load;
+  }
+
+  static void unpack_reload(boost::system::error_code& ec, redis::reply& r) {
+    if (ec) return;
+    // A script that does not compile fails at SCRIPT LOAD: that error is the one to show.
+    auto& both = r.as_array();
+    redis::reply answer = std::move(both.at(both.at(0).is_error() ? 0 : 1));
+    r = std::move(answer);
+    if (r.is_error()) ec = error::server_error;
+  }
+
+  // Throws for a failed call, with the connection's own words on why (e.g. "connect to
+  // redis://...: Connection refused") or the server's error.
+  void check(const boost::system::error_code& ec, const redis::reply& r, const std::string& name) const {
+    if (!ec) return;
+    std::string failure = r.is_error() ? std::string(r.error_message()) : std::string();
+    if (ec == error::not_connected) failure = conn_.last_error();
+    throw system_error(ec, fmt::format("lock '{}'", name) + (failure.empty() ? "" : ": " + failure));
   }
 
   // Wake-ups: 'r|<name>' (released: one local waiter retries) or 'g|<token>|<fence>|<name>'
@@ -193,8 +265,7 @@ class redis_lock_core final : public lock_core {
       auto self = weak.lock();
       if (!self) co_return;
       auto [ec, m] = co_await start_and_let_go<void(boost::system::error_code, redis::message)>(
-          self, [](redis_lock_core& c, auto handler) { c.sub_.async_receive(std::move(handler)); },
-          asio::as_tuple(asio::use_awaitable));
+          self, [](redis_lock_core& c, auto handler) { c.sub_.async_receive(std::move(handler)); }, use_tuple);
       self = weak.lock();
       if (ec || !self || self->closed()) co_return;
       if (m.confirmation) {
@@ -203,7 +274,7 @@ class redis_lock_core final : public lock_core {
       }
       std::string_view p = m.payload;
       if (p.starts_with("r|")) {
-        self->wake(std::string(p.substr(2)));
+        self->wake(p.substr(2));
       } else if (p.starts_with("g|")) {
         p.remove_prefix(2);
         auto bar = p.find('|');
@@ -215,7 +286,7 @@ class redis_lock_core final : public lock_core {
         std::int64_t fence = 0;
         auto [ptr, err] = std::from_chars(p.data(), p.data() + bar, fence);
         if (err != std::errc() || ptr != p.data() + bar) continue;
-        self->grant(std::string(p.substr(bar + 1)), std::string(token), fence);
+        self->grant(p.substr(bar + 1), token, fence);
       }
     }
   }

@@ -205,7 +205,10 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         });
       });
     }
-    asio::post(strand_, [self = shared_from_this(), op = std::move(op)]() mutable {
+    // dispatch: when the strand is free (or this runs on it: a receiver completed inline, see
+    // deliver), queue at once instead of paying for a post. The handler is still never called
+    // from here: post_completion.
+    asio::dispatch(strand_, [self = shared_from_this(), op = std::move(op)]() mutable {
       if (self->closed_)
         post_completion(std::move(op->handler), self->ex_, error_code(error::closed), message{});
       else if (!self->messages_.empty()) {
@@ -293,11 +296,13 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     auto& e = r.as_array();
     if (e.empty() || e[0].kind() != reply_kind::string) return false;
     const std::string& kind = e[0].as_string();
+    // The reply is ours and dropped after this: its strings move into the message.
+    auto take = [](reply& part) { return std::move(const_cast<std::string&>(part.as_string())); };
     if (kind == "message" && e.size() == 3 && e[1].kind() == reply_kind::string && e[2].kind() == reply_kind::string)
-      deliver(message{e[1].as_string(), e[2].as_string(), {}, false});
+      deliver(message{take(e[1]), take(e[2]), {}, false});
     else if (kind == "pmessage" && e.size() == 4 && e[2].kind() == reply_kind::string &&
              e[3].kind() == reply_kind::string)
-      deliver(message{e[2].as_string(), e[3].as_string(), e[1].as_string(), false});
+      deliver(message{take(e[2]), take(e[3]), take(e[1]), false});
     else
       return false;
     return true;
@@ -310,7 +315,10 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     }
     auto op = std::move(receivers_.front());
     receivers_.pop_front();
-    post_completion(std::move(op->handler), ex_, error_code(), std::move(m));
+    // Called while replies are read (never inside receive()), like exec completions: run the
+    // receiver at once when this thread runs its executor, instead of a post per message. Its
+    // next receive() finds the strand here and queues itself without a post either.
+    complete_handler(true, std::move(op->handler), ex_, error_code(), std::move(m));
   }
 
   void resubscribe() {

@@ -4,6 +4,7 @@
 #include <array>
 #include <cctype>
 #include <charconv>
+#include <cstring>
 
 namespace jobrt::redis {
 namespace {
@@ -27,18 +28,26 @@ bool is_one_of(std::string_view command, const std::array<std::string_view, N>& 
   return std::any_of(names.begin(), names.end(), [&](std::string_view n) { return iequals(command, n); });
 }
 
+// Writes "<prefix><n>\r\n" to buf (at least 24 bytes); returns its length.
+std::size_t format_header(char* buf, char prefix, std::size_t n) {
+  buf[0] = prefix;
+  char* p = std::to_chars(buf + 1, buf + 22, n).ptr;
+  p[0] = '\r';
+  p[1] = '\n';
+  return static_cast<std::size_t>(p + 2 - buf);
+}
+
 void append_header(std::string& out, char prefix, std::size_t n) {
   char buf[24];
-  auto res = std::to_chars(buf, buf + sizeof buf, n);
-  out += prefix;
-  out.append(buf, res.ptr);
-  out += "\r\n";
+  out.append(buf, format_header(buf, prefix, n));
 }
 
 }  // namespace
 
 void request::begin_command(std::string_view command, std::size_t argc) {
-  if (commands_ == 0) payload_.reserve(64 + 16 * argc);
+  // Room for typical arguments (keys, tokens, numbers: 10-40 bytes and their headers), so a
+  // command such as a script call with a dozen arguments is written without growing.
+  if (commands_ == 0) payload_.reserve(64 + 32 * argc);
   ++commands_;
   // XREAD/XREADGROUP block only with BLOCK; treat them as blocking to be safe.
   blocking_ =
@@ -56,10 +65,22 @@ request& request::append(const request& other) {
   return *this;
 }
 
+// Arguments are mostly short (keys, tokens, numbers): header, bytes and CRLF are put together on
+// the stack and appended at once, one append instead of five.
 void request::append_bulk(std::string_view arg) {
-  append_header(payload_, '$', arg.size());
+  char buf[128];
+  std::size_t n = format_header(buf, '$', arg.size());
+  if (n + arg.size() + 2 <= sizeof buf) {
+    if (!arg.empty()) std::memcpy(buf + n, arg.data(), arg.size());  // (data() may be null when empty)
+    n += arg.size();
+    buf[n++] = '\r';
+    buf[n++] = '\n';
+    payload_.append(buf, n);
+    return;
+  }
+  payload_.append(buf, n);
   payload_.append(arg);
-  payload_ += "\r\n";
+  payload_.append("\r\n", 2);
 }
 
 }  // namespace jobrt::redis
