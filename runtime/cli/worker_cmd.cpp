@@ -65,7 +65,8 @@ constexpr const char* worker_usage =
     "jobrt/settings.hpp) until SIGTERM or SIGINT, then stops gracefully: no new claims, running jobs\n"
     "get --grace to finish, the rest are handed back.\n"
     "  --redis URL          the server (default: $REDIS_URL, else redis://127.0.0.1:6379)\n"
-    "  --queue NAME         (default: default)\n"
+    "  --queue NAME         (default: default); given more than once, a worker for each queue,\n"
+    "                       all with the options below\n"
     "  --concurrency N      jobs at once (default 10)\n"
     "  --threads N          threads running the io_context (default 1)\n"
     "  --id ID              worker id (default: <host>:<pid>:<random>)\n"
@@ -90,7 +91,8 @@ int worker_command(const args& a) {
   std::vector<std::string> plugins;
   std::string config_file, metrics_at;
   std::chrono::seconds check_every{60};
-  bool queue_options = false;  // options that only a single queue from the command line takes
+  bool queue_options = false;  // options that only queues from the command line take
+  std::vector<std::string> queue_names;
   worker_options wo;
   std::size_t threads = 1;
   std::chrono::milliseconds grace{10000};
@@ -117,7 +119,7 @@ int worker_command(const args& a) {
     } else if (arg == "--log-json") {
       set_log_json(true);
     } else if (arg == "--queue") {
-      wo.queue = string_arg(a, i);
+      queue_names.push_back(string_arg(a, i));
       queue_options = true;
     } else if (arg == "--plugin") {
       plugins.push_back(string_arg(a, i));
@@ -162,8 +164,14 @@ int worker_command(const args& a) {
   } else {
     if (wo.concurrency == 0 || wo.lease_ttl.count() == 0)
       throw usage_error("worker: --concurrency and --lease-ttl must be positive");
-    if (wo.queue.empty()) throw usage_error("worker: --queue is empty");
-    queues.push_back(wo);
+    if (queue_names.empty()) queue_names.push_back(wo.queue);
+    for (auto& name : queue_names) {
+      if (name.empty()) throw usage_error("worker: --queue is empty");
+      if (std::count(queue_names.begin(), queue_names.end(), name) > 1)
+        throw usage_error(fmt::format("worker: --queue {} is given twice", name));
+      queues.push_back(wo);
+      queues.back().queue = name;
+    }
   }
   if (plugins.empty()) throw usage_error("worker: give at least one --plugin (or \"plugins\" in the config)");
   if (threads == 0) throw usage_error("worker: --threads must be positive");

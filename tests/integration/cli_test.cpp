@@ -543,3 +543,27 @@ TEST_CASE(
   CHECK_MESSAGE(on_redis.status == 0, on_redis.output);
   CHECK(on_redis.output.find("20/20 commodities   ok") != std::string::npos);
 }
+
+TEST_CASE("jobrt worker with --queue given twice runs a worker on each queue") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  auto a = key_prefix() + "first", b = key_prefix() + "second";
+  for (auto& q : {a, b})
+    CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", q, "--type", "noop", "--count", "5"}).status == 0);
+  auto out = fmt::format("/tmp/jobrt-cli-queues-{}.out", ::getpid());
+  auto pid = start({"worker", "--redis", url, "--queue", a, "--queue", b, "--concurrency", "2", "--plugin",
+                    JOBRT_HANDLERS "/jobrt_noop.so"},
+                   out);
+  auto ca = wait_counts(cfg, a, [](const queue_counts& c) { return c.completed == 5; });
+  auto cb = wait_counts(cfg, b, [](const queue_counts& c) { return c.completed == 5; });
+  ::kill(pid, SIGTERM);
+  auto f = wait_for(pid, out);
+  CHECK(f.status == 0);
+  CHECK(ca.completed == 5);
+  CHECK(cb.completed == 5);
+  CHECK(f.output.find("on queue " + a + " (concurrency 2)") != std::string::npos);
+  CHECK(f.output.find("on queue " + b + " (concurrency 2)") != std::string::npos);
+  auto twice = jobrt_cli({"worker", "--redis", url, "--queue", a, "--queue", a, "--plugin", "x.so"});
+  CHECK(twice.status == 2);
+  CHECK(twice.output.find("--queue " + a + " is given twice") != std::string::npos);
+}
