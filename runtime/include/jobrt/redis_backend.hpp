@@ -83,7 +83,7 @@ class redis_backend final : public backend {
   std::set<std::string> subscribed_;
   std::mutex blocking_mutex_;
   std::map<std::string, std::unique_ptr<redis::blocking_connection>> blocking_;
-  std::set<std::string> idle_;  // workers whose last claim_wait found nothing
+  std::set<std::string> idle_;  // workers whose last claim got fewer jobs than it asked for
 };
 
 }  // namespace jobrt

@@ -142,14 +142,17 @@ redis::blocking_connection& redis_backend::blocking_for(const std::string& worke
 
 asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string queue, claim_options opts,
                                                                     std::chrono::milliseconds wait) {
-  // Right after a wait that found nothing, the claim below would find nothing either: whatever
-  // arrived since makes BLMOVE return at once. So an idle worker sends one claim per wait.
+  // Right after a claim that drained the queue (it got fewer jobs than it asked for), the claim
+  // below would find nothing either: whatever arrived since makes BLMOVE return at once. So a
+  // worker woken for a few jobs goes back to waiting with no claim in between.
   // (A cancellation cuts the claim short only before it is written: see claim_request.)
   if (!take_idle_mark(opts.worker)) {
     auto jobs = co_await claim(queue, opts);
     auto cs = co_await asio::this_coro::cancellation_state;
-    if (!jobs.empty() || wait.count() <= 0 || cs.cancelled() != asio::cancellation_type::none)
+    if (!jobs.empty() || wait.count() <= 0 || cs.cancelled() != asio::cancellation_type::none) {
+      if (jobs.size() < std::min(opts.max, max_batch) && wait.count() > 0) set_idle_mark(opts.worker);
       co_return jobs;  // (BLMOVE with timeout 0 would block forever)
+    }
   }
   // Wait inside Redis: BLMOVE moves the next lane to this worker's claimed list (where a crash
   // cannot lose it). The claim script goes in the same write, right behind it: Redis runs it the
@@ -176,7 +179,7 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
     co_return co_await claim(std::move(queue), std::move(opts));
   }
   auto jobs = parse_claimed(claimed);
-  if (jobs.empty()) set_idle_mark(opts.worker);
+  if (jobs.size() < std::min(opts.max, max_batch)) set_idle_mark(opts.worker);
   co_return jobs;
 }
 
