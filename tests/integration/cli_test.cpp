@@ -137,15 +137,7 @@ TEST_CASE("jobrt worker runs plugin handlers on jobs from jobrt enqueue and stop
                "--plugin", JOBRT_HANDLERS "/jobrt_stock_arrival.so", "--concurrency", "8", "--grace", "5000"},
               outs.back()));
   }
-  queue_counts counts;
-  run([&](asio::io_context& ctx) -> awaitable<void> {
-    redis_backend store(ctx.get_executor(), cfg);
-    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    do {
-      co_await sleep_for(std::chrono::milliseconds(50));
-      counts = co_await store.counts(queue);
-    } while (counts.completed + counts.dead < 202 && std::chrono::steady_clock::now() < end);
-  });
+  auto counts = wait_counts(cfg, queue, [](const queue_counts& c) { return c.completed + c.dead >= 202; });
   CHECK(counts.completed == 201);
   CHECK(counts.dead == 1);
   CHECK(counts.retried == 0);
@@ -250,16 +242,8 @@ TEST_CASE("jobrt worker and enqueue take a config file with several queues and g
   CHECK(before.jobs == 30);
   auto out = fmt::format("/tmp/jobrt-cli-config-{}.out", ::getpid());
   auto pid = start({"worker", "--config", file, "--grace", "5000"}, out);
-  queue_counts ca, cb;
-  run([&](asio::io_context& ctx) -> awaitable<void> {
-    redis_backend store(ctx.get_executor(), cfg);
-    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    do {
-      co_await sleep_for(std::chrono::milliseconds(50));
-      ca = co_await store.counts(a);
-      cb = co_await store.counts(b);
-    } while ((ca.completed < 30 || cb.completed < 20) && std::chrono::steady_clock::now() < end);
-  });
+  auto ca = wait_counts(cfg, a, [](const queue_counts& c) { return c.completed >= 30; });
+  auto cb = wait_counts(cfg, b, [](const queue_counts& c) { return c.completed >= 20; });
   ::kill(pid, SIGTERM);
   auto f = wait_for(pid, out);
   CHECK(f.status == 0);
