@@ -2,16 +2,19 @@
 -- first, then lanes from the head of ready.
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>fence  KEYS[4] <prefix>stats
 -- KEYS[5] <prefix>claimed:<worker>  KEYS[6] <prefix>paused  KEYS[7] <prefix>parked
--- ARGV[1] max  ARGV[2] lease TTL (ms)
--- Returns: per job: token, record ('' for an ungrouped job: its record is in the token)
+-- ARGV[1] max  ARGV[2] lease TTL (ms)  ARGV[3] ahead: followers of a grouped job to hand over
+--   with it, at most
+-- Returns: per job: token, record ('' for an ungrouped job: its record is in the token), the
+--   number of its followers, then their records (fences: the token's + 1, + 2, ...)
 --
 -- A lease is the member '<fence>|<lane>' of active, scored by its deadline (server time, ms).
--- A grouped job stays at the head of its group's list while it runs. The lane of a paused group
--- is parked instead (resume puts it back).
+-- A grouped job stays at the head of its group's list while it runs, and its followers behind
+-- it: the worker finishes each but the last with 'k' (see finish.lua). The lane of a paused
+-- group is parked instead (resume puts it back).
 local ready, active, fence_key, stats, claimed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local paused, parked = KEYS[6], KEYS[7]
 local prefix = string.sub(ready, 1, -6)
-local max, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
+local max, ttl, ahead = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]) or 0
 
 local lanes = redis.call('LPOP', claimed, max) or {}
 if #lanes < max then
@@ -22,33 +25,47 @@ if #lanes < max then
 end
 if #lanes == 0 then return {} end
 
-local time = redis.call('TIME')
-local deadline = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl
-local fence = redis.call('INCRBY', fence_key, #lanes) - #lanes
-local leases, out = {}, {}
+local taken, fences = {}, 0
 local any_paused = redis.call('EXISTS', paused) == 1
 for _, lane in ipairs(lanes) do
-  local record = ''
-  local live = true
   if string.sub(lane, 1, 2) == 'g:' then
-    record = redis.call('LINDEX', prefix .. lane, 0)
-    live = record ~= false -- a stale lane of an emptied group is dropped
-    if live and any_paused and redis.call('HEXISTS', paused, string.sub(lane, 3)) == 1 then
+    local records = redis.call('LRANGE', prefix .. lane, 0, ahead)
+    if #records == 0 then
+      -- a stale lane of an emptied group is dropped
+    elseif any_paused and redis.call('HEXISTS', paused, string.sub(lane, 3)) == 1 then
       redis.call('SADD', parked, string.sub(lane, 3))
-      live = false
+    else
+      taken[#taken + 1] = {lane, records}
+      fences = fences + #records
     end
-  end
-  if live then
-    fence = fence + 1
-    local token = fence .. '|' .. lane
-    leases[#leases + 1] = deadline
-    leases[#leases + 1] = token
-    out[#out + 1] = token
-    out[#out + 1] = record
+  else
+    taken[#taken + 1] = {lane, false}
+    fences = fences + 1
   end
 end
-if #leases > 0 then
-  redis.call('ZADD', active, unpack(leases))
-  redis.call('HINCRBY', stats, 'started', #leases / 2)
+if #taken == 0 then return {} end
+
+local time = redis.call('TIME')
+local deadline = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl
+local fence = redis.call('INCRBY', fence_key, fences) - fences
+local leases, out = {}, {}
+for _, t in ipairs(taken) do
+  local lane, records = t[1], t[2]
+  fence = fence + 1
+  local token = fence .. '|' .. lane
+  leases[#leases + 1] = deadline
+  leases[#leases + 1] = token
+  out[#out + 1] = token
+  if records then
+    out[#out + 1] = records[1]
+    out[#out + 1] = #records - 1
+    for i = 2, #records do out[#out + 1] = records[i] end
+    fence = fence + #records - 1
+  else
+    out[#out + 1] = ''
+    out[#out + 1] = 0
+  end
 end
+redis.call('ZADD', active, unpack(leases))
+redis.call('HINCRBY', stats, 'started', #taken)
 return out

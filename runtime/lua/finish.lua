@@ -3,22 +3,28 @@
 -- KEYS[5] <prefix>ids  KEYS[6] <prefix>dead  KEYS[7] <prefix>dead:info  KEYS[8] <prefix>finished:<worker>
 -- KEYS[9] <prefix>delayed  KEYS[10] <prefix>paused  KEYS[11] <prefix>parked
 -- ARGV[1] lease TTL (ms)  ARGV[2] n  ARGV[3] call id, then n times: token, kind, producer-given
---   id ('' if none), error, want next, delay (ms)
---   kind: 'a' ack; 'f' dead-letter; 'r' retry (one more attempt counted) and 'd' run again later
---   (none counted): the job stays where it is (a grouped one at its group's head, so the group
---   waits for it) and its lane waits in delayed for `delay` ms (none: back to ready at once);
---   'h' halt: a grouped job stays at the head with its attempt counted and the group is paused
---   until an operator resumes it (ungrouped: as 'f').
+--   id ('' if none), error, want next, delay (ms), job id, ahead
+--   kind: 'a' ack; 'k' ack of a grouped job whose follower (handed over by claim.lua or here)
+--   the worker runs next under the same lease: the job leaves its group, the lease goes on and
+--   a follower counts as started; 'f' dead-letter; 'r' retry (one more attempt counted) and 'd'
+--   run again later (none counted): the job stays where it is (a grouped one at its group's
+--   head, so the group waits for it) and its lane waits in delayed for `delay` ms (none: back
+--   to ready at once); 'h' halt: a grouped job stays at the head with its attempt counted and
+--   the group is paused until an operator resumes it (ungrouped: as 'f').
 --   want next ('1': lease the group's next job to me; '2': only when no other lane is waiting,
---   so a burst costs nobody their turn; '0': no), for an ack.
+--   so a burst costs nobody their turn; '0': no), for an ack; ahead: how many of the next job's
+--   followers to hand over with it.
+--   job id: for a follower, its id, by which it is found when it is not its group's head (a job
+--   requeued to the head went in front of it); '' for a lease's first job, which is the head.
 -- Returns: n times: held (1, or 0 when the lease was lost and nothing changed), next token,
---   next record ('' and '' when no next job was leased)
+--   next record ('' and '' when no next job was leased), the number of its followers, their
+--   records (fences: the next token's + 1, + 2, ...)
 --
 -- Safe to send again: a worker has one finish call in flight at a time, and the result of its
 -- last call is kept under finished:<worker>. The same call id again (a resend after a lost
 -- reply) gets that result back and changes nothing but the next jobs' leases (renewed, or
 -- reported as not leased when reaped meanwhile); without it, a burst's next job leased by the
--- first run would belong to nobody.
+-- first run would belong to nobody. A resent call's next jobs come without followers.
 local ready, active, fence_key, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ids, dead, dead_info, finished = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local delayed, paused, parked = KEYS[9], KEYS[10], KEYS[11]
@@ -51,37 +57,54 @@ if last then
       out[#out + 1] = tonumber(string.sub(last, pos, pos))
       out[#out + 1] = token
       out[#out + 1] = record
+      out[#out + 1] = 0
       pos = colon + len + 1
     end
     return out
   end
 end
 
-local function done(out)
-  local parts = {call, '\n'}
-  for i = 1, #out, 3 do parts[#parts + 1] = out[i] .. #out[i + 1] .. ':' .. out[i + 1] end
+-- results[i]: {held, next token, next record, followers}
+local function done(results)
+  local parts, out = {call, '\n'}, {}
+  for _, r in ipairs(results) do
+    parts[#parts + 1] = r[1] .. #r[2] .. ':' .. r[2]
+    out[#out + 1] = r[1]
+    out[#out + 1] = r[2]
+    out[#out + 1] = r[3]
+    out[#out + 1] = #r[4]
+    for _, record in ipairs(r[4]) do out[#out + 1] = record end
+  end
   redis.call('SET', finished, table.concat(parts), 'PX', 600000)
   return out
 end
 
+local W = 8 -- ARGV per item
 local tokens = {}
-for i = 1, n do tokens[i] = ARGV[4 + (i - 1) * 6] end
+for i = 1, n do tokens[i] = ARGV[4 + (i - 1) * W] end
 local scores = redis.call('ZMSCORE', active, unpack(tokens))
-local held, seen = {}, {}
+-- Items are taken in order: a token is held until an item that is not 'k' ends its lease (a
+-- token given twice that way is held once).
+local ended, gone, any = {}, {}, false
 for i = 1, n do
-  if scores[i] and not seen[tokens[i]] then -- a token given twice is held once
-    seen[tokens[i]] = true
-    held[#held + 1] = tokens[i]
+  local token = tokens[i]
+  if scores[i] and not gone[token] then
+    any = true
+    local bar = string.find(token, '|', 1, true)
+    if ARGV[4 + (i - 1) * W + 1] ~= 'k' or string.sub(token, bar + 1, bar + 2) ~= 'g:' then
+      gone[token] = true
+      ended[#ended + 1] = token
+    end
   else
     scores[i] = false
   end
 end
-if #held == 0 then
-  local out = {}
-  for i = 1, n do out[#out + 1] = 0; out[#out + 1] = ''; out[#out + 1] = '' end
-  return done(out)
+if not any then
+  local results = {}
+  for i = 1, n do results[i] = {0, '', '', {}} end
+  return done(results)
 end
-redis.call('ZREM', active, unpack(held))
+if #ended > 0 then redis.call('ZREM', active, unpack(ended)) end
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -98,8 +121,29 @@ local function is_paused(group)
   return any_paused and redis.call('HEXISTS', paused, group) == 1
 end
 
-local out, back, nexts, later = {}, {}, {}, {}
-local completed, failed, retried, deferred, halted, emptied = 0, 0, 0, 0, 0, 0
+local function id_of(record) return string.match(record, '^%d+|([^|]*)|') end
+-- The index and record of job `id` at or near its group's head (a follower of the lease's first
+-- job has jobs requeued to the head in front of it); nil when it is not there.
+local function locate(key, id)
+  local head = redis.call('LINDEX', key, 0)
+  if not head or id == '' or id_of(head) == id then return head and 0, head end
+  for i, record in ipairs(redis.call('LRANGE', key, 1, 64)) do
+    if id_of(record) == id then return i, record end
+  end
+  return nil, nil
+end
+-- Removes job `id` from its group: the head, but for a follower see locate.
+local function take(key, id)
+  local head = redis.call('LPOP', key)
+  if not head or id == '' or id_of(head) == id then return head end
+  redis.call('LPUSH', key, head)
+  local at, record = locate(key, id)
+  if at then redis.call('LREM', key, 1, record) end
+  return record
+end
+
+local results, back, nexts, later = {}, {}, {}, {}
+local completed, failed, retried, deferred, halted, emptied, started = 0, 0, 0, 0, 0, 0, 0
 local nobody_waits = nil -- LLEN of ready, asked once: this script pushes to ready only at its end
 -- A dead letter's key is its job's id; when another dead letter has that id (a producer-given id
 -- enqueued again after it failed) or the record has none, '<id>#<fence of this lease>': nothing
@@ -125,32 +169,37 @@ local function send_back(lane, delay)
   end
 end
 for i = 1, n do
-  local base = 4 + (i - 1) * 6
+  local base = 4 + (i - 1) * W
   local token, kind, unique_id, err, want = ARGV[base], ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
-  local delay = tonumber(ARGV[base + 5]) or 0
-  local next_token, next_record = '', ''
-  if not scores[i] then
-    out[#out + 1] = 0
-  else
-    out[#out + 1] = 1
+  local delay, job_id, ahead = tonumber(ARGV[base + 5]) or 0, ARGV[base + 6], tonumber(ARGV[base + 7]) or 0
+  local result = {0, '', '', {}}
+  results[i] = result
+  if scores[i] then
+    result[1] = 1
     local lane = string.sub(token, string.find(token, '|', 1, true) + 1)
     local grouped = string.sub(lane, 1, 2) == 'g:'
     if kind == 'h' and not grouped then kind = 'f' end
-    if kind == 'a' or kind == 'f' then
+    if kind == 'k' and not grouped then kind = 'a' end
+    if kind == 'k' then
+      if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
+      take(prefix .. lane, job_id)
+      completed = completed + 1
+      started = started + 1
+    elseif kind == 'a' or kind == 'f' then
       if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
       local record
       if grouped then
         local key = prefix .. lane
-        record = redis.call('LPOP', key)
+        record = take(key, job_id)
         local following = redis.call('LINDEX', key, 0)
         if record and not following then emptied = emptied + 1 end
         if following then
           if want == '2' and nobody_waits == nil then nobody_waits = redis.call('LLEN', ready) == 0 end
           if kind == 'a' and (want == '1' or (want == '2' and nobody_waits and #back == 0)) and
               not is_paused(string.sub(lane, 3)) then
-            nexts[#nexts + 1] = {i = #out + 1, lane = lane} -- its token is made below, with its fence
-            next_token = lane
-            next_record = following
+            if ahead > 0 then result[4] = redis.call('LRANGE', key, 1, ahead) end
+            nexts[#nexts + 1] = {result = result, lane = lane} -- its token is made below, with its fence
+            result[3] = following
           else
             send_back(lane, 0) -- round robin: the group waits behind every other lane
           end
@@ -167,9 +216,9 @@ for i = 1, n do
       end
     elseif grouped then -- 'r', 'd' or 'h': the job stays at its group's head
       local key = prefix .. lane
-      local head = redis.call('LINDEX', key, 0)
+      local at, head = locate(key, job_id)
       if head then
-        if kind ~= 'd' then redis.call('LSET', key, 0, counted(head)) end
+        if kind ~= 'd' then redis.call('LSET', key, at, counted(head)) end
         if kind == 'h' then
           redis.call('HSET', paused, string.sub(lane, 3), cjson.encode({state = 'halted', error = err, at = now}))
           redis.call('SADD', parked, string.sub(lane, 3))
@@ -191,22 +240,24 @@ for i = 1, n do
       send_back('j:' .. record, delay)
     end
   end
-  out[#out + 1] = next_token
-  out[#out + 1] = next_record
 end
 if #back > 0 then redis.call('RPUSH', ready, unpack(back)) end
 if #nexts > 0 then -- one INCRBY for every fence, given out in item order
-  local fence = redis.call('INCRBY', fence_key, #nexts) - #nexts
+  local fences = 0
+  for _, x in ipairs(nexts) do fences = fences + 1 + #x.result[4] end
+  local fence = redis.call('INCRBY', fence_key, fences) - fences
   local leases = {}
-  for _, n in ipairs(nexts) do
+  for _, x in ipairs(nexts) do
     fence = fence + 1
-    out[n.i] = fence .. '|' .. n.lane
+    x.result[2] = fence .. '|' .. x.lane
     leases[#leases + 1] = now + ttl
-    leases[#leases + 1] = out[n.i]
+    leases[#leases + 1] = x.result[2]
+    fence = fence + #x.result[4]
   end
   redis.call('ZADD', active, unpack(leases))
-  redis.call('HINCRBY', stats, 'started', #nexts)
+  started = started + #nexts
 end
+if started > 0 then redis.call('HINCRBY', stats, 'started', started) end
 if #later > 0 then
   local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
   redis.call('ZADD', delayed, unpack(later))
@@ -220,4 +271,4 @@ if retried > 0 then redis.call('HINCRBY', stats, 'retried', retried) end
 if deferred > 0 then redis.call('HINCRBY', stats, 'deferred', deferred) end
 if halted > 0 then redis.call('HINCRBY', stats, 'halted', halted) end
 if emptied > 0 then redis.call('HINCRBY', stats, 'groups', -emptied) end
-return done(out)
+return done(results)

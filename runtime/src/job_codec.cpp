@@ -66,6 +66,15 @@ std::string_view record_id(std::string_view record) noexcept {
   return record.substr(first + 1, second - first - 1);
 }
 
+std::string_view script_id(std::string_view record) noexcept {
+  std::size_t i = 0;
+  while (i < record.size() && record[i] >= '0' && record[i] <= '9') ++i;
+  if (i == 0 || i == record.size() || record[i] != '|') return {};
+  auto end = record.find('|', i + 1);
+  if (end == std::string_view::npos) return {};
+  return record.substr(i + 1, end - i - 1);
+}
+
 std::string producer_id(std::string_view record) {
   auto id = record_id(record);
   if (id.empty()) return {};

@@ -28,6 +28,10 @@ job decode_record(std::string_view record, std::string_view group);
 /// The id in a record, or "" when it has none.
 std::string_view record_id(std::string_view record) noexcept;
 
+/// The id as the scripts read it (string.match(record, '^%d+|([^|]*)|')): "" unless the record
+/// starts with its attempts and has its id's closing '|'.
+std::string_view script_id(std::string_view record) noexcept;
+
 /// The id in a record when its body says the producer gave it ("u"), else "": what a failure
 /// releases from the queue's set of ids, read as far as a record that does not decode allows.
 std::string producer_id(std::string_view record);

@@ -176,7 +176,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     asio::any_io_executor executor;  // where the handler runs (its group's strand)
     asio::steady_timer deadline;     // the job's timeout, on the worker's strand
     std::string unique_id;
-    std::size_t burst_left = 1;
+    std::string checked_id;          // a follower's id, for finish_item::id
+    std::vector<std::string> ahead;  // its followers, run next under the same lease
     job_state state = job_state::running;
     bool timed_out = false;
     clock::time_point started = clock::now();
@@ -227,7 +228,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       // for every free slot keep both sides in step, each idle while the other works (bench:
       // about 20% more jobs/s with half; a third or a quarter gained less, their calls cost more).
       auto want = self->queue_drained_ ? free : std::min(free, (self->opts_.concurrency + 1) / 2);
-      claim_options co{self->opts_.id, want, self->opts_.lease_ttl};
+      claim_options co{self->opts_.id, want, self->opts_.lease_ttl, self->opts_.burst - 1};
       std::vector<claimed_job> jobs;
       std::string failure;
       try {
@@ -259,14 +260,15 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         continue;
       }
       self->queue_drained_ = jobs.size() < want;  // nothing else was ready
-      for (auto& j : jobs) self->launch(std::move(j), self->opts_.burst);
+      for (auto& j : jobs) self->launch(std::move(j));
     }
     self->claiming_ = false;
     self->idle_timer_.cancel();
   }
 
-  // Runs a claimed job's handler on its group's strand (or anywhere, ungrouped).
-  void launch(claimed_job c, std::size_t burst_left) {
+  // Runs a claimed job's handler on its group's strand (or anywhere, ungrouped). A follower
+  // (see run_follower) comes with its id for the backend and its lease's validity.
+  void launch(claimed_job c, std::string checked_id = {}, std::optional<clock::time_point> valid_until = {}) {
     ++held_;
     held_count_.store(held_, std::memory_order_relaxed);
     ++busy_;
@@ -277,7 +279,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     } catch (const std::exception& e) {
       // A record a buggy producer wrote: it fails with the reason; nothing else is touched. Its
       // id is released only when the body, as far as it reads, says the producer gave it.
-      finish_now(token, finish_kind::fail, detail::producer_id(c.record), fmt::format("malformed job: {}", e.what()));
+      finish_now(token, finish_kind::fail, detail::producer_id(c.record), fmt::format("malformed job: {}", e.what()),
+                 std::move(checked_id));
       free_slot();
       return;
     }
@@ -285,21 +288,23 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       bool halt = !j.group.empty() && j.on_failure.value_or(opts_.on_failure) == failure_policy::halt;
       finish_now(token, halt ? finish_kind::halt : finish_kind::fail, j.unique_id ? j.id : std::string(),
                  fmt::format("gave up: attempt {} of at most {} (earlier attempts lost their leases)", j.attempt,
-                             j.max_attempts));
+                             j.max_attempts),
+                 std::move(checked_id));
       free_slot();
       return;
     }
     auto h = handlers_.find(j.type);
     if (h == handlers_.end()) {
       finish_now(token, finish_kind::fail, j.unique_id ? j.id : std::string(),
-                 fmt::format("no handler for type {}", j.type));
+                 fmt::format("no handler for type {}", j.type), std::move(checked_id));
       free_slot();
       return;
     }
     auto r = std::make_shared<running_job>(strand_);
     r->unique_id = j.unique_id ? j.id : std::string();
-    r->burst_left = burst_left;
-    r->valid_until = clock::now() + opts_.lease_ttl;
+    r->checked_id = std::move(checked_id);
+    r->ahead = std::move(c.ahead);
+    r->valid_until = valid_until.value_or(clock::now() + opts_.lease_ttl);
     // A strand even for an ungrouped job: its cancellation is emitted there, and that must not
     // race with the handler on a multi-threaded io_context.
     r->executor = j.group.empty() ? asio::any_io_executor(asio::make_strand(ex_)) : acquire_strand(j.group);
@@ -379,6 +384,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     finish_item item;
     item.token = token;
     item.unique_id = r->unique_id;
+    item.id = r->checked_id;
     if (e || r->timed_out) {  // past its deadline the attempt fails, even if the handler ignored the cancellation
       decide_failure(r->ctx->job(),
                      r->timed_out ? fmt::format("timed out after {} ms", r->ctx->job().timeout.count()) : what(e),
@@ -387,18 +393,39 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       item.kind = finish_kind::defer;
       item.delay = *r->ctx->retry_after_;
     }
-    // The group's next job in the finish's answer: within a burst; after it, only when nothing
-    // else was ready at the last claim (the script also checks that nobody waits).
-    if (item.kind == finish_kind::ack && !stopping_ && !r->ctx->group().empty()) {
-      if (r->burst_left > 1)
-        item.want_next = finish_item::next_policy::yes;
-      else if (queue_drained_)
-        item.want_next = finish_item::next_policy::if_nobody_waits;
+    // The rest of the burst: its followers came with the lease and run one after another, with
+    // no round trip in between, while the lease has at least half its TTL left (a follower
+    // starts only on a lease that will outlive a watchdog period or two).
+    if (item.kind == finish_kind::ack && !r->ahead.empty() && !stopping_ &&
+        r->valid_until - clock::now() > opts_.lease_ttl / 2) {
+      item.kind = finish_kind::keep;
+      run_follower(token, r, std::move(item));
+      return;
+    }
+    // After a burst, the group's next job (and its followers) in the finish's answer, only when
+    // nothing else was ready at the last claim (the script also checks that nobody waits).
+    if (item.kind == finish_kind::ack && !stopping_ && !r->ctx->group().empty() && queue_drained_) {
+      item.want_next = finish_item::next_policy::if_nobody_waits;
+      item.ahead = opts_.burst - 1;
     }
     // The slot is free for a claim while the finish is on its way, unless the answer may bring
     // a job to run in it.
     if (item.want_next == finish_item::next_policy::no) free_slot(*r);
-    queue_finish(std::move(item));
+    queue_finish(std::move(item), r->ctx->job().type);
+  }
+
+  // The job under `token` is done and its lease goes on: its first follower starts now in its
+  // slot, on its group's strand, and the backend learns of both with the keep in the next
+  // finish call. The follower's fence is the one after its predecessor's.
+  void run_follower(const std::string& token, const std::shared_ptr<running_job>& r, finish_item keep) {
+    queue_finish(std::move(keep), r->ctx->job().type);
+    claimed_job next{token, r->ctx->fence() + 1, r->ctx->group(), std::move(r->ahead.front()), {}};
+    next.ahead.assign(std::make_move_iterator(r->ahead.begin() + 1), std::make_move_iterator(r->ahead.end()));
+    std::string id(detail::script_id(next.record));
+    running_.erase(token);  // the follower's entry takes its place
+    free_slot(*r);
+    launch(std::move(next), std::move(id), r->valid_until);
+    release_strand(r->ctx->group());  // after launch took it: the strand lives on
   }
 
   // A failed run: run again after a backoff while attempts are left; then the dead letters, or a
@@ -426,21 +453,25 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   // --- finishing, batched: one backend call carries every result that came in meanwhile ---
 
-  void finish_now(std::string token, finish_kind kind, std::string unique_id, std::string error) {
+  void finish_now(std::string token, finish_kind kind, std::string unique_id, std::string error,
+                  std::string checked_id) {
     finish_item item;
     item.token = std::move(token);
     item.kind = kind;
     item.unique_id = std::move(unique_id);
     item.error = std::move(error);
-    queue_finish(std::move(item));
+    item.id = std::move(checked_id);
+    queue_finish(std::move(item), "(not started)");  // failed before its handler ran
   }
 
-  void queue_finish(finish_item item) {
+  // `type` is the job's, for the counters by type.
+  void queue_finish(finish_item item, std::string type) {
     if (stopped_) {  // the backend may be gone: the lease expires and the job runs again
       jobrt::log(log_level::warn, source_, "lease {} ended after stop; not finished", item.token);
       return;
     }
     pending_finish_.push_back(std::move(item));
+    pending_types_.push_back(std::move(type));
     if (flush_idle_) flush_timer_.cancel();
   }
 
@@ -450,6 +481,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     co_await asio::this_coro::throw_if_cancelled(false);  // a cancelled call fails like any other
     auto backoff = std::chrono::milliseconds(100);
     std::vector<finish_item> items;
+    std::vector<std::string> types;
     for (;;) {
       if (items.empty()) {
         if (self->pending_finish_.empty()) {
@@ -460,6 +492,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
           continue;
         }
         items = std::exchange(self->pending_finish_, {});
+        types = std::exchange(self->pending_types_, {});
       }
       std::vector<finish_result> results;
       std::string failure;
@@ -484,22 +517,37 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
         continue;
       }
-      for (std::size_t i = 0; i < items.size() && i < results.size(); ++i) self->on_finished(items[i], results[i]);
+      for (std::size_t i = 0; i < items.size() && i < results.size(); ++i)
+        self->on_finished(items[i], types[i], results[i]);
       items.clear();
+      types.clear();
     }
     self->flushing_ = false;
     self->idle_timer_.cancel();
   }
 
-  void on_finished(const finish_item& item, finish_result& result) {
-    std::size_t burst_left = 1;
+  void on_finished(const finish_item& item, const std::string& type, finish_result& result) {
+    if (item.kind == finish_kind::keep) {  // its follower runs under the token now
+      {
+        std::lock_guard lock(counters_mutex_);
+        if (result.lease_held) {
+          ++counters_.completed;
+          ++by_type_[type].completed;
+        } else {
+          ++counters_.leases_lost;
+        }
+      }
+      if (!result.lease_held) {
+        jobrt::log(log_level::warn, source_, "lease {} was lost before it finished; not acked", item.token);
+        lease_lost(item.token, "lost");
+      }
+      drop_held();
+      return;
+    }
     std::string job_id(detail::record_id(lane_record(item.token)));
-    std::string type = "(not started)";  // failed before its handler ran: malformed, unknown type, ...
     if (auto it = running_.find(item.token); it != running_.end()) {
       free_slot(*it->second);
-      burst_left = it->second->burst_left;
       job_id = it->second->ctx->id();
-      type = it->second->ctx->job().type;
       release_strand(it->second->ctx->group());
       running_.erase(it);
     }
@@ -536,8 +584,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       to_release_.push_back(result.next->token);
       return;
     }
-    // The group's next job, at once; a burst that went on because nobody waited starts over.
-    launch(std::move(*result.next), burst_left > 1 ? burst_left - 1 : 1);
+    // The group's next job, at once, with its followers: a burst that went on because nobody waited.
+    launch(std::move(*result.next));
   }
 
   void free_slot(running_job& r) {
@@ -673,7 +721,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   void lease_lost(const std::string& token, std::string_view why) {
     auto it = running_.find(token);
-    if (it == running_.end() || it->second->state == job_state::finishing) return;
+    if (it == running_.end() || it->second->state == job_state::finishing || it->second->state == job_state::lost)
+      return;
     auto r = it->second;
     r->state = job_state::lost;
     {
@@ -764,6 +813,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   std::unordered_map<std::string, std::shared_ptr<running_job>> running_;  // by token
   std::unordered_map<std::string, group_strand> strands_;
   std::vector<finish_item> pending_finish_;
+  std::vector<std::string> pending_types_;  // each pending item's job type
   std::vector<std::string> to_release_;
   asio::steady_timer slot_timer_;  // the claim loop waits here for a free slot
   asio::steady_timer idle_timer_;  // stop waits here for handlers to finish

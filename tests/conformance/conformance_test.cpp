@@ -2,6 +2,8 @@
 // core: exclusion, order, fairness, the fast path, leases.
 #include "conformance/conformance.hpp"
 
+#include <fmt/ranges.h>
+
 CONFORMANCE("exclusion and order: 8 workers x 200 groups x 50 jobs") {
   run(
       [kind](asio::io_context& ctx) -> awaitable<void> {
@@ -527,5 +529,214 @@ CONFORMANCE("a grouping rule that gives an empty key refuses the job") {
     }
     CHECK(error == "grouping rule with key '{tenant}' gives this job an empty group");
     CHECK((co_await b.make().counts(b.queue())).enqueued == 0);
+  });
+}
+
+// A burst without round trips: a grouped job's followers come with its lease.
+namespace {
+job_spec with_id(std::string id, std::string group) {
+  auto s = make_job("t", {{"id", id}}, std::move(group));
+  s.id = std::move(id);
+  return s;
+}
+// The jobs below have producer-given ids, which finishing releases; a follower's also names it.
+finish_item item(const std::string& token, finish_kind kind, std::string producer_id, bool follower = true) {
+  finish_item f;
+  f.token = token;
+  f.kind = kind;
+  f.unique_id = producer_id;
+  if (follower) f.id = std::move(producer_id);
+  return f;
+}
+std::string id_in(const std::string& record) { return record.substr(2, record.find('|', 2) - 2); }
+}  // namespace
+
+CONFORMANCE("a burst: followers come with the lease, each keep finishes one, and the last ack hands on the next") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    std::vector<job_spec> specs;
+    for (auto id : {"a", "b", "c", "d", "e", "f"}) specs.push_back(with_id(id, "g"));
+    specs.push_back(with_id("z", "h"));
+    co_await p.enqueue_bulk(std::move(specs));
+    claim_options co{"w", 10, std::chrono::seconds(30), 2};
+    auto claimed = co_await store.claim(b.queue(), co);
+    REQUIRE(claimed.size() == 2);
+    auto& g = claimed[0];
+    CHECK(id_in(g.record) == "a");
+    REQUIRE(g.ahead.size() == 2);
+    CHECK(id_in(g.ahead[0]) == "b");
+    CHECK(id_in(g.ahead[1]) == "c");
+    CHECK(claimed[1].ahead.empty());         // a group of one job has no followers
+    CHECK(claimed[1].fence == g.fence + 3);  // after the fences of g's followers
+    auto counts = co_await store.counts(b.queue());
+    CHECK(counts.started == 2);  // followers count as started by their keep
+
+    // a and b done, c acked with a request for the next job and 2 followers: d, e and f.
+    std::vector<finish_item> items{item(g.token, finish_kind::keep, "a", false), item(g.token, finish_kind::keep, "b"),
+                                   item(g.token, finish_kind::ack, "c")};
+    items[2].want_next = finish_item::next_policy::yes;
+    items[2].ahead = 2;
+    auto done = co_await store.finish(b.queue(), "w", items, std::chrono::seconds(30));
+    REQUIRE(done.size() == 3);
+    for (auto& d : done) CHECK(d.lease_held);
+    CHECK_FALSE(done[0].next);
+    REQUIRE(done[2].next);
+    auto next = *done[2].next;
+    CHECK(id_in(next.record) == "d");
+    REQUIRE(next.ahead.size() == 2);
+    CHECK(id_in(next.ahead[1]) == "f");
+    CHECK(next.fence > claimed[1].fence);
+    counts = co_await store.counts(b.queue());
+    CHECK(counts.completed == 3);
+    CHECK(counts.started == 5);  // a, z; b and c by their keeps; d
+    CHECK(counts.running == 2);  // g's new lease and h's
+
+    // A keep on a lease that is gone changes nothing, nor does anything after it.
+    std::vector<finish_item> stale{item(g.token, finish_kind::keep, "c")};
+    CHECK_FALSE((co_await store.finish(b.queue(), "w", stale, std::chrono::seconds(30)))[0].lease_held);
+    std::vector<finish_item> rest{item(next.token, finish_kind::keep, "d", false),
+                                  item(next.token, finish_kind::keep, "e"), item(next.token, finish_kind::ack, "f"),
+                                  item(claimed[1].token, finish_kind::ack, "z", false)};
+    done = co_await store.finish(b.queue(), "w", rest, std::chrono::seconds(30));
+    for (auto& d : done) CHECK(d.lease_held);
+    counts = co_await store.counts(b.queue());
+    CHECK(counts.completed == 7);
+    CHECK(counts.started == 7);
+    CHECK(counts.running == 0);
+    CHECK(counts.groups == 0);
+    CHECK((co_await store.claim(b.queue(), co)).empty());
+    auto report = co_await store.check(b.queue(), false);
+    CHECK_MESSAGE(report.problems.empty(), fmt::format("{}", fmt::join(report.problems, "; ")));
+  });
+}
+
+CONFORMANCE("a job requeued to its group's head during a burst runs right after the burst, and none is lost") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    auto x = with_id("x", "g");
+    x.max_attempts = 1;
+    co_await p.enqueue(x);
+    claim_options co{"w", 10, std::chrono::seconds(30), 2};
+    auto first = co_await store.claim(b.queue(), co);
+    REQUIRE(first.size() == 1);
+    std::vector<finish_item> fail{item(first[0].token, finish_kind::fail, "x", false)};
+    co_await store.finish(b.queue(), "w", fail, std::chrono::seconds(30));
+
+    std::vector<job_spec> specs;
+    for (auto id : {"a", "b", "c", "d"}) specs.push_back(with_id(id, "g"));
+    co_await p.enqueue_bulk(std::move(specs));
+    auto claimed = co_await store.claim(b.queue(), co);
+    REQUIRE(claimed.size() == 1);
+    auto token = claimed[0].token;
+    REQUIRE(claimed[0].ahead.size() == 2);  // a with b and c
+    // An operator puts x back "next in its group" while the worker runs a's burst.
+    std::vector<std::string> back{"x"};
+    CHECK((co_await store.requeue(b.queue(), back, true)) == back);
+    // b is found behind x and taken; c fails once and stays where it is, behind x.
+    std::vector<finish_item> items{item(token, finish_kind::keep, "a", false), item(token, finish_kind::keep, "b"),
+                                   item(token, finish_kind::retry, "c")};
+    auto done = co_await store.finish(b.queue(), "w", items, std::chrono::seconds(30));
+    for (auto& d : done) CHECK(d.lease_held);
+
+    std::vector<std::string> order;
+    claim_options one{"w", 1, std::chrono::seconds(30)};
+    for (int i = 0; i < 5; ++i) {
+      auto got = co_await store.claim(b.queue(), one);
+      if (got.empty()) break;
+      order.push_back(id_in(got[0].record) + "#" + got[0].record.substr(0, 1));
+      std::vector<finish_item> ack{item(got[0].token, finish_kind::ack, id_in(got[0].record), false)};
+      co_await store.finish(b.queue(), "w", ack, std::chrono::seconds(30));
+    }
+    CHECK(order == std::vector<std::string>{"x#0", "c#1", "d#0"});
+    auto counts = co_await store.counts(b.queue());
+    CHECK(counts.completed == 5);  // a, b, x, c, d
+    CHECK(counts.failed == 1);     // x's first run
+    CHECK(counts.groups == 0);
+    auto report = co_await store.check(b.queue(), false);
+    CHECK_MESSAGE(report.problems.empty(), fmt::format("{}", fmt::join(report.problems, "; ")));
+  });
+}
+
+CONFORMANCE("a follower starts under its lease with the next fence, but not on a lease with less than half its ttl") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto o = b.worker_opts(1);
+    o.burst = 3;
+    o.lease_ttl = std::chrono::milliseconds(600);
+    o.watchdog_period = std::chrono::seconds(30);             // no renewal: the lease ages as the jobs run
+    std::vector<std::pair<std::int64_t, std::int64_t>> runs;  // i, fence
+    worker w(ctx.get_executor(), b.make(), o);
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      auto i = c.payload().at("i").as_int64();
+      runs.emplace_back(i, c.fence());
+      if (i == 1) co_await sleep_for(std::chrono::milliseconds(400));  // past half the ttl
+    });
+    producer p(b.make(), b.queue());
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 4; ++i) specs.push_back(make_job("t", {{"i", i}}, "g"));
+    co_await p.enqueue_bulk(std::move(specs));
+    w.start();
+    CHECK(co_await eventually([&] { return w.counters().completed == 4; }, std::chrono::seconds(10)));
+    co_await w.stop(std::chrono::seconds(5));
+    REQUIRE(runs.size() == 4);
+    for (int i = 0; i < 4; ++i) CHECK(runs[static_cast<std::size_t>(i)].first == i);
+    CHECK(runs[1].second == runs[0].second + 1);  // 1 followed 0 under 0's lease
+    CHECK(runs[3].second == runs[2].second + 1);
+    // 1 ended with 200 ms of its lease left: 2 came with a lease of its own, after the fence
+    // reserved for the follower 1 did not run.
+    CHECK(runs[2].second >= runs[1].second + 2);
+    CHECK(w.counters().leases_lost == 0);
+  });
+}
+
+CONFORMANCE("a keep that finds the lease gone cancels the follower at once, and the group runs again from that job") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto o = b.worker_opts(1);
+    o.id = "w-keep";
+    o.burst = 3;
+    o.lease_ttl = std::chrono::seconds(3);
+    o.watchdog_period = std::chrono::seconds(30);  // only the keep can tell the worker
+    o.reap_period = std::chrono::seconds(30);
+    auto& admin = b.make();
+    std::vector<std::string> runs;  // i#attempt, and "cancelled" when a run was cancelled
+    std::chrono::steady_clock::time_point lost_at{}, cancelled_at{};
+    worker w(ctx.get_executor(), b.make(), o);
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      auto i = c.payload().at("i").as_int64();
+      runs.push_back(fmt::format("{}#{}", i, c.attempt()));
+      if (i == 0 && c.attempt() == 1) {
+        // The lease ends under the running job, as after a stall past its TTL: expired and reaped.
+        std::vector<std::string> token{fmt::format("{}|g:{}", c.fence(), c.group())};
+        co_await admin.extend(b.queue(), o.id, token, o.lease_ttl);
+        CHECK(co_await admin.expire_own(b.queue(), o.id) == 1);
+        CHECK((co_await admin.reap(b.queue(), reap_options{})).leases == 1);
+        lost_at = std::chrono::steady_clock::now();
+      } else if (i == 1 && c.attempt() == 1) {
+        try {
+          co_await sleep_for(std::chrono::seconds(10));
+        } catch (const boost::system::system_error&) {
+          cancelled_at = std::chrono::steady_clock::now();
+          runs.push_back("cancelled");
+          throw;
+        }
+      }
+    });
+    producer p(b.make(), b.queue());
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 3; ++i) specs.push_back(make_job("t", {{"i", i}}, "g"));
+    co_await p.enqueue_bulk(std::move(specs));
+    w.start();
+    CHECK(co_await eventually([&] { return w.counters().completed == 3; }, std::chrono::seconds(20)));
+    co_await w.stop(std::chrono::seconds(5));
+    REQUIRE(cancelled_at != std::chrono::steady_clock::time_point{});
+    CHECK(cancelled_at - lost_at < std::chrono::seconds(2));  // by the keep's answer, not a renewal
+    // 0 went back to its group's head with its attempt counted; 1 ran again after it.
+    CHECK(fmt::format("{}", fmt::join(runs, " ")) == "0#1 1#1 cancelled 0#2 1#1 2#1");
+    CHECK(w.counters().leases_lost == 2);  // 0's ack and 1's run
   });
 }

@@ -44,17 +44,25 @@ struct claimed_job {
   std::int64_t fence = 0;
   std::string group;   ///< "" when ungrouped
   std::string record;  ///< "<attempts before>|<id>|<body>"
+  /// A grouped job's followers in its group, handed over under the same lease (claim_options::
+  /// ahead): the worker may run them one after another with no round trip in between, each
+  /// job but the last finished with finish_kind::keep. The i-th one's fence is fence + 1 + i.
+  /// They stay in the group's list until finished, so a lease that expires sends them back.
+  std::vector<std::string> ahead;
 };
 
 struct claim_options {
   std::string worker;
   std::size_t max = 1;
   std::chrono::milliseconds lease_ttl{30000};
+  std::size_t ahead = 0;  ///< followers of a grouped job to hand over with it, at most
 };
 
 /// How a leased job ends this run.
 enum class finish_kind {
   ack,    ///< done
+  keep,   ///< done, and the worker runs the job's follower under the same lease (claimed_job::
+          ///< ahead): the job leaves its group, the lease goes on (ungrouped: as ack)
   fail,   ///< dead-lettered with `error`; a grouped job's group goes on
   retry,  ///< one more attempt counted; runs again after `delay`, before anything of its group
   defer,  ///< as retry, with no attempt counted (the handler asked to run later)
@@ -65,12 +73,17 @@ enum class finish_kind {
 struct finish_item {
   std::string token;
   finish_kind kind = finish_kind::ack;
+  /// For a job handed over as a follower (claimed_job::ahead): its id as the record has it. The
+  /// backend finds the job by it in case a job requeued to its group's head went in front of it
+  /// (see requeue). "" for the lease's first job, which is its group's head.
+  std::string id;
   std::string unique_id;               ///< the job's id when the producer gave it (forgotten on ack and fail)
   std::string error;                   ///< for fail and halt
   std::chrono::milliseconds delay{0};  ///< for retry and defer
   /// For a grouped ack: whether the worker runs the group's next job at once (a burst), leased
   /// to it in the same call instead of the lane going back to the ready list.
   enum class next_policy { no, yes, if_nobody_waits } want_next = next_policy::no;
+  std::size_t ahead = 0;  ///< followers to hand over with that next job (claim_options::ahead)
 };
 
 struct finish_result {
@@ -206,9 +219,10 @@ class backend {
                                                                         std::size_t limit) = 0;
   virtual boost::asio::awaitable<std::optional<dead_letter>> dead_letter_of(std::string queue, std::string id) = 0;
   /// Puts dead-lettered jobs back with their attempts reset: at the tail of their group (or of the
-  /// ready list), or at_head: next in their group (after the job at its head) or at the head of
-  /// the ready list. Returns the keys requeued; a key that is not dead-lettered, or whose job's
-  /// producer-given id a pending job has taken meanwhile, stays where it is.
+  /// ready list), or at_head: next in their group (after the job at its head; while a worker
+  /// runs the group's followers it holds, after those) or at the head of the ready list.
+  /// Returns the keys requeued; a key that is not dead-lettered, or whose job's producer-given
+  /// id a pending job has taken meanwhile, stays where it is.
   virtual boost::asio::awaitable<std::vector<std::string>> requeue(std::string queue, std::vector<std::string> ids,
                                                                    bool at_head) = 0;
   /// Removes dead letters (every one when ids is empty); returns how many.
@@ -216,7 +230,8 @@ class backend {
 
   // --- groups ---
 
-  /// Pauses a group: the job running now finishes, nothing more of it starts until resume().
+  /// Pauses a group: the job running now finishes (and the followers its worker holds, at most a
+  /// burst), nothing more of it starts until resume().
   /// Returns false when it already was paused or halted.
   virtual boost::asio::awaitable<bool> pause(std::string queue, std::string group) = 0;
   /// Returns false when the group was not paused. Throws when `skip` is asked while the group's

@@ -4,6 +4,7 @@
 #include <jobrt/memory_backend.hpp>
 
 #include "backend/wakeups.hpp"
+#include "job_codec.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -58,14 +59,7 @@ std::string make_token(std::int64_t fence, const std::string& lane) {
 }
 
 // finish.lua: string.match(record, '^%d+|([^|]*)|') or ''.
-std::string record_id(std::string_view record) {
-  std::size_t i = 0;
-  while (i < record.size() && record[i] >= '0' && record[i] <= '9') ++i;
-  if (i == 0 || i == record.size() || record[i] != '|') return {};
-  auto end = record.find('|', i + 1);
-  if (end == std::string_view::npos) return {};
-  return std::string(record.substr(i + 1, end - i - 1));
-}
+std::string record_id(std::string_view record) { return std::string(detail::script_id(record)); }
 
 // One more attempt in the record's header (reap.lua's `counted`); a malformed record is left as
 // it is (the worker dead-letters it when it runs).
@@ -312,28 +306,42 @@ std::vector<claimed_job> memory_backend::claim_locked(queue_state& q, const clai
   }
   if (lanes.empty()) return out;
 
-  std::int64_t deadline = now_ms() + opts.lease_ttl.count();
-  // INCRBY by every lane taken, stale ones included: their fences are skipped.
-  auto taken = static_cast<std::int64_t>(lanes.size());
-  q.fence += taken;
-  std::int64_t fence = q.fence - taken;
-  out.reserve(lanes.size());
+  // Which lanes are live and how many fences they take, then one INCRBY, as in claim.lua.
+  std::vector<std::pair<std::string, std::deque<std::string>*>> taken;
+  std::int64_t fences = 0;
   for (auto& lane : lanes) {
+    if (!is_group_lane(lane)) {
+      taken.emplace_back(std::move(lane), nullptr);
+      ++fences;
+      continue;
+    }
+    auto group = q.groups.find(lane.substr(2));
+    if (group == q.groups.end()) continue;  // a stale lane of an emptied group is dropped
+    if (q.paused.contains(group->first)) {
+      q.parked.insert(group->first);
+      continue;
+    }
+    fences += static_cast<std::int64_t>(std::min(group->second.size(), opts.ahead + 1));
+    taken.emplace_back(std::move(lane), &group->second);
+  }
+  if (taken.empty()) return out;
+  std::int64_t deadline = now_ms() + opts.lease_ttl.count();
+  q.fence += fences;
+  std::int64_t fence = q.fence - fences;
+  out.reserve(taken.size());
+  for (auto& [lane, list] : taken) {
     claimed_job job;
-    if (is_group_lane(lane)) {
-      auto group = q.groups.find(lane.substr(2));
-      if (group == q.groups.end()) continue;  // a stale lane of an emptied group is dropped
-      if (q.paused.contains(group->first)) {
-        q.parked.insert(group->first);
-        continue;
-      }
-      job.group = group->first;
-      job.record = group->second.front();
+    job.fence = ++fence;
+    job.token = make_token(fence, lane);
+    if (list) {
+      job.group = lane.substr(2);
+      job.record = list->front();
+      auto followers = std::min(list->size() - 1, opts.ahead);
+      job.ahead.assign(list->begin() + 1, list->begin() + 1 + static_cast<std::ptrdiff_t>(followers));
+      fence += static_cast<std::int64_t>(followers);
     } else {
       job.record = lane.substr(2);
     }
-    job.fence = ++fence;
-    job.token = make_token(fence, lane);
     q.active[job.token] = deadline;
     out.push_back(std::move(job));
   }
@@ -392,30 +400,54 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
   std::lock_guard lock(mutex_);
   queue_state& q = queue_locked(queue);
 
-  // Every token is looked up before anything changes; a token given twice in one batch is held
-  // only the first time (as in finish.lua).
+  // Every token is looked up before anything changes. Items are taken in order: a token is held
+  // until an item that is not a keep ends its lease (as in finish.lua).
   std::vector<bool> held(items.size());
-  std::unordered_set<std::string_view> seen;
+  std::unordered_set<std::string_view> gone;
   bool any = false;
   for (std::size_t i = 0; i < items.size(); ++i) {
-    held[i] = q.active.contains(items[i].token) && seen.insert(items[i].token).second;
-    any = any || held[i];
+    const auto& token = items[i].token;
+    held[i] = q.active.contains(token) && !gone.contains(token);
+    if (!held[i]) continue;
+    any = true;
+    if (items[i].kind != finish_kind::keep || !is_group_lane(lane_of(token))) gone.insert(token);
   }
   if (!any) co_return out;
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    if (held[i]) q.active.erase(items[i].token);
-  }
+  for (auto token : gone) q.active.erase(std::string(token));
 
   std::int64_t now = now_ms();
   std::vector<std::string> back;
   std::vector<std::pair<std::int64_t, std::string>> later;
-  std::vector<std::pair<std::string, std::int64_t>> leases;
-  std::int64_t completed = 0, failed = 0, retried = 0, deferred = 0, halted = 0;
+  std::vector<std::pair<std::size_t, std::string>> nexts;  // item, lane: leased after the loop
+  std::int64_t completed = 0, failed = 0, retried = 0, deferred = 0, halted = 0, started = 0;
+  // finish.lua's locate: where job `id` is at or near its group's head; a follower may have jobs
+  // requeued to the head in front of it.
+  auto locate = [](std::deque<std::string>& list, const std::string& id) -> std::optional<std::size_t> {
+    if (list.empty()) return std::nullopt;
+    if (id.empty() || record_id(list.front()) == id) return 0;
+    for (std::size_t i = 1; i < list.size() && i <= 64; ++i)
+      if (record_id(list[i]) == id) return i;
+    return std::nullopt;
+  };
+  // finish.lua's take: removes job `id` from its group (erased when that empties it).
+  auto take = [&](std::unordered_map<std::string, std::deque<std::string>>::iterator group,
+                  const std::string& id) -> std::optional<std::string> {
+    auto& list = group->second;
+    std::optional<std::string> record;
+    if (auto at = locate(list, id)) {
+      record = std::move(list[*at]);
+      list.erase(list.begin() + static_cast<std::ptrdiff_t>(*at));
+    }
+    return record;
+  };
   // Keyed as finish.lua does: the id, or '<id>#<fence>' when that is taken or there is no id.
   auto dead_letter_of = [&](const std::optional<std::string>& record, std::string group, std::string error,
                             std::string_view token) {
     std::string key = record_id(record.value_or(""));
-    if (key.empty() || q.dead.contains(key)) key += "#" + std::string(token.substr(0, token.find('|')));
+    if (key.empty() || q.dead.contains(key)) {
+      key += '#';
+      key += token.substr(0, token.find('|'));
+    }
     q.dead[key] = dead_letter{key, std::move(group), record.value_or(""), std::move(error), now};
     ++failed;
   };
@@ -434,8 +466,18 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
     out[i].lease_held = true;
     std::string lane = lane_of(item.token);
     bool grouped = is_group_lane(lane);
-    finish_kind kind = item.kind == finish_kind::halt && !grouped ? finish_kind::fail : item.kind;
-    if (kind == finish_kind::ack || kind == finish_kind::fail) {
+    finish_kind kind = item.kind;
+    if (kind == finish_kind::halt && !grouped) kind = finish_kind::fail;
+    if (kind == finish_kind::keep && !grouped) kind = finish_kind::ack;
+    if (kind == finish_kind::keep) {
+      if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
+      if (auto group = q.groups.find(lane.substr(2)); group != q.groups.end()) {
+        take(group, item.id);
+        if (group->second.empty()) q.groups.erase(group);  // drift: its follower is gone (check reports it)
+      }
+      ++completed;
+      ++started;
+    } else if (kind == finish_kind::ack || kind == finish_kind::fail) {
       bool ack = kind == finish_kind::ack;
       if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
       std::optional<std::string> record;  // nullopt: LPOP of an empty group list (nil)
@@ -443,21 +485,19 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
         auto group = q.groups.find(lane.substr(2));
         if (group != q.groups.end()) {
           auto& list = group->second;
-          record = std::move(list.front());
-          list.pop_front();
+          record = take(group, item.id);
           if (list.empty()) {
             q.groups.erase(group);
           } else if (ack && !q.paused.contains(group->first) &&
                      (item.want_next == finish_item::next_policy::yes ||
                       (item.want_next == finish_item::next_policy::if_nobody_waits && q.ready.empty() &&
                        back.empty()))) {
-            std::int64_t fence = ++q.fence;
             claimed_job next;
-            next.token = make_token(fence, lane);
-            next.fence = fence;
             next.group = group->first;
             next.record = list.front();
-            leases.emplace_back(next.token, now + lease_ttl.count());
+            auto followers = std::min(list.size() - 1, item.ahead);
+            next.ahead.assign(list.begin() + 1, list.begin() + 1 + static_cast<std::ptrdiff_t>(followers));
+            nexts.emplace_back(i, lane);
             out[i].next = std::move(next);
           } else {
             send_back(lane, std::chrono::milliseconds(0));  // round robin: behind every other lane
@@ -472,8 +512,9 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
         dead_letter_of(record, grouped ? lane.substr(2) : std::string(), item.error, item.token);
     } else if (grouped) {  // retry, defer or halt: the job stays at its group's head
       auto group = q.groups.find(lane.substr(2));
-      if (group != q.groups.end()) {
-        auto& head = group->second.front();
+      auto at = group != q.groups.end() ? locate(group->second, item.id) : std::nullopt;
+      if (at) {
+        auto& head = group->second[*at];
         if (kind != finish_kind::defer) head = counted(head);
         if (kind == finish_kind::halt) {
           q.paused[group->first] = paused_group{group->first, true, item.error, now};
@@ -497,9 +538,17 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
     }
   }
   for (auto& lane : back) q.ready.push_back(std::move(lane));
-  // ZADD after the loop: a lease given here replaces nothing that the loop looked at.
-  for (auto& [token, deadline] : leases) q.active[token] = deadline;
-  q.started += static_cast<std::int64_t>(leases.size());
+  // Fences and leases after the loop, in item order (one INCRBY in finish.lua); a lease given
+  // here replaces nothing that the loop looked at.
+  for (auto& [i, lane] : nexts) {
+    auto& next = *out[i].next;
+    next.fence = ++q.fence;
+    next.token = make_token(next.fence, lane);
+    q.fence += static_cast<std::int64_t>(next.ahead.size());
+    q.active[next.token] = now + lease_ttl.count();
+  }
+  started += static_cast<std::int64_t>(nexts.size());
+  q.started += started;
   q.completed += completed;
   q.failed += failed;
   q.retried += retried;

@@ -24,8 +24,9 @@ namespace asio = boost::asio;
 using redis::reply;
 using redis::request;
 
-// A token is '<fence>|<lane>'; an ungrouped lane carries the record: 'j:<record>'.
-claimed_job from_token(std::string token, const reply& record) {
+// A token is '<fence>|<lane>'; an ungrouped lane carries the record: 'j:<record>'. Then, from
+// e[at]: the number of the job's followers and their records.
+claimed_job from_token(std::string token, const reply& record, const std::vector<reply>& e, std::size_t& at) {
   claimed_job out;
   auto bar = token.find('|');
   std::from_chars(token.data(), token.data() + bar, out.fence);
@@ -37,14 +38,22 @@ claimed_job from_token(std::string token, const reply& record) {
     out.record = std::string(lane.substr(2));
   }
   out.token = std::move(token);
+  auto followers = static_cast<std::size_t>(e.at(at++).as_integer());
+  out.ahead.reserve(followers);
+  for (std::size_t i = 0; i < followers; ++i) out.ahead.push_back(e.at(at++).as_string());
   return out;
 }
 
 std::vector<claimed_job> parse_claimed(const reply& r) {
   std::vector<claimed_job> out;
   const auto& e = r.as_array();
-  out.reserve(e.size() / 2);
-  for (std::size_t i = 0; i + 1 < e.size(); i += 2) out.push_back(from_token(e[i].as_string(), e[i + 1]));
+  out.reserve(e.size() / 3);
+  for (std::size_t at = 0; at + 2 < e.size();) {
+    const auto& token = e[at];
+    const auto& record = e[at + 1];
+    at += 2;
+    out.push_back(from_token(token.as_string(), record, e, at));
+  }
   return out;
 }
 
@@ -114,8 +123,8 @@ constexpr std::size_t max_batch = 1000;
 request redis_backend::claim_request(const std::string& p, const claim_options& opts) const {
   std::array<std::string, 7> keys{p + "ready",  p + "active", p + "fence", p + "stats", p + "claimed:" + opts.worker,
                                   p + "paused", p + "parked"};
-  std::array<std::string, 2> args{std::to_string(std::min(opts.max, max_batch)),
-                                  std::to_string(opts.lease_ttl.count())};
+  std::array<std::string, 3> args{std::to_string(std::min(opts.max, max_batch)), std::to_string(opts.lease_ttl.count()),
+                                  std::to_string(opts.ahead)};
   auto req = claim_.make_request(keys, args);
   // Cut short after it was written, it could lease jobs that nobody would run until their
   // leases expire: once written, the caller gets its reply.
@@ -220,21 +229,26 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
     for (char ch : text) id = (id ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
     id = (id ^ 0xff) * 1099511628211ull;
   };
-  for (auto& it : items) {
+  for (auto& it : items) {  // the id too: a follower's 'keep' comes with the same token as the job before
     mix(it.token);
+    mix(it.id);
     mix(std::string_view(reinterpret_cast<const char*>(&it.kind), sizeof it.kind));
   }
   std::string call = fmt::format("{:016x}", id);
   std::vector<std::string_view> args{ttl, n, call};
-  args.reserve(3 + items.size() * 6);
-  std::vector<std::string> delays;
-  delays.reserve(items.size());
-  for (auto& it : items) delays.push_back(std::to_string(it.delay.count()));
+  args.reserve(3 + items.size() * 8);
+  std::vector<std::string> numbers;  // delay and ahead of each item
+  numbers.reserve(items.size() * 2);
+  for (auto& it : items) {
+    numbers.push_back(std::to_string(it.delay.count()));
+    numbers.push_back(std::to_string(it.ahead));
+  }
   for (std::size_t i = 0; i < items.size(); ++i) {
     auto& it = items[i];
     args.push_back(it.token);
     switch (it.kind) {
       case finish_kind::ack: args.push_back("a"); break;
+      case finish_kind::keep: args.push_back("k"); break;
       case finish_kind::fail: args.push_back("f"); break;
       case finish_kind::retry: args.push_back("r"); break;
       case finish_kind::defer: args.push_back("d"); break;
@@ -245,7 +259,9 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
     args.push_back(it.want_next == finish_item::next_policy::yes               ? "1"
                    : it.want_next == finish_item::next_policy::if_nobody_waits ? "2"
                                                                                : "0");
-    args.push_back(delays[i]);
+    args.push_back(numbers[2 * i]);
+    args.push_back(it.id);
+    args.push_back(numbers[2 * i + 1]);
   }
   auto req = finish_.make_request(keys, args);
   req.options.resend_safe = true;  // the script answers a resent call from its cache
@@ -253,10 +269,16 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
   const auto& e = r.as_array();
   std::vector<finish_result> out;
   out.reserve(items.size());
-  for (std::size_t i = 0; i + 2 < e.size(); i += 3) {
+  for (std::size_t at = 0; at + 3 < e.size();) {
     finish_result f;
-    f.lease_held = e[i].as_integer() == 1;
-    if (!e[i + 1].as_string().empty()) f.next = from_token(e[i + 1].as_string(), e[i + 2]);
+    f.lease_held = e[at].as_integer() == 1;
+    const auto& token = e[at + 1];
+    const auto& record = e[at + 2];
+    at += 3;
+    if (!token.as_string().empty())
+      f.next = from_token(token.as_string(), record, e, at);
+    else
+      at += 1 + static_cast<std::size_t>(e.at(at).as_integer());
     out.push_back(std::move(f));
   }
   co_return out;
