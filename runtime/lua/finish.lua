@@ -6,7 +6,7 @@
 --   id ('' if none), error, want next, delay (ms), job id, ahead
 --   kind: 'a' ack; 'k' ack of a grouped job whose follower (handed over by claim.lua or here)
 --   the worker runs next under the same lease: the job leaves its group, the lease goes on and
---   a follower counts as started; 'f' dead-letter; 'r' retry (one more attempt counted) and 'd'
+--   the follower counts as started, and is made the group's head; 'f' dead-letter; 'r' retry (one more attempt counted) and 'd'
 --   run again later (none counted): the job stays where it is (a grouped one at its group's
 --   head, so the group waits for it) and its lane waits in delayed for `delay` ms (none: back
 --   to ready at once); 'h' halt: a grouped job stays at the head with its attempt counted and
@@ -14,8 +14,9 @@
 --   want next ('1': lease the group's next job to me; '2': only when no other lane is waiting,
 --   so a burst costs nobody their turn; '0': no), for an ack; ahead: how many of the next job's
 --   followers to hand over with it.
---   job id: for a follower, its id, by which it is found when it is not its group's head (a job
---   requeued to the head went in front of it); '' for a lease's first job, which is the head.
+--   job id: for 'k', the follower's id. A job requeued to the group's head during the burst went
+--   in behind the head, in front of the follower: the follower moves to the head, where retries,
+--   halts and the reaper look for the running job, and the requeued job runs after the burst.
 -- Returns: n times: held (1, or 0 when the lease was lost and nothing changed), next token,
 --   next record ('' and '' when no next job was leased), the number of its followers, their
 --   records (fences: the next token's + 1, + 2, ...)
@@ -122,24 +123,20 @@ local function is_paused(group)
 end
 
 local function id_of(record) return string.match(record, '^%d+|([^|]*)|') end
--- The index and record of job `id` at or near its group's head (a follower of the lease's first
--- job has jobs requeued to the head in front of it); nil when it is not there.
-local function locate(key, id)
+-- After a keep: makes the follower `id` its group's head (see 'job id' above). False when the
+-- group has no jobs left (drift: check reports the lease).
+local function to_front(key, id)
   local head = redis.call('LINDEX', key, 0)
-  if not head or id == '' or id_of(head) == id then return head and 0, head end
-  for i, record in ipairs(redis.call('LRANGE', key, 1, 64)) do
-    if id_of(record) == id then return i, record end
+  if not head then return false end
+  if id == '' or id_of(head) == id then return true end
+  for _, record in ipairs(redis.call('LRANGE', key, 1, 1000)) do
+    if id_of(record) == id then
+      redis.call('LREM', key, 1, record)
+      redis.call('LPUSH', key, record)
+      break
+    end
   end
-  return nil, nil
-end
--- Removes job `id` from its group: the head, but for a follower see locate.
-local function take(key, id)
-  local head = redis.call('LPOP', key)
-  if not head or id == '' or id_of(head) == id then return head end
-  redis.call('LPUSH', key, head)
-  local at, record = locate(key, id)
-  if at then redis.call('LREM', key, 1, record) end
-  return record
+  return true
 end
 
 local results, back, nexts, later = {}, {}, {}, {}
@@ -182,7 +179,9 @@ for i = 1, n do
     if kind == 'k' and not grouped then kind = 'a' end
     if kind == 'k' then
       if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
-      take(prefix .. lane, job_id)
+      local key = prefix .. lane
+      redis.call('LPOP', key)
+      if not to_front(key, job_id) then emptied = emptied + 1 end
       completed = completed + 1
       started = started + 1
     elseif kind == 'a' or kind == 'f' then
@@ -190,7 +189,7 @@ for i = 1, n do
       local record
       if grouped then
         local key = prefix .. lane
-        record = take(key, job_id)
+        record = redis.call('LPOP', key)
         local following = redis.call('LINDEX', key, 0)
         if record and not following then emptied = emptied + 1 end
         if following then
@@ -216,9 +215,9 @@ for i = 1, n do
       end
     elseif grouped then -- 'r', 'd' or 'h': the job stays at its group's head
       local key = prefix .. lane
-      local at, head = locate(key, job_id)
+      local head = redis.call('LINDEX', key, 0)
       if head then
-        if kind ~= 'd' then redis.call('LSET', key, at, counted(head)) end
+        if kind ~= 'd' then redis.call('LSET', key, 0, counted(head)) end
         if kind == 'h' then
           redis.call('HSET', paused, string.sub(lane, 3), cjson.encode({state = 'halted', error = err, at = now}))
           redis.call('SADD', parked, string.sub(lane, 3))

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <random>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace jobrt {
 
@@ -176,7 +177,6 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     asio::any_io_executor executor;  // where the handler runs (its group's strand)
     asio::steady_timer deadline;     // the job's timeout, on the worker's strand
     std::string unique_id;
-    std::string checked_id;          // a follower's id, for finish_item::id
     std::vector<std::string> ahead;  // its followers, run next under the same lease
     job_state state = job_state::running;
     bool timed_out = false;
@@ -267,8 +267,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   }
 
   // Runs a claimed job's handler on its group's strand (or anywhere, ungrouped). A follower
-  // (see run_follower) comes with its id for the backend and its lease's validity.
-  void launch(claimed_job c, std::string checked_id = {}, std::optional<clock::time_point> valid_until = {}) {
+  // (see run_follower) comes with its lease's validity.
+  void launch(claimed_job c, std::optional<clock::time_point> valid_until = {}) {
     ++held_;
     held_count_.store(held_, std::memory_order_relaxed);
     ++busy_;
@@ -279,8 +279,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     } catch (const std::exception& e) {
       // A record a buggy producer wrote: it fails with the reason; nothing else is touched. Its
       // id is released only when the body, as far as it reads, says the producer gave it.
-      finish_now(token, finish_kind::fail, detail::producer_id(c.record), fmt::format("malformed job: {}", e.what()),
-                 std::move(checked_id));
+      finish_now(token, finish_kind::fail, detail::producer_id(c.record), fmt::format("malformed job: {}", e.what()));
       free_slot();
       return;
     }
@@ -288,21 +287,19 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       bool halt = !j.group.empty() && j.on_failure.value_or(opts_.on_failure) == failure_policy::halt;
       finish_now(token, halt ? finish_kind::halt : finish_kind::fail, j.unique_id ? j.id : std::string(),
                  fmt::format("gave up: attempt {} of at most {} (earlier attempts lost their leases)", j.attempt,
-                             j.max_attempts),
-                 std::move(checked_id));
+                             j.max_attempts));
       free_slot();
       return;
     }
     auto h = handlers_.find(j.type);
     if (h == handlers_.end()) {
       finish_now(token, finish_kind::fail, j.unique_id ? j.id : std::string(),
-                 fmt::format("no handler for type {}", j.type), std::move(checked_id));
+                 fmt::format("no handler for type {}", j.type));
       free_slot();
       return;
     }
     auto r = std::make_shared<running_job>(strand_);
     r->unique_id = j.unique_id ? j.id : std::string();
-    r->checked_id = std::move(checked_id);
     r->ahead = std::move(c.ahead);
     r->valid_until = valid_until.value_or(clock::now() + opts_.lease_ttl);
     // A strand even for an ungrouped job: its cancellation is emitted there, and that must not
@@ -371,7 +368,12 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         if (e) {  // interrupted by stop: hand it back, no attempt counted
           free_slot(*r);
           release_strand(r->ctx->group());
-          to_release_.push_back(token);
+          // Not before its predecessor's keep lands: released first, the lease would be gone
+          // when the keep came, and the predecessor, done, would run again.
+          if (keeps_in_flight_.contains(token))
+            release_after_keep_.insert(token);
+          else
+            to_release_.push_back(token);
           running_.erase(it);
           drop_held();
           return;
@@ -384,7 +386,6 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     finish_item item;
     item.token = token;
     item.unique_id = r->unique_id;
-    item.id = r->checked_id;
     if (e || r->timed_out) {  // past its deadline the attempt fails, even if the handler ignored the cancellation
       decide_failure(r->ctx->job(),
                      r->timed_out ? fmt::format("timed out after {} ms", r->ctx->job().timeout.count()) : what(e),
@@ -418,13 +419,14 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // slot, on its group's strand, and the backend learns of both with the keep in the next
   // finish call. The follower's fence is the one after its predecessor's.
   void run_follower(const std::string& token, const std::shared_ptr<running_job>& r, finish_item keep) {
-    queue_finish(std::move(keep), r->ctx->job().type);
     claimed_job next{token, r->ctx->fence() + 1, r->ctx->group(), std::move(r->ahead.front()), {}};
     next.ahead.assign(std::make_move_iterator(r->ahead.begin() + 1), std::make_move_iterator(r->ahead.end()));
-    std::string id(detail::script_id(next.record));
+    keep.id = detail::script_id(next.record);
+    queue_finish(std::move(keep), r->ctx->job().type);
+    ++keeps_in_flight_[token];
     running_.erase(token);  // the follower's entry takes its place
     free_slot(*r);
-    launch(std::move(next), std::move(id), r->valid_until);
+    launch(std::move(next), r->valid_until);
     release_strand(r->ctx->group());  // after launch took it: the strand lives on
   }
 
@@ -453,14 +455,12 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   // --- finishing, batched: one backend call carries every result that came in meanwhile ---
 
-  void finish_now(std::string token, finish_kind kind, std::string unique_id, std::string error,
-                  std::string checked_id) {
+  void finish_now(std::string token, finish_kind kind, std::string unique_id, std::string error) {
     finish_item item;
     item.token = std::move(token);
     item.kind = kind;
     item.unique_id = std::move(unique_id);
     item.error = std::move(error);
-    item.id = std::move(checked_id);
     queue_finish(std::move(item), "(not started)");  // failed before its handler ran
   }
 
@@ -540,6 +540,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       if (!result.lease_held) {
         jobrt::log(log_level::warn, source_, "lease {} was lost before it finished; not acked", item.token);
         lease_lost(item.token, "lost");
+      }
+      if (auto k = keeps_in_flight_.find(item.token); k != keeps_in_flight_.end() && --k->second == 0) {
+        keeps_in_flight_.erase(k);
+        // A follower stopped before it finished: its lease goes back now that the keep landed.
+        if (release_after_keep_.erase(item.token) > 0 && result.lease_held) to_release_.push_back(item.token);
       }
       drop_held();
       return;
@@ -813,7 +818,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   std::unordered_map<std::string, std::shared_ptr<running_job>> running_;  // by token
   std::unordered_map<std::string, group_strand> strands_;
   std::vector<finish_item> pending_finish_;
-  std::vector<std::string> pending_types_;  // each pending item's job type
+  std::vector<std::string> pending_types_;                        // each pending item's job type
+  std::unordered_map<std::string, std::size_t> keeps_in_flight_;  // by token: keeps not yet answered
+  std::unordered_set<std::string> release_after_keep_;            // tokens to hand back when they are
   std::vector<std::string> to_release_;
   asio::steady_timer slot_timer_;  // the claim loop waits here for a free slot
   asio::steady_timer idle_timer_;  // stop waits here for handlers to finish

@@ -539,13 +539,14 @@ job_spec with_id(std::string id, std::string group) {
   s.id = std::move(id);
   return s;
 }
-// The jobs below have producer-given ids, which finishing releases; a follower's also names it.
-finish_item item(const std::string& token, finish_kind kind, std::string producer_id, bool follower = true) {
+// The jobs below have producer-given ids, which finishing releases; a keep names the follower
+// that starts next.
+finish_item item(const std::string& token, finish_kind kind, std::string producer_id, std::string next = {}) {
   finish_item f;
   f.token = token;
   f.kind = kind;
-  f.unique_id = producer_id;
-  if (follower) f.id = std::move(producer_id);
+  f.unique_id = std::move(producer_id);
+  f.id = std::move(next);
   return f;
 }
 std::string id_in(const std::string& record) { return record.substr(2, record.find('|', 2) - 2); }
@@ -574,8 +575,8 @@ CONFORMANCE("a burst: followers come with the lease, each keep finishes one, and
     CHECK(counts.started == 2);  // followers count as started by their keep
 
     // a and b done, c acked with a request for the next job and 2 followers: d, e and f.
-    std::vector<finish_item> items{item(g.token, finish_kind::keep, "a", false), item(g.token, finish_kind::keep, "b"),
-                                   item(g.token, finish_kind::ack, "c")};
+    std::vector<finish_item> items{item(g.token, finish_kind::keep, "a", "b"),
+                                   item(g.token, finish_kind::keep, "b", "c"), item(g.token, finish_kind::ack, "c")};
     items[2].want_next = finish_item::next_policy::yes;
     items[2].ahead = 2;
     auto done = co_await store.finish(b.queue(), "w", items, std::chrono::seconds(30));
@@ -596,9 +597,9 @@ CONFORMANCE("a burst: followers come with the lease, each keep finishes one, and
     // A keep on a lease that is gone changes nothing, nor does anything after it.
     std::vector<finish_item> stale{item(g.token, finish_kind::keep, "c")};
     CHECK_FALSE((co_await store.finish(b.queue(), "w", stale, std::chrono::seconds(30)))[0].lease_held);
-    std::vector<finish_item> rest{item(next.token, finish_kind::keep, "d", false),
-                                  item(next.token, finish_kind::keep, "e"), item(next.token, finish_kind::ack, "f"),
-                                  item(claimed[1].token, finish_kind::ack, "z", false)};
+    std::vector<finish_item> rest{
+        item(next.token, finish_kind::keep, "d", "e"), item(next.token, finish_kind::keep, "e", "f"),
+        item(next.token, finish_kind::ack, "f"), item(claimed[1].token, finish_kind::ack, "z")};
     done = co_await store.finish(b.queue(), "w", rest, std::chrono::seconds(30));
     for (auto& d : done) CHECK(d.lease_held);
     counts = co_await store.counts(b.queue());
@@ -613,6 +614,7 @@ CONFORMANCE("a burst: followers come with the lease, each keep finishes one, and
 }
 
 CONFORMANCE("a job requeued to its group's head during a burst runs right after the burst, and none is lost") {
+  // (The running job stays its group's head, where a retry, a halt or the reaper looks for it.)
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);
     auto& store = b.make();
@@ -623,7 +625,7 @@ CONFORMANCE("a job requeued to its group's head during a burst runs right after 
     claim_options co{"w", 10, std::chrono::seconds(30), 2};
     auto first = co_await store.claim(b.queue(), co);
     REQUIRE(first.size() == 1);
-    std::vector<finish_item> fail{item(first[0].token, finish_kind::fail, "x", false)};
+    std::vector<finish_item> fail{item(first[0].token, finish_kind::fail, "x")};
     co_await store.finish(b.queue(), "w", fail, std::chrono::seconds(30));
 
     std::vector<job_spec> specs;
@@ -636,8 +638,9 @@ CONFORMANCE("a job requeued to its group's head during a burst runs right after 
     // An operator puts x back "next in its group" while the worker runs a's burst.
     std::vector<std::string> back{"x"};
     CHECK((co_await store.requeue(b.queue(), back, true)) == back);
-    // b is found behind x and taken; c fails once and stays where it is, behind x.
-    std::vector<finish_item> items{item(token, finish_kind::keep, "a", false), item(token, finish_kind::keep, "b"),
+    // Each keep makes the follower that starts the group's head, x behind it; c fails once and
+    // stays at the head, so it runs again before x.
+    std::vector<finish_item> items{item(token, finish_kind::keep, "a", "b"), item(token, finish_kind::keep, "b", "c"),
                                    item(token, finish_kind::retry, "c")};
     auto done = co_await store.finish(b.queue(), "w", items, std::chrono::seconds(30));
     for (auto& d : done) CHECK(d.lease_held);
@@ -648,10 +651,10 @@ CONFORMANCE("a job requeued to its group's head during a burst runs right after 
       auto got = co_await store.claim(b.queue(), one);
       if (got.empty()) break;
       order.push_back(id_in(got[0].record) + "#" + got[0].record.substr(0, 1));
-      std::vector<finish_item> ack{item(got[0].token, finish_kind::ack, id_in(got[0].record), false)};
+      std::vector<finish_item> ack{item(got[0].token, finish_kind::ack, id_in(got[0].record))};
       co_await store.finish(b.queue(), "w", ack, std::chrono::seconds(30));
     }
-    CHECK(order == std::vector<std::string>{"x#0", "c#1", "d#0"});
+    CHECK(order == std::vector<std::string>{"c#1", "x#0", "d#0"});
     auto counts = co_await store.counts(b.queue());
     CHECK(counts.completed == 5);  // a, b, x, c, d
     CHECK(counts.failed == 1);     // x's first run

@@ -73,9 +73,9 @@ enum class finish_kind {
 struct finish_item {
   std::string token;
   finish_kind kind = finish_kind::ack;
-  /// For a job handed over as a follower (claimed_job::ahead): its id as the record has it. The
-  /// backend finds the job by it in case a job requeued to its group's head went in front of it
-  /// (see requeue). "" for the lease's first job, which is its group's head.
+  /// For a keep: the id, as its record has it, of the follower that starts now. The backend
+  /// makes that follower its group's head: a job requeued to the head during the burst (see
+  /// requeue) went in front of it and goes behind it, so the running job is always the head.
   std::string id;
   std::string unique_id;               ///< the job's id when the producer gave it (forgotten on ack and fail)
   std::string error;                   ///< for fail and halt

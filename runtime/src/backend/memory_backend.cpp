@@ -420,25 +420,16 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
   std::vector<std::pair<std::int64_t, std::string>> later;
   std::vector<std::pair<std::size_t, std::string>> nexts;  // item, lane: leased after the loop
   std::int64_t completed = 0, failed = 0, retried = 0, deferred = 0, halted = 0, started = 0;
-  // finish.lua's locate: where job `id` is at or near its group's head; a follower may have jobs
-  // requeued to the head in front of it.
-  auto locate = [](std::deque<std::string>& list, const std::string& id) -> std::optional<std::size_t> {
-    if (list.empty()) return std::nullopt;
-    if (id.empty() || record_id(list.front()) == id) return 0;
-    for (std::size_t i = 1; i < list.size() && i <= 64; ++i)
-      if (record_id(list[i]) == id) return i;
-    return std::nullopt;
-  };
-  // finish.lua's take: removes job `id` from its group (erased when that empties it).
-  auto take = [&](std::unordered_map<std::string, std::deque<std::string>>::iterator group,
-                  const std::string& id) -> std::optional<std::string> {
-    auto& list = group->second;
-    std::optional<std::string> record;
-    if (auto at = locate(list, id)) {
-      record = std::move(list[*at]);
-      list.erase(list.begin() + static_cast<std::ptrdiff_t>(*at));
+  // finish.lua's to_front: after a keep, the follower `id` becomes its group's head.
+  auto to_front = [](std::deque<std::string>& list, const std::string& id) {
+    if (list.empty() || id.empty() || record_id(list.front()) == id) return;
+    for (std::size_t i = 1; i < list.size() && i <= 1000; ++i) {
+      if (record_id(list[i]) != id) continue;
+      auto record = std::move(list[i]);
+      list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));  // LREM, LPUSH
+      list.push_front(std::move(record));
+      return;
     }
-    return record;
   };
   // Keyed as finish.lua does: the id, or '<id>#<fence>' when that is taken or there is no id.
   auto dead_letter_of = [&](const std::optional<std::string>& record, std::string group, std::string error,
@@ -472,7 +463,8 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
     if (kind == finish_kind::keep) {
       if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
       if (auto group = q.groups.find(lane.substr(2)); group != q.groups.end()) {
-        take(group, item.id);
+        group->second.pop_front();
+        to_front(group->second, item.id);
         if (group->second.empty()) q.groups.erase(group);  // drift: its follower is gone (check reports it)
       }
       ++completed;
@@ -485,7 +477,8 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
         auto group = q.groups.find(lane.substr(2));
         if (group != q.groups.end()) {
           auto& list = group->second;
-          record = take(group, item.id);
+          record = std::move(list.front());
+          list.pop_front();
           if (list.empty()) {
             q.groups.erase(group);
           } else if (ack && !q.paused.contains(group->first) &&
@@ -512,9 +505,8 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
         dead_letter_of(record, grouped ? lane.substr(2) : std::string(), item.error, item.token);
     } else if (grouped) {  // retry, defer or halt: the job stays at its group's head
       auto group = q.groups.find(lane.substr(2));
-      auto at = group != q.groups.end() ? locate(group->second, item.id) : std::nullopt;
-      if (at) {
-        auto& head = group->second[*at];
+      if (group != q.groups.end()) {
+        auto& head = group->second.front();
         if (kind != finish_kind::defer) head = counted(head);
         if (kind == finish_kind::halt) {
           q.paused[group->first] = paused_group{group->first, true, item.error, now};

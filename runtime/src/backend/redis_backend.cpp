@@ -229,7 +229,13 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
     for (char ch : text) id = (id ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
     id = (id ^ 0xff) * 1099511628211ull;
   };
-  for (auto& it : items) {  // the id too: a follower's 'keep' comes with the same token as the job before
+  std::uint64_t answered = 0;
+  {
+    std::lock_guard lock(blocking_mutex_);
+    answered = finish_calls_[worker];
+  }
+  mix(std::string_view(reinterpret_cast<const char*>(&answered), sizeof answered));
+  for (auto& it : items) {
     mix(it.token);
     mix(it.id);
     mix(std::string_view(reinterpret_cast<const char*>(&it.kind), sizeof it.kind));
@@ -266,6 +272,10 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
   auto req = finish_.make_request(keys, args);
   req.options.resend_safe = true;  // the script answers a resent call from its cache
   reply r = co_await finish_.run(conn_, std::move(req));
+  {
+    std::lock_guard lock(blocking_mutex_);
+    ++finish_calls_[worker];
+  }
   const auto& e = r.as_array();
   std::vector<finish_result> out;
   out.reserve(items.size());
