@@ -2,7 +2,8 @@
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>fence  KEYS[4] <prefix>stats
 -- KEYS[5] <prefix>ids  KEYS[6] <prefix>dead  KEYS[7] <prefix>dead:info  KEYS[8] <prefix>finished:<worker>
 -- KEYS[9] <prefix>delayed  KEYS[10] <prefix>paused  KEYS[11] <prefix>parked
--- ARGV[1] lease TTL (ms)  ARGV[2] n  ARGV[3] call id, then n times: token, kind, producer-given
+-- ARGV[1] lease TTL (ms)  ARGV[2] n  ARGV[3] call id  ARGV[4] ids of this worker's calls whose
+--   answers came, space-separated (their records go), then n times: token, kind, producer-given
 --   id ('' if none), error, want next, delay (ms), job id, ahead
 --   kind: 'a' ack; 'k' ack of a grouped job whose follower (handed over by claim.lua or here)
 --   the worker runs next under the same lease: the job leaves its group, the lease goes on and
@@ -21,53 +22,56 @@
 --   next record ('' and '' when no next job was leased), the number of its followers, their
 --   records (fences: the next token's + 1, + 2, ...)
 --
--- Safe to send again: a worker has one finish call in flight at a time, and the result of its
--- last call is kept under finished:<worker>. The same call id again (a resend after a lost
--- reply) gets that result back and changes nothing but the next jobs' leases (renewed, or
--- reported as not leased when reaped meanwhile); without it, a burst's next job leased by the
--- first run would belong to nobody. A resent call's next jobs come without followers.
+-- Safe to send again: the result of each call is kept in the hash finished:<worker> until a
+-- later call says its answer came. The same call id again (a resend after a lost reply) gets
+-- that result back and changes nothing but the next jobs' leases (renewed, or reported as not
+-- leased when reaped meanwhile); without it, a keep would take a second job off its group, and
+-- a burst's next job leased by the first run would belong to nobody. A resent call's next jobs
+-- come without followers.
 local ready, active, fence_key, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ids, dead, dead_info, finished = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local delayed, paused, parked = KEYS[9], KEYS[10], KEYS[11]
 local prefix = string.sub(ready, 1, -6)
 local ttl, n, call = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 
--- The cache holds '<call id>\n' and then, for each item, its held flag ('0'/'1') and its next
--- token as '<length>:<token>': cheap to write on every call, decoded only on a resend. A next
--- job's record is not kept: while its lease lasts it is the head of its group's list.
-local last = redis.call('GET', finished)
+if ARGV[4] ~= '' then
+  local answered = {}
+  for id in string.gmatch(ARGV[4], '%S+') do answered[#answered + 1] = id end
+  redis.call('HDEL', finished, unpack(answered))
+end
+-- A call's record holds, for each item, its held flag ('0'/'1') and its next token as
+-- '<length>:<token>': cheap to write on every call, decoded only on a resend. A next job's
+-- record is not kept: while its lease lasts it is the head of its group's list.
+local last = redis.call('HGET', finished, call)
 if last then
-  local sep = string.find(last, '\n', 1, true)
-  if sep and string.sub(last, 1, sep - 1) == call then
-    -- A next job leased by the first run may have been reaped since (the resend came after its
-    -- TTL): it is not ours to start any more. One still held gets a full TTL from now.
-    local time = redis.call('TIME')
-    local deadline = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl
-    local out, pos = {}, sep + 1
-    while pos <= #last do
-      local colon = string.find(last, ':', pos, true)
-      local len = tonumber(string.sub(last, pos + 1, colon - 1))
-      local token = string.sub(last, colon + 1, colon + len)
-      local record = ''
-      if token ~= '' and redis.call('ZSCORE', active, token) then
-        redis.call('ZADD', active, 'XX', deadline, token)
-        record = redis.call('LINDEX', prefix .. string.sub(token, string.find(token, '|', 1, true) + 1), 0) or ''
-      else
-        token = ''
-      end
-      out[#out + 1] = tonumber(string.sub(last, pos, pos))
-      out[#out + 1] = token
-      out[#out + 1] = record
-      out[#out + 1] = 0
-      pos = colon + len + 1
+  -- A next job leased by the first run may have been reaped since (the resend came after its
+  -- TTL): it is not ours to start any more. One still held gets a full TTL from now.
+  local time = redis.call('TIME')
+  local deadline = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl
+  local out, pos = {}, 1
+  while pos <= #last do
+    local colon = string.find(last, ':', pos, true)
+    local len = tonumber(string.sub(last, pos + 1, colon - 1))
+    local token = string.sub(last, colon + 1, colon + len)
+    local record = ''
+    if token ~= '' and redis.call('ZSCORE', active, token) then
+      redis.call('ZADD', active, 'XX', deadline, token)
+      record = redis.call('LINDEX', prefix .. string.sub(token, string.find(token, '|', 1, true) + 1), 0) or ''
+    else
+      token = ''
     end
-    return out
+    out[#out + 1] = tonumber(string.sub(last, pos, pos))
+    out[#out + 1] = token
+    out[#out + 1] = record
+    out[#out + 1] = 0
+    pos = colon + len + 1
   end
+  return out
 end
 
 -- results[i]: {held, next token, next record, followers}
 local function done(results)
-  local parts, out = {call, '\n'}, {}
+  local parts, out = {}, {}
   for _, r in ipairs(results) do
     parts[#parts + 1] = r[1] .. #r[2] .. ':' .. r[2]
     out[#out + 1] = r[1]
@@ -76,13 +80,14 @@ local function done(results)
     out[#out + 1] = #r[4]
     for _, record in ipairs(r[4]) do out[#out + 1] = record end
   end
-  redis.call('SET', finished, table.concat(parts), 'PX', 600000)
+  redis.call('HSET', finished, call, table.concat(parts))
+  redis.call('PEXPIRE', finished, 600000) -- a worker that died leaves its records behind
   return out
 end
 
 local W = 8 -- ARGV per item
 local tokens = {}
-for i = 1, n do tokens[i] = ARGV[4 + (i - 1) * W] end
+for i = 1, n do tokens[i] = ARGV[5 + (i - 1) * W] end
 local scores = redis.call('ZMSCORE', active, unpack(tokens))
 -- Items are taken in order: a token is held until an item that is not 'k' ends its lease (a
 -- token given twice that way is held once).
@@ -92,7 +97,7 @@ for i = 1, n do
   if scores[i] and not gone[token] then
     any = true
     local bar = string.find(token, '|', 1, true)
-    if ARGV[4 + (i - 1) * W + 1] ~= 'k' or string.sub(token, bar + 1, bar + 2) ~= 'g:' then
+    if ARGV[5 + (i - 1) * W + 1] ~= 'k' or string.sub(token, bar + 1, bar + 2) ~= 'g:' then
       gone[token] = true
       ended[#ended + 1] = token
     end
@@ -166,7 +171,7 @@ local function send_back(lane, delay)
   end
 end
 for i = 1, n do
-  local base = 4 + (i - 1) * W
+  local base = 5 + (i - 1) * W
   local token, kind, unique_id, err, want = ARGV[base], ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
   local delay, job_id, ahead = tonumber(ARGV[base + 5]) or 0, ARGV[base + 6], tonumber(ARGV[base + 7]) or 0
   local result = {0, '', '', {}}

@@ -19,10 +19,10 @@
 
 #include <unistd.h>
 
+#include <list>
 #include <mutex>
 #include <random>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace jobrt {
 
@@ -54,6 +54,9 @@ std::string make_worker_id() {
 namespace {
 
 constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+// Finish calls on their way at once: the backend runs one while the worker handles another's
+// answer (bench: <figures>).
+constexpr std::size_t finish_calls_max = 2;
 
 std::string what(const std::exception_ptr& e) {
   try {
@@ -159,7 +162,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       asio::co_spawn(self->strand_, watchdog_loop(self), rethrow);
       asio::co_spawn(self->strand_, reap_loop(self), rethrow);
       asio::co_spawn(self->strand_, promote_loop(self), rethrow);
-      asio::co_spawn(self->strand_, flush_loop(self), asio::bind_cancellation_slot(self->flush_stop_.slot(), rethrow));
+      asio::co_spawn(self->strand_, flush_loop(self), rethrow);
     });
   }
 
@@ -267,7 +270,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   }
 
   // Runs a claimed job's handler on its group's strand (or anywhere, ungrouped). A follower
-  // (see run_follower) comes with its lease's validity.
+  // (see on_kept) comes with its lease's validity.
   void launch(claimed_job c, std::optional<clock::time_point> valid_until = {}) {
     ++held_;
     held_count_.store(held_, std::memory_order_relaxed);
@@ -368,12 +371,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         if (e) {  // interrupted by stop: hand it back, no attempt counted
           free_slot(*r);
           release_strand(r->ctx->group());
-          // Not before its predecessor's keep lands: released first, the lease would be gone
-          // when the keep came, and the predecessor, done, would run again.
-          if (keeps_in_flight_.contains(token))
-            release_after_keep_.insert(token);
-          else
-            to_release_.push_back(token);
+          to_release_.push_back(token);
           running_.erase(it);
           drop_held();
           return;
@@ -394,13 +392,16 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       item.kind = finish_kind::defer;
       item.delay = *r->ctx->retry_after_;
     }
-    // The rest of the burst: its followers came with the lease and run one after another, with
-    // no round trip in between, while the lease has at least half its TTL left (a follower
-    // starts only on a lease that will outlive a watchdog period or two).
+    // The rest of the burst: its followers came with the lease and run one after another, while
+    // the lease has at least half its TTL left (a follower starts only on a lease that will
+    // outlive a watchdog period or two). Each starts when its predecessor's keep has landed:
+    // started sooner, it would run before a predecessor that a crash or a lost lease runs again.
+    // The keep holds the slot; it travels with every other result in the next finish call.
     if (item.kind == finish_kind::ack && !r->ahead.empty() && !stopping_ &&
         r->valid_until - clock::now() > opts_.lease_ttl / 2) {
       item.kind = finish_kind::keep;
-      run_follower(token, r, std::move(item));
+      item.id = detail::script_id(r->ahead.front());
+      queue_finish(std::move(item), r->ctx->job().type);
       return;
     }
     // After a burst, the group's next job (and its followers) in the finish's answer, only when
@@ -413,21 +414,6 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // a job to run in it.
     if (item.want_next == finish_item::next_policy::no) free_slot(*r);
     queue_finish(std::move(item), r->ctx->job().type);
-  }
-
-  // The job under `token` is done and its lease goes on: its first follower starts now in its
-  // slot, on its group's strand, and the backend learns of both with the keep in the next
-  // finish call. The follower's fence is the one after its predecessor's.
-  void run_follower(const std::string& token, const std::shared_ptr<running_job>& r, finish_item keep) {
-    claimed_job next{token, r->ctx->fence() + 1, r->ctx->group(), std::move(r->ahead.front()), {}};
-    next.ahead.assign(std::make_move_iterator(r->ahead.begin() + 1), std::make_move_iterator(r->ahead.end()));
-    keep.id = detail::script_id(next.record);
-    queue_finish(std::move(keep), r->ctx->job().type);
-    ++keeps_in_flight_[token];
-    running_.erase(token);  // the follower's entry takes its place
-    free_slot(*r);
-    launch(std::move(next), r->valid_until);
-    release_strand(r->ctx->group());  // after launch took it: the strand lives on
   }
 
   // A failed run: run again after a backoff while attempts are left; then the dead letters, or a
@@ -475,78 +461,71 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     if (flush_idle_) flush_timer_.cancel();
   }
 
-  // Runs from start() to stop(): one finish call at a time carries every result that came in
-  // meanwhile. stop() cuts short a call the backend does not answer (flush_stop_).
+  // Runs from start() to stop(): a finish call carries every result that came in meanwhile, and
+  // up to finish_calls_max calls are on their way at once, so the backend runs one while this
+  // process handles the answer of another (a follower waits for its predecessor's keep). Each
+  // item's token is in one call at most: the order of calls does not matter.
   static asio::awaitable<void> flush_loop(std::shared_ptr<impl> self) {
-    co_await asio::this_coro::throw_if_cancelled(false);  // a cancelled call fails like any other
-    auto backoff = std::chrono::milliseconds(100);
-    std::vector<finish_item> items;
-    std::vector<std::string> types;
     for (;;) {
-      if (items.empty()) {
-        if (self->pending_finish_.empty()) {
-          if (self->stopped_) break;
-          self->flush_idle_ = true;
-          co_await wait_on(self->flush_timer_);  // until queue_finish or stop
-          self->flush_idle_ = false;
-          continue;
-        }
-        items = std::exchange(self->pending_finish_, {});
-        types = std::exchange(self->pending_types_, {});
-      }
-      std::vector<finish_result> results;
-      std::string failure;
-      try {
-        results = co_await self->backend_.finish(self->opts_.queue, self->opts_.id, items, self->opts_.lease_ttl);
-        backoff = std::chrono::milliseconds(100);
-      } catch (const std::exception& e) {
-        failure = e.what();
-      }
-      if (!failure.empty()) {
-        if (self->stopped_) {
-          jobrt::log(log_level::error, self->source_,
-                     "finishing {} jobs failed after stop: {}; their leases expire and they run again", items.size(),
-                     failure);
-          break;
-        }
-        // The same batch again, alone: the same call, which the backend answers from its record
-        // of the last call if the first one got through.
-        jobrt::log(log_level::warn, self->source_, "finishing {} jobs failed: {} (retrying in {} ms)", items.size(),
-                   failure, backoff.count());
-        co_await wait_on(self->flush_timer_, clock::now() + backoff);
-        backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+      if (self->pending_finish_.empty() || self->finish_calls_.size() >= finish_calls_max) {
+        if (self->stopped_ && self->finish_calls_.empty()) break;
+        self->flush_idle_ = true;
+        co_await wait_on(self->flush_timer_);  // until queue_finish, a call's end or stop
+        self->flush_idle_ = false;
         continue;
       }
-      for (std::size_t i = 0; i < items.size() && i < results.size(); ++i)
-        self->on_finished(items[i], types[i], results[i]);
-      items.clear();
-      types.clear();
+      auto call = self->finish_calls_.emplace(self->finish_calls_.end());
+      asio::co_spawn(
+          self->strand_,
+          finish_call(self, std::exchange(self->pending_finish_, {}), std::exchange(self->pending_types_, {})),
+          asio::bind_cancellation_slot(call->slot(), [self, call](std::exception_ptr e) {
+            self->finish_calls_.erase(call);
+            if (self->flush_idle_) self->flush_timer_.cancel();
+            if (e) std::rethrow_exception(e);
+          }));
     }
     self->flushing_ = false;
     self->idle_timer_.cancel();
   }
 
+  // One finish call, sent again after a failure until it gets through or the worker stops;
+  // stop() cuts short a call the backend does not answer (finish_calls_).
+  static asio::awaitable<void> finish_call(std::shared_ptr<impl> self, std::vector<finish_item> items,
+                                           std::vector<std::string> types) {
+    co_await asio::this_coro::throw_if_cancelled(false);  // a cancelled call fails like any other
+    auto backoff = std::chrono::milliseconds(100);
+    asio::steady_timer pause(self->strand_);
+    for (;;) {
+      std::vector<finish_result> results;
+      std::string failure;
+      try {
+        results = co_await self->backend_.finish(self->opts_.queue, self->opts_.id, items, self->opts_.lease_ttl);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      if (failure.empty()) {
+        for (std::size_t i = 0; i < items.size() && i < results.size(); ++i)
+          self->on_finished(items[i], types[i], results[i]);
+        co_return;
+      }
+      if (self->stopped_) {
+        jobrt::log(log_level::error, self->source_,
+                   "finishing {} jobs failed after stop: {}; their leases expire and they run again", items.size(),
+                   failure);
+        co_return;
+      }
+      // The same batch again: the same call, which the backend answers from its record of the
+      // call if the first one got through.
+      jobrt::log(log_level::warn, self->source_, "finishing {} jobs failed: {} (retrying in {} ms)", items.size(),
+                 failure, backoff.count());
+      co_await wait_on(pause, clock::now() + backoff);  // stop cuts it short through the call's signal
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+    }
+  }
+
   void on_finished(const finish_item& item, const std::string& type, finish_result& result) {
-    if (item.kind == finish_kind::keep) {  // its follower runs under the token now
-      {
-        std::lock_guard lock(counters_mutex_);
-        if (result.lease_held) {
-          ++counters_.completed;
-          ++by_type_[type].completed;
-        } else {
-          ++counters_.leases_lost;
-        }
-      }
-      if (!result.lease_held) {
-        jobrt::log(log_level::warn, source_, "lease {} was lost before it finished; not acked", item.token);
-        lease_lost(item.token, "lost");
-      }
-      if (auto k = keeps_in_flight_.find(item.token); k != keeps_in_flight_.end() && --k->second == 0) {
-        keeps_in_flight_.erase(k);
-        // A follower stopped before it finished: its lease goes back now that the keep landed.
-        if (release_after_keep_.erase(item.token) > 0 && result.lease_held) to_release_.push_back(item.token);
-      }
-      drop_held();
+    if (item.kind == finish_kind::keep) {
+      on_kept(item.token, type, result.lease_held);
       return;
     }
     std::string job_id(detail::record_id(lane_record(item.token)));
@@ -591,6 +570,37 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     // The group's next job, at once, with its followers: a burst that went on because nobody waited.
     launch(std::move(*result.next));
+  }
+
+  // A keep landed: the job under `token` is done and its first follower starts under the same
+  // lease, in the same slot and on its group's strand, with the next fence. Stopping, the
+  // follower goes back instead; a lease found lost leaves the burst to whoever gets it next.
+  void on_kept(const std::string& token, const std::string& type, bool held) {
+    auto it = running_.find(token);
+    if (it == running_.end()) return;
+    auto r = it->second;
+    running_.erase(it);
+    {
+      std::lock_guard lock(counters_mutex_);
+      if (held) {
+        ++counters_.completed;
+        ++by_type_[type].completed;
+      } else {
+        ++counters_.leases_lost;
+      }
+    }
+    free_slot(*r);
+    drop_held();
+    if (!held) {
+      jobrt::log(log_level::warn, source_, "lease {} was lost before it finished; not acked", token);
+    } else if (stopping_) {
+      to_release_.push_back(token);
+    } else {
+      claimed_job next{token, r->ctx->fence() + 1, r->ctx->group(), std::move(r->ahead.front()), {}};
+      next.ahead.assign(std::make_move_iterator(r->ahead.begin() + 1), std::make_move_iterator(r->ahead.end()));
+      launch(std::move(next), r->valid_until);
+    }
+    release_strand(r->ctx->group());  // after launch took it: the strand lives on
   }
 
   void free_slot(running_job& r) {
@@ -777,7 +787,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     reap_timer_.cancel();
     retry_timer_.cancel();
     flush_timer_.cancel();
-    flush_stop_.emit(asio::cancellation_type::terminal);
+    for (auto& call : finish_calls_) call.emit(asio::cancellation_type::terminal);
     promote_stop_.emit(asio::cancellation_type::terminal);
     while (started_ && (promoting_ || watching_ || reaping_ || flushing_)) co_await wait_on(idle_timer_);
     co_await release_all();  // a late finish may have leased us a burst's next job
@@ -818,23 +828,21 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   std::unordered_map<std::string, std::shared_ptr<running_job>> running_;  // by token
   std::unordered_map<std::string, group_strand> strands_;
   std::vector<finish_item> pending_finish_;
-  std::vector<std::string> pending_types_;                        // each pending item's job type
-  std::unordered_map<std::string, std::size_t> keeps_in_flight_;  // by token: keeps not yet answered
-  std::unordered_set<std::string> release_after_keep_;            // tokens to hand back when they are
+  std::vector<std::string> pending_types_;  // each pending item's job type
   std::vector<std::string> to_release_;
   asio::steady_timer slot_timer_;  // the claim loop waits here for a free slot
   asio::steady_timer idle_timer_;  // stop waits here for handlers to finish
   asio::steady_timer stop_timer_;  // cancelled to cut a blocking claim short
   asio::steady_timer watchdog_timer_;
   asio::steady_timer reap_timer_;
-  asio::steady_timer retry_timer_;          // the promoter's pause after a failure
-  asio::steady_timer flush_timer_;          // the finisher's pause after a failure
-  asio::cancellation_signal promote_stop_;  // ends the promoter's wait
-  asio::cancellation_signal flush_stop_;    // ends a finish call the backend does not answer
-  asio::steady_timer stopped_timer_;        // never expires: later stop() calls wait on it
-  std::size_t held_ = 0;                    // jobs leased and not yet finished
-  std::size_t busy_ = 0;                    // slots taken (see running_job::holds_slot)
-  bool queue_drained_ = false;              // the last claim got fewer jobs than it asked for
+  asio::steady_timer retry_timer_;                     // the promoter's pause after a failure
+  asio::steady_timer flush_timer_;                     // the finisher's pause after a failure
+  asio::cancellation_signal promote_stop_;             // ends the promoter's wait
+  std::list<asio::cancellation_signal> finish_calls_;  // one per finish call on its way: stop ends it
+  asio::steady_timer stopped_timer_;                   // never expires: later stop() calls wait on it
+  std::size_t held_ = 0;                               // jobs leased and not yet finished
+  std::size_t busy_ = 0;                               // slots taken (see running_job::holds_slot)
+  bool queue_drained_ = false;                         // the last claim got fewer jobs than it asked for
   std::atomic<std::size_t> held_count_{0};
   bool started_ = false;
   bool claiming_ = true;

@@ -276,7 +276,7 @@ TEST_CASE("finish sent twice (a resend after a lost reply) changes nothing the s
                                   p + "ids",     p + "dead",   p + "dead:info", p + "finished:w1",
                                   p + "delayed", p + "paused", p + "parked"};
     // token, kind, producer id, error, want next, delay, job id, ahead (1 follower)
-    std::vector<std::string> args{"30000", "1", "call-1", claimed[0].token, "a", "", "", "1", "0", "", "1"};
+    std::vector<std::string> args{"30000", "1", "call-1", "", claimed[0].token, "a", "", "", "1", "0", "", "1"};
     auto first = co_await finish.run(store.connection(), keys, args);
     auto again = co_await finish.run(store.connection(), keys, args);
     // The same held flag, next token and record; a resend's next job comes without followers.
@@ -309,6 +309,54 @@ TEST_CASE("finish sent twice (a resend after a lost reply) changes nothing the s
     CHECK(late.as_array().at(0).as_integer() == 1);
     CHECK(late.as_array().at(1).as_string().empty());
     CHECK(late.as_array().at(2).as_string().empty());
+  });
+}
+
+TEST_CASE("finish calls on their way at once: each resend gets its own answer, and answered calls' records go") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    std::string queue = key_prefix() + "q";
+    auto p = redis_backend::key_prefix(queue);
+    producer prod(store, queue);
+    std::vector<job_spec> specs;
+    for (auto group : {"g", "g", "g", "h", "h"}) {
+      job_spec s;
+      s.type = "t";
+      s.group = group;
+      specs.push_back(s);
+    }
+    co_await prod.enqueue_bulk(std::move(specs));
+    claim_options co{"w1", 2, std::chrono::seconds(30), 2};
+    auto claimed = co_await store.claim(queue, co);
+    REQUIRE(claimed.size() == 2);
+    redis::script finish(jobrt::lua::finish);
+    std::vector<std::string> keys{p + "ready",   p + "active", p + "fence",     p + "stats",
+                                  p + "ids",     p + "dead",   p + "dead:info", p + "finished:w1",
+                                  p + "delayed", p + "paused", p + "parked"};
+    auto keep = [&](std::string call, std::string forget, const claimed_job& c) {
+      return std::vector<std::string>{"30000", "1", call, forget, c.token, "k", "", "", "0", "0", "", "0"};
+    };
+    // Two keeps, each in a call of its own, both answered; then both sent again, as after a
+    // dropped connection: neither takes a second job off its group.
+    auto one = keep("call-1", "", claimed[0]), two = keep("call-2", "", claimed[1]);
+    auto first = co_await finish.run(store.connection(), keys, one);
+    auto second = co_await finish.run(store.connection(), keys, two);
+    CHECK(co_await finish.run(store.connection(), keys, one) == first);
+    CHECK(co_await finish.run(store.connection(), keys, two) == second);
+    CHECK(first.as_array().at(0).as_integer() == 1);
+    CHECK(second.as_array().at(0).as_integer() == 1);
+    auto left = [&](std::string group) -> awaitable<std::int64_t> {
+      co_return (co_await redis::exec(store.connection(), redis::request("LLEN", p + "g:" + group))).as_integer();
+    };
+    CHECK(co_await left("g") + co_await left("h") == 3);
+    CHECK((co_await store.counts(queue)).completed == 2);
+    // A call that says both answers came drops their records and keeps its own.
+    auto three = keep("call-3", "call-1 call-2", claimed[0]);
+    co_await finish.run(store.connection(), keys, three);
+    auto fields = co_await redis::exec(store.connection(), redis::request("HKEYS", p + "finished:w1"));
+    REQUIRE(fields.as_array().size() == 1);
+    CHECK(fields.as_array().at(0).as_string() == "call-3");
+    CHECK(co_await left("g") + co_await left("h") == 2);
   });
 }
 

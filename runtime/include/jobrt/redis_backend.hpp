@@ -81,12 +81,15 @@ class redis_backend final : public backend {
   std::shared_ptr<detail::wakeups> wakeups_;
   std::unique_ptr<redis::subscriber> subscriber_;
   std::set<std::string> subscribed_;
-  std::mutex blocking_mutex_;  // guards blocking_, idle_ and finish_calls_
+  std::mutex blocking_mutex_;  // guards blocking_, idle_ and answered_
   std::map<std::string, std::unique_ptr<redis::blocking_connection>> blocking_;
   std::set<std::string> idle_;  // workers whose last claim got fewer jobs than it asked for
-  // Per worker, finish calls answered: part of a call's id, so that a new call that carries the
-  // same items as the last one (keeps under one token) is not taken for its resend.
-  std::map<std::string, std::uint64_t> finish_calls_;
+  // Per worker, ids of finish calls whose answers came: the next call has the script drop their
+  // records.
+  std::map<std::string, std::vector<std::string>> answered_;
+  // Part of every finish call's id: no call of this process is taken for one of another process
+  // (a worker restarted under the same id).
+  std::uint64_t call_nonce_;
 };
 
 }  // namespace jobrt

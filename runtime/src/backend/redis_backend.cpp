@@ -77,6 +77,8 @@ redis_backend::redis_backend(asio::any_io_executor ex, redis::config cfg)
       check_(lua::check),
       expire_own_(lua::expire_own),
       wakeups_(std::make_shared<detail::wakeups>()) {
+  std::random_device random;
+  call_nonce_ = (std::uint64_t{random()} << 32) ^ random();
   conn_.start();
 }
 
@@ -223,26 +225,28 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
                                    p + "delayed", p + "paused", p + "parked"};
   std::string ttl = std::to_string(lease_ttl.count()), n = std::to_string(items.size());
   // The call's id comes from what it carries: the same batch sent again (a retry after a lost
-  // reply or a timeout) is the same call, and the script answers it from its record.
+  // reply or a timeout) is the same call, and the script answers it from its record. Two calls
+  // on their way at once never carry the same items: a token is in one of them at most.
   std::uint64_t id = 14695981039346656037ull;  // FNV-1a
   auto mix = [&](std::string_view text) {
     for (char ch : text) id = (id ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
     id = (id ^ 0xff) * 1099511628211ull;
   };
-  std::uint64_t answered = 0;
+  mix(std::string_view(reinterpret_cast<const char*>(&call_nonce_), sizeof call_nonce_));
+  std::vector<std::string> forget;
   {
     std::lock_guard lock(blocking_mutex_);
-    answered = finish_calls_[worker];
+    forget = answered_[worker];
   }
-  mix(std::string_view(reinterpret_cast<const char*>(&answered), sizeof answered));
   for (auto& it : items) {
     mix(it.token);
     mix(it.id);
     mix(std::string_view(reinterpret_cast<const char*>(&it.kind), sizeof it.kind));
   }
   std::string call = fmt::format("{:016x}", id);
-  std::vector<std::string_view> args{ttl, n, call};
-  args.reserve(3 + items.size() * 8);
+  auto forgotten = fmt::format("{}", fmt::join(forget, " "));
+  std::vector<std::string_view> args{ttl, n, call, forgotten};
+  args.reserve(4 + items.size() * 8);
   std::vector<std::string> numbers;  // delay and ahead of each item
   numbers.reserve(items.size() * 2);
   for (auto& it : items) {
@@ -274,7 +278,10 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
   reply r = co_await finish_.run(conn_, std::move(req));
   {
     std::lock_guard lock(blocking_mutex_);
-    ++finish_calls_[worker];
+    auto& answered = answered_[worker];
+    std::erase_if(answered,
+                  [&](const std::string& a) { return std::find(forget.begin(), forget.end(), a) != forget.end(); });
+    answered.push_back(std::move(call));
   }
   const auto& e = r.as_array();
   std::vector<finish_result> out;
