@@ -45,8 +45,9 @@ struct claimed_job {
   std::string group;   ///< "" when ungrouped
   std::string record;  ///< "<attempts before>|<id>|<body>"
   /// A grouped job's followers in its group, handed over under the same lease (claim_options::
-  /// ahead): the worker may run them one after another with no round trip in between, each
-  /// job but the last finished with finish_kind::keep. The i-th one's fence is fence + 1 + i.
+  /// ahead): the worker may run them one after another with no claim in between, each job but
+  /// the last finished with finish_kind::keep, and each started only once its predecessor's
+  /// keep has landed (order). The i-th one's fence is fence + 1 + i.
   /// They stay in the group's list until finished, so a lease that expires sends them back.
   std::vector<std::string> ahead;
 };
@@ -73,7 +74,7 @@ enum class finish_kind {
 struct finish_item {
   std::string token;
   finish_kind kind = finish_kind::ack;
-  /// For a keep: the id, as its record has it, of the follower that starts now. The backend
+  /// For a keep: the id, as its record has it, of the follower that starts next. The backend
   /// makes that follower its group's head: a job requeued to the head during the burst (see
   /// requeue) went in front of it and goes behind it, so the running job is always the head.
   std::string id;
@@ -175,7 +176,9 @@ class backend {
   /// Like claim, but waits (without polling) up to `wait` for work when nothing is ready.
   virtual boost::asio::awaitable<std::vector<claimed_job>> claim_wait(std::string queue, claim_options opts,
                                                                       std::chrono::milliseconds wait) = 0;
-  /// Acks or fails leased jobs, checked against their tokens; results in the same order.
+  /// Acks or fails leased jobs, checked against their tokens; results in the same order. A
+  /// worker may have several calls on their way at once, never two with one token; a call sent
+  /// again after a failure must get the first answer if the first got through.
   virtual boost::asio::awaitable<std::vector<finish_result>> finish(std::string queue, std::string worker,
                                                                     std::vector<finish_item> items,
                                                                     std::chrono::milliseconds lease_ttl) = 0;

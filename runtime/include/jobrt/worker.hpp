@@ -85,7 +85,8 @@ struct worker_options {
   /// How many jobs of one group in a row this worker may run before the group's lane goes back
   /// to the tail of the ready list (1: strict round robin). A claim brings a group's head with
   /// up to burst - 1 jobs behind it under one lease, and they run one after another with no
-  /// round trip in between (see docs/ARCHITECTURE.md).
+  /// claim in between; each starts once its predecessor's keep has landed (see
+  /// docs/ARCHITECTURE.md).
   std::size_t burst = 4;
   /// Between a failed run and the next, for job types without a backoff of their own.
   backoff retry_backoff;
