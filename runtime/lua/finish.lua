@@ -1,6 +1,6 @@
 -- Finishes leased jobs, each checked against its token.
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>fence  KEYS[4] <prefix>stats
--- KEYS[5] <prefix>ids  KEYS[6] <prefix>dead  KEYS[7] <prefix>dead:info  KEYS[8] <prefix>finished:<worker>
+-- KEYS[5] <prefix>ids  KEYS[6] <prefix>dead  KEYS[7] <prefix>dead:info  KEYS[8] <prefix>answers:<worker>
 -- KEYS[9] <prefix>delayed  KEYS[10] <prefix>paused  KEYS[11] <prefix>parked
 -- ARGV[1] lease TTL (ms)  ARGV[2] n  ARGV[3] call id  ARGV[4] ids of this worker's calls whose
 --   answers came, space-separated (their records go), then n times: token, kind, producer-given
@@ -22,14 +22,14 @@
 --   next record ('' and '' when no next job was leased), the number of its followers, their
 --   records (fences: the next token's + 1, + 2, ...)
 --
--- Safe to send again: the result of each call is kept in the hash finished:<worker> until a
+-- Safe to send again: the result of each call is kept in the hash answers:<worker> until a
 -- later call says its answer came. The same call id again (a resend after a lost reply) gets
 -- that result back and changes nothing but the next jobs' leases (renewed, or reported as not
 -- leased when reaped meanwhile); without it, a keep would take a second job off its group, and
 -- a burst's next job leased by the first run would belong to nobody. A resent call's next jobs
 -- come without followers.
 local ready, active, fence_key, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local ids, dead, dead_info, finished = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local ids, dead, dead_info, answers = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local delayed, paused, parked = KEYS[9], KEYS[10], KEYS[11]
 local prefix = string.sub(ready, 1, -6)
 local ttl, n, call = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
@@ -37,19 +37,21 @@ local ttl, n, call = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 if ARGV[4] ~= '' then
   local answered = {}
   for id in string.gmatch(ARGV[4], '%S+') do answered[#answered + 1] = id end
-  redis.call('HDEL', finished, unpack(answered))
+  redis.call('HDEL', answers, unpack(answered))
 end
 -- A call's record holds, for each item, its held flag ('0'/'1') and its next token as
 -- '<length>:<token>': cheap to write on every call, decoded only on a resend. A next job's
 -- record is not kept: while its lease lasts it is the head of its group's list.
-local last = redis.call('HGET', finished, call)
+local W = 8 -- ARGV per item
+local last = redis.call('HGET', answers, call)
 if last then
   -- A next job leased by the first run may have been reaped since (the resend came after its
   -- TTL): it is not ours to start any more. One still held gets a full TTL from now.
   local time = redis.call('TIME')
   local deadline = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl
-  local out, pos = {}, 1
+  local out, pos, i = {}, 1, 0
   while pos <= #last do
+    i = i + 1
     local colon = string.find(last, ':', pos, true)
     local len = tonumber(string.sub(last, pos + 1, colon - 1))
     local token = string.sub(last, colon + 1, colon + len)
@@ -60,7 +62,14 @@ if last then
     else
       token = ''
     end
-    out[#out + 1] = tonumber(string.sub(last, pos, pos))
+    local held = tonumber(string.sub(last, pos, pos))
+    -- A keep's lease goes on: it is held if it is still there, and its follower may start.
+    local base = 5 + (i - 1) * W
+    if held == 1 and ARGV[base + 1] == 'k' and string.find(ARGV[base], '|g:', 1, true) and
+        not redis.call('ZSCORE', active, ARGV[base]) then
+      held = 0
+    end
+    out[#out + 1] = held
     out[#out + 1] = token
     out[#out + 1] = record
     out[#out + 1] = 0
@@ -80,12 +89,11 @@ local function done(results)
     out[#out + 1] = #r[4]
     for _, record in ipairs(r[4]) do out[#out + 1] = record end
   end
-  redis.call('HSET', finished, call, table.concat(parts))
-  redis.call('PEXPIRE', finished, 600000) -- a worker that died leaves its records behind
+  redis.call('HSET', answers, call, table.concat(parts))
+  redis.call('PEXPIRE', answers, 600000) -- a worker that died leaves its records behind
   return out
 end
 
-local W = 8 -- ARGV per item
 local tokens = {}
 for i = 1, n do tokens[i] = ARGV[5 + (i - 1) * W] end
 local scores = redis.call('ZMSCORE', active, unpack(tokens))

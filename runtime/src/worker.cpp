@@ -467,6 +467,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // item's token is in one call at most: the order of calls does not matter.
   static asio::awaitable<void> flush_loop(std::shared_ptr<impl> self) {
     for (;;) {
+      if (self->stopped_ && !self->pending_finish_.empty()) {  // stop ended the calls; no new one starts
+        jobrt::log(log_level::error, self->source_,
+                   "{} results came too late to finish before stop; their leases expire and they run again",
+                   self->pending_finish_.size());
+        self->pending_finish_.clear();
+        self->pending_types_.clear();
+      }
       if (self->pending_finish_.empty() || self->finish_calls_.size() >= finish_calls_max) {
         if (self->stopped_ && self->finish_calls_.empty()) break;
         self->flush_idle_ = true;
@@ -519,6 +526,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       jobrt::log(log_level::warn, self->source_, "finishing {} jobs failed: {} (retrying in {} ms)", items.size(),
                  failure, backoff.count());
       co_await wait_on(pause, clock::now() + backoff);  // stop cuts it short through the call's signal
+      if (self->stopped_) {
+        jobrt::log(log_level::error, self->source_,
+                   "finishing {} jobs stopped with the worker; their leases expire and they run again", items.size());
+        co_return;
+      }
       backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
     }
   }
@@ -595,6 +607,15 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       jobrt::log(log_level::warn, source_, "lease {} was lost before it finished; not acked", token);
     } else if (stopping_) {
       to_release_.push_back(token);
+    } else if (r->valid_until <= clock::now()) {
+      // No renewal reached the backend for a whole TTL while the keep was on its way: the lease
+      // may be gone by now, and the follower must not run beside whoever gets it next.
+      {
+        std::lock_guard lock(counters_mutex_);
+        ++counters_.leases_lost;
+      }
+      jobrt::log(log_level::warn, source_, "lease {} ran out while its keep was on its way; its follower waits for it",
+                 token);
     } else {
       claimed_job next{token, r->ctx->fence() + 1, r->ctx->group(), std::move(r->ahead.front()), {}};
       next.ahead.assign(std::make_move_iterator(r->ahead.begin() + 1), std::make_move_iterator(r->ahead.end()));

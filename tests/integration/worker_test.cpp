@@ -273,7 +273,7 @@ TEST_CASE("finish sent twice (a resend after a lost reply) changes nothing the s
     REQUIRE(claimed.size() == 1);
     redis::script finish(jobrt::lua::finish);
     std::vector<std::string> keys{p + "ready",   p + "active", p + "fence",     p + "stats",
-                                  p + "ids",     p + "dead",   p + "dead:info", p + "finished:w1",
+                                  p + "ids",     p + "dead",   p + "dead:info", p + "answers:w1",
                                   p + "delayed", p + "paused", p + "parked"};
     // token, kind, producer id, error, want next, delay, job id, ahead (1 follower)
     std::vector<std::string> args{"30000", "1", "call-1", "", claimed[0].token, "a", "", "", "1", "0", "", "1"};
@@ -331,7 +331,7 @@ TEST_CASE("finish calls on their way at once: each resend gets its own answer, a
     REQUIRE(claimed.size() == 2);
     redis::script finish(jobrt::lua::finish);
     std::vector<std::string> keys{p + "ready",   p + "active", p + "fence",     p + "stats",
-                                  p + "ids",     p + "dead",   p + "dead:info", p + "finished:w1",
+                                  p + "ids",     p + "dead",   p + "dead:info", p + "answers:w1",
                                   p + "delayed", p + "paused", p + "parked"};
     auto keep = [&](std::string call, std::string forget, const claimed_job& c) {
       return std::vector<std::string>{"30000", "1", call, forget, c.token, "k", "", "", "0", "0", "", "0"};
@@ -353,10 +353,17 @@ TEST_CASE("finish calls on their way at once: each resend gets its own answer, a
     // A call that says both answers came drops their records and keeps its own.
     auto three = keep("call-3", "call-1 call-2", claimed[0]);
     co_await finish.run(store.connection(), keys, three);
-    auto fields = co_await redis::exec(store.connection(), redis::request("HKEYS", p + "finished:w1"));
+    auto fields = co_await redis::exec(store.connection(), redis::request("HKEYS", p + "answers:w1"));
     REQUIRE(fields.as_array().size() == 1);
     CHECK(fields.as_array().at(0).as_string() == "call-3");
     CHECK(co_await left("g") + co_await left("h") == 2);
+    // A keep's lease goes on after it: sent again once the lease was reaped, it reports the
+    // lease lost, so the worker does not start the follower beside the lease's next holder.
+    co_await redis::exec(store.connection(), redis::request("ZADD", p + "active", "XX", "1", claimed[0].token));
+    CHECK((co_await store.reap(queue, reap_options{})).leases == 1);
+    auto late = co_await finish.run(store.connection(), keys, three);
+    CHECK(late.as_array().at(0).as_integer() == 0);
+    CHECK(co_await left("g") + co_await left("h") == 2);  // and took nothing off the group
   });
 }
 

@@ -67,6 +67,11 @@ class redis_backend final : public backend {
  private:
   redis::blocking_connection& blocking_for(const std::string& worker);
   redis::request claim_request(const std::string& prefix, const claim_options& opts) const;
+  // One finish call of at most max_batch items; its id is added to `calls`.
+  boost::asio::awaitable<std::vector<finish_result>> finish_call(const std::string& queue, const std::string& worker,
+                                                                 std::vector<finish_item> items,
+                                                                 std::chrono::milliseconds lease_ttl,
+                                                                 std::vector<std::string>& calls);
   bool take_idle_mark(const std::string& worker);
   void set_idle_mark(const std::string& worker);
 

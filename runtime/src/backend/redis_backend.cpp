@@ -207,21 +207,32 @@ void redis_backend::set_idle_mark(const std::string& worker) {
 asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string queue, std::string worker,
                                                                   std::vector<finish_item> items,
                                                                   std::chrono::milliseconds lease_ttl) {
-  if (items.empty()) co_return std::vector<finish_result>{};
-  if (items.size() > max_batch) {
-    std::vector<finish_result> all;
-    for (std::size_t first = 0; first < items.size(); first += max_batch) {
-      auto last = std::min(items.size(), first + max_batch);
-      std::vector<finish_item> part(items.begin() + static_cast<std::ptrdiff_t>(first),
-                                    items.begin() + static_cast<std::ptrdiff_t>(last));
-      auto done = co_await finish(queue, worker, std::move(part), lease_ttl);
-      all.insert(all.end(), std::make_move_iterator(done.begin()), std::make_move_iterator(done.end()));
-    }
-    co_return all;
+  // A batch too big for one call goes in parts. A part's answer counts as come only once every
+  // part's has: a batch that fails partway is sent again whole, and its first parts must find
+  // their records.
+  std::vector<finish_result> all;
+  std::vector<std::string> calls;
+  for (std::size_t first = 0; first < items.size(); first += max_batch) {
+    auto last = std::min(items.size(), first + max_batch);
+    std::vector<finish_item> part(items.begin() + static_cast<std::ptrdiff_t>(first),
+                                  items.begin() + static_cast<std::ptrdiff_t>(last));
+    auto done = co_await finish_call(queue, worker, std::move(part), lease_ttl, calls);
+    all.insert(all.end(), std::make_move_iterator(done.begin()), std::make_move_iterator(done.end()));
   }
+  std::lock_guard lock(blocking_mutex_);
+  auto& answered = answered_[worker];
+  answered.insert(answered.end(), std::make_move_iterator(calls.begin()), std::make_move_iterator(calls.end()));
+  co_return all;
+}
+
+asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std::string& queue,
+                                                                       const std::string& worker,
+                                                                       std::vector<finish_item> items,
+                                                                       std::chrono::milliseconds lease_ttl,
+                                                                       std::vector<std::string>& calls) {
   auto p = key_prefix(queue);
   std::array<std::string, 11> keys{p + "ready",   p + "active", p + "fence",     p + "stats",
-                                   p + "ids",     p + "dead",   p + "dead:info", p + "finished:" + worker,
+                                   p + "ids",     p + "dead",   p + "dead:info", p + "answers:" + worker,
                                    p + "delayed", p + "paused", p + "parked"};
   std::string ttl = std::to_string(lease_ttl.count()), n = std::to_string(items.size());
   // The call's id comes from what it carries: the same batch sent again (a retry after a lost
@@ -281,8 +292,8 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
     auto& answered = answered_[worker];
     std::erase_if(answered,
                   [&](const std::string& a) { return std::find(forget.begin(), forget.end(), a) != forget.end(); });
-    answered.push_back(std::move(call));
   }
+  calls.push_back(std::move(call));
   const auto& e = r.as_array();
   std::vector<finish_result> out;
   out.reserve(items.size());
@@ -319,7 +330,7 @@ asio::awaitable<std::vector<bool>> redis_backend::extend(std::string queue, std:
 
 asio::awaitable<std::int64_t> redis_backend::expire_own(std::string queue, std::string worker) {
   auto p = key_prefix(queue);
-  std::array<std::string, 2> keys{p + "active", p + "leases:" + worker};
+  std::array<std::string, 3> keys{p + "active", p + "leases:" + worker, p + "answers:" + worker};
   reply r = co_await expire_own_.run(conn_, keys, std::array<std::string, 0>{});
   co_return r.as_integer();
 }
