@@ -45,14 +45,16 @@ for _, lane in ipairs(lanes) do
 end
 if #taken == 0 then return {} end
 
+-- Numbers go to Redis and into tokens as strings made with '%d': Lua's own conversion of a
+-- number (and Redis's of a number argument) prints it as a float, which costs microseconds.
 local time = redis.call('TIME')
-local deadline = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl
+local deadline = string.format('%d', tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl)
 local fence = redis.call('INCRBY', fence_key, fences) - fences
 local leases, out = {}, {}
 for _, t in ipairs(taken) do
   local lane, records = t[1], t[2]
   fence = fence + 1
-  local token = fence .. '|' .. lane
+  local token = string.format('%d|', fence) .. lane
   leases[#leases + 1] = deadline
   leases[#leases + 1] = token
   out[#out + 1] = token

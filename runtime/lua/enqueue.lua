@@ -53,7 +53,7 @@ for i = 0, n - 1 do
   local duplicate = 0
   if id == '' then
     next_id = next_id + 1
-    id = tostring(next_id)
+    id = string.format('%d', next_id) -- not tostring(): that prints a float, microseconds each
   elseif redis.call('SADD', ids, id) == 0 then
     duplicate = 1
   end

@@ -9,7 +9,8 @@
 local active, workers = KEYS[1], KEYS[2]
 local ttl = tonumber(ARGV[2])
 local time = redis.call('TIME')
-local deadline = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl
+-- As a string made with '%d': Redis would print a number argument as a float, once per lease.
+local deadline = string.format('%d', tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl)
 redis.call('ZADD', workers, deadline, ARGV[1])
 local out, held = {}, {}
 for first = 3, #ARGV, 1000 do
@@ -21,7 +22,7 @@ for first = 3, #ARGV, 1000 do
       out[#out + 1] = 1
       renew[#renew + 1] = deadline
       renew[#renew + 1] = ARGV[i]
-      held[#held + 1] = #ARGV[i] .. ':' .. ARGV[i]
+      held[#held + 1] = string.format('%d:', #ARGV[i]) .. ARGV[i]
     else
       out[#out + 1] = 0
     end

@@ -82,7 +82,7 @@ end
 local function done(results)
   local parts, out = {}, {}
   for _, r in ipairs(results) do
-    parts[#parts + 1] = r[1] .. #r[2] .. ':' .. r[2]
+    parts[#parts + 1] = string.format('%d%d:', r[1], #r[2]) .. r[2] -- '%d': see the fences below
     out[#out + 1] = r[1]
     out[#out + 1] = r[2]
     out[#out + 1] = r[3]
@@ -258,11 +258,13 @@ if #nexts > 0 then -- one INCRBY for every fence, given out in item order
   local fences = 0
   for _, x in ipairs(nexts) do fences = fences + 1 + #x.result[4] end
   local fence = redis.call('INCRBY', fence_key, fences) - fences
-  local leases = {}
+  -- Numbers go to Redis and into tokens as strings made with '%d': Lua's own conversion of a
+  -- number (and Redis's of a number argument) prints it as a float, which costs microseconds.
+  local leases, deadline = {}, string.format('%d', now + ttl)
   for _, x in ipairs(nexts) do
     fence = fence + 1
-    x.result[2] = fence .. '|' .. x.lane
-    leases[#leases + 1] = now + ttl
+    x.result[2] = string.format('%d|', fence) .. x.lane
+    leases[#leases + 1] = deadline
     leases[#leases + 1] = x.result[2]
     fence = fence + #x.result[4]
   end
