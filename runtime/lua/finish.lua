@@ -1,7 +1,7 @@
 -- Finishes leased jobs, each checked against its token.
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>fence  KEYS[4] <prefix>stats
 -- KEYS[5] <prefix>ids  KEYS[6] <prefix>dead  KEYS[7] <prefix>dead:info  KEYS[8] <prefix>answers:<worker>
--- KEYS[9] <prefix>delayed  KEYS[10] <prefix>paused  KEYS[11] <prefix>parked
+-- KEYS[9] <prefix>delayed  KEYS[10] <prefix>paused  KEYS[11] <prefix>parked  KEYS[12] <prefix>jumped
 -- ARGV[1] lease TTL (ms)  ARGV[2] n  ARGV[3] call id  ARGV[4] ids of this worker's calls whose
 --   answers came, space-separated (their records go), then n times: token, kind, producer-given
 --   id ('' if none), error, want next, delay (ms), job id, ahead
@@ -16,8 +16,10 @@
 --   so a burst costs nobody their turn; '0': no), for an ack; ahead: how many of the next job's
 --   followers to hand over with it.
 --   job id: for 'k', the follower's id. A job requeued to the group's head during the burst went
---   in behind the head, in front of the follower: the follower moves to the head, where retries,
---   halts and the reaper look for the running job, and the requeued job runs after the burst.
+--   in behind the head, in front of the follower, and put the group in jumped: the follower
+--   moves to the head, where retries, halts and the reaper look for the running job, and the
+--   requeued job runs after the burst (whose end takes the group out of jumped). Groups not in
+--   jumped cost no such check.
 -- Returns: n times: held (1, or 0 when the lease was lost and nothing changed), next token,
 --   next record ('' and '' when no next job was leased), the number of its followers, their
 --   records (fences: the next token's + 1, + 2, ...)
@@ -30,7 +32,7 @@
 -- come without followers.
 local ready, active, fence_key, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ids, dead, dead_info, answers = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local delayed, paused, parked = KEYS[9], KEYS[10], KEYS[11]
+local delayed, paused, parked, jumps = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local prefix = string.sub(ready, 1, -6)
 local ttl, n, call = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 
@@ -135,6 +137,12 @@ local function is_paused(group)
   return any_paused and redis.call('HEXISTS', paused, group) == 1
 end
 
+local any_jumped = nil -- EXISTS jumped, asked once
+local function jumped(group)
+  if any_jumped == nil then any_jumped = redis.call('EXISTS', jumps) == 1 end
+  return any_jumped and redis.call('SISMEMBER', jumps, group) == 1
+end
+
 local function id_of(record) return string.match(record, '^%d+|([^|]*)|') end
 -- After a keep: makes the follower `id` its group's head (see 'job id' above). False when the
 -- group has no jobs left (drift: check reports the lease).
@@ -194,7 +202,7 @@ for i = 1, n do
       if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
       local key = prefix .. lane
       redis.call('LPOP', key)
-      if not to_front(key, job_id) then emptied = emptied + 1 end
+      if jumped(string.sub(lane, 3)) and not to_front(key, job_id) then emptied = emptied + 1 end
       completed = completed + 1
       started = started + 1
     elseif kind == 'a' or kind == 'f' then
@@ -203,6 +211,7 @@ for i = 1, n do
       if grouped then
         local key = prefix .. lane
         record = redis.call('LPOP', key)
+        if jumped(string.sub(lane, 3)) then redis.call('SREM', jumps, string.sub(lane, 3)) end -- the burst ends
         local following = redis.call('LINDEX', key, 0)
         if record and not following then emptied = emptied + 1 end
         if following then

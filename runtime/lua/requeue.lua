@@ -1,9 +1,11 @@
 -- Puts dead-lettered jobs back, with their attempts reset.
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>dead  KEYS[3] <prefix>dead:info  KEYS[4] <prefix>ids
--- KEYS[5] <prefix>paused  KEYS[6] <prefix>parked  KEYS[7] <prefix>stats
+-- KEYS[5] <prefix>paused  KEYS[6] <prefix>parked  KEYS[7] <prefix>stats  KEYS[8] <prefix>jumped
 -- ARGV[1] 'tail' (behind the group's pending jobs, or the ready list's) or 'head' (next in its
 --   group, after the job at the group's head, which may be running; ungrouped: the ready list's
 --   head), then the dead letters' keys (the job id, or '<id>#<fence>': see finish.lua)
+-- A job put behind a group's head (which may be running a burst: see finish.lua) adds the group
+-- to jumped, so that the burst's keeps put their followers back in front of it.
 -- Returns: the keys requeued (a key not dead-lettered, or whose job's producer-given id a pending
 -- job has taken meanwhile, is left where it is).
 local ready, dead, dead_info, ids, paused, parked = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -31,6 +33,7 @@ for i = 2, #ARGV do
         local head = redis.call('LINDEX', key, 0)
         if head and at_head then
           redis.call('LINSERT', key, 'AFTER', head, record)
+          redis.call('SADD', KEYS[8], group)
         elseif redis.call('RPUSH', key, record) == 1 then
           redis.call('HINCRBY', KEYS[7], 'groups', 1)
           if redis.call('HEXISTS', paused, group) == 1 then

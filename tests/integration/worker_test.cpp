@@ -50,6 +50,13 @@ std::map<std::string, long> command_calls(const std::string& info) {
   return out;
 }
 
+// finish.lua's keys, for tests that call it by hand (see redis_backend::finish_call).
+std::vector<std::string> finish_keys(const std::string& p, const std::string& worker) {
+  return {p + "ready",   p + "active", p + "fence",     p + "stats",
+          p + "ids",     p + "dead",   p + "dead:info", p + "answers:" + worker,
+          p + "delayed", p + "paused", p + "parked",    p + "jumped"};
+}
+
 }  // namespace
 
 TEST_CASE("an idle worker sends only its blocking claim and its timers' calls and uses no CPU") {
@@ -272,9 +279,7 @@ TEST_CASE("finish sent twice (a resend after a lost reply) changes nothing the s
     auto claimed = co_await store.claim(queue, co);
     REQUIRE(claimed.size() == 1);
     redis::script finish(jobrt::lua::finish);
-    std::vector<std::string> keys{p + "ready",   p + "active", p + "fence",     p + "stats",
-                                  p + "ids",     p + "dead",   p + "dead:info", p + "answers:w1",
-                                  p + "delayed", p + "paused", p + "parked"};
+    auto keys = finish_keys(p, "w1");
     // token, kind, producer id, error, want next, delay, job id, ahead (1 follower)
     std::vector<std::string> args{"30000", "1", "call-1", "", claimed[0].token, "a", "", "", "1", "0", "", "1"};
     auto first = co_await finish.run(store.connection(), keys, args);
@@ -330,9 +335,7 @@ TEST_CASE("finish calls on their way at once: each resend gets its own answer, a
     auto claimed = co_await store.claim(queue, co);
     REQUIRE(claimed.size() == 2);
     redis::script finish(jobrt::lua::finish);
-    std::vector<std::string> keys{p + "ready",   p + "active", p + "fence",     p + "stats",
-                                  p + "ids",     p + "dead",   p + "dead:info", p + "answers:w1",
-                                  p + "delayed", p + "paused", p + "parked"};
+    auto keys = finish_keys(p, "w1");
     auto keep = [&](std::string call, std::string forget, const claimed_job& c) {
       return std::vector<std::string>{"30000", "1", call, forget, c.token, "k", "", "", "0", "0", "", "0"};
     };

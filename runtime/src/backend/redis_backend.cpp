@@ -231,9 +231,9 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
                                                                        std::chrono::milliseconds lease_ttl,
                                                                        std::vector<std::string>& calls) {
   auto p = key_prefix(queue);
-  std::array<std::string, 11> keys{p + "ready",   p + "active", p + "fence",     p + "stats",
+  std::array<std::string, 12> keys{p + "ready",   p + "active", p + "fence",     p + "stats",
                                    p + "ids",     p + "dead",   p + "dead:info", p + "answers:" + worker,
-                                   p + "delayed", p + "paused", p + "parked"};
+                                   p + "delayed", p + "paused", p + "parked",    p + "jumped"};
   std::string ttl = std::to_string(lease_ttl.count()), n = std::to_string(items.size());
   // The call's id comes from what it carries: the same batch sent again (a retry after a lost
   // reply or a timeout) is the same call, and the script answers it from its record. Two calls
@@ -515,8 +515,8 @@ asio::awaitable<std::vector<std::string>> redis_backend::requeue(std::string que
                                                                  bool at_head) {
   std::vector<std::string> out;
   auto p = key_prefix(queue);
-  std::array<std::string, 7> keys{p + "ready",  p + "dead",   p + "dead:info", p + "ids",
-                                  p + "paused", p + "parked", p + "stats"};
+  std::array<std::string, 8> keys{p + "ready",  p + "dead",   p + "dead:info", p + "ids",
+                                  p + "paused", p + "parked", p + "stats",     p + "jumped"};
   for (std::size_t first = 0; first < ids.size(); first += max_batch) {
     std::vector<std::string_view> args{at_head ? "head" : "tail"};
     for (std::size_t i = first; i < std::min(ids.size(), first + max_batch); ++i) args.push_back(ids[i]);
