@@ -81,10 +81,15 @@ if last then
 end
 
 -- results[i]: {held, next token, next record, followers}
+local none = {} -- no followers (shared: never written)
 local function done(results)
   local parts, out = {}, {}
   for _, r in ipairs(results) do
-    parts[#parts + 1] = string.format('%d%d:', r[1], #r[2]) .. r[2] -- '%d': see the fences below
+    if r[2] == '' then
+      parts[#parts + 1] = r[1] == 1 and '10:' or '00:'
+    else
+      parts[#parts + 1] = string.format('%d%d:', r[1], #r[2]) .. r[2] -- '%d': see the fences below
+    end
     out[#out + 1] = r[1]
     out[#out + 1] = r[2]
     out[#out + 1] = r[3]
@@ -117,7 +122,7 @@ for i = 1, n do
 end
 if not any then
   local results = {}
-  for i = 1, n do results[i] = {0, '', '', {}} end
+  for i = 1, n do results[i] = {0, '', '', none} end
   return done(results)
 end
 if #ended > 0 then redis.call('ZREM', active, unpack(ended)) end
@@ -190,7 +195,7 @@ for i = 1, n do
   local base = 5 + (i - 1) * W
   local token, kind, unique_id, err, want = ARGV[base], ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
   local delay, job_id, ahead = tonumber(ARGV[base + 5]) or 0, ARGV[base + 6], tonumber(ARGV[base + 7]) or 0
-  local result = {0, '', '', {}}
+  local result = {0, '', '', none}
   results[i] = result
   if scores[i] then
     result[1] = 1
@@ -225,8 +230,8 @@ for i = 1, n do
             send_back(lane, 0) -- round robin: the group waits behind every other lane
           end
         end
-      else
-        record = string.sub(lane, 3)
+      elseif kind == 'f' then
+        record = string.sub(lane, 3) -- (an ack does not need the record: no copy)
       end
       if kind == 'a' then
         completed = completed + 1
