@@ -788,8 +788,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     stop_timer_.cancel();
     slot_timer_.cancel();
     while (started_ && claiming_) co_await wait_on(idle_timer_);
-    auto deadline = clock::now() + grace;
-    while (held_ > 0 && clock::now() < deadline) co_await wait_on(idle_timer_, deadline);
+    co_await wait_for_handlers(clock::now() + grace);
     if (held_ > 0) {
       for (auto& [token, r] : running_) {
         if (r->state != job_state::running) continue;
@@ -797,8 +796,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         cancel_handler(r);
       }
       // Handlers that ignore cancellation get one more grace period; their leases expire after.
-      deadline = clock::now() + std::max(grace, std::chrono::milliseconds(1000));
-      while (held_ > 0 && clock::now() < deadline) co_await wait_on(idle_timer_, deadline);
+      co_await wait_for_handlers(clock::now() + std::max(grace, std::chrono::milliseconds(1000)));
     }
     co_await release_all();
     // The loops end, and stop() waits for them: none touches the backend after it returns.
@@ -814,6 +812,19 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     co_await release_all();  // a late finish may have leased us a burst's next job
     stop_done_ = true;
     stopped_timer_.cancel();
+  }
+
+  // Stop's grace: waits until no handler runs, or the deadline. A lease that comes to be handed
+  // back meanwhile (a keep's follower, a burst's next job) goes back at once: nothing renews it,
+  // and a grace longer than the TTL would let the reaper count an attempt for a job never run.
+  asio::awaitable<void> wait_for_handlers(clock::time_point deadline) {
+    while (held_ > 0 && clock::now() < deadline) {
+      if (!to_release_.empty()) {
+        co_await release_all();
+        continue;  // handlers may have ended during the call: look again before waiting
+      }
+      co_await wait_on(idle_timer_, deadline);
+    }
   }
 
   // Hands back what was leased and not started. Tokens may arrive while a release is in flight

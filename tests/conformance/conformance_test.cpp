@@ -3,6 +3,8 @@
 #include "conformance/conformance.hpp"
 
 #include <fmt/ranges.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 
 CONFORMANCE("exclusion and order: 8 workers x 200 groups x 50 jobs") {
   run(
@@ -391,6 +393,59 @@ CONFORMANCE("graceful stop hands back what it did not finish") {
     });
     next.start();
     CHECK(co_await eventually([&] { return ran == 2; }));
+    co_await next.stop(std::chrono::seconds(5));
+  });
+}
+
+CONFORMANCE("a burst's job that ends during stop's grace starts no follower, which runs later as its first attempt") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto o = b.worker_opts(2);
+    o.burst = 2;
+    o.lease_ttl = std::chrono::milliseconds(600);  // the grace below outlasts it
+    o.reap_period = std::chrono::milliseconds(100);
+    worker w(ctx.get_executor(), b.make(), o);
+    bool stopping = false;
+    int slow_started = 0;
+    std::vector<std::string> runs;
+    w.add_handler("slow", [&](job_context&) -> awaitable<void> {  // holds the grace open
+      ++slow_started;
+      co_await sleep_for(std::chrono::seconds(30));
+    });
+    w.add_handler("k", [&](job_context& c) -> awaitable<void> {
+      runs.push_back(c.id());
+      // Done only once stop has begun: a plain ack, no keep.
+      co_await eventually([&] { return stopping; });
+    });
+    producer p(b.make(), b.queue());
+    std::vector<job_spec> specs{make_job("slow", {}), make_job("k", {}, "g"), make_job("k", {}, "g")};
+    auto ids = co_await p.enqueue_bulk(std::move(specs));
+    w.start();
+    CHECK(co_await eventually([&] { return slow_started == 1 && runs.size() == 1; }));
+    bool stopped = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> awaitable<void> {
+          co_await w.stop(std::chrono::milliseconds(2000));
+          stopped = true;
+        },
+        asio::detached);
+    co_await sleep_for(std::chrono::milliseconds(50));  // stop() is under way
+    stopping = true;
+    CHECK(co_await eventually([&] { return stopped; }, std::chrono::seconds(10)));
+    CHECK(runs.size() == 1);  // the follower did not start
+    // It never started: the next worker runs it as its first attempt.
+    worker next(ctx.get_executor(), b.make(), b.worker_opts(2));
+    int attempt = 0;
+    next.add_handler("k", [&](job_context& c) -> awaitable<void> {
+      CHECK(c.id() == ids[2].id);
+      attempt = c.attempt();
+      co_return;
+    });
+    next.add_handler("slow", [&](job_context&) -> awaitable<void> { co_return; });
+    next.start();
+    CHECK(co_await eventually([&] { return attempt != 0; }));
+    CHECK(attempt == 1);
     co_await next.stop(std::chrono::seconds(5));
   });
 }

@@ -370,6 +370,64 @@ TEST_CASE("finish calls on their way at once: each resend gets its own answer, a
   });
 }
 
+TEST_CASE("a keep whose answer comes during stop's grace hands its follower back at once: no attempt counted") {
+  redis_server server;  // (paused below: a server of its own)
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), server.config());
+    redis::connection admin(ctx.get_executor(), server.config());
+    admin.start();
+    worker_options o;
+    o.queue = "graceful";
+    o.concurrency = 2;
+    o.burst = 2;
+    o.lease_ttl = std::chrono::milliseconds(900);  // the grace below outlasts it
+    o.reap_period = std::chrono::milliseconds(100);
+    o.claim_wait = std::chrono::milliseconds(300);
+    worker w(ctx.get_executor(), store, o);
+    int slow_started = 0;
+    bool first_done = false;
+    std::vector<std::string> runs;
+    w.add_handler("slow", [&](job_context&) -> awaitable<void> {  // holds the grace open
+      ++slow_started;
+      co_await sleep_for(std::chrono::seconds(30));
+    });
+    w.add_handler("k", [&](job_context& c) -> awaitable<void> {
+      runs.push_back(c.id());
+      while (slow_started == 0) co_await sleep_for(std::chrono::milliseconds(5));
+      // The keep goes out now and waits in the server until stop has begun.
+      co_await redis::exec(admin, redis::request("CLIENT", "PAUSE", 400, "WRITE"));
+      first_done = true;
+    });
+    producer p(store, o.queue);
+    std::vector<job_spec> specs(3);
+    for (auto& s : specs) s.type = "k";
+    specs[0].type = "slow";
+    specs[1].group = specs[2].group = "g";
+    auto ids = co_await p.enqueue_bulk(std::move(specs));
+    w.start();
+    for (int i = 0; i < 2000 && !first_done; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(first_done);
+    auto begun = std::chrono::steady_clock::now();
+    co_await w.stop(std::chrono::milliseconds(2500));
+    CHECK(std::chrono::steady_clock::now() - begun >= std::chrono::milliseconds(2500));  // slow held the grace
+    CHECK(runs.size() == 1);                                                             // the follower did not start
+    CHECK(w.counters().released >= 2);                                                   // the follower and slow
+    // Handed back before its lease ran out, so the reaper found nothing to count.
+    worker next(ctx.get_executor(), store, o);
+    int attempt = 0;
+    next.add_handler("k", [&](job_context& c) -> awaitable<void> {
+      CHECK(c.id() == ids[2].id);
+      attempt = c.attempt();
+      co_return;
+    });
+    next.add_handler("slow", [&](job_context&) -> awaitable<void> { co_return; });
+    next.start();
+    for (int i = 0; i < 2000 && attempt == 0; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    CHECK(attempt == 1);
+    co_await next.stop(std::chrono::seconds(5));
+  });
+}
+
 TEST_CASE("check reports broken bookkeeping and repair fixes it") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), shared_redis());
