@@ -19,6 +19,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <deque>
 #include <list>
 #include <mutex>
 #include <random>
@@ -189,7 +191,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // when each renewal that found it held was sent.
     clock::time_point valid_until;
     // Counts against the concurrency until the handler is done; a job whose finish asks for its
-    // group's next job keeps it until the answer (the next job takes it over).
+    // group's next job keeps it until the answer (the next job takes it, unless a job that
+    // waited for a slot comes first: see start_or_wait).
     bool holds_slot = true;
   };
 
@@ -263,7 +266,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         continue;
       }
       self->queue_drained_ = jobs.size() < want;  // nothing else was ready
-      for (auto& j : jobs) self->launch(std::move(j));
+      for (auto& j : jobs) self->start_or_wait(std::move(j));
     }
     self->claiming_ = false;
     self->idle_timer_.cancel();
@@ -361,18 +364,19 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       run_time_.observe(std::chrono::duration<double>(clock::now() - r->started).count());
     }
     switch (r->state) {
+      // (running_ first: a freed slot may launch a waiting job, and launch inserts into it.)
       case job_state::lost:  // not ours any more: no ack
+        running_.erase(it);
         free_slot(*r);
         release_strand(r->ctx->group());
-        running_.erase(it);
         drop_held();
         return;
       case job_state::stopping:
         if (e) {  // interrupted by stop: hand it back, no attempt counted
+          running_.erase(it);
           free_slot(*r);
           release_strand(r->ctx->group());
           to_release_.push_back(token);
-          running_.erase(it);
           drop_held();
           return;
         }
@@ -393,14 +397,16 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       item.delay = *r->ctx->retry_after_;
     }
     // The rest of the burst: its followers came with the lease and run one after another, while
-    // the lease has at least half its TTL left (a follower starts only on a lease that will
-    // outlive a watchdog period or two). Each starts when its predecessor's keep has landed:
+    // the lease has at least half its TTL left when the job ends (so that, renewed as usual, it
+    // outlives the keep's trip and the follower's start). Each starts when its predecessor's keep has landed:
     // started sooner, it would run before a predecessor that a crash or a lost lease runs again.
-    // The keep holds the slot; it travels with every other result in the next finish call.
+    // The keep travels with every other result in the next finish call, and the slot serves
+    // other work meanwhile: the follower takes the next free one (see on_kept).
     if (item.kind == finish_kind::ack && !r->ahead.empty() && !stopping_ &&
         r->valid_until - clock::now() > opts_.lease_ttl / 2) {
       item.kind = finish_kind::keep;
       item.id = detail::script_id(r->ahead.front());
+      free_slot(*r);
       queue_finish(std::move(item), r->ctx->job().type);
       return;
     }
@@ -542,10 +548,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     std::string job_id(detail::record_id(lane_record(item.token)));
     if (auto it = running_.find(item.token); it != running_.end()) {
-      free_slot(*it->second);
-      job_id = it->second->ctx->id();
-      release_strand(it->second->ctx->group());
-      running_.erase(it);
+      auto r = it->second;
+      running_.erase(it);  // first: a freed slot may launch a waiting job, which inserts here
+      free_slot(*r);
+      job_id = r->ctx->id();
+      release_strand(r->ctx->group());
     }
     {
       std::lock_guard lock(counters_mutex_);
@@ -580,13 +587,15 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       to_release_.push_back(result.next->token);
       return;
     }
-    // The group's next job, at once, with its followers: a burst that went on because nobody waited.
-    launch(std::move(*result.next));
+    // The group's next job, with its followers: a burst that went on because nobody waited. It
+    // takes the slot just freed, unless a job that waited for one took it first.
+    start_or_wait(std::move(*result.next));
   }
 
   // A keep landed: the job under `token` is done and its first follower starts under the same
-  // lease, in the same slot and on its group's strand, with the next fence. Stopping, the
-  // follower goes back instead; a lease found lost leaves the burst to whoever gets it next.
+  // lease, on its group's strand, with the next fence: in a free slot, or in the next one that
+  // frees (before any claim). Stopping, the follower goes back instead; a lease found lost
+  // leaves the burst to whoever gets it next.
   void on_kept(const std::string& token, const std::string& type, bool held) {
     auto it = running_.find(token);
     if (it == running_.end()) return;
@@ -619,9 +628,44 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     } else {
       claimed_job next{token, r->ctx->fence() + 1, r->ctx->group(), std::move(r->ahead.front()), {}};
       next.ahead.assign(std::make_move_iterator(r->ahead.begin() + 1), std::make_move_iterator(r->ahead.end()));
-      launch(std::move(next), r->valid_until);
+      start_or_wait(std::move(next), r->valid_until);
     }
-    release_strand(r->ctx->group());  // after launch took it: the strand lives on
+    release_strand(r->ctx->group());  // after launch took it (if it started): the strand lives on
+  }
+
+  // A leased job starts in a free slot, or waits for the next one that frees: a follower whose
+  // keep landed while other work had every slot, or a claimed job whose slot a follower took
+  // while the claim was on its way. Stopping, one with no slot goes back instead.
+  void start_or_wait(claimed_job c, std::optional<clock::time_point> valid_until = {}) {
+    if (stopping_ && busy_ >= opts_.concurrency) {
+      to_release_.push_back(std::move(c.token));
+      return;
+    }
+    waiting_.push_back({std::move(c), valid_until.value_or(clock::now() + opts_.lease_ttl)});
+    start_waiting();
+  }
+
+  // Waiting jobs take the slots that free, in the order they came.
+  void start_waiting() {
+    while (!waiting_.empty() && busy_ < opts_.concurrency) {
+      auto w = std::move(waiting_.front());
+      waiting_.pop_front();
+      // As a running job's, a lease no renewal reached for a whole TTL is given up: the reaper
+      // sends it back.
+      if (w.valid_until <= clock::now()) {
+        waiting_lost(w.job.token, "ran out while it waited for a slot");
+      } else {
+        launch(std::move(w.job), w.valid_until);
+      }
+    }
+  }
+
+  void waiting_lost(const std::string& token, std::string_view why) {
+    {
+      std::lock_guard lock(counters_mutex_);
+      ++counters_.leases_lost;
+    }
+    jobrt::log(log_level::warn, source_, "lease {} {}; its job is left to whoever gets it next", token, why);
   }
 
   void free_slot(running_job& r) {
@@ -631,6 +675,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   void free_slot() {
     --busy_;
     slot_timer_.cancel();
+    start_waiting();
   }
 
   void drop_held() {
@@ -654,6 +699,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       std::vector<std::string> tokens;
       for (auto& [token, r] : self->running_)
         if (r->state != job_state::lost) tokens.push_back(token);  // finishing too: a finish may be retrying
+      for (auto& w : self->waiting_) tokens.push_back(w.job.token);
       auto sent = clock::now();
       try {
         auto held = co_await bounded(
@@ -664,10 +710,22 @@ class worker::impl : public std::enable_shared_from_this<impl> {
           ++self->counters_.renewals;
         }
         for (std::size_t i = 0; i < tokens.size() && i < held.size(); ++i) {
-          if (!held[i]) {
-            self->lease_lost(tokens[i], "lost");
-          } else if (auto it = self->running_.find(tokens[i]); it != self->running_.end()) {
-            it->second->valid_until = std::max(it->second->valid_until, sent + self->opts_.lease_ttl);
+          if (auto it = self->running_.find(tokens[i]); it != self->running_.end()) {
+            if (!held[i])
+              self->lease_lost(tokens[i], "lost");
+            else
+              it->second->valid_until = std::max(it->second->valid_until, sent + self->opts_.lease_ttl);
+            continue;
+          }
+          // A job that waits for a slot (or no longer does: it started, or stop sent it back).
+          auto w = std::find_if(self->waiting_.begin(), self->waiting_.end(),
+                                [&](const waiting_job& j) { return j.job.token == tokens[i]; });
+          if (w == self->waiting_.end()) continue;
+          if (held[i]) {
+            w->valid_until = std::max(w->valid_until, sent + self->opts_.lease_ttl);
+          } else {
+            self->waiting_lost(w->job.token, "was lost");
+            self->waiting_.erase(w);
           }
         }
       } catch (const std::exception& e) {
@@ -785,6 +843,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     stop_started_ = true;
     stopping_ = true;
+    for (auto& w : waiting_) to_release_.push_back(w.job.token);  // nothing would start them now
+    waiting_.clear();
     stop_timer_.cancel();
     slot_timer_.cancel();
     while (started_ && claiming_) co_await wait_on(idle_timer_);
@@ -859,6 +919,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   std::minstd_rand random_{std::random_device{}()};                        // backoff jitter
   std::unordered_map<std::string, std::shared_ptr<running_job>> running_;  // by token
   std::unordered_map<std::string, group_strand> strands_;
+  // Leased jobs that wait for a slot (see start_or_wait); their leases are renewed with the
+  // running jobs'.
+  struct waiting_job {
+    claimed_job job;
+    clock::time_point valid_until;
+  };
+  std::deque<waiting_job> waiting_;
   std::vector<finish_item> pending_finish_;
   std::vector<std::string> pending_types_;  // each pending item's job type
   std::vector<std::string> to_release_;
@@ -872,7 +939,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   asio::cancellation_signal promote_stop_;             // ends the promoter's wait
   std::list<asio::cancellation_signal> finish_calls_;  // one per finish call on its way: stop ends it
   asio::steady_timer stopped_timer_;                   // never expires: later stop() calls wait on it
-  std::size_t held_ = 0;                               // jobs leased and not yet finished
+  std::size_t held_ = 0;                               // jobs started whose finish has not landed
   std::size_t busy_ = 0;                               // slots taken (see running_job::holds_slot)
   bool queue_drained_ = false;                         // the last claim got fewer jobs than it asked for
   std::atomic<std::size_t> held_count_{0};

@@ -134,6 +134,42 @@ CONFORMANCE("fast path: ungrouped jobs run in parallel up to the concurrency") {
   });
 }
 
+CONFORMANCE("bursts keep to the concurrency: a follower whose keep lands while the slots are taken waits for one") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    constexpr int groups = 12, per_group = 8;
+    std::vector<job_spec> specs;
+    for (int j = 0; j < per_group; ++j)
+      for (int g = 0; g < groups; ++g) specs.push_back(make_job("t", {{"g", g}, {"j", j}}, fmt::format("g{}", g)));
+    co_await p.enqueue_bulk(std::move(specs));
+    auto o = b.worker_opts(3);
+    o.burst = 4;
+    worker w(ctx.get_executor(), b.make(), o);
+    int running = 0, peak = 0, done = 0;
+    std::vector<std::vector<std::int64_t>> ran(groups);  // by group: the jobs in the order they started
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      peak = std::max(peak, ++running);
+      auto g = c.payload().at("g").as_int64(), j = c.payload().at("j").as_int64();
+      ran[static_cast<std::size_t>(g)].push_back(j);
+      // Keeps land while the other slots are busy.
+      co_await sleep_for(std::chrono::milliseconds(1 + (g + j) % 3));
+      --running;
+      ++done;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return done == groups * per_group; }));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(peak == 3);
+    std::vector<std::int64_t> in_order;
+    for (std::int64_t j = 0; j < per_group; ++j) in_order.push_back(j);
+    for (std::size_t g = 0; g < groups; ++g)
+      CHECK_MESSAGE(ran[g] == in_order, fmt::format("group {}: {}", g, fmt::join(ran[g], " ")));
+    CHECK(w.counters().leases_lost == 0);
+    CHECK(w.counters().completed == groups * per_group);
+  });
+}
+
 CONFORMANCE("watchdog: a handler running 5x the lease TTL keeps its lease") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

@@ -164,7 +164,7 @@ class worker {
   const worker_options& options() const noexcept;
   /// A snapshot. Thread-safe.
   worker_counters counters() const;
-  /// Jobs held now (running or being finished). Thread-safe.
+  /// Jobs started and not yet finished (running, or their result on its way). Thread-safe.
   std::size_t in_flight() const;
   /// Counters by job type and histograms. Thread-safe.
   worker_metrics metrics() const;
