@@ -124,7 +124,6 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         opts_(std::move(opts)),
         slot_timer_(strand_),
         idle_timer_(strand_),
-        stop_timer_(strand_),
         watchdog_timer_(strand_),
         reap_timer_(strand_),
         retry_timer_(strand_),
@@ -239,17 +238,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       std::string failure;
       try {
         // claim_wait claims at once when work is ready and otherwise waits inside the backend
-        // (BLMOVE); a stop cuts the wait short. Not `||`: that would drop jobs a claim leased just
-        // as the stop came; the group hands back both results.
-        self->stop_timer_.expires_at(clock::time_point::max());
-        auto [order, claim_error, claimed, stop_ec] =
-            co_await asio::experimental::make_parallel_group(
-                asio::co_spawn(self->strand_, self->backend_.claim_wait(self->opts_.queue, co, self->opts_.claim_wait),
-                               asio::deferred),
-                self->stop_timer_.async_wait(asio::deferred))
-                .async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
-        (void)order;
-        (void)stop_ec;
+        // (BLMOVE); a stop cuts the wait short through this slot. Jobs a claim leased just as the
+        // stop came still come back (the backend's reply wins over the cancellation).
+        auto [claim_error, claimed] = co_await asio::co_spawn(
+            self->strand_, self->backend_.claim_wait(self->opts_.queue, co, self->opts_.claim_wait),
+            asio::bind_cancellation_slot(self->stop_claim_.slot(), asio::as_tuple(asio::use_awaitable)));
         jobs = std::move(claimed);
         if (claim_error && !self->stopping_) std::rethrow_exception(claim_error);
         backoff = std::chrono::milliseconds(100);
@@ -845,7 +838,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     stopping_ = true;
     for (auto& w : waiting_) to_release_.push_back(w.job.token);  // nothing would start them now
     waiting_.clear();
-    stop_timer_.cancel();
+    stop_claim_.emit(asio::cancellation_type::terminal);
     slot_timer_.cancel();
     while (started_ && claiming_) co_await wait_on(idle_timer_);
     co_await wait_for_handlers(clock::now() + grace);
@@ -929,9 +922,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   std::vector<finish_item> pending_finish_;
   std::vector<std::string> pending_types_;  // each pending item's job type
   std::vector<std::string> to_release_;
-  asio::steady_timer slot_timer_;  // the claim loop waits here for a free slot
-  asio::steady_timer idle_timer_;  // stop waits here for handlers to finish
-  asio::steady_timer stop_timer_;  // cancelled to cut a blocking claim short
+  asio::steady_timer slot_timer_;         // the claim loop waits here for a free slot
+  asio::steady_timer idle_timer_;         // stop waits here for handlers to finish
+  asio::cancellation_signal stop_claim_;  // cuts a blocking claim short
   asio::steady_timer watchdog_timer_;
   asio::steady_timer reap_timer_;
   asio::steady_timer retry_timer_;                     // the promoter's pause after a failure
