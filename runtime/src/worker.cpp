@@ -391,8 +391,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     // The rest of the burst: its followers came with the lease and run one after another, while
     // the lease has at least half its TTL left when the job ends (so that, renewed as usual, it
-    // outlives the keep's trip and the follower's start). Each starts when its predecessor's keep has landed:
-    // started sooner, it would run before a predecessor that a crash or a lost lease runs again.
+    // outlives the keep's trip and the follower's start). Each starts when its predecessor's
+    // keep has landed: started sooner, it would run before a predecessor that a crash or a lost
+    // lease runs again.
     // The keep travels with every other result in the next finish call, and the slot serves
     // other work meanwhile: the follower takes the next free one (see on_kept).
     if (item.kind == finish_kind::ack && !r->ahead.empty() && !stopping_ &&
