@@ -20,9 +20,10 @@
 --   moves to the head, where retries, halts and the reaper look for the running job, and the
 --   requeued job runs after the burst (whose end takes the group out of jumped). Groups not in
 --   jumped cost no such check.
--- Returns: n times: held (1, or 0 when the lease was lost and nothing changed), next token,
---   next record ('' and '' when no next job was leased), the number of its followers, their
---   records (fences: the next token's + 1, + 2, ...)
+-- Returns: n times: held (1, or 0 when the lease was lost and nothing changed), alone when no
+--   next job was leased; when one was, held + 2, then the next token, the next record, the
+--   number of its followers and their records (fences: the next token's + 1, + 2, ...). (Most
+--   items lease nothing: one value each keeps the reply, and Redis's work on it, small.)
 --
 -- Safe to send again: the result of each call is kept in the hash answers:<worker> until a
 -- later call says its answer came. The same call id again (a resend after a lost reply) gets
@@ -71,10 +72,14 @@ if last then
         not redis.call('ZSCORE', active, ARGV[base]) then
       held = 0
     end
-    out[#out + 1] = held
-    out[#out + 1] = token
-    out[#out + 1] = record
-    out[#out + 1] = 0
+    if token == '' then
+      out[#out + 1] = held
+    else
+      out[#out + 1] = held + 2
+      out[#out + 1] = token
+      out[#out + 1] = record
+      out[#out + 1] = 0
+    end
     pos = colon + len + 1
   end
   return out
@@ -87,14 +92,15 @@ local function done(results)
   for _, r in ipairs(results) do
     if r[2] == '' then
       parts[#parts + 1] = r[1] == 1 and '10:' or '00:'
+      out[#out + 1] = r[1]
     else
       parts[#parts + 1] = string.format('%d%d:', r[1], #r[2]) .. r[2] -- '%d': see the fences below
+      out[#out + 1] = r[1] + 2
+      out[#out + 1] = r[2]
+      out[#out + 1] = r[3]
+      out[#out + 1] = #r[4]
+      for _, record in ipairs(r[4]) do out[#out + 1] = record end
     end
-    out[#out + 1] = r[1]
-    out[#out + 1] = r[2]
-    out[#out + 1] = r[3]
-    out[#out + 1] = #r[4]
-    for _, record in ipairs(r[4]) do out[#out + 1] = record end
   end
   redis.call('HSET', answers, call, table.concat(parts))
   redis.call('PEXPIRE', answers, 600000) -- a worker that died leaves its records behind

@@ -290,7 +290,7 @@ TEST_CASE("finish sent twice (a resend after a lost reply) changes nothing the s
     for (std::size_t i = 0; i < 3; ++i) CHECK(first.as_array().at(i) == again.as_array().at(i));
     CHECK(first.as_array().at(3).as_integer() == 1);
     CHECK(again.as_array().at(3).as_integer() == 0);
-    CHECK(first.as_array().at(0).as_integer() == 1);
+    CHECK(first.as_array().at(0).as_integer() == 3);          // held, and a next job
     CHECK_FALSE(first.as_array().at(1).as_string().empty());  // the burst's next job, leased once
     auto counts = co_await store.counts(queue);
     CHECK(counts.completed == 1);
@@ -311,9 +311,8 @@ TEST_CASE("finish sent twice (a resend after a lost reply) changes nothing the s
     auto reaped = co_await store.reap(queue, ro);
     CHECK(reaped.leases == 1);
     auto late = co_await finish.run(store.connection(), keys, args);
+    REQUIRE(late.as_array().size() == 1);  // held, and no next job
     CHECK(late.as_array().at(0).as_integer() == 1);
-    CHECK(late.as_array().at(1).as_string().empty());
-    CHECK(late.as_array().at(2).as_string().empty());
   });
 }
 

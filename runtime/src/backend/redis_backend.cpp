@@ -297,16 +297,16 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
   const auto& e = r.as_array();
   std::vector<finish_result> out;
   out.reserve(items.size());
-  for (std::size_t at = 0; at + 3 < e.size();) {
+  for (std::size_t at = 0; at < e.size();) {  // see finish.lua for the reply's shape
     finish_result f;
-    f.lease_held = e[at].as_integer() == 1;
-    const auto& token = e[at + 1];
-    const auto& record = e[at + 2];
-    at += 3;
-    if (!token.as_string().empty())
+    auto held = e[at++].as_integer();
+    f.lease_held = held % 2 == 1;
+    if (held >= 2) {
+      const auto& token = e.at(at);
+      const auto& record = e.at(at + 1);
+      at += 2;
       f.next = from_token(token.as_string(), record, e, at);
-    else
-      at += 1 + static_cast<std::size_t>(e.at(at).as_integer());
+    }
     out.push_back(std::move(f));
   }
   co_return out;
