@@ -14,45 +14,47 @@
 local ready, active, fence_key, stats, claimed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local paused, parked = KEYS[6], KEYS[7]
 local prefix = string.sub(ready, 1, -6)
-local max, ttl, ahead = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]) or 0
+local max, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- Numbers go to Redis as strings ('%d' or as given): Lua's own conversion of a number (and
+-- Redis's of a number argument) prints it as a float, which costs microseconds.
+local ahead = ARGV[3] or '0'
 
-local lanes = redis.call('LPOP', claimed, max) or {}
+local lanes = redis.call('LPOP', claimed, ARGV[1]) or {}
 if #lanes < max then
-  local more = redis.call('LPOP', ready, max - #lanes)
+  local more = redis.call('LPOP', ready, string.format('%d', max - #lanes))
   if more then
     for _, lane in ipairs(more) do lanes[#lanes + 1] = lane end
   end
 end
 if #lanes == 0 then return {} end
 
-local taken, fences = {}, 0
+local taken, records_of, fences = {}, {}, 0 -- records_of[i]: the records of a grouped taken[i]
 local any_paused = redis.call('EXISTS', paused) == 1
 for _, lane in ipairs(lanes) do
   if string.sub(lane, 1, 2) == 'g:' then
-    local records = redis.call('LRANGE', prefix .. lane, 0, ahead)
+    local records = redis.call('LRANGE', prefix .. lane, '0', ahead)
     if #records == 0 then
       -- a stale lane of an emptied group is dropped
     elseif any_paused and redis.call('HEXISTS', paused, string.sub(lane, 3)) == 1 then
       redis.call('SADD', parked, string.sub(lane, 3))
     else
-      taken[#taken + 1] = {lane, records}
+      taken[#taken + 1] = lane
+      records_of[#taken] = records
       fences = fences + #records
     end
   else
-    taken[#taken + 1] = {lane, false}
+    taken[#taken + 1] = lane
     fences = fences + 1
   end
 end
 if #taken == 0 then return {} end
 
--- Numbers go to Redis and into tokens as strings made with '%d': Lua's own conversion of a
--- number (and Redis's of a number argument) prints it as a float, which costs microseconds.
 local time = redis.call('TIME')
 local deadline = string.format('%d', tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl)
-local fence = redis.call('INCRBY', fence_key, fences) - fences
+local fence = redis.call('INCRBY', fence_key, string.format('%d', fences)) - fences
 local leases, out = {}, {}
-for _, t in ipairs(taken) do
-  local lane, records = t[1], t[2]
+for i, lane in ipairs(taken) do
+  local records = records_of[i]
   fence = fence + 1
   local token = string.format('%d|', fence) .. lane
   leases[#leases + 1] = deadline
@@ -61,7 +63,7 @@ for _, t in ipairs(taken) do
   if records then
     out[#out + 1] = records[1]
     out[#out + 1] = #records - 1
-    for i = 2, #records do out[#out + 1] = records[i] end
+    for j = 2, #records do out[#out + 1] = records[j] end
     fence = fence + #records - 1
   else
     out[#out + 1] = ''
@@ -69,5 +71,5 @@ for _, t in ipairs(taken) do
   end
 end
 redis.call('ZADD', active, unpack(leases))
-redis.call('HINCRBY', stats, 'started', #taken)
+redis.call('HINCRBY', stats, 'started', string.format('%d', #taken))
 return out

@@ -85,56 +85,44 @@ if last then
   return out
 end
 
--- results[i]: {held, next token, next record, followers}
+-- held[i]: 1 when item i's lease was held, else 0; leased[i]: the next job item i leased, as
+-- {token, record, followers} (most items lease none).
+local held, leased = {}, {}
 local none = {} -- no followers (shared: never written)
-local function done(results)
+local function done()
   local parts, out = {}, {}
-  for _, r in ipairs(results) do
-    if r[2] == '' then
-      parts[#parts + 1] = r[1] == 1 and '10:' or '00:'
-      out[#out + 1] = r[1]
+  for i = 1, n do
+    local h, x = held[i], leased[i]
+    if not x then
+      parts[i] = h == 1 and '10:' or '00:'
+      out[#out + 1] = h
     else
-      parts[#parts + 1] = string.format('%d%d:', r[1], #r[2]) .. r[2] -- '%d': see the fences below
-      out[#out + 1] = r[1] + 2
-      out[#out + 1] = r[2]
-      out[#out + 1] = r[3]
-      out[#out + 1] = #r[4]
-      for _, record in ipairs(r[4]) do out[#out + 1] = record end
+      parts[i] = string.format('%d%d:', h, #x[1]) .. x[1] -- '%d': see the fences below
+      out[#out + 1] = h + 2
+      out[#out + 1] = x[1]
+      out[#out + 1] = x[2]
+      out[#out + 1] = #x[3]
+      for _, record in ipairs(x[3]) do out[#out + 1] = record end
     end
   end
   redis.call('HSET', answers, call, table.concat(parts))
-  redis.call('PEXPIRE', answers, 600000) -- a worker that died leaves its records behind
+  redis.call('PEXPIRE', answers, '600000') -- a worker that died leaves its records behind
   return out
 end
 
 local tokens = {}
 for i = 1, n do tokens[i] = ARGV[5 + (i - 1) * W] end
 local scores = redis.call('ZMSCORE', active, unpack(tokens))
--- Items are taken in order: a token is held until an item that is not 'k' ends its lease (a
--- token given twice that way is held once).
-local ended, gone, any = {}, {}, false
-for i = 1, n do
-  local token = tokens[i]
-  if scores[i] and not gone[token] then
-    any = true
-    local bar = string.find(token, '|', 1, true)
-    if ARGV[5 + (i - 1) * W + 1] ~= 'k' or string.sub(token, bar + 1, bar + 2) ~= 'g:' then
-      gone[token] = true
-      ended[#ended + 1] = token
-    end
-  else
-    scores[i] = false
-  end
-end
-if not any then
-  local results = {}
-  for i = 1, n do results[i] = {0, '', '', none} end
-  return done(results)
-end
-if #ended > 0 then redis.call('ZREM', active, unpack(ended)) end
 
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- Server time in ms, asked once and only when needed (a call of keeps needs none).
+local now = nil
+local function clock()
+  if not now then
+    local time = redis.call('TIME')
+    now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  end
+  return now
+end
 
 local function counted(record)
   local attempts, rest = string.match(record, '^(%d+)(|.*)$')
@@ -149,9 +137,9 @@ local function is_paused(group)
 end
 
 local any_jumped = nil -- EXISTS jumped, asked once
-local function jumped(group)
+local function jumped(lane) -- (a lane 'g:<group>': its group is cut out only when asked for)
   if any_jumped == nil then any_jumped = redis.call('EXISTS', jumps) == 1 end
-  return any_jumped and redis.call('SISMEMBER', jumps, group) == 1
+  return any_jumped and redis.call('SISMEMBER', jumps, string.sub(lane, 3)) == 1
 end
 
 local function id_of(record) return string.match(record, '^%d+|([^|]*)|') end
@@ -171,7 +159,7 @@ local function to_front(key, id)
   return true
 end
 
-local results, back, nexts, later = {}, {}, {}, {}
+local back, nexts, later, ended, gone = {}, {}, {}, {}, {}
 local completed, failed, retried, deferred, halted, emptied, started = 0, 0, 0, 0, 0, 0, 0
 local nobody_waits = nil -- LLEN of ready, asked once: this script pushes to ready only at its end
 -- A dead letter's key is its job's id; when another dead letter has that id (a producer-given id
@@ -182,8 +170,8 @@ local function dead_letter(record, group, err, token)
   if key == '' or redis.call('HEXISTS', dead_info, key) == 1 then
     key = key .. '#' .. string.match(token, '^[^|]*')
   end
-  redis.call('ZADD', dead, now, key)
-  redis.call('HSET', dead_info, key, cjson.encode({record = record or '', group = group, error = err, at = now}))
+  redis.call('ZADD', dead, clock(), key)
+  redis.call('HSET', dead_info, key, cjson.encode({record = record or '', group = group, error = err, at = clock()}))
   failed = failed + 1
 end
 -- A lane that goes back: to the tail of ready (round robin), later, or parked when its group is paused.
@@ -191,47 +179,55 @@ local function send_back(lane, delay)
   if string.sub(lane, 1, 2) == 'g:' and is_paused(string.sub(lane, 3)) then
     redis.call('SADD', parked, string.sub(lane, 3))
   elseif delay > 0 then
-    later[#later + 1] = now + delay
+    later[#later + 1] = clock() + delay
     later[#later + 1] = lane
   else
     back[#back + 1] = lane
   end
 end
+-- Items are taken in order: a token is held until an item that is not 'k' ends its lease (a
+-- token given twice that way is held once). Fields are read as each kind needs them.
 for i = 1, n do
   local base = 5 + (i - 1) * W
-  local token, kind, unique_id, err, want = ARGV[base], ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
-  local delay, job_id, ahead = tonumber(ARGV[base + 5]) or 0, ARGV[base + 6], tonumber(ARGV[base + 7]) or 0
-  local result = {0, '', '', none}
-  results[i] = result
-  if scores[i] then
-    result[1] = 1
+  local token = tokens[i]
+  held[i] = 0
+  if scores[i] and not gone[token] then
+    held[i] = 1
+    local kind = ARGV[base + 1]
     local lane = string.sub(token, string.find(token, '|', 1, true) + 1)
     local grouped = string.sub(lane, 1, 2) == 'g:'
-    if kind == 'h' and not grouped then kind = 'f' end
-    if kind == 'k' and not grouped then kind = 'a' end
+    if not grouped and (kind == 'k' or kind == 'h') then kind = kind == 'k' and 'a' or 'f' end
+    if kind ~= 'k' then
+      gone[token] = true
+      ended[#ended + 1] = token
+    end
     if kind == 'k' then
+      local unique_id = ARGV[base + 2]
       if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
       local key = prefix .. lane
       redis.call('LPOP', key)
-      if jumped(string.sub(lane, 3)) and not to_front(key, job_id) then emptied = emptied + 1 end
+      if jumped(lane) and not to_front(key, ARGV[base + 6]) then emptied = emptied + 1 end
       completed = completed + 1
       started = started + 1
     elseif kind == 'a' or kind == 'f' then
+      local unique_id, want = ARGV[base + 2], ARGV[base + 4]
       if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
       local record
       if grouped then
         local key = prefix .. lane
         record = redis.call('LPOP', key)
-        if jumped(string.sub(lane, 3)) then redis.call('SREM', jumps, string.sub(lane, 3)) end -- the burst ends
+        if jumped(lane) then redis.call('SREM', jumps, string.sub(lane, 3)) end -- the burst ends
         local following = redis.call('LINDEX', key, 0)
         if record and not following then emptied = emptied + 1 end
         if following then
           if want == '2' and nobody_waits == nil then nobody_waits = redis.call('LLEN', ready) == 0 end
           if kind == 'a' and (want == '1' or (want == '2' and nobody_waits and #back == 0)) and
               not is_paused(string.sub(lane, 3)) then
-            if ahead > 0 then result[4] = redis.call('LRANGE', key, 1, ahead) end
-            nexts[#nexts + 1] = {result = result, lane = lane} -- its token is made below, with its fence
-            result[3] = following
+            -- its token is made below, with its fence
+            local x = {'', following, none, lane}
+            if ARGV[base + 7] ~= '0' then x[3] = redis.call('LRANGE', key, '1', ARGV[base + 7]) end
+            leased[i] = x
+            nexts[#nexts + 1] = x
           else
             send_back(lane, 0) -- round robin: the group waits behind every other lane
           end
@@ -244,7 +240,7 @@ for i = 1, n do
       else
         local group = ''
         if grouped then group = string.sub(lane, 3) end
-        dead_letter(record, group, err, token)
+        dead_letter(record, group, ARGV[base + 3], token)
       end
     elseif grouped then -- 'r', 'd' or 'h': the job stays at its group's head
       local key = prefix .. lane
@@ -252,12 +248,13 @@ for i = 1, n do
       if head then
         if kind ~= 'd' then redis.call('LSET', key, 0, counted(head)) end
         if kind == 'h' then
-          redis.call('HSET', paused, string.sub(lane, 3), cjson.encode({state = 'halted', error = err, at = now}))
+          redis.call('HSET', paused, string.sub(lane, 3),
+                     cjson.encode({state = 'halted', error = ARGV[base + 3], at = clock()}))
           redis.call('SADD', parked, string.sub(lane, 3))
           any_paused = true
           halted = halted + 1
         else
-          send_back(lane, delay)
+          send_back(lane, tonumber(ARGV[base + 5]) or 0)
         end
       end
       if kind == 'r' then retried = retried + 1 elseif kind == 'd' then deferred = deferred + 1 end
@@ -269,29 +266,33 @@ for i = 1, n do
       else
         deferred = deferred + 1
       end
-      send_back('j:' .. record, delay)
+      send_back('j:' .. record, tonumber(ARGV[base + 5]) or 0)
     end
   end
 end
+if #ended > 0 then redis.call('ZREM', active, unpack(ended)) end
 if #back > 0 then redis.call('RPUSH', ready, unpack(back)) end
 if #nexts > 0 then -- one INCRBY for every fence, given out in item order
   local fences = 0
-  for _, x in ipairs(nexts) do fences = fences + 1 + #x.result[4] end
-  local fence = redis.call('INCRBY', fence_key, fences) - fences
+  for _, x in ipairs(nexts) do fences = fences + 1 + #x[3] end
+  local fence = redis.call('INCRBY', fence_key, string.format('%d', fences)) - fences
   -- Numbers go to Redis and into tokens as strings made with '%d': Lua's own conversion of a
   -- number (and Redis's of a number argument) prints it as a float, which costs microseconds.
-  local leases, deadline = {}, string.format('%d', now + ttl)
+  local leases, deadline = {}, string.format('%d', clock() + ttl)
   for _, x in ipairs(nexts) do
     fence = fence + 1
-    x.result[2] = string.format('%d|', fence) .. x.lane
+    x[1] = string.format('%d|', fence) .. x[4]
     leases[#leases + 1] = deadline
-    leases[#leases + 1] = x.result[2]
-    fence = fence + #x.result[4]
+    leases[#leases + 1] = x[1]
+    fence = fence + #x[3]
   end
   redis.call('ZADD', active, unpack(leases))
   started = started + #nexts
 end
-if started > 0 then redis.call('HINCRBY', stats, 'started', started) end
+local function count(field, by)
+  if by ~= 0 then redis.call('HINCRBY', stats, field, string.format('%d', by)) end
+end
+count('started', started)
 if #later > 0 then
   local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
   redis.call('ZADD', delayed, unpack(later))
@@ -299,10 +300,10 @@ if #later > 0 then
   for j = 3, #later, 2 do earliest = math.min(earliest, later[j]) end
   if #first == 0 or earliest < tonumber(first[2]) then redis.call('PUBLISH', delayed, earliest) end
 end
-if completed > 0 then redis.call('HINCRBY', stats, 'completed', completed) end
-if failed > 0 then redis.call('HINCRBY', stats, 'failed', failed) end
-if retried > 0 then redis.call('HINCRBY', stats, 'retried', retried) end
-if deferred > 0 then redis.call('HINCRBY', stats, 'deferred', deferred) end
-if halted > 0 then redis.call('HINCRBY', stats, 'halted', halted) end
-if emptied > 0 then redis.call('HINCRBY', stats, 'groups', -emptied) end
-return done(results)
+count('completed', completed)
+count('failed', failed)
+count('retried', retried)
+count('deferred', deferred)
+count('halted', halted)
+count('groups', -emptied)
+return done()
