@@ -4,22 +4,23 @@
 -- KEYS[9] <prefix>delayed  KEYS[10] <prefix>paused  KEYS[11] <prefix>parked  KEYS[12] <prefix>jumped
 -- ARGV[1] lease TTL (ms)  ARGV[2] n  ARGV[3] call id  ARGV[4] ids of this worker's calls whose
 --   answers came, space-separated (their records go), then n times: token, kind, producer-given
---   id ('' if none), error, want next, delay (ms), job id, ahead
---   kind: 'a' ack; 'k' ack of a grouped job whose follower (handed over by claim.lua or here)
---   the worker runs next under the same lease: the job leaves its group, the lease goes on and
---   the follower counts as started, and is made the group's head; 'f' dead-letter; 'r' retry (one more attempt counted) and 'd'
---   run again later (none counted): the job stays where it is (a grouped one at its group's
---   head, so the group waits for it) and its lane waits in delayed for `delay` ms (none: back
---   to ready at once); 'h' halt: a grouped job stays at the head with its attempt counted and
---   the group is paused until an operator resumes it (ungrouped: as 'f').
---   want next ('1': lease the group's next job to me; '2': only when no other lane is waiting,
---   so a burst costs nobody their turn; '0': no), for an ack; ahead: how many of the next job's
---   followers to hand over with it.
---   job id: for 'k', the follower's id. A job requeued to the group's head during the burst went
---   in behind the head, in front of the follower, and put the group in jumped: the follower
---   moves to the head, where retries, halts and the reaper look for the running job, and the
---   requeued job runs after the burst (whose end takes the group out of jumped). Groups not in
---   jumped cost no such check.
+--   id ('' if none), and what the kind needs (one argument: Redis and Lua pay for each one):
+--   'a' ack: want next and ahead, e.g. '23'. Want next: '1' lease the group's next job to me;
+--     '2' only when no other lane is waiting, so a burst costs nobody their turn; '0' no. Ahead:
+--     how many of the next job's followers to hand over with it.
+--   'k' ack of a grouped job whose follower (handed over by claim.lua or here) the worker runs
+--     next under the same lease: the follower's job id. The job leaves its group, the lease goes
+--     on, the follower counts as started and is made the group's head: a job requeued to the
+--     group's head during the burst went in behind the head, in front of the follower, and put
+--     the group in jumped; the follower moves to the head, where retries, halts and the reaper
+--     look for the running job, and the requeued job runs after the burst (whose end takes the
+--     group out of jumped). Groups not in jumped cost no such check.
+--   'f' dead-letter: the error.
+--   'h' halt: the error. A grouped job stays at the head with its attempt counted and the group
+--     is paused until an operator resumes it (ungrouped: as 'f').
+--   'r' retry (one more attempt counted) and 'd' run again later (none counted): the delay in
+--     ms. The job stays where it is (a grouped one at its group's head, so the group waits for
+--     it) and its lane waits in delayed that long (0: back to ready at once).
 -- Returns: n times: held (1, or 0 when the lease was lost and nothing changed), alone when no
 --   next job was leased; when one was, held + 2, then the next token, the next record, the
 --   number of its followers and their records (fences: the next token's + 1, + 2, ...). (Most
@@ -45,7 +46,7 @@ end
 -- A call's record holds, for each item, its held flag ('0'/'1') and its next token as
 -- '<length>:<token>': cheap to write on every call, decoded only on a resend. A next job's
 -- record is not kept: while its lease lasts it is the head of its group's list.
-local W = 8 -- ARGV per item
+local W = 4 -- ARGV per item
 local last = redis.call('HGET', answers, call)
 if last then
   -- A next job leased by the first run may have been reaped since (the resend came after its
@@ -206,11 +207,12 @@ for i = 1, n do
       if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
       local key = prefix .. lane
       redis.call('LPOP', key)
-      if jumped(lane) and not to_front(key, ARGV[base + 6]) then emptied = emptied + 1 end
+      if jumped(lane) and not to_front(key, ARGV[base + 3]) then emptied = emptied + 1 end
       completed = completed + 1
       started = started + 1
     elseif kind == 'a' or kind == 'f' then
-      local unique_id, want = ARGV[base + 2], ARGV[base + 4]
+      local unique_id, extra = ARGV[base + 2], ARGV[base + 3]
+      local want = kind == 'a' and string.sub(extra, 1, 1) or '0'
       if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
       local record
       if grouped then
@@ -225,7 +227,8 @@ for i = 1, n do
               not is_paused(string.sub(lane, 3)) then
             -- its token is made below, with its fence
             local x = {'', following, none, lane}
-            if ARGV[base + 7] ~= '0' then x[3] = redis.call('LRANGE', key, '1', ARGV[base + 7]) end
+            local ahead = string.sub(extra, 2)
+            if ahead ~= '0' then x[3] = redis.call('LRANGE', key, '1', ahead) end
             leased[i] = x
             nexts[#nexts + 1] = x
           else
@@ -240,7 +243,7 @@ for i = 1, n do
       else
         local group = ''
         if grouped then group = string.sub(lane, 3) end
-        dead_letter(record, group, ARGV[base + 3], token)
+        dead_letter(record, group, extra, token)
       end
     elseif grouped then -- 'r', 'd' or 'h': the job stays at its group's head
       local key = prefix .. lane
@@ -254,7 +257,7 @@ for i = 1, n do
           any_paused = true
           halted = halted + 1
         else
-          send_back(lane, tonumber(ARGV[base + 5]) or 0)
+          send_back(lane, tonumber(ARGV[base + 3]) or 0)
         end
       end
       if kind == 'r' then retried = retried + 1 elseif kind == 'd' then deferred = deferred + 1 end
@@ -266,7 +269,7 @@ for i = 1, n do
       else
         deferred = deferred + 1
       end
-      send_back('j:' .. record, tonumber(ARGV[base + 5]) or 0)
+      send_back('j:' .. record, tonumber(ARGV[base + 3]) or 0)
     end
   end
 end

@@ -280,8 +280,8 @@ TEST_CASE("finish sent twice (a resend after a lost reply) changes nothing the s
     REQUIRE(claimed.size() == 1);
     redis::script finish(jobrt::lua::finish);
     auto keys = finish_keys(p, "w1");
-    // token, kind, producer id, error, want next, delay, job id, ahead (1 follower)
-    std::vector<std::string> args{"30000", "1", "call-1", "", claimed[0].token, "a", "", "", "1", "0", "", "1"};
+    // token, kind, producer id, then for an ack: want next ('1') and ahead (1 follower)
+    std::vector<std::string> args{"30000", "1", "call-1", "", claimed[0].token, "a", "", "11"};
     auto first = co_await finish.run(store.connection(), keys, args);
     auto again = co_await finish.run(store.connection(), keys, args);
     // The same held flag, next token and record; a resend's next job comes without followers.
@@ -336,7 +336,7 @@ TEST_CASE("finish calls on their way at once: each resend gets its own answer, a
     redis::script finish(jobrt::lua::finish);
     auto keys = finish_keys(p, "w1");
     auto keep = [&](std::string call, std::string forget, const claimed_job& c) {
-      return std::vector<std::string>{"30000", "1", call, forget, c.token, "k", "", "", "0", "0", "", "0"};
+      return std::vector<std::string>{"30000", "1", call, forget, c.token, "k", "", ""};
     };
     // Two keeps, each in a call of its own, both answered; then both sent again, as after a
     // dropped connection: neither takes a second job off its group.

@@ -257,12 +257,25 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
   std::string call = fmt::format("{:016x}", id);
   auto forgotten = fmt::format("{}", fmt::join(forget, " "));
   std::vector<std::string_view> args{ttl, n, call, forgotten};
-  args.reserve(4 + items.size() * 8);
-  std::vector<std::string> numbers;  // delay and ahead of each item
-  numbers.reserve(items.size() * 2);
+  args.reserve(4 + items.size() * 4);
+  // Four arguments an item: token, kind, producer-given id, and what its kind needs (finish.lua).
+  std::vector<std::string> extras;
+  extras.reserve(items.size());
   for (auto& it : items) {
-    numbers.push_back(std::to_string(it.delay.count()));
-    numbers.push_back(std::to_string(it.ahead));
+    switch (it.kind) {
+      case finish_kind::ack: {
+        char want = it.want_next == finish_item::next_policy::yes               ? '1'
+                    : it.want_next == finish_item::next_policy::if_nobody_waits ? '2'
+                                                                                : '0';
+        extras.push_back(want + std::to_string(it.ahead));
+        break;
+      }
+      case finish_kind::keep: extras.push_back(it.id); break;
+      case finish_kind::fail:
+      case finish_kind::halt: extras.push_back(it.error); break;
+      case finish_kind::retry:
+      case finish_kind::defer: extras.push_back(std::to_string(it.delay.count())); break;
+    }
   }
   for (std::size_t i = 0; i < items.size(); ++i) {
     auto& it = items[i];
@@ -276,13 +289,7 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
       case finish_kind::halt: args.push_back("h"); break;
     }
     args.push_back(it.unique_id);
-    args.push_back(it.error);
-    args.push_back(it.want_next == finish_item::next_policy::yes               ? "1"
-                   : it.want_next == finish_item::next_policy::if_nobody_waits ? "2"
-                                                                               : "0");
-    args.push_back(numbers[2 * i]);
-    args.push_back(it.id);
-    args.push_back(numbers[2 * i + 1]);
+    args.push_back(extras[i]);
   }
   auto req = finish_.make_request(keys, args);
   req.options.resend_safe = true;  // the script answers a resent call from its cache
