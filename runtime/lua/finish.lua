@@ -87,7 +87,7 @@ if last then
 end
 
 -- held[i]: 1 when item i's lease was held, else 0; leased[i]: the next job item i leased, as
--- {token, record, followers} (most items lease none).
+-- {token, record, followers, lane} (most items lease none).
 local held, leased = {}, {}
 local none = {} -- no followers (shared: never written)
 local function done()
@@ -144,7 +144,7 @@ local function jumped(lane) -- (a lane 'g:<group>': its group is cut out only wh
 end
 
 local function id_of(record) return string.match(record, '^%d+|([^|]*)|') end
--- After a keep: makes the follower `id` its group's head (see 'job id' above). False when the
+-- After a keep: makes the follower `id` its group's head (see 'k' above). False when the
 -- group has no jobs left (drift: check reports the lease).
 local function to_front(key, id)
   local head = redis.call('LINDEX', key, 0)
