@@ -1,6 +1,8 @@
 -- Takes a distributed lock (jobrt::lock_service, runtime/src/lock/redis_lock.cpp).
 -- KEYS[1] the lock (string: owner token, PX TTL)   KEYS[2] its fence counter (never expires)
--- FIFO order: KEYS[3] the queue (zset: token -> arrival, us)  KEYS[4] tickets (hash: token -> "deadline_ms|ttl_ms")
+-- FIFO order: KEYS[3] the queue (zset: token -> arrival, us)  KEYS[4] tickets (hash: token ->
+-- "deadline_ms|ttl_ms|service id": a release hands the lock to the head in place, and publishes
+-- only when the head waits in another service)
 -- 'any' order: KEYS[3] the service id of the last waiter that failed (string, PX)
 -- (Only the keys of the caller's order are passed: fewer arguments to send, all the keys it touches declared.)
 -- ARGV[1] token  ARGV[2] ttl ms  ARGV[3] 'any' or 'fifo'  ARGV[4] '1': the caller waits (FIFO:
@@ -62,7 +64,7 @@ if fifo and ARGV[4] == '1' then
   if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
     redis.call('ZADD', KEYS[3], string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2])), ARGV[1])
   end
-  redis.call('HSET', KEYS[4], ARGV[1], (now_ms + tonumber(ARGV[5])) .. '|' .. ARGV[2])
+  redis.call('HSET', KEYS[4], ARGV[1], string.format('%d|', now_ms + tonumber(ARGV[5])) .. ARGV[2] .. '|' .. ARGV[6])
   redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[5]) + 60000)
   redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[5]) + 60000)
 end

@@ -4,14 +4,16 @@
 -- ARGV[6] that waiter's ttl ms  ARGV[7] the caller's service id  ARGV[8] hand-offs it made in a row
 -- FIFO: the caller's ticket is removed too (a waiter giving up calls this), and a free lock with
 -- a live ticket at the queue's head is handed to that waiter in place: it is set to the waiter's
--- token and TTL with a new fence, and the message 'g|<token>|<fence>|<name>' tells it so.
+-- token and TTL with a new fence. The reply names it; when it waits in another service than the
+-- caller's, the message 'g|<token>|<fence>|<name>' tells it so.
 -- 'any' with ARGV[5]: the lock is set to that token (a waiter in the caller's process, told by the
 -- reply) with a new fence. Otherwise the lock is deleted and 'r|<name>' wakes the waiters to race.
 -- After 8 hand-offs in a row, while a waiter of another service is marked (KEYS[3]), the lock is
 -- released for all instead, and {1, -1} tells the caller to hold its own waiters back briefly.
 -- Returns {1} when the caller owned the lock, {1, fence} when it was handed to ARGV[5],
--- {1, fence, token} when FIFO handed it to token, else {0}
--- (nothing of another owner is touched).
+-- {1, fence, token} when FIFO handed it to token, else {0} ({0, fence, token} when the caller's
+-- leaving freed the head's turn and FIFO handed the free lock to token) (nothing of another owner
+-- is touched).
 local fifo = ARGV[4] == 'fifo'
 
 local function new_fence()
@@ -35,12 +37,16 @@ local function hand_off()
     local info = redis.call('HGET', KEYS[4], h)
     redis.call('ZREM', KEYS[3], h)
     redis.call('HDEL', KEYS[4], h)
-    local deadline, ttl = nil, nil
-    if info then deadline, ttl = string.match(info, '^(%d+)|(%d+)$') end
+    local deadline, ttl, service = nil, nil, nil
+    if info then deadline, ttl, service = string.match(info, '^(%d+)|(%d+)|?(.*)$') end
     if deadline and tonumber(deadline) > now_ms then
       redis.call('SET', KEYS[1], h, 'PX', ttl)
       local f = new_fence()
-      redis.call('PUBLISH', ARGV[2], 'g|' .. h .. '|' .. string.format('%.0f', f) .. '|' .. ARGV[3])
+      -- A waiter of the caller's service learns it from the reply (a ticket without a service,
+      -- left by an older version, gets the message).
+      if service ~= ARGV[7] then
+        redis.call('PUBLISH', ARGV[2], 'g|' .. h .. '|' .. string.format('%.0f', f) .. '|' .. ARGV[3])
+      end
       return {h, f}
     end
   end
@@ -53,7 +59,10 @@ end
 local current = redis.call('GET', KEYS[1])
 if current ~= ARGV[1] then
   -- A FIFO waiter that leaves may have been the head that a free lock waited for.
-  if fifo and not current then hand_off() end
+  if fifo and not current then
+    local to = hand_off()
+    if to then return {0, to[2], to[1]} end
+  end
   return {0}
 end
 if fifo then

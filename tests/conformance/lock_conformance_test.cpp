@@ -284,6 +284,43 @@ LOCK_CONFORMANCE("fifo: waiters get the lock in arrival order") {
   });
 }
 
+LOCK_CONFORMANCE("fifo: waiters of one service get the lock in arrival order, each told by the release") {
+  // On Redis a hand-off to a waiter of the releasing service publishes nothing: the release's
+  // reply tells it. Without that, each waiter would wait for its backstop (the holder's TTL, 5 s).
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto name = s.name("l");
+    lock_options o = opts(std::chrono::seconds(5));
+    o.order = lock_order::fifo;
+    auto& svc = s.make();
+    auto held = co_await svc.lock(name, o);
+    std::vector<int> order;
+    std::vector<std::int64_t> fences{held.fence()};
+    int done = 0;
+    for (int w = 0; w < 6; ++w) {
+      asio::co_spawn(
+          ctx,
+          [&, w]() -> awaitable<void> {
+            auto l = co_await svc.lock(name, o);
+            order.push_back(w);
+            fences.push_back(l.fence());
+            co_await l.unlock();
+            ++done;
+          },
+          asio::detached);
+      co_await sleep_for(std::chrono::milliseconds(20));  // each one queued before the next comes
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    co_await held.unlock();
+    for (int i = 0; i < 400 && done < 6; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(done == 6);
+    CHECK(since(t0) < std::chrono::milliseconds(1000));
+    CHECK(order == std::vector<int>{0, 1, 2, 3, 4, 5});
+    CHECK(std::is_sorted(fences.begin(), fences.end()));
+    CHECK(std::adjacent_find(fences.begin(), fences.end()) == fences.end());
+  });
+}
+
 LOCK_CONFORMANCE("fifo: a waiter that gives up leaves the queue") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     services s(ctx, kind);

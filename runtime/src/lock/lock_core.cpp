@@ -248,6 +248,17 @@ void lock_core::grant(std::string_view name, std::string_view token, std::int64_
   if (auto it = locks_.find(name); it != locks_.end()) grant_locked(it->second, token, fence);
 }
 
+void lock_core::wake_waiters(std::string_view name) {
+  std::lock_guard lock(mutex_);
+  auto it = locks_.find(name);
+  if (it == locks_.end()) return;
+  for (waiter* w = it->second.first; w != nullptr; w = w->next) {
+    w->woken = true;
+    w->not_before = lock_clock::time_point::min();
+    w->timer.expires_at(lock_clock::time_point::min());
+  }
+}
+
 void lock_core::wake_all() {
   std::lock_guard lock(mutex_);
   for (auto& [name, e] : locks_) {
@@ -414,6 +425,10 @@ asio::awaitable<bool> lock_core::unlock(std::shared_ptr<lease_state> s) {
     failure = std::current_exception();
   }
   core.after_release(s->name, next, r);
+  // A FIFO release that failed, or found the lock not ours (also the answer to a release sent
+  // again after its first reply was lost), may have handed the lock to a waiter here that no
+  // message will tell (see lock_release.lua): this service's waiters ask again.
+  if (s->opts.order == lock_order::fifo && (failure || !r.owned)) core.wake_waiters(s->name);
   if (failure) std::rethrow_exception(failure);
   co_return r.owned;
 }
@@ -435,6 +450,7 @@ asio::awaitable<bool> lock_core::release_to_next(const std::string& name, const 
     failure = std::current_exception();
   }
   after_release(name, next, r);
+  if (order == lock_order::fifo && failure) wake_waiters(name);  // (see unlock)
   if (failure) std::rethrow_exception(failure);
   co_return r.owned;
 }

@@ -146,6 +146,8 @@ class lock_core : public std::enable_shared_from_this<lock_core> {
   void grant(std::string_view name, std::string_view token, std::int64_t fence);
   /// Every waiter tries again (wake-ups may have been lost: the subscriber reconnected).
   void wake_all();
+  /// Every waiter of one lock tries again.
+  void wake_waiters(std::string_view name);
 
  private:
   struct waiter;
