@@ -1,18 +1,24 @@
--- Takes a distributed lock (jobrt::lock_service, runtime/src/lock/redis_lock.cpp).
+-- Takes a distributed lock (jobrt::lock_service, runtime/src/lock/redis_lock.cpp), for one caller
+-- or for several waiters of one service that asked at once (FIFO: one call queues them all).
 -- KEYS[1] the lock (string: owner token, PX TTL)   KEYS[2] its fence counter (never expires)
--- FIFO order: KEYS[3] the queue (zset: token -> arrival, us)  KEYS[4] tickets (hash: token ->
+-- FIFO order: KEYS[3] the queue (zset: token -> arrival)  KEYS[4] tickets (hash: token ->
 -- "deadline_ms|ttl_ms|service id": a release hands the lock to the head in place, and publishes
 -- only when the head waits in another service)
 -- 'any' order: KEYS[3] the service id of the last waiter that failed (string, PX)
 -- (Only the keys of the caller's order are passed: fewer arguments to send, all the keys it touches declared.)
--- ARGV[1] token  ARGV[2] ttl ms  ARGV[3] 'any' or 'fifo'  ARGV[4] '1': the caller waits (FIFO:
--- queue a ticket; any: mark KEYS[3])  ARGV[5] ms the ticket stays valid (the remaining wait)
--- ARGV[6] the caller's service id
--- Returns {1, fence} when the caller holds the lock (also when it already did: a resent call, or a
--- FIFO hand-off whose message was lost), else {0, ms to wait for: the holder's PTTL, or the
--- ticket of the queue's head; -1 when unknown}.
+-- ARGV[1] ttl ms  ARGV[2] 'any' or 'fifo'  ARGV[3] '1': the callers wait (FIFO: queue a ticket;
+-- any: mark KEYS[3])  ARGV[4] the callers' service id, then per caller, in arrival order: its
+-- token and the ms its ticket stays valid (its remaining wait)
+-- Returns per caller: 1 and the fence when it holds the lock (also when it already did: a resent
+-- call, or a FIFO hand-off whose message was lost), else 0 and the ms to wait for: the holder's
+-- PTTL, or the ticket of the queue's head; -1 when unknown.
+--
+-- Arrival: the queue's scores are the server's time in µs, and a call's callers follow each
+-- other 1 apart (after the last ticket when that is later): they keep their order, and whoever
+-- calls after this script ran comes after all of them.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl, fifo, waits, service = ARGV[1], ARGV[2] == 'fifo', ARGV[3] == '1', ARGV[4]
 
 -- A fence larger than any before, also after the server lost its data: a new counter starts at
 -- the server's time in microseconds, beyond every count an earlier life of the counter reached.
@@ -26,53 +32,84 @@ local function next_fence()
 end
 
 local current = redis.call('GET', KEYS[1])
-if current == ARGV[1] then
-  return {1, tonumber(redis.call('GET', KEYS[2]))}
-end
 
-local fifo = ARGV[3] == 'fifo'
-local head = nil
-local head_deadline = nil
-if fifo then
-  -- Tickets whose waiter gave up without leaving (a dead process) are dropped at the head.
+-- The queue's live head (FIFO), looked up only when the lock is free: tickets whose waiter gave
+-- up without leaving (a dead process) are dropped there.
+local head, head_deadline, head_known = nil, nil, false
+local function find_head()
+  head_known = true
   while true do
     local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    if not h then break end
+    if not h then return end
     local info = redis.call('HGET', KEYS[4], h)
     local deadline = info and tonumber(string.match(info, '^(%d+)'))
     if deadline and deadline > now_ms then
-      head = h
-      head_deadline = deadline
-      break
+      head, head_deadline = h, deadline
+      return
     end
     redis.call('ZREM', KEYS[3], h)
     redis.call('HDEL', KEYS[4], h)
   end
 end
 
-if not current and (head == nil or head == ARGV[1]) then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  if not fifo and redis.call('GET', KEYS[3]) == ARGV[6] then redis.call('DEL', KEYS[3]) end
-  if head then
-    redis.call('ZREM', KEYS[3], head)
-    redis.call('HDEL', KEYS[4], head)
+local out = {}
+local arrivals, tickets, longest = {}, {}, 0
+local arrival = nil
+local pttl = nil
+for i = 5, #ARGV, 2 do
+  local token, ticket = ARGV[i], tonumber(ARGV[i + 1])
+  if current == token then
+    out[#out + 1] = 1
+    out[#out + 1] = tonumber(redis.call('GET', KEYS[2]))
+  else
+    if fifo and not current and not head_known then find_head() end
+    if not current and (head == nil or head == token) then
+      redis.call('SET', KEYS[1], token, 'PX', ttl)
+      current = token
+      if not fifo and redis.call('GET', KEYS[3]) == service then redis.call('DEL', KEYS[3]) end
+      if head then
+        redis.call('ZREM', KEYS[3], head)
+        redis.call('HDEL', KEYS[4], head)
+        head, head_deadline = nil, nil
+      end
+      pttl = nil
+      out[#out + 1] = 1
+      out[#out + 1] = next_fence()
+    else
+      if fifo and waits then
+        if not arrival then
+          arrival = tonumber(t[1]) * 1000000 + tonumber(t[2])
+          local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+          if last and tonumber(last) >= arrival then arrival = tonumber(last) + 1 end
+        else
+          arrival = arrival + 1
+        end
+        -- NX: a waiter that asks again keeps its place.
+        arrivals[#arrivals + 1] = string.format('%d', arrival)
+        arrivals[#arrivals + 1] = token
+        tickets[#tickets + 1] = token
+        tickets[#tickets + 1] = string.format('%d|', now_ms + ticket) .. ttl .. '|' .. service
+        longest = math.max(longest, ticket)
+      end
+      if not pttl then
+        pttl = redis.call('PTTL', KEYS[1])
+        if pttl < 0 and head_deadline then pttl = head_deadline - now_ms end
+        if not fifo and waits then
+          -- Tells a holder's service that handed the lock on within itself for long that others wait.
+          redis.call('SET', KEYS[3], service, 'PX', string.format('%d', math.max(pttl, 0) + 1000))
+        end
+      end
+      out[#out + 1] = 0
+      out[#out + 1] = pttl
+    end
   end
-  return {1, next_fence()}
 end
 
-if fifo and ARGV[4] == '1' then
-  if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
-    redis.call('ZADD', KEYS[3], string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2])), ARGV[1])
-  end
-  redis.call('HSET', KEYS[4], ARGV[1], string.format('%d|', now_ms + tonumber(ARGV[5])) .. ARGV[2] .. '|' .. ARGV[6])
-  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[5]) + 60000)
-  redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[5]) + 60000)
+if #arrivals > 0 then
+  redis.call('ZADD', KEYS[3], 'NX', unpack(arrivals))
+  redis.call('HSET', KEYS[4], unpack(tickets))
+  local keep = string.format('%d', longest + 60000)
+  redis.call('PEXPIRE', KEYS[3], keep)
+  redis.call('PEXPIRE', KEYS[4], keep)
 end
-
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl < 0 and head_deadline then pttl = head_deadline - now_ms end
-if not fifo and ARGV[4] == '1' then
-  -- Tells a holder's service that handed the lock on within itself for long that others wait.
-  redis.call('SET', KEYS[3], ARGV[6], 'PX', math.max(pttl, 0) + 1000)
-end
-return {0, pttl}
+return out

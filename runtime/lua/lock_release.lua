@@ -52,12 +52,12 @@ local function hand_off()
   end
 end
 
-if fifo then
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  redis.call('HDEL', KEYS[4], ARGV[1])
-end
 local current = redis.call('GET', KEYS[1])
 if current ~= ARGV[1] then
+  if fifo then
+    redis.call('ZREM', KEYS[3], ARGV[1])
+    redis.call('HDEL', KEYS[4], ARGV[1])
+  end
   -- A FIFO waiter that leaves may have been the head that a free lock waited for.
   if fifo and not current then
     local to = hand_off()
@@ -65,6 +65,7 @@ if current ~= ARGV[1] then
   end
   return {0}
 end
+-- (An owner has no ticket: taking the lock took it out of the queue.)
 if fifo then
   local to = hand_off()
   -- The new owner and its fence: when it waits in the caller's service, it is told by this reply,

@@ -11,14 +11,17 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/deferred.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <algorithm>
 #include <array>
 #include <charconv>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <span>
+#include <unordered_map>
 
 namespace asio = boost::asio;
 using boost::system::system_error;
@@ -110,28 +113,11 @@ class redis_lock_core final : public lock_core {
   asio::awaitable<acquire_result> acquire(const std::string& name, const std::string& token, const lock_options& o,
                                           bool queue, std::chrono::milliseconds ticket,
                                           std::chrono::milliseconds) override {
-    auto make = [&] {
-      lock_keys keys(opts_.prefix, name, o.order);
-      redis::request req("EVALSHA", acquire_.sha1(), keys.size(), keys.views(), token, o.ttl.count(),
-                         order_arg(o.order), queue ? "1" : "0", ticket.count(), service_id_);
-      req.options.timeout = opts_.io_timeout;
-      req.options.resend_safe = true;  // a second run finds the lock ours and answers its fence
-      return req;
-    };
-    auto [ec, r] = co_await conn_.async_exec(make(), use_tuple);
-    if (needs_reload(ec, r)) {
-      std::tie(ec, r) = co_await conn_.async_exec(with_load(acquire_, make()), use_tuple);
-      unpack_reload(ec, r);
-    }
-    check(ec, r, name);
-    const auto& a = r.as_array();
-    acquire_result out;
-    out.acquired = a.at(0).as_integer() == 1;
-    if (out.acquired)
-      out.fence = a.at(1).as_integer();
-    else
-      out.backstop = std::chrono::milliseconds(a.at(1).as_integer());
-    co_return out;
+    if (queue && o.order == lock_order::fifo) co_return co_await join_batch(name, token, o, ticket);
+    std::string ticket_ms = std::to_string(ticket.count());
+    std::array<std::string_view, 2> one{token, ticket_ms};
+    auto results = co_await call_acquire(name, o.ttl, o.order, queue, one);
+    co_return results.at(0);
   }
 
   asio::awaitable<release_result> release(const std::string& name, const std::string& token, lock_order order,
@@ -291,12 +277,145 @@ class redis_lock_core final : public lock_core {
     }
   }
 
+  // One call of lock_acquire.lua for one or more callers of one lock: `pairs` holds a token and
+  // a ticket (ms) per caller, in arrival order. One answer per caller.
+  asio::awaitable<std::vector<acquire_result>> call_acquire(const std::string& name, std::chrono::milliseconds ttl,
+                                                            lock_order order, bool queue,
+                                                            std::span<const std::string_view> pairs) {
+    auto make = [&] {
+      lock_keys keys(opts_.prefix, name, order);
+      redis::request req("EVALSHA", acquire_.sha1(), keys.size(), keys.views(), ttl.count(), order_arg(order),
+                         queue ? "1" : "0", service_id_, pairs);
+      req.options.timeout = opts_.io_timeout;
+      req.options.resend_safe = true;  // a second run finds the lock ours and answers its fence
+      return req;
+    };
+    auto [ec, r] = co_await conn_.async_exec(make(), use_tuple);
+    if (needs_reload(ec, r)) {
+      std::tie(ec, r) = co_await conn_.async_exec(with_load(acquire_, make()), use_tuple);
+      unpack_reload(ec, r);
+    }
+    check(ec, r, name);
+    const auto& a = r.as_array();
+    std::vector<acquire_result> out(pairs.size() / 2);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      out[i].acquired = a.at(2 * i).as_integer() == 1;
+      if (out[i].acquired)
+        out[i].fence = a.at(2 * i + 1).as_integer();
+      else
+        out[i].backstop = std::chrono::milliseconds(a.at(2 * i + 1).as_integer());
+    }
+    co_return out;
+  }
+
+  // FIFO waiters of one lock that ask at once (a burst that arrives together) leave their
+  // tickets in one call: a batch, open from the first one's attempt until its call goes out from
+  // a handler of its own (posted when it opened), takes every waiter of the lock (with the same
+  // TTL) that asks meanwhile, in arrival order. A waiter cancelled before the call went out is
+  // taken out of it: a ticket it left after its own release had run would stay until its wait
+  // ended, at the queue's head, in everyone's way.
+  struct fifo_batch {
+    fifo_batch(asio::any_io_executor ex, std::string n, std::chrono::milliseconds t)
+        : name(std::move(n)), ttl(t), done(std::move(ex), lock_clock::time_point::max()) {}
+    std::string name;
+    std::chrono::milliseconds ttl;
+    std::vector<std::string> args;  // token, ticket ms, per waiter
+    std::vector<bool> withdrawn;
+    std::vector<acquire_result> results;
+    std::exception_ptr failure;
+    bool sent = false;
+    bool finished = false;
+    asio::steady_timer done;  // expires (at min) when finished: waits started after still end
+  };
+
+  asio::awaitable<acquire_result> join_batch(const std::string& name, const std::string& token, const lock_options& o,
+                                             std::chrono::milliseconds ticket) {
+    std::string ticket_ms = std::to_string(ticket.count());
+    std::shared_ptr<fifo_batch> b;
+    std::size_t index = 0;
+    bool opened = false;
+    {
+      std::lock_guard lock(batch_mutex_);
+      auto& open = open_batches_[name];
+      if (!open) {
+        open = std::make_shared<fifo_batch>(get_executor(), name, o.ttl);
+        opened = true;
+      }
+      if (open->ttl == o.ttl) {
+        b = open;
+        index = b->withdrawn.size();
+        b->args.push_back(token);
+        b->args.push_back(ticket_ms);
+        b->withdrawn.push_back(false);
+      }
+    }
+    if (!b) {  // a batch of another TTL is open: a call of its own
+      std::array<std::string_view, 2> one{token, ticket_ms};
+      auto results = co_await call_acquire(name, o.ttl, o.order, true, one);
+      co_return results.at(0);
+    }
+    if (opened)
+      asio::co_spawn(get_executor(), send_batch(std::static_pointer_cast<redis_lock_core>(shared_from_this()), b),
+                     asio::detached);
+    // Cancelled, the wait ends early (the batch is not finished then).
+    co_await asio::async_initiate<decltype(use_tuple), void(boost::system::error_code)>(
+        [this, &b](auto handler) {
+          std::lock_guard lock(batch_mutex_);
+          b->done.async_wait(std::move(handler));
+        },
+        use_tuple);
+    std::lock_guard lock(batch_mutex_);
+    if (!b->finished) {
+      if (!b->sent) b->withdrawn[index] = true;
+      throw system_error(asio::error::operation_aborted, fmt::format("lock '{}'", name));
+    }
+    if (b->failure) std::rethrow_exception(b->failure);
+    co_return b->results.at(index);
+  }
+
+  static asio::awaitable<void> send_batch(std::shared_ptr<redis_lock_core> self, std::shared_ptr<fifo_batch> b) {
+    // co_spawn runs it at once, inside the opening waiter's attempt: a post first lets the
+    // waiters that are ready to run (spawned in the same handler, woken by the same message) join.
+    co_await asio::post(self->get_executor(), asio::deferred);
+    std::vector<std::string_view> pairs;
+    std::vector<std::size_t> who;  // the waiter of each pair
+    {
+      std::lock_guard lock(self->batch_mutex_);
+      if (auto it = self->open_batches_.find(b->name); it != self->open_batches_.end() && it->second == b)
+        self->open_batches_.erase(it);
+      b->sent = true;
+      for (std::size_t i = 0; i < b->withdrawn.size(); ++i) {
+        if (b->withdrawn[i]) continue;
+        pairs.push_back(b->args[2 * i]);
+        pairs.push_back(b->args[2 * i + 1]);
+        who.push_back(i);
+      }
+    }
+    std::vector<acquire_result> results(b->withdrawn.size());
+    std::exception_ptr failure;
+    if (!who.empty()) {
+      try {
+        auto answers = co_await self->call_acquire(b->name, b->ttl, lock_order::fifo, true, pairs);
+        for (std::size_t k = 0; k < who.size(); ++k) results[who[k]] = answers[k];
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    std::lock_guard lock(self->batch_mutex_);
+    b->results = std::move(results);
+    b->failure = failure;
+    b->finished = true;
+    b->done.expires_at(lock_clock::time_point::min());
+  }
+
   redis_lock_options opts_;
   std::string channel_;
   std::string service_id_ = make_service_id();
   redis::connection conn_;
   redis::subscriber sub_;
   redis::script acquire_, release_, extend_;
+  std::mutex batch_mutex_;  // open_batches_ and every batch's state and timer
+  std::unordered_map<std::string, std::shared_ptr<fifo_batch>> open_batches_;  // by lock name, not sent yet
 };
 
 std::shared_ptr<lock_core> make_redis_core(asio::any_io_executor ex, redis::config cfg, redis_lock_options o) {
