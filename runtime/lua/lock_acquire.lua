@@ -2,8 +2,7 @@
 -- or for several waiters of one service that asked at once (FIFO: one call queues them all).
 -- KEYS[1] the lock (string: owner token, PX TTL)   KEYS[2] its fence counter (never expires)
 -- FIFO order: KEYS[3] the queue (zset: token -> arrival)  KEYS[4] tickets (hash: token ->
--- "deadline_ms|ttl_ms|service id": a release hands the lock to the head in place, and publishes
--- only when the head waits in another service)
+-- "deadline_ms|ttl_ms")
 -- 'any' order: KEYS[3] the service id of the last waiter that failed (string, PX)
 -- (Only the keys of the caller's order are passed: fewer arguments to send, all the keys it touches declared.)
 -- ARGV[1] ttl ms  ARGV[2] 'any' or 'fifo'  ARGV[3] '1': the callers wait (FIFO: queue a ticket;
@@ -52,13 +51,16 @@ local function find_head()
   end
 end
 
-local out = {}
+local out, behind = {}, {} -- behind: where the backstops of the callers that failed are in out
 local arrivals, tickets, longest = {}, {}, 0
 local arrival = nil
 local pttl = nil
 for i = 5, #ARGV, 2 do
   local token, ticket = ARGV[i], tonumber(ARGV[i + 1])
   if current == token then
+    -- Its lease counts from this answer: a hand-off it learns of only now (its message or the
+    -- release's reply lost) may have been set long ago.
+    redis.call('PEXPIRE', KEYS[1], ttl)
     out[#out + 1] = 1
     out[#out + 1] = tonumber(redis.call('GET', KEYS[2]))
   else
@@ -73,6 +75,11 @@ for i = 5, #ARGV, 2 do
         head, head_deadline = nil, nil
       end
       pttl = nil
+      -- Callers before it in this call that queued behind the head it was: their backstop is
+      -- its TTL now, not the head's ticket.
+      for _, at in ipairs(behind) do
+        if out[at] < 0 or out[at] > tonumber(ttl) then out[at] = tonumber(ttl) end
+      end
       out[#out + 1] = 1
       out[#out + 1] = next_fence()
     else
@@ -88,7 +95,7 @@ for i = 5, #ARGV, 2 do
         arrivals[#arrivals + 1] = string.format('%d', arrival)
         arrivals[#arrivals + 1] = token
         tickets[#tickets + 1] = token
-        tickets[#tickets + 1] = string.format('%d|', now_ms + ticket) .. ttl .. '|' .. service
+        tickets[#tickets + 1] = string.format('%d|', now_ms + ticket) .. ttl
         longest = math.max(longest, ticket)
       end
       if not pttl then
@@ -101,6 +108,7 @@ for i = 5, #ARGV, 2 do
       end
       out[#out + 1] = 0
       out[#out + 1] = pttl
+      behind[#behind + 1] = #out
     end
   end
 end

@@ -1,11 +1,12 @@
 -- Releases a distributed lock if the caller owns it (compare-and-delete) and wakes waiters.
 -- KEYS as lock_acquire.lua (by order). ARGV[1] token  ARGV[2] wake-up channel  ARGV[3] lock name
--- ARGV[4] 'any' or 'fifo'  ARGV[5] 'any' only: a waiter's token to hand the lock to ('' none)
+-- ARGV[4] 'any' or 'fifo'  ARGV[5] 'any': a waiter's token to hand the lock to ('' none); 'fifo':
+-- the first waiter for this lock in the caller's service ('' none)
 -- ARGV[6] that waiter's ttl ms  ARGV[7] the caller's service id  ARGV[8] hand-offs it made in a row
 -- FIFO: the caller's ticket is removed too (a waiter giving up calls this), and a free lock with
 -- a live ticket at the queue's head is handed to that waiter in place: it is set to the waiter's
--- token and TTL with a new fence. The reply names it; when it waits in another service than the
--- caller's, the message 'g|<token>|<fence>|<name>' tells it so.
+-- token and TTL with a new fence. The reply names it; unless it is ARGV[5] (a waiter of the
+-- caller's service, told by the reply), the message 'g|<token>|<fence>|<name>' tells it so.
 -- 'any' with ARGV[5]: the lock is set to that token (a waiter in the caller's process, told by the
 -- reply) with a new fence. Otherwise the lock is deleted and 'r|<name>' wakes the waiters to race.
 -- After 8 hand-offs in a row, while a waiter of another service is marked (KEYS[3]), the lock is
@@ -37,14 +38,12 @@ local function hand_off()
     local info = redis.call('HGET', KEYS[4], h)
     redis.call('ZREM', KEYS[3], h)
     redis.call('HDEL', KEYS[4], h)
-    local deadline, ttl, service = nil, nil, nil
-    if info then deadline, ttl, service = string.match(info, '^(%d+)|(%d+)|?(.*)$') end
+    local deadline, ttl = nil, nil
+    if info then deadline, ttl = string.match(info, '^(%d+)|(%d+)') end
     if deadline and tonumber(deadline) > now_ms then
       redis.call('SET', KEYS[1], h, 'PX', ttl)
       local f = new_fence()
-      -- A waiter of the caller's service learns it from the reply (a ticket without a service,
-      -- left by an older version, gets the message).
-      if service ~= ARGV[7] then
+      if h ~= ARGV[5] then
         redis.call('PUBLISH', ARGV[2], 'g|' .. h .. '|' .. string.format('%.0f', f) .. '|' .. ARGV[3])
       end
       return {h, f}

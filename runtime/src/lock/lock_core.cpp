@@ -425,10 +425,12 @@ asio::awaitable<bool> lock_core::unlock(std::shared_ptr<lease_state> s) {
     failure = std::current_exception();
   }
   core.after_release(s->name, next, r);
-  // A FIFO release that failed, or found the lock not ours (also the answer to a release sent
-  // again after its first reply was lost), may have handed the lock to a waiter here that no
-  // message will tell (see lock_release.lua): this service's waiters ask again.
-  if (s->opts.order == lock_order::fifo && (failure || !r.owned)) core.wake_waiters(s->name);
+  // A FIFO release that found the lock not ours (which is also the answer to a release sent
+  // again after its first reply was lost) may have handed the lock to a waiter here that no
+  // message will tell (see lock_release.lua): this service's waiters ask again. (Not after a
+  // failure: while Redis is away they would only fail. Their backstops wake them, and all of
+  // them when the subscriber reconnects.)
+  if (s->opts.order == lock_order::fifo && !failure && !r.owned) core.wake_waiters(s->name);
   if (failure) std::rethrow_exception(failure);
   co_return r.owned;
 }
@@ -450,18 +452,26 @@ asio::awaitable<bool> lock_core::release_to_next(const std::string& name, const 
     failure = std::current_exception();
   }
   after_release(name, next, r);
-  if (order == lock_order::fifo && failure) wake_waiters(name);  // (see unlock)
   if (failure) std::rethrow_exception(failure);
   co_return r.owned;
 }
 
 std::optional<local_handoff> lock_core::pick_next(const std::string& name, lock_order order) {
   std::optional<local_handoff> next;
-  if (order != lock_order::any) return next;
   std::lock_guard lock(mutex_);
   auto it = locks_.find(name);
   if (it == locks_.end()) return next;
   lock_entry& e = it->second;
+  if (order == lock_order::fifo) {
+    // Not a hand-off, a hint: the queue's head, which the release hands the lock to, is likely
+    // the first waiter here; if it is, the release's reply tells it and nothing is published.
+    for (waiter* w = e.first; w != nullptr; w = w->next) {
+      if (w->order != lock_order::fifo || w->granted) continue;
+      next.emplace(w->token, w->ttl, 0);
+      break;
+    }
+    return next;
+  }
   for (waiter* w = e.first; w != nullptr; w = w->next) {
     if (w->order != lock_order::any || w->granted || w->handoff_pending) continue;
     w->handoff_pending = true;

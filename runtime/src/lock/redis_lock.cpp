@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/deferred.hpp>
 #include <boost/asio/detached.hpp>
@@ -357,18 +358,35 @@ class redis_lock_core final : public lock_core {
     if (opened)
       asio::co_spawn(get_executor(), send_batch(std::static_pointer_cast<redis_lock_core>(shared_from_this()), b),
                      asio::detached);
-    // Cancelled, the wait ends early (the batch is not finished then).
-    co_await asio::async_initiate<decltype(use_tuple), void(boost::system::error_code)>(
-        [this, &b](auto handler) {
-          std::lock_guard lock(batch_mutex_);
-          b->done.async_wait(std::move(handler));
-        },
-        use_tuple);
-    std::lock_guard lock(batch_mutex_);
-    if (!b->finished) {
-      if (!b->sent) b->withdrawn[index] = true;
+    // Cancelled, the wait ends early (the batch is not finished then). A waiter whose batch is
+    // on its way waits for its answer all the same (a wait nothing cancels): the release that
+    // follows its leaving must come after the batch's call, which may have queued its ticket or
+    // given it the lock.
+    auto wait_done = [this, &b](auto how) {
+      return asio::async_initiate<decltype(how), void(boost::system::error_code)>(
+          [this, &b](auto handler) {
+            std::lock_guard lock(batch_mutex_);
+            b->done.async_wait(std::move(handler));
+          },
+          how);
+    };
+    co_await wait_done(use_tuple);
+    bool cancelled = false;
+    {
+      std::lock_guard lock(batch_mutex_);
+      if (!b->finished) {
+        cancelled = true;
+        if (!b->sent) {
+          b->withdrawn[index] = true;
+          throw system_error(asio::error::operation_aborted, fmt::format("lock '{}'", name));
+        }
+      }
+    }
+    if (cancelled) {
+      co_await wait_done(asio::bind_cancellation_slot(asio::cancellation_slot(), asio::as_tuple(asio::use_awaitable)));
       throw system_error(asio::error::operation_aborted, fmt::format("lock '{}'", name));
     }
+    std::lock_guard lock(batch_mutex_);
     if (b->failure) std::rethrow_exception(b->failure);
     co_return b->results.at(index);
   }
