@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 #ifndef JOBRT_LOCK_PROCESS
@@ -200,6 +201,43 @@ TEST_CASE("redis lock: the key deleted by an operator fires the holder's signal 
     CHECK_FALSE(co_await held.unlock());
     CHECK(redis_cli(cfg, {"EXISTS", "jobrt:lock:{" + name + "}"}) == ":1\r\n");
     CHECK(co_await next.unlock());
+  });
+}
+
+TEST_CASE("redis lock: a FIFO waiter that learns late that it was handed the lock gets its whole ttl") {
+  // The hand-off's reply or message lost (here: made by hand, telling nobody), the waiter learns
+  // of it at its backstop, the old holder's expiry. Its lease counts from that attempt, so the
+  // key must too; it would otherwise expire about one backstop before the lease thinks.
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    auto cfg = shared_redis();
+    auto name = key_prefix() + "l";
+    auto key = "jobrt:lock:{" + name + "}";
+    redis_lock_service holder_side(ctx.get_executor(), cfg), waiter_side(ctx.get_executor(), cfg);
+    lock_options short_held = opts(std::chrono::milliseconds(1000));
+    short_held.order = lock_order::fifo;
+    short_held.renewal = lock_renewal::none;
+    auto held = co_await holder_side.lock(name, short_held);
+    lock_options o = opts(std::chrono::milliseconds(3000));
+    o.order = lock_order::fifo;
+    o.renewal = lock_renewal::none;
+    std::optional<lock_lease> got;
+    asio::co_spawn(
+        ctx, [&]() -> awaitable<void> { got = co_await waiter_side.lock(name, o); }, asio::detached);
+    co_await sleep_for(std::chrono::milliseconds(100));            // queued, its backstop the holder's expiry
+    auto head = redis_cli(cfg, {"ZRANGE", key + ":q", "0", "0"});  // "*1\r\n$32\r\n<token>\r\n"
+    auto token = head.substr(head.find("$32\r\n") + 5, 32);
+    REQUIRE(token.size() == 32);
+    // The release script's hand-off, with no message.
+    CHECK(redis_cli(cfg, {"SET", key, token, "PX", "3000"}) == "+OK\r\n");
+    redis_cli(cfg, {"ZREM", key + ":q", token});
+    redis_cli(cfg, {"HDEL", key + ":qi", token});
+    for (int i = 0; i < 300 && !got; ++i) co_await sleep_for(std::chrono::milliseconds(10));
+    REQUIRE(got);
+    auto pttl = std::stol(redis_cli(cfg, {"PTTL", key}).substr(1));
+    MESSAGE("the key's ttl when the waiter took the lock: " << pttl << " ms of 3000");
+    CHECK(pttl > 2500);  // about 2000 when not given anew
+    CHECK(co_await got->unlock());
+    CHECK_FALSE(co_await held.unlock());
   });
 }
 
