@@ -67,8 +67,8 @@ end
 -- (An owner has no ticket: taking the lock took it out of the queue.)
 if fifo then
   local to = hand_off()
-  -- The new owner and its fence: when it waits in the caller's service, it is told by this reply,
-  -- before the message arrives.
+  -- The new owner and its fence: when it waits in the caller's service, this reply tells it (the
+  -- message too, unless it is ARGV[5]).
   if to then return {1, to[2], to[1]} end
 elseif ARGV[5] ~= '' then
   local other = redis.call('GET', KEYS[3])
