@@ -250,35 +250,69 @@ LOCK_CONFORMANCE("20 coroutines on 2 services: no lost update and fences in hold
   });
 }
 
+namespace {
+
+// FIFO waiters that queue behind a held lock, `gap` apart (0: all ask at once), each on a
+// service of its own or all on the holder's, each holding the lock for `hold`; then the holder
+// releases. What they show: the order in which they got the lock, the fences (the holder's
+// first), and the time from the release until the last one was done.
+struct fifo_run {
+  std::vector<int> order;
+  std::vector<std::int64_t> fences;
+  std::chrono::milliseconds took{0};
+};
+
+awaitable<fifo_run> fifo_waiters(asio::io_context& ctx, services& s, const std::string& name, int count,
+                                 std::chrono::milliseconds gap, bool one_service, std::chrono::milliseconds hold) {
+  lock_options o = opts(std::chrono::seconds(5));
+  o.order = lock_order::fifo;
+  auto& holder = s.make();
+  auto held = co_await holder.lock(name, o);
+  fifo_run run;
+  run.fences.push_back(held.fence());
+  int done = 0;
+  for (int w = 0; w < count; ++w) {
+    auto& svc = one_service ? holder : s.make();
+    asio::co_spawn(
+        ctx,
+        [&, w]() -> awaitable<void> {
+          auto l = co_await svc.lock(name, o);
+          run.order.push_back(w);
+          run.fences.push_back(l.fence());
+          if (hold.count() > 0) co_await sleep_for(hold);
+          co_await l.unlock();
+          ++done;
+        },
+        asio::detached);
+    if (gap.count() > 0) co_await sleep_for(gap);  // each one queued before the next comes
+  }
+  if (gap.count() == 0) co_await sleep_for(std::chrono::milliseconds(50));  // all queued
+  auto t0 = std::chrono::steady_clock::now();
+  co_await held.unlock();
+  for (int i = 0; i < 400 && done < count; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+  run.took = since(t0);
+  REQUIRE(done == count);
+  co_return run;
+}
+
+std::vector<int> first_n(int n) {
+  std::vector<int> v(static_cast<std::size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+}  // namespace
+
 LOCK_CONFORMANCE("fifo: waiters get the lock in arrival order") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     services s(ctx, kind);
     auto name = s.name("l");
-    lock_options o = opts(std::chrono::seconds(5));
-    o.order = lock_order::fifo;
-    auto held = co_await s.make().lock(name, o);
-    std::vector<int> order;
-    int done = 0;
-    for (int w = 0; w < 6; ++w) {
-      auto& svc = s.make();
-      asio::co_spawn(
-          ctx,
-          [&, w]() -> awaitable<void> {
-            auto l = co_await svc.lock(name, o);
-            order.push_back(w);
-            co_await sleep_for(std::chrono::milliseconds(2));
-            co_await l.unlock();
-            ++done;
-          },
-          asio::detached);
-      co_await sleep_for(std::chrono::milliseconds(30));  // each one queued before the next comes
-    }
-    co_await held.unlock();
-    for (int i = 0; i < 400 && done < 6; ++i) co_await sleep_for(std::chrono::milliseconds(5));
-    REQUIRE(done == 6);
-    CHECK(order == std::vector<int>{0, 1, 2, 3, 4, 5});
+    auto r = co_await fifo_waiters(ctx, s, name, 6, std::chrono::milliseconds(30), false, std::chrono::milliseconds(2));
+    CHECK(r.order == first_n(6));
     // A newcomer cannot jump the queue: with a waiter queued, try_lock fails although it is free
     // for a moment during a hand-off; and the queue empties.
+    lock_options o = opts(std::chrono::seconds(5));
+    o.order = lock_order::fifo;
     auto last = co_await s.make().try_lock(name, o);
     CHECK(last);
     CHECK(co_await last.unlock());
@@ -290,35 +324,12 @@ LOCK_CONFORMANCE("fifo: waiters of one service get the lock in arrival order, ea
   // reply tells it. Without that, each waiter would wait for its backstop (the holder's TTL, 5 s).
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     services s(ctx, kind);
-    auto name = s.name("l");
-    lock_options o = opts(std::chrono::seconds(5));
-    o.order = lock_order::fifo;
-    auto& svc = s.make();
-    auto held = co_await svc.lock(name, o);
-    std::vector<int> order;
-    std::vector<std::int64_t> fences{held.fence()};
-    int done = 0;
-    for (int w = 0; w < 6; ++w) {
-      asio::co_spawn(
-          ctx,
-          [&, w]() -> awaitable<void> {
-            auto l = co_await svc.lock(name, o);
-            order.push_back(w);
-            fences.push_back(l.fence());
-            co_await l.unlock();
-            ++done;
-          },
-          asio::detached);
-      co_await sleep_for(std::chrono::milliseconds(20));  // each one queued before the next comes
-    }
-    auto t0 = std::chrono::steady_clock::now();
-    co_await held.unlock();
-    for (int i = 0; i < 400 && done < 6; ++i) co_await sleep_for(std::chrono::milliseconds(5));
-    REQUIRE(done == 6);
-    CHECK(since(t0) < std::chrono::milliseconds(1000));
-    CHECK(order == std::vector<int>{0, 1, 2, 3, 4, 5});
-    CHECK(std::is_sorted(fences.begin(), fences.end()));
-    CHECK(std::adjacent_find(fences.begin(), fences.end()) == fences.end());
+    auto r = co_await fifo_waiters(ctx, s, s.name("l"), 6, std::chrono::milliseconds(20), true,
+                                   std::chrono::milliseconds(0));
+    CHECK(r.took < std::chrono::milliseconds(1000));
+    CHECK(r.order == first_n(6));
+    CHECK(std::is_sorted(r.fences.begin(), r.fences.end()));
+    CHECK(std::adjacent_find(r.fences.begin(), r.fences.end()) == r.fences.end());
   });
 }
 
@@ -326,30 +337,9 @@ LOCK_CONFORMANCE("fifo: waiters of one service that ask at once are queued in th
   // On Redis they leave their tickets in one call (a batch): each one's place is its order in it.
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     services s(ctx, kind);
-    auto name = s.name("l");
-    lock_options o = opts(std::chrono::seconds(5));
-    o.order = lock_order::fifo;
-    auto& svc = s.make();
-    auto held = co_await svc.lock(name, o);
-    std::vector<int> order;
-    int done = 0;
-    for (int w = 0; w < 20; ++w)  // no wait between them: all ask before any call goes out
-      asio::co_spawn(
-          ctx,
-          [&, w]() -> awaitable<void> {
-            auto l = co_await svc.lock(name, o);
-            order.push_back(w);
-            co_await l.unlock();
-            ++done;
-          },
-          asio::detached);
-    co_await sleep_for(std::chrono::milliseconds(50));
-    co_await held.unlock();
-    for (int i = 0; i < 400 && done < 20; ++i) co_await sleep_for(std::chrono::milliseconds(5));
-    REQUIRE(done == 20);
-    std::vector<int> expected(20);
-    std::iota(expected.begin(), expected.end(), 0);
-    CHECK(order == expected);
+    auto r = co_await fifo_waiters(ctx, s, s.name("l"), 20, std::chrono::milliseconds(0), true,
+                                   std::chrono::milliseconds(0));
+    CHECK(r.order == first_n(20));
   });
 }
 
