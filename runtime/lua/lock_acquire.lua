@@ -1,13 +1,13 @@
 -- Takes a distributed lock (jobrt::lock_service, runtime/src/lock/redis_lock.cpp), for one caller
 -- or for several waiters of one service that asked at once (FIFO: one call queues them all).
 -- KEYS[1] the lock (string: owner token, PX TTL)   KEYS[2] its fence counter (never expires)
--- FIFO order: KEYS[3] the queue (zset: token -> arrival)  KEYS[4] tickets (hash: token ->
--- "deadline_ms|ttl_ms")
+-- FIFO order: KEYS[3] the queue (zset: token -> arrival). A FIFO waiter's token carries its
+-- ticket: "<random>:<wait ms>:<ttl ms>"; the ticket is valid until its arrival (in ms) plus the
+-- wait, and a hand-off sets the lock to the token with that TTL. Nothing else is kept per waiter.
 -- 'any' order: KEYS[3] the service id of the last waiter that failed (string, PX)
 -- (Only the keys of the caller's order are passed: fewer arguments to send, all the keys it touches declared.)
 -- ARGV[1] ttl ms  ARGV[2] 'any' or 'fifo'  ARGV[3] '1': the callers wait (FIFO: queue a ticket;
--- any: mark KEYS[3])  ARGV[4] the callers' service id, then per caller, in arrival order: its
--- token and the ms its ticket stays valid (its remaining wait)
+-- any: mark KEYS[3])  ARGV[4] the callers' service id, then the callers' tokens, in arrival order
 -- Returns per caller: 1 and the fence when it holds the lock (also when it already did: a resent
 -- call, or a FIFO hand-off whose message was lost), else 0 and the ms to wait for: the holder's
 -- PTTL, or the ticket of the queue's head; -1 when unknown.
@@ -15,15 +15,24 @@
 -- Arrival: the queue's scores are the server's time in µs, and a call's callers follow each
 -- other 1 apart (after the last ticket when that is later): they keep their order, and whoever
 -- calls after this script ran comes after all of them.
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl, fifo, waits, service = ARGV[1], ARGV[2] == 'fifo', ARGV[3] == '1', ARGV[4]
+
+-- The server's time, asked for only when needed ('any' order needs it only for a lost counter).
+local t, now_ms = nil, nil
+local function clock()
+  if not t then
+    t = redis.call('TIME')
+    now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return t
+end
 
 -- A fence larger than any before, also after the server lost its data: a new counter starts at
 -- the server's time in microseconds, beyond every count an earlier life of the counter reached.
 local function next_fence()
   local f = redis.call('INCR', KEYS[2])
   if f == 1 then
+    clock()
     f = tonumber(t[1]) * 1000000 + tonumber(t[2])
     redis.call('SET', KEYS[2], string.format('%.0f', f))
   end
@@ -37,26 +46,26 @@ local current = redis.call('GET', KEYS[1])
 local head, head_deadline, head_known = nil, nil, false
 local function find_head()
   head_known = true
+  clock()
   while true do
-    local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    if not h then return end
-    local info = redis.call('HGET', KEYS[4], h)
-    local deadline = info and tonumber(string.match(info, '^(%d+)'))
+    local h = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+    if not h[1] then return end
+    local wait = tonumber(string.match(h[1], ':(%d+):%d+$'))
+    local deadline = wait and math.floor(tonumber(h[2]) / 1000) + wait
     if deadline and deadline > now_ms then
-      head, head_deadline = h, deadline
+      head, head_deadline = h[1], deadline
       return
     end
-    redis.call('ZREM', KEYS[3], h)
-    redis.call('HDEL', KEYS[4], h)
+    redis.call('ZREM', KEYS[3], h[1])
   end
 end
 
 local out, behind = {}, {} -- behind: where the backstops of the callers that failed are in out
-local arrivals, tickets, longest = {}, {}, 0
+local arrivals, longest = {}, 0
 local arrival = nil
 local pttl = nil
-for i = 5, #ARGV, 2 do
-  local token, ticket = ARGV[i], tonumber(ARGV[i + 1])
+for i = 5, #ARGV do
+  local token = ARGV[i]
   if current == token then
     -- Its lease counts from this answer: a hand-off it learns of only now (its message or the
     -- release's reply lost) may have been set long ago.
@@ -71,7 +80,6 @@ for i = 5, #ARGV, 2 do
       if not fifo and redis.call('GET', KEYS[3]) == service then redis.call('DEL', KEYS[3]) end
       if head then
         redis.call('ZREM', KEYS[3], head)
-        redis.call('HDEL', KEYS[4], head)
         head, head_deadline = nil, nil
       end
       pttl = nil
@@ -85,6 +93,7 @@ for i = 5, #ARGV, 2 do
     else
       if fifo and waits then
         if not arrival then
+          clock()
           arrival = tonumber(t[1]) * 1000000 + tonumber(t[2])
           local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
           if last and tonumber(last) >= arrival then arrival = tonumber(last) + 1 end
@@ -94,9 +103,7 @@ for i = 5, #ARGV, 2 do
         -- NX: a waiter that asks again keeps its place.
         arrivals[#arrivals + 1] = string.format('%d', arrival)
         arrivals[#arrivals + 1] = token
-        tickets[#tickets + 1] = token
-        tickets[#tickets + 1] = string.format('%d|', now_ms + ticket) .. ttl
-        longest = math.max(longest, ticket)
+        longest = math.max(longest, tonumber(string.match(token, ':(%d+):%d+$')) or 0)
       end
       if not pttl then
         pttl = redis.call('PTTL', KEYS[1])
@@ -115,9 +122,6 @@ end
 
 if #arrivals > 0 then
   redis.call('ZADD', KEYS[3], 'NX', unpack(arrivals))
-  redis.call('HSET', KEYS[4], unpack(tickets))
-  local keep = string.format('%d', longest + 60000)
-  redis.call('PEXPIRE', KEYS[3], keep)
-  redis.call('PEXPIRE', KEYS[4], keep)
+  redis.call('PEXPIRE', KEYS[3], string.format('%d', longest + 60000))
 end
 return out

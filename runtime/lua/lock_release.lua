@@ -5,8 +5,9 @@
 -- ARGV[6] that waiter's ttl ms  ARGV[7] the caller's service id  ARGV[8] hand-offs it made in a row
 -- FIFO: the caller's ticket is removed too (a waiter giving up calls this), and a free lock with
 -- a live ticket at the queue's head is handed to that waiter in place: it is set to the waiter's
--- token and TTL with a new fence. The reply names it; unless it is ARGV[5] (a waiter of the
--- caller's service, told by the reply), the message 'g|<token>|<fence>|<name>' tells it so.
+-- token and TTL (both read from the token) with a new fence. The reply names it; unless it is
+-- ARGV[5] (a waiter of the caller's service, told by the reply; when it is the head, its ticket
+-- is not read), the message 'g|<token>|<fence>|<name>' tells it so.
 -- 'any' with ARGV[5]: the lock is set to that token (a waiter in the caller's process, told by the
 -- reply) with a new fence. Otherwise the lock is deleted and 'r|<name>' wakes the waiters to race.
 -- After 8 hand-offs in a row, while a waiter of another service is marked (KEYS[3]), the lock is
@@ -28,35 +29,31 @@ local function new_fence()
 end
 
 -- Hands the (free) lock to the head of the FIFO queue: {token, fence}, or nil when nobody live
--- is queued.
+-- is queued. The head's token carries its ticket (see lock_acquire.lua): "<random>:<wait>:<ttl>".
 local function hand_off()
-  local t = redis.call('TIME')
-  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now_ms = nil
   while true do
-    local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    if not h then return nil end
-    local info = redis.call('HGET', KEYS[4], h)
-    redis.call('ZREM', KEYS[3], h)
-    redis.call('HDEL', KEYS[4], h)
-    local deadline, ttl = nil, nil
-    if info then deadline, ttl = string.match(info, '^(%d+)|(%d+)') end
-    if deadline and tonumber(deadline) > now_ms then
-      redis.call('SET', KEYS[1], h, 'PX', ttl)
+    local h = redis.call('ZPOPMIN', KEYS[3])
+    if not h[1] then return nil end
+    local wait, ttl = string.match(h[1], ':(%d+):(%d+)$')
+    if wait and not now_ms then
+      local t = redis.call('TIME')
+      now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    if wait and math.floor(tonumber(h[2]) / 1000) + tonumber(wait) > now_ms then
+      redis.call('SET', KEYS[1], h[1], 'PX', ttl)
       local f = new_fence()
-      if h ~= ARGV[5] then
-        redis.call('PUBLISH', ARGV[2], 'g|' .. h .. '|' .. string.format('%.0f', f) .. '|' .. ARGV[3])
+      if h[1] ~= ARGV[5] then
+        redis.call('PUBLISH', ARGV[2], 'g|' .. h[1] .. '|' .. string.format('%.0f', f) .. '|' .. ARGV[3])
       end
-      return {h, f}
+      return {h[1], f}
     end
   end
 end
 
 local current = redis.call('GET', KEYS[1])
 if current ~= ARGV[1] then
-  if fifo then
-    redis.call('ZREM', KEYS[3], ARGV[1])
-    redis.call('HDEL', KEYS[4], ARGV[1])
-  end
+  if fifo then redis.call('ZREM', KEYS[3], ARGV[1]) end
   -- A FIFO waiter that leaves may have been the head that a free lock waited for.
   if fifo and not current then
     local to = hand_off()
@@ -66,6 +63,13 @@ if current ~= ARGV[1] then
 end
 -- (An owner has no ticket: taking the lock took it out of the queue.)
 if fifo then
+  -- Most often the head is the caller's hint, a waiter alive in its service whose TTL it sent:
+  -- handed on without reading the head's ticket.
+  if ARGV[5] ~= '' and redis.call('ZRANK', KEYS[3], ARGV[5]) == 0 then
+    redis.call('ZREM', KEYS[3], ARGV[5])
+    redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
+    return {1, new_fence(), ARGV[5]}
+  end
   local to = hand_off()
   -- The new owner and its fence: when it waits in the caller's service, this reply tells it (the
   -- message too, unless it is ARGV[5]).

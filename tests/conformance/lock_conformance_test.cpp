@@ -253,7 +253,7 @@ LOCK_CONFORMANCE("20 coroutines on 2 services: no lost update and fences in hold
 namespace {
 
 // FIFO waiters that queue behind a held lock, `gap` apart (0: all ask at once), each on a
-// service of its own or all on the holder's, each holding the lock for `hold`; then the holder
+// service of its own, all on the holder's, or in turn, each holding the lock for `hold`; then the holder
 // releases. What they show: the order in which they got the lock, the fences (the holder's
 // first), and the time from the release until the last one was done.
 struct fifo_run {
@@ -262,8 +262,10 @@ struct fifo_run {
   std::chrono::milliseconds took{0};
 };
 
+enum class spread { own_services, holders_service, in_turn };
+
 awaitable<fifo_run> fifo_waiters(asio::io_context& ctx, services& s, const std::string& name, int count,
-                                 std::chrono::milliseconds gap, bool one_service, std::chrono::milliseconds hold) {
+                                 std::chrono::milliseconds gap, spread where, std::chrono::milliseconds hold) {
   lock_options o = opts(std::chrono::seconds(5));
   o.order = lock_order::fifo;
   auto& holder = s.make();
@@ -272,7 +274,8 @@ awaitable<fifo_run> fifo_waiters(asio::io_context& ctx, services& s, const std::
   run.fences.push_back(held.fence());
   int done = 0;
   for (int w = 0; w < count; ++w) {
-    auto& svc = one_service ? holder : s.make();
+    bool holders = where == spread::holders_service || (where == spread::in_turn && w % 2 == 1);
+    auto& svc = holders ? holder : s.make();
     asio::co_spawn(
         ctx,
         [&, w]() -> awaitable<void> {
@@ -307,7 +310,8 @@ LOCK_CONFORMANCE("fifo: waiters get the lock in arrival order") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     services s(ctx, kind);
     auto name = s.name("l");
-    auto r = co_await fifo_waiters(ctx, s, name, 6, std::chrono::milliseconds(30), false, std::chrono::milliseconds(2));
+    auto r = co_await fifo_waiters(ctx, s, name, 6, std::chrono::milliseconds(30), spread::own_services,
+                                   std::chrono::milliseconds(2));
     CHECK(r.order == first_n(6));
     // A newcomer cannot jump the queue: with a waiter queued, try_lock fails although it is free
     // for a moment during a hand-off; and the queue empties.
@@ -324,7 +328,7 @@ LOCK_CONFORMANCE("fifo: waiters of one service get the lock in arrival order, ea
   // reply tells it. Without that, each waiter would wait for its backstop (the holder's TTL, 5 s).
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     services s(ctx, kind);
-    auto r = co_await fifo_waiters(ctx, s, s.name("l"), 6, std::chrono::milliseconds(20), true,
+    auto r = co_await fifo_waiters(ctx, s, s.name("l"), 6, std::chrono::milliseconds(20), spread::holders_service,
                                    std::chrono::milliseconds(0));
     CHECK(r.took < std::chrono::milliseconds(1000));
     CHECK(r.order == first_n(6));
@@ -337,9 +341,21 @@ LOCK_CONFORMANCE("fifo: waiters of one service that ask at once are queued in th
   // On Redis they leave their tickets in one call (a batch): each one's place is its order in it.
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     services s(ctx, kind);
-    auto r = co_await fifo_waiters(ctx, s, s.name("l"), 20, std::chrono::milliseconds(0), true,
+    auto r = co_await fifo_waiters(ctx, s, s.name("l"), 20, std::chrono::milliseconds(0), spread::holders_service,
                                    std::chrono::milliseconds(0));
     CHECK(r.order == first_n(20));
+  });
+}
+
+LOCK_CONFORMANCE("fifo: a waiter of the releasing service does not pass one of another service queued before it") {
+  // On Redis the release names its service's first waiter, the likely head, which it then hands
+  // the lock to at once: only when that waiter is the head.
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto r = co_await fifo_waiters(ctx, s, s.name("l"), 6, std::chrono::milliseconds(20), spread::in_turn,
+                                   std::chrono::milliseconds(0));
+    CHECK(r.order == first_n(6));
+    CHECK(r.took < std::chrono::milliseconds(1000));
   });
 }
 

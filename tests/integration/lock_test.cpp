@@ -223,14 +223,15 @@ TEST_CASE("redis lock: a FIFO waiter that learns late that it was handed the loc
     std::optional<lock_lease> got;
     asio::co_spawn(
         ctx, [&]() -> awaitable<void> { got = co_await waiter_side.lock(name, o); }, asio::detached);
-    co_await sleep_for(std::chrono::milliseconds(100));            // queued, its backstop the holder's expiry
-    auto head = redis_cli(cfg, {"ZRANGE", key + ":q", "0", "0"});  // "*1\r\n$32\r\n<token>\r\n"
-    auto token = head.substr(head.find("$32\r\n") + 5, 32);
-    REQUIRE(token.size() == 32);
+    co_await sleep_for(std::chrono::milliseconds(100));             // queued, its backstop the holder's expiry
+    auto head = redis_cli(cfg, {"ZRANGE", key + ":fq", "0", "0"});  // "*1\r\n$<length>\r\n<token>\r\n"
+    REQUIRE(head.starts_with("*1\r\n$"));
+    auto from = head.find("\r\n", 4) + 2;
+    auto token = head.substr(from, head.size() - 2 - from);
+    REQUIRE(token.ends_with(":3000"));  // its ticket: ":<wait ms>:<ttl ms>"
     // The release script's hand-off, with no message.
     CHECK(redis_cli(cfg, {"SET", key, token, "PX", "3000"}) == "+OK\r\n");
-    redis_cli(cfg, {"ZREM", key + ":q", token});
-    redis_cli(cfg, {"HDEL", key + ":qi", token});
+    redis_cli(cfg, {"ZREM", key + ":fq", token});
     for (int i = 0; i < 300 && !got; ++i) co_await sleep_for(std::chrono::milliseconds(10));
     REQUIRE(got);
     auto pttl = std::stol(redis_cli(cfg, {"PTTL", key}).substr(1));

@@ -99,7 +99,8 @@ class lock_lease {
   /// True when it holds (or held) a lock; false for an empty lease (a failed try_lock).
   explicit operator bool() const noexcept { return state_ != nullptr; }
   const std::string& name() const;
-  /// The owner token stored in the lock (random, 128 bits).
+  /// The owner token stored in the lock (random, 128 bits in hex; in FIFO order 256 bits and the
+  /// waiter's ticket, ":<wait ms>:<ttl ms>").
   const std::string& token() const;
   /// Larger than the fence of every earlier acquisition of this lock: pass it to your storage
   /// and let it refuse writes with a smaller fence than it has seen.

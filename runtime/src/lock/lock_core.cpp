@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <ostream>
 
 namespace asio = boost::asio;
@@ -281,6 +282,16 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
   auto deadline = lock_clock::now() + std::max(o.wait, 0ms);
   waiter w(ex);
   w.token = make_token();
+  if (wait && o.order == lock_order::fifo) {
+    // Its ticket, in the token: the Redis queue keeps nothing else per waiter (lock_acquire.lua).
+    // Valid for the whole wait (and a second more) from when it was queued, which a waiter that
+    // gives up ends sooner by taking it back; a dead process's ticket runs out by itself. And 128
+    // more random bits: over 64 bytes, the token makes Redis keep the queue as a skiplist from
+    // its first ticket (a small sorted set of short members is a listpack, O(n) per insert).
+    w.token += make_token();
+    auto wait_ms = std::min(std::max(o.wait, 0ms), std::chrono::milliseconds(std::int64_t{1} << 50)) + 1s;
+    fmt::format_to(std::back_inserter(w.token), ":{}:{}", wait_ms.count(), o.ttl.count());
+  }
   w.token_key = token_key(w.token);
   w.order = o.order;
   w.ttl = o.ttl;

@@ -59,20 +59,22 @@ struct acquire_result {
   std::chrono::milliseconds backstop{-1};
 };
 
-/// Length of an owner token: 128 random bits in hex (lock_core::make_token).
+/// Length of an owner token: 128 random bits in hex (lock_core::make_token). A FIFO waiter's
+/// token is two of them and its ticket, ":<wait ms>:<ttl ms>", for the Redis queue to read.
 inline constexpr std::size_t token_length = 32;
+inline constexpr std::size_t max_token_length = 2 * token_length + 2 * 21;
 
 /// A waiter of this process that a release in "any" order may hand the lock to directly.
 struct local_handoff {
   local_handoff(std::string_view t, std::chrono::milliseconds waiter_ttl, int s)
-      : size(std::min(t.size(), token_length)), ttl(waiter_ttl), streak(s) {
+      : size(std::min(t.size(), max_token_length)), ttl(waiter_ttl), streak(s) {
     std::copy_n(t.begin(), size, chars.begin());
   }
   /// The waiter's token: a copy (the waiter may leave while the release is on its way), kept
   /// inline rather than in a std::string, which would allocate for every hand-off.
   std::string_view token() const noexcept { return {chars.data(), size}; }
 
-  std::array<char, token_length> chars;
+  std::array<char, max_token_length> chars;
   std::size_t size;
   std::chrono::milliseconds ttl;
   int streak = 0;  ///< hand-offs this service made in a row on this lock

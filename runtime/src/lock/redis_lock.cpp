@@ -38,15 +38,16 @@ std::string_view order_arg(lock_order o) { return o == lock_order::fifo ? "fifo"
 constexpr auto use_tuple = asio::as_tuple(asio::deferred);
 
 // The keys of a lock that a call of lock_acquire.lua or lock_release.lua touches, side by side
-// in one buffer: <prefix>{<name>} and <prefix>{<name>}:fence, then :q and :qi in FIFO order, :w in
-// "any" order. No allocation for usual names; the request copies them.
+// in one buffer: <prefix>{<name>} and <prefix>{<name>}:fence, then :fq (the queue) in FIFO
+// order, :w in "any" order. No allocation for usual names; the request copies them.
 class lock_keys {
  public:
   lock_keys(std::string_view prefix, std::string_view name, lock_order order) {
-    static constexpr std::array<std::string_view, 3> any_suffixes{":fence", ":w"};
-    static constexpr std::array<std::string_view, 3> fifo_suffixes{":fence", ":q", ":qi"};
+    // (The FIFO queue was ":q" with a hash ":qi" beside it before tickets moved into the tokens: a
+    // new name, so that older services' scripts never read the new queue as theirs.)
+    static constexpr std::array<std::string_view, 2> any_suffixes{":fence", ":w"};
+    static constexpr std::array<std::string_view, 2> fifo_suffixes{":fence", ":fq"};
     const auto& suffixes = order == lock_order::fifo ? fifo_suffixes : any_suffixes;
-    count_ = order == lock_order::fifo ? 4 : 3;
     const std::size_t base = prefix.size() + name.size() + 2;
     std::size_t total = base;
     for (std::size_t i = 0; i + 1 < count_; ++i) total += base + suffixes[i].size();
@@ -81,8 +82,8 @@ class lock_keys {
  private:
   std::array<char, 256> inline_;
   std::string heap_;
-  std::array<std::string_view, 4> views_;
-  std::size_t count_;
+  std::array<std::string_view, 3> views_;
+  static constexpr std::size_t count_ = 3;
 };
 
 class redis_lock_core final : public lock_core {
@@ -112,11 +113,10 @@ class redis_lock_core final : public lock_core {
   }
 
   asio::awaitable<acquire_result> acquire(const std::string& name, const std::string& token, const lock_options& o,
-                                          bool queue, std::chrono::milliseconds ticket,
-                                          std::chrono::milliseconds) override {
-    if (queue && o.order == lock_order::fifo) co_return co_await join_batch(name, token, o, ticket);
-    std::string ticket_ms = std::to_string(ticket.count());
-    std::array<std::string_view, 2> one{token, ticket_ms};
+                                          bool queue, std::chrono::milliseconds, std::chrono::milliseconds) override {
+    // (A FIFO waiter's ticket is in its token: see lock_core::lock.)
+    if (queue && o.order == lock_order::fifo) co_return co_await join_batch(name, token, o);
+    std::array<std::string_view, 1> one{token};
     auto results = co_await call_acquire(name, o.ttl, o.order, queue, one);
     co_return results.at(0);
   }
@@ -278,15 +278,15 @@ class redis_lock_core final : public lock_core {
     }
   }
 
-  // One call of lock_acquire.lua for one or more callers of one lock: `pairs` holds a token and
-  // a ticket (ms) per caller, in arrival order. One answer per caller.
+  // One call of lock_acquire.lua for one or more callers of one lock: their tokens, in arrival
+  // order. One answer per caller.
   asio::awaitable<std::vector<acquire_result>> call_acquire(const std::string& name, std::chrono::milliseconds ttl,
                                                             lock_order order, bool queue,
-                                                            std::span<const std::string_view> pairs) {
+                                                            std::span<const std::string_view> tokens) {
     auto make = [&] {
       lock_keys keys(opts_.prefix, name, order);
       redis::request req("EVALSHA", acquire_.sha1(), keys.size(), keys.views(), ttl.count(), order_arg(order),
-                         queue ? "1" : "0", service_id_, pairs);
+                         queue ? "1" : "0", service_id_, tokens);
       req.options.timeout = opts_.io_timeout;
       req.options.resend_safe = true;  // a second run finds the lock ours and answers its fence
       return req;
@@ -298,7 +298,7 @@ class redis_lock_core final : public lock_core {
     }
     check(ec, r, name);
     const auto& a = r.as_array();
-    std::vector<acquire_result> out(pairs.size() / 2);
+    std::vector<acquire_result> out(tokens.size());
     for (std::size_t i = 0; i < out.size(); ++i) {
       out[i].acquired = a.at(2 * i).as_integer() == 1;
       if (out[i].acquired)
@@ -320,7 +320,7 @@ class redis_lock_core final : public lock_core {
         : name(std::move(n)), ttl(t), done(std::move(ex), lock_clock::time_point::max()) {}
     std::string name;
     std::chrono::milliseconds ttl;
-    std::vector<std::string> args;  // token, ticket ms, per waiter
+    std::vector<std::string> tokens;  // per waiter
     std::vector<bool> withdrawn;
     std::vector<acquire_result> results;
     std::exception_ptr failure;
@@ -329,9 +329,7 @@ class redis_lock_core final : public lock_core {
     asio::steady_timer done;  // expires (at min) when finished: waits started after still end
   };
 
-  asio::awaitable<acquire_result> join_batch(const std::string& name, const std::string& token, const lock_options& o,
-                                             std::chrono::milliseconds ticket) {
-    std::string ticket_ms = std::to_string(ticket.count());
+  asio::awaitable<acquire_result> join_batch(const std::string& name, const std::string& token, const lock_options& o) {
     std::shared_ptr<fifo_batch> b;
     std::size_t index = 0;
     bool opened = false;
@@ -345,13 +343,12 @@ class redis_lock_core final : public lock_core {
       if (open->ttl == o.ttl) {
         b = open;
         index = b->withdrawn.size();
-        b->args.push_back(token);
-        b->args.push_back(ticket_ms);
+        b->tokens.push_back(token);
         b->withdrawn.push_back(false);
       }
     }
     if (!b) {  // a batch of another TTL is open: a call of its own
-      std::array<std::string_view, 2> one{token, ticket_ms};
+      std::array<std::string_view, 1> one{token};
       auto results = co_await call_acquire(name, o.ttl, o.order, true, one);
       co_return results.at(0);
     }
@@ -395,8 +392,8 @@ class redis_lock_core final : public lock_core {
     // co_spawn runs it at once, inside the opening waiter's attempt: a post first lets the
     // waiters that are ready to run (spawned in the same handler, woken by the same message) join.
     co_await asio::post(self->get_executor(), asio::deferred);
-    std::vector<std::string_view> pairs;
-    std::vector<std::size_t> who;  // the waiter of each pair
+    std::vector<std::string_view> tokens;
+    std::vector<std::size_t> who;  // the waiter of each token
     {
       std::lock_guard lock(self->batch_mutex_);
       if (auto it = self->open_batches_.find(b->name); it != self->open_batches_.end() && it->second == b)
@@ -404,8 +401,7 @@ class redis_lock_core final : public lock_core {
       b->sent = true;
       for (std::size_t i = 0; i < b->withdrawn.size(); ++i) {
         if (b->withdrawn[i]) continue;
-        pairs.push_back(b->args[2 * i]);
-        pairs.push_back(b->args[2 * i + 1]);
+        tokens.push_back(b->tokens[i]);
         who.push_back(i);
       }
     }
@@ -413,7 +409,7 @@ class redis_lock_core final : public lock_core {
     std::exception_ptr failure;
     if (!who.empty()) {
       try {
-        auto answers = co_await self->call_acquire(b->name, b->ttl, lock_order::fifo, true, pairs);
+        auto answers = co_await self->call_acquire(b->name, b->ttl, lock_order::fifo, true, tokens);
         for (std::size_t k = 0; k < who.size(); ++k) results[who[k]] = answers[k];
       } catch (...) {
         failure = std::current_exception();
