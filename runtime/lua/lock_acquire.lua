@@ -122,6 +122,8 @@ end
 
 if #arrivals > 0 then
   redis.call('ZADD', KEYS[3], 'NX', unpack(arrivals))
-  redis.call('PEXPIRE', KEYS[3], string.format('%d', longest + 60000))
+  -- The queue outlives its longest ticket (never shortened by a caller that waits less).
+  local keep = longest + 60000
+  if redis.call('PTTL', KEYS[3]) < keep then redis.call('PEXPIRE', KEYS[3], string.format('%d', keep)) end
 end
 return out

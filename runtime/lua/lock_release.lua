@@ -2,7 +2,8 @@
 -- KEYS as lock_acquire.lua (by order). ARGV[1] token  ARGV[2] wake-up channel  ARGV[3] lock name
 -- ARGV[4] 'any' or 'fifo'  ARGV[5] 'any': a waiter's token to hand the lock to ('' none); 'fifo':
 -- the first waiter for this lock in the caller's service ('' none)
--- ARGV[6] that waiter's ttl ms  ARGV[7] the caller's service id  ARGV[8] hand-offs it made in a row
+-- ARGV[6] that waiter's ttl ms  'any' only: ARGV[7] the caller's service id  ARGV[8] hand-offs it
+-- made in a row
 -- FIFO: the caller's ticket is removed too (a waiter giving up calls this), and a free lock with
 -- a live ticket at the queue's head is handed to that waiter in place: it is set to the waiter's
 -- token and TTL (both read from the token) with a new fence. The reply names it; unless it is

@@ -269,13 +269,17 @@ awaitable<fifo_run> fifo_waiters(asio::io_context& ctx, services& s, const std::
   lock_options o = opts(std::chrono::seconds(5));
   o.order = lock_order::fifo;
   auto& holder = s.make();
+  std::vector<lock_service*> by_waiter;  // made before anyone queues: a new service takes time to connect
+  for (int w = 0; w < count; ++w) {
+    bool holders = where == spread::holders_service || (where == spread::in_turn && w % 2 == 1);
+    by_waiter.push_back(holders ? &holder : &s.make());
+  }
   auto held = co_await holder.lock(name, o);
   fifo_run run;
   run.fences.push_back(held.fence());
   int done = 0;
   for (int w = 0; w < count; ++w) {
-    bool holders = where == spread::holders_service || (where == spread::in_turn && w % 2 == 1);
-    auto& svc = holders ? holder : s.make();
+    auto& svc = *by_waiter[static_cast<std::size_t>(w)];
     asio::co_spawn(
         ctx,
         [&, w]() -> awaitable<void> {

@@ -56,8 +56,9 @@ enum class lock_order {
   /// a row within one service, a waiter of another service that waits gets its turn.
   any,
   /// First come, first served: waiters queue with tickets, and a release hands the lock straight
-  /// to the head of the queue (no race, no extra round trip). A ticket not renewed by its waiter
-  /// (a dead process) expires, and the queue moves on. Every user of one lock must use the same order.
+  /// to the head of the queue (no race, no extra round trip). A ticket is valid for its waiter's
+  /// wait: one that a dead process left expires then, and the queue moves on. Every user of one lock must use the same
+  /// order.
   fifo,
 };
 
@@ -99,8 +100,8 @@ class lock_lease {
   /// True when it holds (or held) a lock; false for an empty lease (a failed try_lock).
   explicit operator bool() const noexcept { return state_ != nullptr; }
   const std::string& name() const;
-  /// The owner token stored in the lock (random, 128 bits in hex; in FIFO order 256 bits and the
-  /// waiter's ticket, ":<wait ms>:<ttl ms>").
+  /// The owner token stored in the lock (random, 128 bits in hex; taken by waiting in FIFO order,
+  /// 256 bits and the waiter's ticket, ":<wait ms>:<ttl ms>").
   const std::string& token() const;
   /// Larger than the fence of every earlier acquisition of this lock: pass it to your storage
   /// and let it refuse writes with a smaller fence than it has seen.

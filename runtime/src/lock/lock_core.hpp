@@ -127,8 +127,9 @@ class lock_core : public std::enable_shared_from_this<lock_core> {
 
   // --- the backend's steps ---
   /// One attempt. `waits`: the caller waits when it fails (not try_lock): in FIFO order it leaves
-  /// a ticket valid for `ticket` (its remaining wait); in "any" order Redis marks that a waiter of
-  /// this service waits. `limit`: the longest the call may take. Throws system_error on failure.
+  /// a ticket valid for `ticket` (its remaining wait; the Redis backend reads the whole wait from
+  /// the token instead, see lock_core::lock); in "any" order Redis marks that a waiter of this
+  /// service waits. `limit`: the longest the call may take. Throws system_error on failure.
   virtual boost::asio::awaitable<acquire_result> acquire(const std::string& name, const std::string& token,
                                                          const lock_options& o, bool waits,
                                                          std::chrono::milliseconds ticket,

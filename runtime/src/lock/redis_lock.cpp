@@ -125,9 +125,15 @@ class redis_lock_core final : public lock_core {
                                           const local_handoff* next) override {
     auto make = [&] {
       lock_keys keys(opts_.prefix, name, order);
-      redis::request req("EVALSHA", release_.sha1(), keys.size(), keys.views(), token, channel_, name, order_arg(order),
-                         next ? next->token() : std::string_view(), next ? next->ttl.count() : 0, service_id_,
-                         next ? next->streak : 0);
+      auto hint = next ? next->token() : std::string_view();
+      auto hint_ttl = next ? next->ttl.count() : 0;
+      // (FIFO reads no service id and no streak: two arguments fewer to send and to hand to Lua.)
+      redis::request req =
+          order == lock_order::fifo
+              ? redis::request("EVALSHA", release_.sha1(), keys.size(), keys.views(), token, channel_, name,
+                               order_arg(order), hint, hint_ttl)
+              : redis::request("EVALSHA", release_.sha1(), keys.size(), keys.views(), token, channel_, name,
+                               order_arg(order), hint, hint_ttl, service_id_, next ? next->streak : 0);
       req.options.timeout = opts_.io_timeout;
       // Resending is safe (the token check); a resent release only answers "not owned".
       req.options.resend_safe = true;
