@@ -48,7 +48,7 @@ local function find_head()
   head_known = true
   clock()
   while true do
-    local h = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+    local h = redis.call('ZRANGE', KEYS[3], '0', '0', 'WITHSCORES')
     if not h[1] then return end
     local wait = tonumber(string.match(h[1], ':(%d+):%d+$'))
     local deadline = wait and math.floor(tonumber(h[2]) / 1000) + wait
@@ -95,7 +95,7 @@ for i = 5, #ARGV do
         if not arrival then
           clock()
           arrival = tonumber(t[1]) * 1000000 + tonumber(t[2])
-          local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+          local last = redis.call('ZRANGE', KEYS[3], '-1', '-1', 'WITHSCORES')[2]
           if last and tonumber(last) >= arrival then arrival = tonumber(last) + 1 end
         else
           arrival = arrival + 1

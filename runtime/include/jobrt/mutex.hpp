@@ -57,8 +57,8 @@ enum class lock_order {
   any,
   /// First come, first served: waiters queue with tickets, and a release hands the lock straight
   /// to the head of the queue (no race, no extra round trip). A ticket is valid for its waiter's
-  /// wait: one that a dead process left expires then, and the queue moves on. Every user of one lock must use the same
-  /// order.
+  /// wait: one that a dead process left expires then, and the queue moves on. Every user of one
+  /// lock must use the same order.
   fifo,
 };
 
