@@ -6,9 +6,10 @@
 //     Redis CPU per job (INFO cpu), Redis memory per queued job (INFO memory).
 //   jobrt_bench_jobs URL pickup N GROUPED [GAP_US=1000]
 //     an idle worker; N jobs enqueued one at a time, each after the previous one ran; prints the
-//     enqueue-to-handler-start latency p50/p99, and the same for a bare LPUSH → BLMOVE wake-up.
-//     GAP_US between a job's start and the next enqueue (1 ms, as the Node drivers of the peers
-//     wait: the shortest timer they have), so the worker is idle again in its blocking claim.
+//     enqueue-to-handler-start latency p50/p99, and the same for a bare LPUSH → BLMOVE wake-up,
+//     taking turns with it. Each send follows an idle gap of GAP_US (1 ms, as the Node drivers of
+//     the peers wait: the shortest timer they have), so the worker is idle again in its blocking
+//     claim.
 //   jobrt_bench_jobs URL fill N GROUPS
 //     flushes the server and enqueues N no-op jobs in batches of 1000 on queue "bench"; prints
 //     enqueue jobs/s and Redis memory per queued job. For runs with several worker processes.
@@ -191,24 +192,6 @@ awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool gro
   auto& conn = store.connection();
   co_await redis::exec(conn, redis::request("FLUSHALL"));
 
-  // Bare: LPUSH on one connection, BLMOVE waiting on another.
-  redis::blocking_connection blocking(ctx.get_executor(), cfg);
-  blocking.start();
-  std::vector<double> bare;
-  for (int i = 0; i < n; ++i) {
-    clock_type::time_point sent{};
-    asio::co_spawn(
-        ctx,
-        [&]() -> awaitable<void> {
-          co_await sleep_for(std::chrono::microseconds(200));  // let the BLMOVE block first
-          sent = clock_type::now();
-          co_await redis::exec(conn, redis::request("LPUSH", "bare:src", "x"));
-        },
-        asio::detached);
-    co_await redis::exec(blocking, redis::request("BLMOVE", "bare:src", "bare:dst", "RIGHT", "LEFT", 5));
-    bare.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - sent).count());
-  }
-
   worker_options o;
   o.queue = "pickup";
   o.concurrency = 100;
@@ -224,14 +207,32 @@ awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool gro
   });
   w.start();
   producer p(store, "pickup");
-  std::vector<double> ours;
+
+  // The bare wake-up: LPUSH on one connection, BLMOVE waiting on another. It takes turns with
+  // jobrt's pickup, and each send follows the same idle gap, so both see the machine in the same
+  // state: a wake-up after a longer idle spell is slower (caches and the CPU gone cold).
+  redis::blocking_connection blocking(ctx.get_executor(), cfg);
+  blocking.start();
+  std::vector<double> bare, ours;
   for (int i = 0; i < n; ++i) {
-    co_await sleep_for(gap);  // the worker is idle in its blocking claim again
+    clock_type::time_point sent{};
+    asio::co_spawn(
+        ctx,
+        [&]() -> awaitable<void> {
+          co_await sleep_for(gap);  // (the BLMOVE below is blocked by then)
+          sent = clock_type::now();
+          co_await redis::exec(conn, redis::request("LPUSH", "bare:src", "x"));
+        },
+        asio::detached);
+    co_await redis::exec(blocking, redis::request("BLMOVE", "bare:src", "bare:dst", "RIGHT", "LEFT", 5));
+    bare.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - sent).count());
+
+    co_await sleep_for(gap);  // the worker is idle in its blocking claim
     job_spec s;
     s.type = "noop";
     if (grouped) s.group = std::to_string(i);  // a new group each time
     started = {};
-    auto sent = clock_type::now();
+    sent = clock_type::now();
     co_await p.enqueue(std::move(s));
     while (started == clock_type::time_point{}) {
       ran.expires_after(std::chrono::seconds(10));
