@@ -100,9 +100,11 @@ int main(int argc, char** argv) {
       fmt::print("{}", usage);
       return 0;
     }
-    throw usage_error(fmt::format("unknown command '{}'", command));
+    fmt::print(stderr, "jobrt: unknown command '{}'\n{}", command, usage);
+    return 2;
   } catch (const usage_error& e) {
-    fmt::print(stderr, "jobrt: {}\n{}", e.what(), usage);
+    // The command's own options are what went wrong: point at them, not at the command list.
+    fmt::print(stderr, "jobrt: {}\n(see jobrt {} --help)\n", e.what(), command);
     return 2;
   } catch (const std::exception& e) {
     fmt::print(stderr, "jobrt: {}\n", e.what());

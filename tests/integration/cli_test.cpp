@@ -206,9 +206,15 @@ TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the 
   auto stats = jobrt_cli({"stats", "--redis", url, "--queue", queue, "--json"});
   CHECK(stats.output.find("\"enqueued\":0") != std::string::npos);
 
-  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue}).status == 2);  // no --type
+  auto no_type = jobrt_cli({"enqueue", "--redis", url, "--queue", queue});
+  CHECK(no_type.status == 2);
+  CHECK(no_type.output.find("(see jobrt enqueue --help)") != std::string::npos);
+  CHECK(no_type.output.find("commands:") == std::string::npos);  // not the list of commands
   CHECK(jobrt_cli({"worker", "--redis", "http://nope", "--plugin", "x.so"}).status == 2);
-  CHECK(jobrt_cli({"frobnicate"}).status == 2);
+  auto unknown = jobrt_cli({"frobnicate"});
+  CHECK(unknown.status == 2);
+  CHECK(unknown.output.find("unknown command 'frobnicate'") != std::string::npos);
+  CHECK(unknown.output.find("commands:") != std::string::npos);
   auto down = jobrt_cli({"stats", "--redis", "redis://:secret@127.0.0.1:1"});
   CHECK(down.status == 1);
   CHECK(down.output.find("redis at redis://127.0.0.1:1/0 does not answer: connect to redis://127.0.0.1:1/0:") !=
