@@ -25,12 +25,23 @@ local function push_all(key, values)
   return len
 end
 
+-- Everything is checked before anything is written: a script that fails halfway keeps what it
+-- wrote, and a producer's ids would stay taken by jobs never stored.
 local missing, timed, timed_grouped = 0, false, 0
 for i = 0, n - 1 do
-  local id = ARGV[2 + i * 4]
-  if id == '' then missing = missing + 1 end
-  if string.find(id, '|', 1, true) then return redis.error_reply("job id '" .. id .. "' contains '|'") end
-  if ARGV[5 + i * 4] ~= '' then
+  local id, due = ARGV[2 + i * 4], ARGV[5 + i * 4]
+  if id == '' then
+    missing = missing + 1
+  elseif string.find(id, '|', 1, true) then
+    return redis.error_reply("job id '" .. id .. "' contains '|'")
+  elseif not string.find(id, '%D') then -- the ids this script assigns are all digits
+    return redis.error_reply("job id '" .. id .. "' is all digits, like the ids the queue assigns; give it a prefix")
+  end
+  if due ~= '' then
+    local digits = string.match(due, '^%+?(%d+)$') -- at most 15: a number Lua holds exactly
+    if not digits or #digits > 15 then
+      return redis.error_reply("job " .. (i + 1) .. " due '" .. due .. "' is not '', '+<ms>' or '<ms since the epoch>'")
+    end
     timed = true
     if ARGV[3 + i * 4] ~= '' then timed_grouped = timed_grouped + 1 end
   end

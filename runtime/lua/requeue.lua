@@ -23,7 +23,10 @@ for i = 2, #ARGV do
     local id, body = string.match(record, '^%d+|([^|]*)|(.*)$')
     local decoded_ok, decoded = pcall(cjson.decode, body or '')
     local free = true
-    if decoded_ok and type(decoded) == 'table' and decoded.u then free = redis.call('SADD', ids, id) == 1 end
+    -- the producer's id (not all digits, or flagged "u" by an older producer) is taken again
+    if id and (string.find(id, '%D') or (decoded_ok and type(decoded) == 'table' and decoded.u)) then
+      free = redis.call('SADD', ids, id) == 1
+    end
     if free then
       local group = letter.group or ''
       if group == '' then

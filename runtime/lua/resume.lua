@@ -24,7 +24,10 @@ if head and mode == 'skip' then
   local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   local id, body = string.match(head, '^%d+|([^|]*)|(.*)$')
   local ok, decoded = pcall(cjson.decode, body or '')
-  if ok and type(decoded) == 'table' and decoded.u then redis.call('SREM', ids, id) end
+  -- the producer's id (not all digits, or flagged "u" by an older producer) is free again
+  if id and (string.find(id, '%D') or (ok and type(decoded) == 'table' and decoded.u)) then
+    redis.call('SREM', ids, id)
+  end
   local letter = id or '' -- keyed as finish.lua does, with a fence of its own
   if letter == '' or redis.call('HEXISTS', dead_info, letter) == 1 then
     letter = letter .. '#' .. redis.call('INCR', KEYS[8])

@@ -75,9 +75,14 @@ std::string_view script_id(std::string_view record) noexcept {
   return record.substr(i + 1, end - i - 1);
 }
 
+bool assigned_id(std::string_view id) noexcept {
+  return !id.empty() && std::all_of(id.begin(), id.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 std::string producer_id(std::string_view record) {
   auto id = record_id(record);
   if (id.empty()) return {};
+  if (!assigned_id(id)) return std::string(id);
   boost::system::error_code ec;
   auto body = boost::json::parse(record.substr(record.find('|', record.find('|') + 1) + 1), ec);
   if (ec || !body.is_object()) return {};
@@ -125,7 +130,7 @@ job decode_record(std::string_view record, std::string_view group) {
   j.max_attempts = number_field<int>(obj, "max", 3);
   j.timeout = std::chrono::milliseconds(number_field<std::int64_t>(obj, "timeout", 0));
   j.enqueued_at_ms = number_field<std::int64_t>(obj, "at", 0);
-  j.unique_id = number_field<int>(obj, "u", 0) != 0;
+  j.unique_id = number_field<int>(obj, "u", 0) != 0 || (!j.id.empty() && !assigned_id(j.id));
   if (auto* b = obj.if_contains("backoff")) {
     auto* a = b->if_array();
     if (!a || a->size() != 4 || !(*a)[0].is_int64() || !(*a)[1].is_number() || !(*a)[2].is_int64() ||

@@ -32,8 +32,13 @@ std::string_view record_id(std::string_view record) noexcept;
 /// starts with its attempts and has its id's closing '|'.
 std::string_view script_id(std::string_view record) noexcept;
 
-/// The id in a record when its body says the producer gave it ("u"), else "": what a failure
-/// releases from the queue's set of ids, read as far as a record that does not decode allows.
+/// The id in a record when the producer gave it, else "": what a failure releases from the
+/// queue's set of ids, read as far as a record that does not decode allows. See assigned_id.
 std::string producer_id(std::string_view record);
+
+/// Whether `id` is one the queue assigns: all digits (enqueue refuses such ids from producers).
+/// Any other id is the producer's, and so is one whose body says "u" (records written before
+/// enqueue checked ids).
+bool assigned_id(std::string_view id) noexcept;
 
 }  // namespace jobrt::detail

@@ -28,6 +28,9 @@ encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms) const {
   if (spec.type.empty()) throw std::invalid_argument("job type is empty");
   if (spec.id.find('|') != std::string::npos)
     throw std::invalid_argument(fmt::format("job id '{}' contains '|'", spec.id));
+  if (detail::assigned_id(spec.id))
+    throw std::invalid_argument(
+        fmt::format("job id '{}' is all digits, like the ids the queue assigns; give it a prefix", spec.id));
   if (spec.max_attempts < 1)
     throw std::invalid_argument(fmt::format("job max_attempts is {}; it must be at least 1", spec.max_attempts));
   if (spec.timeout.count() < 0) throw std::invalid_argument("job timeout is negative");
@@ -44,6 +47,13 @@ encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms) const {
   if (spec.run_at)
     out.run_at_ms = std::max<std::int64_t>(
         1, std::chrono::duration_cast<std::chrono::milliseconds>(spec.run_at->time_since_epoch()).count());
+  // The backend keeps due times in 15 digits (Redis scores are doubles, exact to 2^53).
+  constexpr std::int64_t latest = 999'999'999'999'999;  // ms: some 31,000 years
+  if (out.delay_ms > latest)
+    throw std::invalid_argument(fmt::format("job delay is {} ms; the longest is {}", out.delay_ms, latest));
+  if (out.run_at_ms > latest)
+    throw std::invalid_argument(
+        fmt::format("job run_at is {} ms since the epoch; the latest is {}", out.run_at_ms, latest));
   std::optional<group_choice> choice;
   if (!spec.group) choice = opts_.rules.choose(spec.type, spec.payload);
   // The rule's policy travels with the job, unless the job names its own.

@@ -276,6 +276,13 @@ CONFORMANCE("bad input at enqueue is refused and stores nothing") {
     auto bad_id = make_job("t", {});
     bad_id.id = "a|b";
     CHECK((co_await refused(bad_id)) == "job id 'a|b' contains '|'");
+    auto digits = make_job("t", {});  // the queue assigns such ids: a producer's could collide
+    digits.id = "1042";
+    CHECK((co_await refused(digits)) ==
+          "job id '1042' is all digits, like the ids the queue assigns; give it a prefix");
+    auto far = make_job("t", {});
+    far.delay = std::chrono::hours(24 * 366 * 40000);
+    CHECK((co_await refused(far)).starts_with("job delay is "));
     std::string not_json;
     try {
       producer::parse_payload("{\"a\": 1,");

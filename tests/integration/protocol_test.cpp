@@ -125,3 +125,58 @@ TEST_CASE("jobs enqueued with redis-cli by the protocol document run on a C++ wo
     CHECK(counts.completed == 5);
   });
 }
+
+TEST_CASE("enqueue.lua refuses a bad due time or an all-digit id before it writes, and frees an id given without u") {
+  auto cfg = shared_redis();
+  std::string queue = key_prefix() + "protocol-bad";
+  std::string p = fmt::format("jobrt:{{{}}}:", queue);
+  auto enqueue = [&](std::vector<std::string> jobs) {
+    std::vector<std::string> args{
+        "-h",      cfg.host,  "-p",        cfg.port,      "--eval", JOBRT_LUA_DIR "/enqueue.lua",   p + "ready",
+        p + "seq", p + "ids", p + "stats", p + "delayed", ",",      std::to_string(jobs.size() / 4)};
+    args.insert(args.end(), jobs.begin(), jobs.end());
+    return redis_cli_process(args);
+  };
+  auto cli = [&](std::vector<std::string> command) {
+    std::vector<std::string> args{"-h", cfg.host, "-p", cfg.port};
+    args.insert(args.end(), command.begin(), command.end());
+    return redis_cli_process(args);
+  };
+  std::string body = R"({"type":"import","payload":{"rows":1},"u":1})";
+  // A good job first, then one with a bad due time: the call fails, and the good job's id is not
+  // left taken (a retry would find it "pending" and drop it).
+  for (std::string due : {"tomorrow", "inf", "nan", "+1e400", "-5", "1234567890123456"}) {
+    CAPTURE(due);
+    auto reply = enqueue({"order-a", "g", body, "", "order-b", "g", body, due});
+    CHECK(reply.find("job 2 due '" + due + "' is not") != std::string::npos);
+  }
+  auto digits = enqueue({"order-c", "", body, "", "1042", "", body, ""});
+  CHECK(digits.find("job id '1042' is all digits") != std::string::npos);
+  CHECK(cli({"EXISTS", p + "ids", p + "seq", p + "ready", p + "stats", p + "delayed"}) == "0\n");
+  CHECK(enqueue({"order-a", "g", body, ""}) == "order-a\n0\n");  // stored, not a duplicate
+
+  // An id given without "u": it is the producer's all the same (it is not all digits), and its
+  // job's end frees it.
+  CHECK(enqueue({"plain-id", "", R"({"type":"import","payload":{"rows":2}})", ""}) == "plain-id\n0\n");
+  CHECK(cli({"SISMEMBER", p + "ids", "plain-id"}) == "1\n");
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    worker_options o;
+    o.queue = queue;
+    worker w(ctx.get_executor(), store, o);
+    int ran = 0;
+    w.add_handler("import", [&](job_context&) -> awaitable<void> {
+      ++ran;
+      co_return;
+    });
+    w.start();
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while ((co_await store.counts(queue)).completed < 2 && std::chrono::steady_clock::now() < end)
+      co_await sleep_for(std::chrono::milliseconds(10));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(ran == 2);
+  });
+  CHECK(cli({"SISMEMBER", p + "ids", "plain-id"}) == "0\n");
+  CHECK(cli({"SISMEMBER", p + "ids", "order-a"}) == "0\n");
+  CHECK(enqueue({"plain-id", "", R"({"type":"import","payload":{"rows":3}})", ""}) == "plain-id\n0\n");
+}

@@ -88,11 +88,14 @@ std::string reset(const std::string& record) {
   return "0" + record.substr(digits);
 }
 
-// The "u" flag of a record's body: its id was given by the producer.
+// Whether a record's id was given by the producer: it is not all digits, or (a record written
+// before enqueue checked ids) the body's "u" flag says so.
 bool unique_of(std::string_view record) {
   auto first = record.find('|');
   auto second = first == std::string_view::npos ? first : record.find('|', first + 1);
   if (second == std::string_view::npos) return false;
+  auto id = detail::script_id(record);
+  if (!id.empty() && !detail::assigned_id(id)) return true;
   boost::system::error_code ec;
   auto body = boost::json::parse(record.substr(second + 1), ec);
   if (ec || !body.is_object()) return false;
