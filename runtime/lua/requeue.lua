@@ -11,7 +11,9 @@
 local ready, dead, dead_info, ids, paused, parked = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local prefix = string.sub(ready, 1, -6)
 local at_head = ARGV[1] == 'head'
-local out = {}
+-- Several jobs to a head go there in the order given: ungrouped ones are pushed at the end, the
+-- last first; a group's each go behind the one before (after[group]), the first behind the head.
+local out, front, after = {}, {}, {}
 for i = 2, #ARGV do
   local key = ARGV[i]
   local info = redis.call('HGET', dead_info, key)
@@ -30,12 +32,13 @@ for i = 2, #ARGV do
     if free then
       local group = letter.group or ''
       if group == '' then
-        if at_head then redis.call('LPUSH', ready, 'j:' .. record) else redis.call('RPUSH', ready, 'j:' .. record) end
+        if at_head then front[#front + 1] = 'j:' .. record else redis.call('RPUSH', ready, 'j:' .. record) end
       else
         local key = prefix .. 'g:' .. group
-        local head = redis.call('LINDEX', key, 0)
-        if head and at_head then
-          redis.call('LINSERT', key, 'AFTER', head, record)
+        local pivot = at_head and (after[group] or redis.call('LINDEX', key, 0))
+        if at_head then after[group] = record end
+        if pivot then
+          redis.call('LINSERT', key, 'AFTER', pivot, record)
           redis.call('SADD', KEYS[8], group)
         elseif redis.call('RPUSH', key, record) == 1 then
           redis.call('HINCRBY', KEYS[7], 'groups', 1)
@@ -52,4 +55,5 @@ for i = 2, #ARGV do
     end
   end
 end
+for i = #front, 1, -1 do redis.call('LPUSH', ready, front[i]) end
 return out

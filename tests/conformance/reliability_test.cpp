@@ -535,6 +535,58 @@ CONFORMANCE("dead letters: list, show, requeue to the tail or the head, purge, r
   });
 }
 
+CONFORMANCE("dead letters requeued to the head together run in the order given, grouped and ungrouped") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    std::vector<job_spec> specs;
+    for (std::string id : {"a0", "a1", "b0", "b1"}) {
+      auto s = named(id, id[0] == 'a' ? std::optional<std::string>("g") : std::nullopt);
+      s.id = id;
+      s.max_attempts = 1;
+      specs.push_back(s);
+    }
+    co_await p.enqueue_bulk(std::move(specs));
+    claim_options co{"w", 10, std::chrono::seconds(30)};
+    for (int round = 0; round < 2; ++round) {  // group g gives one job per claim
+      for (auto& j : co_await store.claim(b.queue(), co)) {
+        std::vector<finish_item> fail(1);
+        fail[0].token = j.token;
+        fail[0].kind = finish_kind::fail;
+        fail[0].error = "e";
+        fail[0].unique_id = std::string(j.record.substr(2, 2));
+        co_await store.finish(b.queue(), "w", std::move(fail), std::chrono::seconds(30));
+      }
+    }
+    REQUIRE((co_await store.dead_letters(b.queue(), 0, 10)).size() == 4);
+    co_await p.enqueue(named("head", std::optional<std::string>("g")));  // the group's head
+    co_await p.enqueue(named("loose", std::nullopt));
+    std::vector<std::string> keys{"a0", "a1", "b0", "b1"};
+    CHECK(co_await store.requeue(b.queue(), keys, true) == keys);
+    std::vector<std::string> order;
+    claim_options one_at_a_time{"w", 1, std::chrono::seconds(30)};
+    for (int i = 0; i < 7; ++i) {
+      auto got = co_await store.claim(b.queue(), one_at_a_time);
+      if (got.empty()) break;
+      auto& record = got[0].record;  // its body's payload is {"name": ...}
+      auto name = record.find("\"name\":\"") + 8;
+      order.push_back(record.substr(name, record.find('"', name) - name));
+      std::vector<finish_item> ack(1);
+      ack[0].token = got[0].token;
+      co_await store.finish(b.queue(), "w", std::move(ack), std::chrono::seconds(30));
+    }
+    auto seen = fmt::format("{}", fmt::join(order, " "));
+    CAPTURE(seen);
+    REQUIRE(order.size() == 6);
+    auto at = [&](const std::string& name) { return std::find(order.begin(), order.end(), name) - order.begin(); };
+    CHECK(at("b0") < at("b1"));  // at the head of the ready list, in the order given
+    CHECK(at("b1") < at("loose"));
+    CHECK(at("head") < at("a0"));  // next in their group, behind its head, in the order given
+    CHECK(at("a0") < at("a1"));
+  });
+}
+
 CONFORMANCE("pause and resume a group: nothing of it starts while paused") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

@@ -772,6 +772,9 @@ asio::awaitable<std::vector<std::string>> memory_backend::requeue(std::string qu
   std::lock_guard lock(mutex_);
   queue_state& q = queue_locked(queue);
   std::size_t made_ready = 0;
+  // Several jobs to a head go there in the order given (as requeue.lua): behind the ones before.
+  std::size_t in_front = 0;
+  std::map<std::string, std::size_t, std::less<>> behind_head;
   for (auto& id : ids) {
     auto found = q.dead.find(id);
     if (found == q.dead.end()) continue;
@@ -780,14 +783,16 @@ asio::awaitable<std::vector<std::string>> memory_backend::requeue(std::string qu
     const std::string& group = found->second.group;
     if (group.empty()) {
       if (at_head)
-        q.ready.push_front("j:" + record);
+        q.ready.insert(q.ready.begin() + static_cast<std::ptrdiff_t>(in_front++), "j:" + record);
       else
         q.ready.push_back("j:" + record);
       ++made_ready;
     } else {
       auto& list = q.groups[group];
-      if (!list.empty() && at_head) {
-        list.insert(list.begin() + 1, std::move(record));  // LINSERT AFTER the head
+      bool had_jobs = !list.empty();
+      auto& behind = behind_head[group];  // (0 for a group that had none: its first is the head)
+      if (had_jobs && at_head) {
+        list.insert(list.begin() + 1 + static_cast<std::ptrdiff_t>(behind++), std::move(record));  // LINSERT AFTER
       } else {
         list.push_back(std::move(record));
         if (list.size() == 1) {
