@@ -175,13 +175,15 @@ local function dead_letter(record, group, err, token)
   redis.call('HSET', dead_info, key, cjson.encode({record = record or '', group = group, error = err, at = clock()}))
   failed = failed + 1
 end
--- A lane that goes back: to the tail of ready (round robin), later, or parked when its group is paused.
+-- A lane that goes back: later (a retry's backoff, which a paused group keeps: the claim that
+-- meets the lane when it is due parks it), parked when its group is paused, or to the tail of
+-- ready (round robin).
 local function send_back(lane, delay)
-  if string.sub(lane, 1, 2) == 'g:' and is_paused(string.sub(lane, 3)) then
-    redis.call('SADD', parked, string.sub(lane, 3))
-  elseif delay > 0 then
+  if delay > 0 then
     later[#later + 1] = clock() + delay
     later[#later + 1] = lane
+  elseif string.sub(lane, 1, 2) == 'g:' and is_paused(string.sub(lane, 3)) then
+    redis.call('SADD', parked, string.sub(lane, 3))
   else
     back[#back + 1] = lane
   end

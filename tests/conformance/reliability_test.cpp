@@ -669,6 +669,45 @@ CONFORMANCE("a group paused during a retry's backoff stays parked when the retry
   });
 }
 
+CONFORMANCE("a retry whose group is paused meanwhile keeps its backoff when the group is resumed") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    co_await p.enqueue(named("a"));
+    claim_options co{"w", 1, std::chrono::seconds(30)};
+    auto retry = [&](const claimed_job& j, milliseconds backoff) -> awaitable<void> {
+      std::vector<finish_item> items(1);
+      items[0].token = j.token;
+      items[0].kind = finish_kind::retry;
+      items[0].delay = backoff;
+      co_await store.finish(b.queue(), "w", std::move(items), std::chrono::seconds(30));
+    };
+    auto running = co_await store.claim(b.queue(), co);
+    REQUIRE(running.size() == 1);
+    CHECK(co_await store.pause(b.queue(), "g"));  // while a runs
+    auto start = std::chrono::steady_clock::now();
+    co_await retry(running[0], milliseconds(400));
+    CHECK(co_await store.resume(b.queue(), "g", resume_mode::retry));
+    CHECK((co_await store.claim(b.queue(), co)).empty());  // not before its backoff
+    co_await sleep_for(milliseconds(450));
+    co_await store.promote(b.queue(), 100);
+    auto again = co_await store.claim(b.queue(), co);
+    REQUIRE(again.size() == 1);
+    CHECK(std::chrono::steady_clock::now() - start >= milliseconds(400));
+    CHECK(again[0].record.starts_with("1|"));  // its second attempt
+
+    // Paused while its retry waits, and due meanwhile: the claim that meets the lane parks it.
+    co_await retry(again[0], milliseconds(50));
+    CHECK(co_await store.pause(b.queue(), "g"));
+    co_await sleep_for(milliseconds(100));
+    co_await store.promote(b.queue(), 100);
+    CHECK((co_await store.claim(b.queue(), co)).empty());
+    CHECK(co_await store.resume(b.queue(), "g", resume_mode::retry));
+    CHECK((co_await store.claim(b.queue(), co)).size() == 1);
+  });
+}
+
 CONFORMANCE("check finds nothing wrong in a queue in every state") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

@@ -445,12 +445,13 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
     q.dead[key] = dead_letter{key, std::move(group), record.value_or(""), std::move(error), now};
     ++failed;
   };
-  // A lane that goes back: to the tail of ready, later, or parked when its group is paused.
+  // A lane that goes back: later (a paused group keeps its backoff: the claim that meets the lane
+  // when it is due parks it), parked when its group is paused, or to the tail of ready.
   auto send_back = [&](std::string lane, std::chrono::milliseconds delay) {
-    if (is_group_lane(lane) && q.paused.contains(lane.substr(2)))
-      q.parked.insert(lane.substr(2));
-    else if (delay.count() > 0)
+    if (delay.count() > 0)
       later.emplace_back(now + delay.count(), std::move(lane));
+    else if (is_group_lane(lane) && q.paused.contains(lane.substr(2)))
+      q.parked.insert(lane.substr(2));
     else
       back.push_back(std::move(lane));
   };
