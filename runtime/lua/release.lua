@@ -1,5 +1,6 @@
--- A stopping worker gives back leased jobs it did not start, and lanes its blocking claim took:
--- they go back to the head of ready, in their order, with no attempt counted.
+-- A stopping worker gives back leased jobs it did not start or whose handlers the stop cut
+-- short, and lanes its blocking claim took: they go back to the head of ready, in their order,
+-- with no attempt counted, and leave the started counter (they start again later).
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>stats  KEYS[4] <prefix>claimed:<worker>
 -- ARGV: the tokens
 -- Returns: how many jobs went back.
