@@ -150,14 +150,18 @@ local function to_front(key, id)
   local head = redis.call('LINDEX', key, 0)
   if not head then return false end
   if id == '' or id_of(head) == id then return true end
-  for _, record in ipairs(redis.call('LRANGE', key, 1, 1000)) do
-    if id_of(record) == id then
-      redis.call('LREM', key, 1, record)
-      redis.call('LPUSH', key, record)
-      break
+  -- It stands behind the jobs requeued to the head since the burst began: read on in pages.
+  for first = 1, math.huge, 1000 do
+    local page = redis.call('LRANGE', key, string.format('%d', first), string.format('%d', first + 999))
+    for _, record in ipairs(page) do
+      if id_of(record) == id then
+        redis.call('LREM', key, 1, record)
+        redis.call('LPUSH', key, record)
+        return true
+      end
     end
+    if #page < 1000 then return true end
   end
-  return true
 end
 
 local back, nexts, later, ended, gone = {}, {}, {}, {}, {}

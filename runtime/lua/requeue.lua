@@ -4,6 +4,7 @@
 -- ARGV[1] 'tail' (behind the group's pending jobs, or the ready list's) or 'head' (next in its
 --   group, after the job at the group's head, which may be running; ungrouped: the ready list's
 --   head), then the dead letters' keys (the job id, or '<id>#<fence>': see finish.lua)
+-- Several jobs to a head keep the order given (so a caller sends them in one call).
 -- A job put behind a group's head (which may be running a burst: see finish.lua) adds the group
 -- to jumped, so that the burst's keeps put their followers back in front of it.
 -- Returns: the keys requeued (a key not dead-lettered, or whose job's producer-given id a pending
@@ -11,9 +12,21 @@
 local ready, dead, dead_info, ids, paused, parked = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local prefix = string.sub(ready, 1, -6)
 local at_head = ARGV[1] == 'head'
--- Several jobs to a head go there in the order given: ungrouped ones are pushed at the end, the
--- last first; a group's each go behind the one before (after[group]), the first behind the head.
-local out, front, after = {}, {}, {}
+
+-- A record joins its group at the tail; a group that had no jobs gets its lane (or is parked).
+local function join(group, record)
+  if redis.call('RPUSH', prefix .. 'g:' .. group, record) == 1 then
+    redis.call('HINCRBY', KEYS[7], 'groups', 1)
+    if redis.call('HEXISTS', paused, group) == 1 then
+      redis.call('SADD', parked, group)
+    else
+      redis.call('RPUSH', ready, 'g:' .. group)
+    end
+  end
+end
+
+local out = {}
+local front, heads, head_groups = {}, {}, {} -- for the heads, in the order given
 for i = 2, #ARGV do
   local key = ARGV[i]
   local info = redis.call('HGET', dead_info, key)
@@ -33,21 +46,16 @@ for i = 2, #ARGV do
       local group = letter.group or ''
       if group == '' then
         if at_head then front[#front + 1] = 'j:' .. record else redis.call('RPUSH', ready, 'j:' .. record) end
-      else
-        local key = prefix .. 'g:' .. group
-        local pivot = at_head and (after[group] or redis.call('LINDEX', key, 0))
-        if at_head then after[group] = record end
-        if pivot then
-          redis.call('LINSERT', key, 'AFTER', pivot, record)
-          redis.call('SADD', KEYS[8], group)
-        elseif redis.call('RPUSH', key, record) == 1 then
-          redis.call('HINCRBY', KEYS[7], 'groups', 1)
-          if redis.call('HEXISTS', paused, group) == 1 then
-            redis.call('SADD', parked, group)
-          else
-            redis.call('RPUSH', ready, 'g:' .. group)
-          end
+      elseif at_head then
+        local list = heads[group]
+        if not list then
+          list = {}
+          heads[group] = list
+          head_groups[#head_groups + 1] = group
         end
+        list[#list + 1] = record
+      else
+        join(group, record)
       end
       redis.call('ZREM', dead, key)
       redis.call('HDEL', dead_info, key)
@@ -56,4 +64,17 @@ for i = 2, #ARGV do
   end
 end
 for i = #front, 1, -1 do redis.call('LPUSH', ready, front[i]) end
+-- A group's records go behind its head as one block: the head comes off, the block goes on in
+-- front (the last first), the head goes back on top. One push per record, wherever they land.
+for _, group in ipairs(head_groups) do
+  local key, records = prefix .. 'g:' .. group, heads[group]
+  local head = redis.call('LPOP', key)
+  if head then
+    for i = #records, 1, -1 do redis.call('LPUSH', key, records[i]) end
+    redis.call('LPUSH', key, head)
+    redis.call('SADD', KEYS[8], group)
+  else
+    for _, record in ipairs(records) do join(group, record) end
+  end
+end
 return out

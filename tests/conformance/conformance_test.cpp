@@ -762,6 +762,47 @@ CONFORMANCE("a job requeued to its group's head during a burst runs right after 
   });
 }
 
+CONFORMANCE("a burst's follower behind more than 1,000 jobs requeued to its group's head still comes first") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    constexpr int requeued = 1001;
+    std::vector<job_spec> specs;
+    std::vector<std::string> back;
+    for (int i = 0; i < requeued; ++i) {
+      back.push_back(fmt::format("x{}", i));
+      specs.push_back(with_id(back.back(), "g"));
+    }
+    co_await p.enqueue_bulk(std::move(specs));
+    claim_options one{"w", 1, std::chrono::seconds(30)};
+    for (int i = 0; i < requeued; ++i) {  // all dead-lettered, one at a time (one group)
+      auto got = co_await store.claim(b.queue(), one);
+      REQUIRE(got.size() == 1);
+      std::vector<finish_item> fail{item(got[0].token, finish_kind::fail, id_in(got[0].record))};
+      co_await store.finish(b.queue(), "w", fail, std::chrono::seconds(30));
+    }
+    std::vector<job_spec> burst{with_id("a", "g"), with_id("b", "g")};
+    co_await p.enqueue_bulk(std::move(burst));
+    claim_options co{"w", 1, std::chrono::seconds(30), 1};
+    auto claimed = co_await store.claim(b.queue(), co);
+    REQUIRE(claimed.size() == 1);
+    REQUIRE(claimed[0].ahead.size() == 1);  // a with b
+    CHECK((co_await store.requeue(b.queue(), back, true)).size() == requeued);
+    // a's keep makes b the head: b's ack must take b, not x0.
+    std::vector<finish_item> items{item(claimed[0].token, finish_kind::keep, "a", "b"),
+                                   item(claimed[0].token, finish_kind::ack, "b")};
+    for (auto& d : co_await store.finish(b.queue(), "w", items, std::chrono::seconds(30))) CHECK(d.lease_held);
+    auto next = co_await store.claim(b.queue(), one);
+    REQUIRE(next.size() == 1);
+    CHECK_MESSAGE(id_in(next[0].record) == "x0", next[0].record);
+    auto counts = co_await store.counts(b.queue());
+    CHECK(counts.completed == 2);
+    auto report = co_await store.check(b.queue(), false);
+    CHECK_MESSAGE(report.problems.empty(), fmt::format("{}", fmt::join(report.problems, "; ")));
+  });
+}
+
 CONFORMANCE("a follower starts under its lease with the next fence, but not on a lease with less than half its ttl") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

@@ -426,7 +426,7 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
   // finish.lua's to_front: after a keep, the follower `id` becomes its group's head.
   auto to_front = [](std::deque<std::string>& list, const std::string& id) {
     if (list.empty() || id.empty() || record_id(list.front()) == id) return;
-    for (std::size_t i = 1; i < list.size() && i <= 1000; ++i) {
+    for (std::size_t i = 1; i < list.size(); ++i) {
       if (record_id(list[i]) != id) continue;
       auto record = std::move(list[i]);
       list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));  // LREM, LPUSH

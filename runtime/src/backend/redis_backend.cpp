@@ -524,9 +524,12 @@ asio::awaitable<std::vector<std::string>> redis_backend::requeue(std::string que
   auto p = key_prefix(queue);
   std::array<std::string, 8> keys{p + "ready",  p + "dead",   p + "dead:info", p + "ids",
                                   p + "paused", p + "parked", p + "stats",     p + "jumped"};
-  for (std::size_t first = 0; first < ids.size(); first += max_batch) {
+  // To the tails in parts; to the heads in one call: a later call's jobs would go in front of an
+  // earlier one's. (requeue.lua unpacks nothing, and an operator's call may hold the server a while.)
+  const std::size_t part = at_head ? std::max<std::size_t>(ids.size(), 1) : max_batch;
+  for (std::size_t first = 0; first < ids.size(); first += part) {
     std::vector<std::string_view> args{at_head ? "head" : "tail"};
-    for (std::size_t i = first; i < std::min(ids.size(), first + max_batch); ++i) args.push_back(ids[i]);
+    for (std::size_t i = first; i < std::min(ids.size(), first + part); ++i) args.push_back(ids[i]);
     reply r = co_await requeue_.run(conn_, keys, args);
     for (const auto& id : r.as_array()) out.push_back(id.as_string());
   }
