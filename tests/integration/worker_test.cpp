@@ -102,12 +102,13 @@ TEST_CASE("malformed jobs written by another producer are dead-lettered and the 
     redis_backend store(ctx.get_executor(), shared_redis());
     std::string queue = key_prefix() + "q";
     auto ready = redis_backend::key_prefix(queue) + "ready";
-    co_await redis::exec(store.connection(),
-                         redis::request("RPUSH", ready, "j:garbage", "j:0|x|{not json", "j:0|y|{\"payload\":1}",
-                                        "j:0|z|[1,2]", "j:0|w|{\"u\":1}", "j:0|v|{\"payload\":2}"));
-    // w's producer gave its id (its body says "u"); v's body does not say so: v stays taken.
+    co_await redis::exec(store.connection(), redis::request("RPUSH", ready, "j:garbage", "j:0|x|{not json",
+                                                            "j:0|y|{\"payload\":1}", "j:0|z|[1,2]", "j:0|w|{\"u\":1}",
+                                                            "j:0|v|{\"payload\":2}", "j:0|17|{\"payload\":3}"));
+    // The producers gave w (its body says "u") and v (not all digits, like every id a producer
+    // may give): both are free again. 17 is an id the queue assigns, so it stays as it is.
     auto ids = redis_backend::key_prefix(queue) + "ids";
-    co_await redis::exec(store.connection(), redis::request("SADD", ids, "w", "v"));
+    co_await redis::exec(store.connection(), redis::request("SADD", ids, "w", "v", "17"));
     worker_options o;
     o.queue = queue;
     worker w(ctx.get_executor(), store, o);
@@ -125,13 +126,13 @@ TEST_CASE("malformed jobs written by another producer are dead-lettered and the 
     CHECK(ran == 1);
     co_await w.stop(std::chrono::seconds(1));  // its finishes are all in, then
     auto counts = co_await store.counts(queue);
-    CHECK(counts.failed == 6);
-    CHECK(counts.dead == 6);
+    CHECK(counts.failed == 7);
+    CHECK(counts.dead == 7);
     auto dead = co_await store.dead_letters(queue, 0, 10);
     CHECK(std::count_if(dead.begin(), dead.end(), [](auto& d) { return d.id.starts_with("#"); }) == 1);  // no id
     auto left = co_await redis::exec(store.connection(), redis::request("SMEMBERS", ids));
     REQUIRE(left.as_array().size() == 1);
-    CHECK(left.as_array()[0].as_string() == "v");
+    CHECK(left.as_array()[0].as_string() == "17");
     auto info = co_await redis::exec(store.connection(),
                                      redis::request("HGETALL", redis_backend::key_prefix(queue) + "dead:info"));
     std::string all;
