@@ -168,11 +168,11 @@ local back, nexts, later, ended, gone = {}, {}, {}, {}, {}
 local completed, failed, retried, deferred, halted, emptied, started = 0, 0, 0, 0, 0, 0, 0
 local nobody_waits = nil -- LLEN of ready, asked once: this script pushes to ready only at its end
 -- A dead letter's key is its job's id; when another dead letter has that id (a producer-given id
--- enqueued again after it failed) or the record has none, '<id>#<fence of this lease>': nothing
--- already dead-lettered is overwritten.
+-- enqueued again after it failed) or the record has none, '<id>#<fence of this lease>', as often
+-- as it takes (an id may itself end in '#<digits>'): nothing already dead-lettered is overwritten.
 local function dead_letter(record, group, err, token)
   local key = string.match(record or '', '^%d+|([^|]*)|') or ''
-  if key == '' or redis.call('HEXISTS', dead_info, key) == 1 then
+  while key == '' or redis.call('HEXISTS', dead_info, key) == 1 do
     key = key .. '#' .. string.match(token, '^[^|]*')
   end
   redis.call('ZADD', dead, clock(), key)

@@ -29,7 +29,7 @@ if head and mode == 'skip' then
     redis.call('SREM', ids, id)
   end
   local letter = id or '' -- keyed as finish.lua does, with a fence of its own
-  if letter == '' or redis.call('HEXISTS', dead_info, letter) == 1 then
+  while letter == '' or redis.call('HEXISTS', dead_info, letter) == 1 do
     letter = letter .. '#' .. redis.call('INCR', KEYS[8])
   end
   redis.call('ZADD', dead, now, letter)

@@ -535,6 +535,42 @@ CONFORMANCE("dead letters: list, show, requeue to the tail or the head, purge, r
   });
 }
 
+CONFORMANCE("a dead letter never overwrites another, even one whose id looks like '<id>#<fence>'") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    claim_options one{"w", 1, std::chrono::seconds(30)};
+    auto fail_next = [&]() -> awaitable<std::int64_t> {  // returns the lease's fence
+      auto got = co_await store.claim(b.queue(), one);
+      REQUIRE(got.size() == 1);
+      std::vector<finish_item> fail(1);
+      fail[0].token = got[0].token;
+      fail[0].kind = finish_kind::fail;
+      fail[0].error = "e";
+      fail[0].unique_id = got[0].record.substr(2, got[0].record.find('|', 2) - 2);  // its id
+      co_await store.finish(b.queue(), "w", std::move(fail), std::chrono::seconds(30));
+      co_return got[0].fence;
+    };
+    auto x = named("x", std::nullopt);
+    x.id = "x";
+    co_await p.enqueue(x);
+    auto fence = co_await fail_next();  // dead letter "x"
+    // The next two leases get fence + 1 and fence + 2: a job whose id is what the second x's
+    // dead letter would be keyed by, then x again.
+    auto lookalike = named("lookalike", std::nullopt);
+    lookalike.id = fmt::format("x#{}", fence + 2);
+    co_await p.enqueue(lookalike);
+    co_await p.enqueue(x);
+    CHECK(co_await fail_next() == fence + 1);
+    CHECK(co_await fail_next() == fence + 2);
+    CHECK((co_await store.dead_letters(b.queue(), 0, 10)).size() == 3);
+    auto kept = co_await store.dead_letter_of(b.queue(), lookalike.id);
+    REQUIRE(kept);
+    CHECK(kept->record.find("lookalike") != std::string::npos);
+  });
+}
+
 CONFORMANCE("dead letters requeued to the head together run in the order given, grouped and ungrouped") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

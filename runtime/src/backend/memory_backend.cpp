@@ -438,7 +438,7 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
   auto dead_letter_of = [&](const std::optional<std::string>& record, std::string group, std::string error,
                             std::string_view token) {
     std::string key = record_id(record.value_or(""));
-    if (key.empty() || q.dead.contains(key)) {
+    while (key.empty() || q.dead.contains(key)) {
       key += '#';
       key += token.substr(0, token.find('|'));
     }
@@ -859,7 +859,7 @@ asio::awaitable<bool> memory_backend::resume(std::string queue, std::string grou
     std::string id = record_id(head);
     if (unique_of(head)) q.ids.erase(id);
     std::string key = id;  // as resume.lua: a key of its own when the id is taken or missing
-    if (key.empty() || q.dead.contains(key)) key += "#" + std::to_string(++q.fence);
+    while (key.empty() || q.dead.contains(key)) key += "#" + std::to_string(++q.fence);
     q.dead[key] = dead_letter{key, group, std::move(head), "skipped by an operator", now_ms()};
     ++q.failed;
     if (list->second.empty()) q.groups.erase(list);
