@@ -179,9 +179,8 @@ local function dead_letter(record, group, err, token)
   redis.call('HSET', dead_info, key, cjson.encode({record = record or '', group = group, error = err, at = clock()}))
   failed = failed + 1
 end
--- A lane that goes back: later (a retry's backoff, which a paused group keeps: the claim that
--- meets the lane when it is due parks it), parked when its group is paused, or to the tail of
--- ready (round robin).
+-- A lane that goes back: later (a retry's backoff, which a paused group keeps: promote parks the
+-- lane when it is due), parked when its group is paused, or to the tail of ready (round robin).
 local function send_back(lane, delay)
   if delay > 0 then
     later[#later + 1] = clock() + delay

@@ -31,7 +31,8 @@ for i = 2, #ARGV do
   local key = ARGV[i]
   local info = redis.call('HGET', dead_info, key)
   local ok, letter = pcall(cjson.decode, info or '')
-  if ok and type(letter) == 'table' and type(letter.record) == 'string' then
+  if ok and type(letter) == 'table' and type(letter.record) == 'string' and
+      (letter.group == nil or type(letter.group) == 'string') then
     local rest = string.match(letter.record, '^%d+(|.*)$')
     local record = letter.record
     if rest then record = '0' .. rest end

@@ -130,7 +130,9 @@ job decode_record(std::string_view record, std::string_view group) {
   j.max_attempts = number_field<int>(obj, "max", 3);
   j.timeout = std::chrono::milliseconds(number_field<std::int64_t>(obj, "timeout", 0));
   j.enqueued_at_ms = number_field<std::int64_t>(obj, "at", 0);
-  j.unique_id = number_field<int>(obj, "u", 0) != 0 || (!j.id.empty() && !assigned_id(j.id));
+  const auto* u = obj.if_contains("u");  // as the scripts read it: anything but false (and 0)
+  bool flagged = u && !(u->is_bool() && !u->as_bool()) && !(u->is_int64() && u->as_int64() == 0);
+  j.unique_id = flagged || (!j.id.empty() && !assigned_id(j.id));
   if (auto* b = obj.if_contains("backoff")) {
     auto* a = b->if_array();
     if (!a || a->size() != 4 || !(*a)[0].is_int64() || !(*a)[1].is_number() || !(*a)[2].is_int64() ||

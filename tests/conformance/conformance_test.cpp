@@ -283,6 +283,27 @@ CONFORMANCE("bad input at enqueue is refused and stores nothing") {
     auto far = make_job("t", {});
     far.delay = std::chrono::hours(24 * 366 * 40000);
     CHECK((co_await refused(far)).starts_with("job delay is "));
+    // The backends check the same behind the producer's back, before they store anything.
+    std::vector<encoded_job> raw(2);
+    raw[0].body = raw[1].body = R"({"type":"t"})";
+    raw[0].id = "ok-1";
+    raw[1].id = "17";
+    std::string backend_error;
+    try {
+      co_await b.make().enqueue(b.queue(), raw);
+    } catch (const std::exception& e) {
+      backend_error = e.what();
+    }
+    CHECK_MESSAGE(backend_error.find("job id '17' is all digits") != std::string::npos, backend_error);
+    raw[1].id = "ok-2";
+    raw[1].delay_ms = 1'000'000'000'000'000;
+    backend_error.clear();
+    try {
+      co_await b.make().enqueue(b.queue(), raw);
+    } catch (const std::exception& e) {
+      backend_error = e.what();
+    }
+    CHECK_MESSAGE(backend_error.find("job 2 due") != std::string::npos, backend_error);
     std::string not_json;
     try {
       producer::parse_payload("{\"a\": 1,");

@@ -722,7 +722,6 @@ CONFORMANCE("a retry whose group is paused meanwhile keeps its backoff when the 
     auto running = co_await store.claim(b.queue(), co);
     REQUIRE(running.size() == 1);
     CHECK(co_await store.pause(b.queue(), "g"));  // while a runs
-    auto start = std::chrono::steady_clock::now();
     co_await retry(running[0], milliseconds(400));
     CHECK(co_await store.resume(b.queue(), "g", resume_mode::retry));
     CHECK((co_await store.claim(b.queue(), co)).empty());  // not before its backoff
@@ -730,10 +729,9 @@ CONFORMANCE("a retry whose group is paused meanwhile keeps its backoff when the 
     co_await store.promote(b.queue(), 100);
     auto again = co_await store.claim(b.queue(), co);
     REQUIRE(again.size() == 1);
-    CHECK(std::chrono::steady_clock::now() - start >= milliseconds(400));
     CHECK(again[0].record.starts_with("1|"));  // its second attempt
 
-    // Paused while its retry waits, and due meanwhile: the claim that meets the lane parks it.
+    // Paused while its retry waits, and due meanwhile: promote parks the lane.
     co_await retry(again[0], milliseconds(50));
     CHECK(co_await store.pause(b.queue(), "g"));
     co_await sleep_for(milliseconds(100));

@@ -158,6 +158,7 @@ TEST_CASE("enqueue.lua refuses a bad due time or an all-digit id before it write
   // An id given without "u": it is the producer's all the same (it is not all digits), and its
   // job's end frees it.
   CHECK(enqueue({"plain-id", "", R"({"type":"import","payload":{"rows":2}})", ""}) == "plain-id\n0\n");
+  CHECK(enqueue({"flag-true", "", R"({"type":"import","payload":{"rows":4},"u":true})", ""}) == "flag-true\n0\n");
   CHECK(cli({"SISMEMBER", p + "ids", "plain-id"}) == "1\n");
   run([&](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), cfg);
@@ -171,10 +172,10 @@ TEST_CASE("enqueue.lua refuses a bad due time or an all-digit id before it write
     });
     w.start();
     auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while ((co_await store.counts(queue)).completed < 2 && std::chrono::steady_clock::now() < end)
+    while ((co_await store.counts(queue)).completed < 3 && std::chrono::steady_clock::now() < end)
       co_await sleep_for(std::chrono::milliseconds(10));
     co_await w.stop(std::chrono::seconds(5));
-    CHECK(ran == 2);
+    CHECK(ran == 3);  // "u":true is a flag too, not a malformed job
   });
   CHECK(cli({"SISMEMBER", p + "ids", "plain-id"}) == "0\n");
   CHECK(cli({"SISMEMBER", p + "ids", "order-a"}) == "0\n");

@@ -46,6 +46,7 @@ struct job_spec {
   /// rules may give the job a group; when they do not, the job takes the ungrouped fast path.
   std::optional<std::string> group;
   /// Optional. Enqueueing the same id again while the job is pending or running does nothing.
+  /// It must not contain '|' nor be all digits (the ids the queue assigns): "order-17", not "17".
   std::string id;
   /// How many times it may start (a lease that expired counts) before it is dead-lettered.
   int max_attempts = 3;

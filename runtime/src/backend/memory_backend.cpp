@@ -218,9 +218,17 @@ asio::awaitable<std::vector<enqueue_result>> memory_backend::enqueue(std::string
   std::lock_guard lock(mutex_);
   queue_state& q = queue_locked(queue);
 
-  for (const auto& job : jobs)  // as enqueue.lua: the id is a field of the record
+  for (std::size_t i = 0; i < jobs.size(); ++i) {  // as enqueue.lua, before anything is stored
+    const auto& job = jobs[i];
     if (job.id.find('|') != std::string::npos)
       throw std::invalid_argument(fmt::format("job id '{}' contains '|'", job.id));
+    if (detail::assigned_id(job.id))
+      throw std::invalid_argument(
+          fmt::format("job id '{}' is all digits, like the ids the queue assigns; give it a prefix", job.id));
+    constexpr std::int64_t latest = 999'999'999'999'999;  // 15 digits
+    if (job.delay_ms < 0 || job.delay_ms > latest || job.run_at_ms < 0 || job.run_at_ms > latest)
+      throw std::invalid_argument(fmt::format("job {} due time is out of range (15 digits of ms at most)", i + 1));
+  }
   auto missing = std::count_if(jobs.begin(), jobs.end(), [](const encoded_job& j) { return j.id.empty(); });
   auto timed_grouped = std::count_if(jobs.begin(), jobs.end(), [](const encoded_job& j) {
     return (j.run_at_ms > 0 || j.delay_ms > 0) && !j.group.empty();
@@ -445,8 +453,8 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
     q.dead[key] = dead_letter{key, std::move(group), record.value_or(""), std::move(error), now};
     ++failed;
   };
-  // A lane that goes back: later (a paused group keeps its backoff: the claim that meets the lane
-  // when it is due parks it), parked when its group is paused, or to the tail of ready.
+  // A lane that goes back: later (a paused group keeps its backoff: promote parks the lane when
+  // it is due), parked when its group is paused, or to the tail of ready.
   auto send_back = [&](std::string lane, std::chrono::milliseconds delay) {
     if (delay.count() > 0)
       later.emplace_back(now + delay.count(), std::move(lane));
