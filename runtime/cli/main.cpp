@@ -103,7 +103,9 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "jobrt: unknown command '{}'\n{}", command, usage);
     return 2;
   } catch (const usage_error& e) {
-    // The command's own options are what went wrong: point at them, not at the command list.
+    // The command's own options are what went wrong: point at them, not at the command list
+    // (demo-worker, which jobrt demo starts, has no help of its own).
+    if (command == "demo-worker") command = "demo";
     fmt::print(stderr, "jobrt: {}\n(see jobrt {} --help)\n", e.what(), command);
     return 2;
   } catch (const std::exception& e) {
