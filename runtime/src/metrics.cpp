@@ -109,6 +109,9 @@ std::string prometheus_text(const std::vector<queue_metrics>& queues) {
        &worker_counters::recovered},
       {"jobrt_delayed_promoted_total", "counter", "Delayed entries this process's promoters moved.",
        &worker_counters::promoted},
+      {"jobrt_jobs_released_total", "counter",
+       "Leased jobs handed back unstarted: at stop, or when a lease's local end came first.",
+       &worker_counters::released},
   };
   for (const auto& t : totals) {
     family(out, t.name, t.type, t.help);

@@ -541,7 +541,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       return;
     }
     std::string job_id(detail::record_id(lane_record(item.token)));
+    bool ran = false;
     if (auto it = running_.find(item.token); it != running_.end()) {
+      ran = true;
       auto r = it->second;
       running_.erase(it);  // first: a freed slot may launch a waiting job, which inserts here
       free_slot(*r);
@@ -553,6 +555,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       auto& t = by_type_[type];
       if (!result.lease_held) {
         ++counters_.leases_lost;
+      } else if (!ran && item.kind == finish_kind::defer) {  // given back (give_back)
+        ++counters_.released;
       } else if (item.kind == finish_kind::ack) {
         ++counters_.completed;
         ++t.completed;
@@ -613,12 +617,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     } else if (r->valid_until <= clock::now()) {
       // No renewal reached the backend for a whole TTL while the keep was on its way: the lease
       // may be gone by now, and the follower must not run beside whoever gets it next.
-      {
-        std::lock_guard lock(counters_mutex_);
-        ++counters_.leases_lost;
-      }
-      jobrt::log(log_level::warn, source_, "lease {} ran out while its keep was on its way; its follower waits for it",
-                 token);
+      give_back(token, "ran out while its keep was on its way");
     } else {
       claimed_job next{token, r->ctx->fence() + 1, r->ctx->group(), std::move(r->ahead.front()), {}};
       next.ahead.assign(std::make_move_iterator(r->ahead.begin() + 1), std::make_move_iterator(r->ahead.end()));
@@ -647,19 +646,31 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       // As a running job's, a lease no renewal reached for a whole TTL is given up: the reaper
       // sends it back.
       if (w.valid_until <= clock::now()) {
-        waiting_lost(w.job.token, "ran out while it waited for a slot");
+        give_back(std::move(w.job.token), "ran out while it waited for a slot");
       } else {
         launch(std::move(w.job), w.valid_until);
       }
     }
   }
 
-  void waiting_lost(const std::string& token, std::string_view why) {
-    {
-      std::lock_guard lock(counters_mutex_);
-      ++counters_.leases_lost;
+  // A leased job that has not started and whose lease's local end has passed goes back as a
+  // defer with no delay: at once and with no attempt counted when the backend still holds the
+  // lease (a renewal's answer was late, not lost); otherwise the call changes nothing and the
+  // reaper sends the job back, as for any lease that ran out. Left to the reaper, it would count
+  // an attempt for a run that never happened: a job with max_attempts 1 would be dead-lettered
+  // unrun. Counted as released (see on_finished), or as a lost lease when it was gone.
+  void give_back(std::string token, std::string_view why) {
+    jobrt::log(log_level::warn, source_, "lease {} {}; handing its job back", token, why);
+    if (stopping_) {  // stop hands back what it holds: this too
+      to_release_.push_back(std::move(token));
+      return;
     }
-    jobrt::log(log_level::warn, source_, "lease {} {}; its job is left to whoever gets it next", token, why);
+    ++held_;  // until its finish lands (on_finished drops it)
+    held_count_.store(held_, std::memory_order_relaxed);
+    finish_item item;
+    item.token = std::move(token);
+    item.kind = finish_kind::defer;
+    queue_finish(std::move(item), "(not started)");
   }
 
   void free_slot(running_job& r) {
@@ -718,7 +729,12 @@ class worker::impl : public std::enable_shared_from_this<impl> {
           if (held[i]) {
             w->valid_until = std::max(w->valid_until, sent + self->opts_.lease_ttl);
           } else {
-            self->waiting_lost(w->job.token, "was lost");
+            {
+              std::lock_guard lock(self->counters_mutex_);
+              ++self->counters_.leases_lost;
+            }
+            jobrt::log(log_level::warn, self->source_, "lease {} was lost; its job is left to whoever gets it next",
+                       w->job.token);
             self->waiting_.erase(w);
           }
         }

@@ -10,9 +10,13 @@
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 
 #include <sys/resource.h>
 
@@ -56,6 +60,78 @@ std::vector<std::string> finish_keys(const std::string& p, const std::string& wo
           p + "ids",     p + "dead",   p + "dead:info", p + "answers:" + worker,
           p + "delayed", p + "paused", p + "parked",    p + "jumped"};
 }
+
+// A TCP relay to a redis-server that can hold the server's bytes: requests still reach the
+// server and run, their answers wait (a slow way back, or a client too busy to read them).
+class answer_relay {
+ public:
+  answer_relay(asio::any_io_executor ex, redis::config target)
+      : state_(std::make_shared<state>(ex)), target_(std::move(target)) {
+    auto& a = state_->acceptor;
+    a.open(asio::ip::tcp::v4());
+    a.bind({asio::ip::make_address("127.0.0.1"), 0});
+    a.listen();
+    asio::co_spawn(ex, accept_loop(state_, target_), asio::detached);
+  }
+  ~answer_relay() { state_->acceptor.close(); }
+
+  redis::config config() const {
+    auto c = target_;
+    c.port = std::to_string(state_->acceptor.local_endpoint().port());
+    return c;
+  }
+  void hold(bool on) {
+    state_->held = on;
+    if (on)
+      state_->released.expires_at(asio::steady_timer::time_point::max());
+    else
+      state_->released.cancel();
+  }
+
+ private:
+  using socket = asio::ip::tcp::socket;
+  struct state {
+    explicit state(asio::any_io_executor ex) : acceptor(ex), released(ex) {}
+    asio::ip::tcp::acceptor acceptor;
+    asio::steady_timer released;
+    bool held = false;
+  };
+
+  static awaitable<void> accept_loop(std::shared_ptr<state> s, redis::config target) {
+    for (;;) {
+      auto [ec, client] = co_await s->acceptor.async_accept(asio::as_tuple(use_awaitable));
+      if (ec) co_return;
+      auto in = std::make_shared<socket>(std::move(client));
+      auto out = std::make_shared<socket>(s->acceptor.get_executor());
+      auto [cec] = co_await out->async_connect(
+          {asio::ip::make_address(target.host), static_cast<unsigned short>(std::stoi(target.port))},
+          asio::as_tuple(use_awaitable));
+      if (cec) co_return;
+      in->set_option(asio::ip::tcp::no_delay(true));
+      out->set_option(asio::ip::tcp::no_delay(true));
+      asio::co_spawn(s->acceptor.get_executor(), pump(s, in, out, false), asio::detached);
+      asio::co_spawn(s->acceptor.get_executor(), pump(s, out, in, true), asio::detached);
+    }
+  }
+
+  static awaitable<void> pump(std::shared_ptr<state> s, std::shared_ptr<socket> from, std::shared_ptr<socket> to,
+                              bool answers) {
+    std::array<char, 16384> buffer;
+    for (;;) {
+      auto [ec, n] = co_await from->async_read_some(asio::buffer(buffer), asio::as_tuple(use_awaitable));
+      if (ec) break;
+      while (answers && s->held) co_await s->released.async_wait(asio::as_tuple(use_awaitable));
+      auto [wec, m] = co_await asio::async_write(*to, asio::buffer(buffer.data(), n), asio::as_tuple(use_awaitable));
+      if (wec) break;
+    }
+    boost::system::error_code ignored;
+    from->close(ignored);
+    to->close(ignored);
+  }
+
+  std::shared_ptr<state> state_;
+  redis::config target_;
+};
 
 }  // namespace
 
@@ -426,6 +502,59 @@ TEST_CASE("a keep whose answer comes during stop's grace hands its follower back
     for (int i = 0; i < 2000 && attempt == 0; ++i) co_await sleep_for(std::chrono::milliseconds(5));
     CHECK(attempt == 1);
     co_await next.stop(std::chrono::seconds(5));
+  });
+}
+
+TEST_CASE("a keep answered after its lease's local end hands the follower back: it runs, no attempt counted") {
+  redis_server server;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    // The keep and the renewals after it run in the server, which keeps the lease; their
+    // answers wait in the relay past the lease's local end.
+    answer_relay relay(ctx.get_executor(), server.config());
+    redis_backend store(ctx.get_executor(), relay.config());
+    redis_backend direct(ctx.get_executor(), server.config());  // the test's own calls: never held
+    worker_options o;
+    o.queue = "late-keep";
+    o.concurrency = 1;
+    o.burst = 2;
+    o.lease_ttl = std::chrono::milliseconds(600);
+    o.reap_period = std::chrono::milliseconds(100);
+    o.claim_wait = std::chrono::milliseconds(300);
+    worker w(ctx.get_executor(), store, o);
+    std::vector<std::pair<std::string, int>> runs;  // job id, attempt
+    w.add_handler("k", [&](job_context& c) -> awaitable<void> {
+      runs.emplace_back(c.id(), c.attempt());
+      if (runs.size() == 2) relay.hold(true);  // the group's first job: its keep's answer waits
+      co_return;
+    });
+    producer p(direct, o.queue);
+    w.start();
+    // A first job loads the scripts: a finish sent back for SCRIPT LOAD would land late.
+    job_spec first;
+    first.type = "k";
+    co_await p.enqueue(first);
+    for (int i = 0; i < 1000 && w.counters().completed == 0; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    std::vector<job_spec> specs(2);
+    for (auto& s : specs) {
+      s.type = "k";
+      s.group = "g";
+    }
+    specs[1].max_attempts = 1;  // an attempt counted for a run that never happened: dead-lettered
+    auto ids = co_await p.enqueue_bulk(std::move(specs));
+    for (int i = 0; i < 1000 && runs.size() < 2; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(runs.size() == 2);
+    // Longer than the TTL, shorter than two health intervals (the connection is not given up).
+    co_await sleep_for(std::chrono::milliseconds(900));
+    relay.hold(false);
+    for (int i = 0; i < 1000 && runs.size() < 3; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(runs.size() == 3);
+    CHECK(runs[1].first == ids[0].id);
+    CHECK(runs[2].first == ids[1].id);
+    CHECK(runs[2].second == 1);
+    co_await w.stop(std::chrono::seconds(5));  // (its last ack lands)
+    CHECK(w.counters().released == 1);
+    CHECK(w.counters().completed == 3);
+    CHECK((co_await direct.counts(o.queue)).dead == 0);
   });
 }
 

@@ -110,7 +110,7 @@ struct worker_counters {
   std::uint64_t promoted = 0;     ///< delayed entries this worker's promoter moved
   std::uint64_t leases_lost = 0;  ///< handlers cancelled because their lease was gone
   std::uint64_t renewals = 0;     ///< watchdog calls
-  std::uint64_t released = 0;     ///< handed back at stop
+  std::uint64_t released = 0;     ///< handed back unstarted: at stop, or when a lease's local end came first
   std::uint64_t recovered = 0;    ///< expired leases this worker's reaper sent back
 };
 
