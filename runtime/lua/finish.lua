@@ -21,6 +21,8 @@
 --   'r' retry (one more attempt counted) and 'd' run again later (none counted): the delay in
 --     ms. The job stays where it is (a grouped one at its group's head, so the group waits for
 --     it) and its lane waits in delayed that long (0: back to ready at once).
+--   'b' given back, never started (its lease's local end came first): as release.lua, the lane
+--     goes to the head of ready with no attempt counted and leaves the started counter; ''.
 -- Returns: n times: held (1, or 0 when the lease was lost and nothing changed), alone when no
 --   next job was leased; when one was, held + 2, then the next token, the next record, the
 --   number of its followers and their records (fences: the next token's + 1, + 2, ...). (Most
@@ -164,7 +166,7 @@ local function to_front(key, id)
   end
 end
 
-local back, nexts, later, ended, gone = {}, {}, {}, {}, {}
+local back, front, nexts, later, ended, gone = {}, {}, {}, {}, {}, {}
 local completed, failed, retried, deferred, halted, emptied, started = 0, 0, 0, 0, 0, 0, 0
 local nobody_waits = nil -- LLEN of ready, asked once: this script pushes to ready only at its end
 -- A dead letter's key is its job's id; when another dead letter has that id (a producer-given id
@@ -250,6 +252,9 @@ for i = 1, n do
         if grouped then group = string.sub(lane, 3) end
         dead_letter(record, group, extra, token)
       end
+    elseif kind == 'b' then
+      front[#front + 1] = lane
+      started = started - 1
     elseif grouped then -- 'r', 'd' or 'h': the job stays at its group's head
       local key = prefix .. lane
       local head = redis.call('LINDEX', key, 0)
@@ -280,6 +285,7 @@ for i = 1, n do
 end
 if #ended > 0 then redis.call('ZREM', active, unpack(ended)) end
 if #back > 0 then redis.call('RPUSH', ready, unpack(back)) end
+for i = #front, 1, -1 do redis.call('LPUSH', ready, front[i]) end
 if #nexts > 0 then -- one INCRBY for every fence, given out in item order
   local fences = 0
   for _, x in ipairs(nexts) do fences = fences + 1 + #x[3] end

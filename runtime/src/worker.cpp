@@ -25,6 +25,7 @@
 #include <mutex>
 #include <random>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace jobrt {
 
@@ -540,10 +541,17 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       on_kept(item.token, type, result.lease_held);
       return;
     }
+    if (item.kind == finish_kind::release) {  // a give_back's
+      giving_back_.erase(item.token);
+      {
+        std::lock_guard lock(counters_mutex_);
+        ++(result.lease_held ? counters_.released : counters_.leases_lost);
+      }
+      drop_held();
+      return;
+    }
     std::string job_id(detail::record_id(lane_record(item.token)));
-    bool ran = false;
     if (auto it = running_.find(item.token); it != running_.end()) {
-      ran = true;
       auto r = it->second;
       running_.erase(it);  // first: a freed slot may launch a waiting job, which inserts here
       free_slot(*r);
@@ -555,8 +563,6 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       auto& t = by_type_[type];
       if (!result.lease_held) {
         ++counters_.leases_lost;
-      } else if (!ran && item.kind == finish_kind::defer) {  // given back (give_back)
-        ++counters_.released;
       } else if (item.kind == finish_kind::ack) {
         ++counters_.completed;
         ++t.completed;
@@ -643,8 +649,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     while (!waiting_.empty() && busy_ < opts_.concurrency) {
       auto w = std::move(waiting_.front());
       waiting_.pop_front();
-      // As a running job's, a lease no renewal reached for a whole TTL is given up: the reaper
-      // sends it back.
+      // As a running job's, a lease no renewal reached for a whole TTL is given up: handed back.
       if (w.valid_until <= clock::now()) {
         give_back(std::move(w.job.token), "ran out while it waited for a slot");
       } else {
@@ -653,12 +658,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
   }
 
-  // A leased job that has not started and whose lease's local end has passed goes back as a
-  // defer with no delay: at once and with no attempt counted when the backend still holds the
-  // lease (a renewal's answer was late, not lost); otherwise the call changes nothing and the
-  // reaper sends the job back, as for any lease that ran out. Left to the reaper, it would count
-  // an attempt for a run that never happened: a job with max_attempts 1 would be dead-lettered
-  // unrun. Counted as released (see on_finished), or as a lost lease when it was gone.
+  // A leased job that has not started and whose lease's local end has passed is handed back
+  // (finish_kind::release): when the backend still holds the lease (the renewals ran, their
+  // answers were late) the job goes back to the head of the ready list with no attempt counted;
+  // otherwise the call changes nothing and the reaper sends the job back, as for any lease that
+  // ran out. Left to the reaper, it would count an attempt for a run that never happened: a job
+  // with max_attempts 1 would be dead-lettered unrun. The watchdog renews the lease until the
+  // call lands (a late call must not find it reaped). Counted as released, or as a lost lease.
   void give_back(std::string token, std::string_view why) {
     jobrt::log(log_level::warn, source_, "lease {} {}; handing its job back", token, why);
     if (stopping_) {  // stop hands back what it holds: this too
@@ -667,9 +673,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     ++held_;  // until its finish lands (on_finished drops it)
     held_count_.store(held_, std::memory_order_relaxed);
+    giving_back_.insert(token);
     finish_item item;
     item.token = std::move(token);
-    item.kind = finish_kind::defer;
+    item.kind = finish_kind::release;
     queue_finish(std::move(item), "(not started)");
   }
 
@@ -705,6 +712,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       for (auto& [token, r] : self->running_)
         if (r->state != job_state::lost) tokens.push_back(token);  // finishing too: a finish may be retrying
       for (auto& w : self->waiting_) tokens.push_back(w.job.token);
+      tokens.insert(tokens.end(), self->giving_back_.begin(), self->giving_back_.end());
       auto sent = clock::now();
       try {
         auto held = co_await bounded(
@@ -936,6 +944,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     clock::time_point valid_until;
   };
   std::deque<waiting_job> waiting_;
+  std::unordered_set<std::string> giving_back_;  // tokens of give_back calls on their way
   std::vector<finish_item> pending_finish_;
   std::vector<std::string> pending_types_;  // each pending item's job type
   std::vector<std::string> to_release_;
@@ -949,7 +958,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   asio::cancellation_signal promote_stop_;             // ends the promoter's wait
   std::list<asio::cancellation_signal> finish_calls_;  // one per finish call on its way: stop ends it
   asio::steady_timer stopped_timer_;                   // never expires: later stop() calls wait on it
-  std::size_t held_ = 0;                               // jobs started whose finish has not landed
+  std::size_t held_ = 0;                               // jobs started (or handed back) whose finish has not landed
   std::size_t busy_ = 0;                               // slots taken (see running_job::holds_slot)
   bool queue_drained_ = false;                         // the last claim got fewer jobs than it asked for
   std::atomic<std::size_t> held_count_{0};

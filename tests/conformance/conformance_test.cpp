@@ -732,6 +732,47 @@ CONFORMANCE("a burst: followers come with the lease, each keep finishes one, and
   });
 }
 
+CONFORMANCE("jobs handed back unstarted go to the head of the ready list, in order, with no attempt counted") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    std::vector<job_spec> specs{with_id("a", "g"), with_id("b", "g"), with_id("z", ""), with_id("y", "")};
+    specs[2].group.reset();  // z and y ungrouped
+    specs[3].group.reset();
+    co_await p.enqueue_bulk(std::move(specs));
+    claim_options co{"w", 2, std::chrono::seconds(30), 1};
+    auto claimed = co_await store.claim(b.queue(), co);
+    REQUIRE(claimed.size() == 2);
+    auto& g = claimed[0];
+    REQUIRE(g.ahead.size() == 1);
+    CHECK(id_in(claimed[1].record) == "z");
+    // a is done and its follower b handed back with z, as a worker does when their leases' local
+    // ends came first: both go back in front of y, in this order, and leave the started count.
+    std::vector<finish_item> items{item(g.token, finish_kind::keep, "a", "b"), item(g.token, finish_kind::release, "b"),
+                                   item(claimed[1].token, finish_kind::release, "z")};
+    auto done = co_await store.finish(b.queue(), "w", items, std::chrono::seconds(30));
+    REQUIRE(done.size() == 3);
+    for (auto& d : done) CHECK(d.lease_held);
+    auto counts = co_await store.counts(b.queue());
+    CHECK(counts.started == 1);  // a
+    CHECK(counts.completed == 1);
+    CHECK(counts.deferred == 0);
+    CHECK(counts.running == 0);
+    CHECK(counts.ready_lanes == 3);
+    // A lease handed back is gone: handing it back again changes nothing.
+    std::vector<finish_item> again{item(claimed[1].token, finish_kind::release, "z")};
+    CHECK_FALSE((co_await store.finish(b.queue(), "w", again, std::chrono::seconds(30)))[0].lease_held);
+
+    claim_options all{"w", 10, std::chrono::seconds(30), 0};
+    auto next = co_await store.claim(b.queue(), all);
+    REQUIRE(next.size() == 3);
+    CHECK(next[0].record.starts_with("0|b|"));  // no attempt counted
+    CHECK(next[1].record.starts_with("0|z|"));
+    CHECK(id_in(next[2].record) == "y");
+  });
+}
+
 CONFORMANCE("a job requeued to its group's head during a burst runs right after the burst, and none is lost") {
   // (The running job stays its group's head, where a retry, a halt or the reaper looks for it.)
   run([kind](asio::io_context& ctx) -> awaitable<void> {

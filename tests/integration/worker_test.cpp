@@ -73,7 +73,10 @@ class answer_relay {
     a.listen();
     asio::co_spawn(ex, accept_loop(state_, target_), asio::detached);
   }
-  ~answer_relay() { state_->acceptor.close(); }
+  ~answer_relay() {
+    boost::system::error_code ignored;
+    state_->acceptor.close(ignored);
+  }
 
   redis::config config() const {
     auto c = target_;
@@ -107,8 +110,9 @@ class answer_relay {
           {asio::ip::make_address(target.host), static_cast<unsigned short>(std::stoi(target.port))},
           asio::as_tuple(use_awaitable));
       if (cec) co_return;
-      in->set_option(asio::ip::tcp::no_delay(true));
-      out->set_option(asio::ip::tcp::no_delay(true));
+      boost::system::error_code ignored;  // (best effort: Nagle would only slow the relay)
+      in->set_option(asio::ip::tcp::no_delay(true), ignored);
+      out->set_option(asio::ip::tcp::no_delay(true), ignored);
       asio::co_spawn(s->acceptor.get_executor(), pump(s, in, out, false), asio::detached);
       asio::co_spawn(s->acceptor.get_executor(), pump(s, out, in, true), asio::detached);
     }

@@ -61,14 +61,16 @@ struct claim_options {
 
 /// How a leased job ends this run.
 enum class finish_kind {
-  ack,    ///< done
-  keep,   ///< done, and the worker runs the job's follower under the same lease (claimed_job::
-          ///< ahead): the job leaves its group, the lease goes on (ungrouped: as ack)
-  fail,   ///< dead-lettered with `error`; a grouped job's group goes on
-  retry,  ///< one more attempt counted; runs again after `delay`, before anything of its group
-  defer,  ///< as retry, with no attempt counted (the handler asked to run later)
-  halt,   ///< attempt counted; the job stays at its group's head and the group is paused
-          ///< until resume() (ungrouped: as fail)
+  ack,      ///< done
+  keep,     ///< done, and the worker runs the job's follower under the same lease (claimed_job::
+            ///< ahead): the job leaves its group, the lease goes on (ungrouped: as ack)
+  fail,     ///< dead-lettered with `error`; a grouped job's group goes on
+  retry,    ///< one more attempt counted; runs again after `delay`, before anything of its group
+  defer,    ///< as retry, with no attempt counted (the handler asked to run later)
+  halt,     ///< attempt counted; the job stays at its group's head and the group is paused
+            ///< until resume() (ungrouped: as fail)
+  release,  ///< never started (its lease's local end came first): back to the head of the ready
+            ///< list with no attempt counted, and out of the started count, as stop's release()
 };
 
 struct finish_item {

@@ -164,7 +164,8 @@ class worker {
   const worker_options& options() const noexcept;
   /// A snapshot. Thread-safe.
   worker_counters counters() const;
-  /// Jobs started and not yet finished (running, or their result on its way). Thread-safe.
+  /// Jobs started and not yet finished (running, or their result on its way; or handed back,
+  /// the call on its way). Thread-safe.
   std::size_t in_flight() const;
   /// Counters by job type and histograms. Thread-safe.
   worker_metrics metrics() const;

@@ -427,7 +427,7 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
   for (auto token : gone) q.active.erase(std::string(token));
 
   std::int64_t now = now_ms();
-  std::vector<std::string> back;
+  std::vector<std::string> back, front;
   std::vector<std::pair<std::int64_t, std::string>> later;
   std::vector<std::pair<std::size_t, std::string>> nexts;  // item, lane: leased after the loop
   std::int64_t completed = 0, failed = 0, retried = 0, deferred = 0, halted = 0, started = 0;
@@ -481,6 +481,9 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
       }
       ++completed;
       ++started;
+    } else if (kind == finish_kind::release) {  // as release(): to the head, no attempt counted
+      front.push_back(std::move(lane));
+      --started;
     } else if (kind == finish_kind::ack || kind == finish_kind::fail) {
       bool ack = kind == finish_kind::ack;
       if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
@@ -542,6 +545,7 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
     }
   }
   for (auto& lane : back) q.ready.push_back(std::move(lane));
+  q.ready.insert(q.ready.begin(), std::make_move_iterator(front.begin()), std::make_move_iterator(front.end()));
   // Fences and leases after the loop, in item order (one INCRBY in finish.lua); a lease given
   // here replaces nothing that the loop looked at.
   for (auto& [i, lane] : nexts) {
@@ -558,7 +562,7 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
   q.retried += retried;
   q.deferred += deferred;
   q.halted += halted;
-  wake_locked(q, back.size());
+  wake_locked(q, back.size() + front.size());
   delay_locked(queue, q, std::move(later));
   co_return out;
 }

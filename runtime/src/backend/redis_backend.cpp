@@ -275,6 +275,7 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
       case finish_kind::halt: extras.push_back(it.error); break;
       case finish_kind::retry:
       case finish_kind::defer: extras.push_back(std::to_string(it.delay.count())); break;
+      case finish_kind::release: extras.emplace_back(); break;
     }
   }
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -287,6 +288,7 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
       case finish_kind::retry: args.push_back("r"); break;
       case finish_kind::defer: args.push_back("d"); break;
       case finish_kind::halt: args.push_back("h"); break;
+      case finish_kind::release: args.push_back("b"); break;
     }
     args.push_back(it.unique_id);
     args.push_back(extras[i]);
