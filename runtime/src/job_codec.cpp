@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <iterator>
 
 namespace jobrt {
 
@@ -42,20 +43,24 @@ std::chrono::milliseconds backoff::delay_after(int attempt, double random) const
 
 namespace jobrt::detail {
 
+// Written field by field: an object built first would copy the payload, however big.
 std::string encode_body(const job_spec& spec, std::int64_t now_ms, std::optional<failure_policy> policy) {
-  boost::json::object body;
-  body["type"] = spec.type;
-  body["payload"] = spec.payload;
-  if (spec.max_attempts != 3) body["max"] = spec.max_attempts;
-  if (spec.timeout.count() != 0) body["timeout"] = spec.timeout.count();
-  if (!spec.id.empty()) body["u"] = 1;
+  std::string body = R"({"type":)";
+  body += boost::json::serialize(boost::json::string_view(spec.type));
+  body += R"(,"payload":)";
+  body += boost::json::serialize(spec.payload);
+  auto out = std::back_inserter(body);
+  if (spec.max_attempts != 3) fmt::format_to(out, R"(,"max":{})", spec.max_attempts);
+  if (spec.timeout.count() != 0) fmt::format_to(out, R"(,"timeout":{})", spec.timeout.count());
+  if (!spec.id.empty()) body += R"(,"u":1)";
   if (spec.retry_backoff) {
     const auto& b = *spec.retry_backoff;
-    body["backoff"] = boost::json::array{b.initial.count(), b.factor, b.max.count(), b.jitter};
+    body += R"(,"backoff":)";
+    body += boost::json::serialize(boost::json::array{b.initial.count(), b.factor, b.max.count(), b.jitter});
   }
-  if (policy) body["policy"] = to_string(*policy);
-  body["at"] = now_ms;
-  return boost::json::serialize(body);
+  if (policy) fmt::format_to(out, R"(,"policy":"{}")", to_string(*policy));
+  fmt::format_to(out, R"(,"at":{}}})", now_ms);
+  return body;
 }
 
 std::string_view record_id(std::string_view record) noexcept {
