@@ -230,7 +230,7 @@ for i = 1, n do
         if record and not following then emptied = emptied + 1 end
         if following then
           if want == '2' and nobody_waits == nil then nobody_waits = redis.call('LLEN', ready) == 0 end
-          if kind == 'a' and (want == '1' or (want == '2' and nobody_waits and #back == 0)) and
+          if kind == 'a' and (want == '1' or (want == '2' and nobody_waits and #back == 0 and #front == 0)) and
               not is_paused(string.sub(lane, 3)) then
             -- its token is made below, with its fence
             local x = {'', following, none, lane}

@@ -101,7 +101,7 @@ std::string prometheus_text(const std::vector<queue_metrics>& queues) {
     std::uint64_t worker_counters::*field;
   };
   const total totals[] = {
-      {"jobrt_leases_lost_total", "counter", "Handlers cancelled because their lease was lost.",
+      {"jobrt_leases_lost_total", "counter", "Leases found lost (their handlers cancelled, if running).",
        &worker_counters::leases_lost},
       {"jobrt_lease_renewals_total", "counter", "Watchdog calls that renewed this process's leases.",
        &worker_counters::renewals},

@@ -621,8 +621,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     } else if (stopping_) {
       to_release_.push_back(token);
     } else if (r->valid_until <= clock::now()) {
-      // No renewal reached the backend for a whole TTL while the keep was on its way: the lease
-      // may be gone by now, and the follower must not run beside whoever gets it next.
+      // No renewal's answer came for a whole TTL while the keep was on its way: the lease may be
+      // gone by now, and the follower must not run beside whoever gets it next.
       give_back(token, "ran out while its keep was on its way");
     } else {
       claimed_job next{token, r->ctx->fence() + 1, r->ctx->group(), std::move(r->ahead.front()), {}};

@@ -108,7 +108,7 @@ struct worker_counters {
   std::uint64_t retried = 0;      ///< failed and will run again
   std::uint64_t deferred = 0;     ///< asked to run again later
   std::uint64_t promoted = 0;     ///< delayed entries this worker's promoter moved
-  std::uint64_t leases_lost = 0;  ///< handlers cancelled because their lease was gone
+  std::uint64_t leases_lost = 0;  ///< leases found lost (their handlers cancelled, if running)
   std::uint64_t renewals = 0;     ///< watchdog calls
   std::uint64_t released = 0;     ///< handed back unstarted: at stop, or when a lease's local end came first
   std::uint64_t recovered = 0;    ///< expired leases this worker's reaper sent back

@@ -498,8 +498,8 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
             q.groups.erase(group);
           } else if (ack && !q.paused.contains(group->first) &&
                      (item.want_next == finish_item::next_policy::yes ||
-                      (item.want_next == finish_item::next_policy::if_nobody_waits && q.ready.empty() &&
-                       back.empty()))) {
+                      (item.want_next == finish_item::next_policy::if_nobody_waits && q.ready.empty() && back.empty() &&
+                       front.empty()))) {
             claimed_job next;
             next.group = group->first;
             next.record = list.front();
