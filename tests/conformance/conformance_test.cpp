@@ -210,6 +210,7 @@ CONFORMANCE("lost lease: the handler is cancelled within one watchdog period and
     o.lease_ttl = std::chrono::milliseconds(600);  // watchdog every 200 ms
     std::string token;
     std::chrono::steady_clock::time_point lost_at{}, cancelled_at{};
+    std::uint64_t renewals_at_loss = 0, renewals_at_cancel = 0;
     bool finished_normally = false;
     worker w(ctx.get_executor(), b.make(), o);
     w.add_handler("t", [&](job_context& c) -> awaitable<void> {
@@ -219,6 +220,7 @@ CONFORMANCE("lost lease: the handler is cancelled within one watchdog period and
         finished_normally = true;
       } catch (const boost::system::system_error&) {
         cancelled_at = std::chrono::steady_clock::now();
+        renewals_at_cancel = w.counters().renewals;
         CHECK(c.cancelled());
         throw;
       }
@@ -230,6 +232,7 @@ CONFORMANCE("lost lease: the handler is cancelled within one watchdog period and
     CHECK(co_await eventually([&] { return !token.empty(); }));
     // Someone else ends the lease (an operator, or a reaper after a pause past the TTL).
     lost_at = std::chrono::steady_clock::now();
+    renewals_at_loss = w.counters().renewals;
     if (kind == backend_kind::redis) {
       auto& r = static_cast<redis_backend&>(b.make());
       co_await redis::exec(r.connection(),
@@ -245,7 +248,11 @@ CONFORMANCE("lost lease: the handler is cancelled within one watchdog period and
     auto delay = cancelled_at - lost_at;
     MESSAGE("cancelled " << std::chrono::duration_cast<std::chrono::milliseconds>(delay).count()
                          << " ms after the lease was lost");
-    CHECK(delay < std::chrono::milliseconds(200 + 100));
+    // By the first watchdog call after the loss (the second, when one was on its way then):
+    // within one period of the watchdog's own clock. The wall clock gets slack for a busy machine.
+    CHECK(renewals_at_cancel - renewals_at_loss <= 2);
+    CHECK(renewals_at_cancel > renewals_at_loss);
+    CHECK(delay < std::chrono::milliseconds(200 + 400));
     CHECK_FALSE(finished_normally);
     CHECK(co_await eventually([&] { return w.in_flight() == 0; }));
     CHECK(w.counters().leases_lost == 1);
@@ -770,6 +777,31 @@ CONFORMANCE("jobs handed back unstarted go to the head of the ready list, in ord
     CHECK(next[0].record.starts_with("0|b|"));  // no attempt counted
     CHECK(next[1].record.starts_with("0|z|"));
     CHECK(id_in(next[2].record) == "y");
+  });
+}
+
+CONFORMANCE("a burst does not go on \"if nobody waits\" past a job handed back in the same call") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    std::vector<job_spec> specs{with_id("a", "g"), with_id("b", "g"), with_id("z", "")};
+    specs[2].group.reset();
+    co_await p.enqueue_bulk(std::move(specs));
+    claim_options two{"w", 2, std::chrono::seconds(30), 0}, all{"w", 10, std::chrono::seconds(30), 0};
+    auto claimed = co_await store.claim(b.queue(), two);  // (options built before co_await: ARCHITECTURE.md)
+    REQUIRE(claimed.size() == 2);                         // g (a) and z: nothing else is ready
+    std::vector<finish_item> items{item(claimed[1].token, finish_kind::release, "z"),
+                                   item(claimed[0].token, finish_kind::ack, "a")};
+    items[1].want_next = finish_item::next_policy::if_nobody_waits;
+    auto done = co_await store.finish(b.queue(), "w", items, std::chrono::seconds(30));
+    REQUIRE(done.size() == 2);
+    CHECK(done[1].lease_held);
+    CHECK_FALSE(done[1].next);  // z waits: g's lane goes back behind it
+    auto next = co_await store.claim(b.queue(), all);
+    REQUIRE(next.size() == 2);
+    CHECK(id_in(next[0].record) == "z");
+    CHECK(id_in(next[1].record) == "b");
   });
 }
 
