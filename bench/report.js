@@ -72,6 +72,7 @@ scenario('bullmq', 'BullMQ, ungrouped', { tool: 'peer', peer: 'bullmq', kind: 't
 scenario('bee', 'bee-queue, ungrouped', { tool: 'peer', peer: 'bee', kind: 'throughput' });
 scenario('groupmq_g1000', 'GroupMQ, 1,000 groups', { tool: 'peer', peer: 'groupmq', kind: 'throughput', groups: 1000 });
 scenario('groupmq_g1', 'GroupMQ, 1 group', { tool: 'peer', peer: 'groupmq', kind: 'throughput', groups: 1 });
+scenario('roundtrip', 'a bare round trip: one client, one PING at a time', { tool: 'roundtrip', kind: 'roundtrip' });
 scenario('handmade', 'hand-made design, its sleeps (2 s, 800 ms), 100 threads', {
   tool: 'handmade',
   kind: 'handmade',
@@ -359,6 +360,16 @@ if (unmet.length) {
         `${fmtNum(metric('jobrt2_g1000', 'jobs_per_sec').median, 0)} jobs/s against ${fmtNum(metric('jobrt_g1000', 'jobs_per_sec').median, 0)} for one. ` +
         'One group runs strictly one job at a time, so there each job pays its claim and finish round trips in turn.',
     );
+  if (present('jobrt_g1') && present('groupmq_g1') && present('roundtrip')) {
+    const rtt = metric('roundtrip', 'rps');
+    L.push(
+      `A job of one group starts only once its predecessor's end is stored (order, and no loss if the worker dies), ` +
+        `so one group needs a round trip per job. In these runs one client sending nothing but PING, one at a time ` +
+        `(\`redis-benchmark -c 1\`), did ${fmtNum(rtt.median, 0)} round trips/s (${fmtNum(rtt.min, 0)}–${fmtNum(rtt.max, 0)}): ` +
+        `jobrt's one group ran at ${times(ratio('jobrt_g1', 'jobs_per_sec', 'roundtrip', 'rps'), 2)} of that rate, and 4× ` +
+        `GroupMQ's one group would be ${times(perRun((run) => (4 * value('groupmq_g1', 'jobs_per_sec', run)) / value('roundtrip', 'rps', run)), 2)} of it.`,
+    );
+  }
   L.push('');
 }
 L.push('### Throughput and costs per job');

@@ -1,6 +1,7 @@
 #include <jobrt/worker.hpp>
 
 #include "job_codec.hpp"
+#include "strand.hpp"
 
 #include <jobrt/log.hpp>
 
@@ -120,7 +121,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
  public:
   impl(asio::any_io_executor ex, backend& b, worker_options opts)
       : ex_(ex),
-        strand_(asio::make_strand(ex)),
+        strand_(detail::make_strand(ex)),
         backend_(b),
         opts_(std::move(opts)),
         slot_timer_(strand_),
@@ -176,7 +177,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   enum class job_state { running, finishing, lost, stopping };
 
   struct running_job {
-    explicit running_job(const asio::strand<asio::any_io_executor>& s) : deadline(s) {}
+    explicit running_job(const asio::any_io_executor& s) : deadline(s) {}
     std::shared_ptr<job_context> ctx;
     asio::cancellation_signal signal;
     asio::any_io_executor executor;  // where the handler runs (its group's strand)
@@ -304,7 +305,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     r->valid_until = valid_until.value_or(clock::now() + opts_.lease_ttl);
     // A strand even for an ungrouped job: its cancellation is emitted there, and that must not
     // race with the handler on a multi-threaded io_context.
-    r->executor = j.group.empty() ? asio::any_io_executor(asio::make_strand(ex_)) : acquire_strand(j.group);
+    r->executor = j.group.empty() ? detail::make_strand(ex_) : acquire_strand(j.group);
     r->ctx = std::make_shared<job_context>(std::move(j), c.fence, opts_.id);
     running_[token] = r;
     {
@@ -338,7 +339,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   asio::any_io_executor acquire_strand(const std::string& group) {
     auto& entry = strands_[group];
-    if (entry.users++ == 0) entry.strand = asio::make_strand(ex_);
+    if (entry.users++ == 0) entry.strand = detail::make_strand(ex_);
     return entry.strand;
   }
 
@@ -928,7 +929,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   };
 
   asio::any_io_executor ex_;
-  asio::strand<asio::any_io_executor> strand_;
+  asio::any_io_executor strand_;
   backend& backend_;
   worker_options opts_;
   std::string source_;  // how its log lines name it

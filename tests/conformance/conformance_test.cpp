@@ -5,6 +5,9 @@
 #include <fmt/ranges.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include <future>
 
 CONFORMANCE("exclusion and order: 8 workers x 200 groups x 50 jobs") {
   run(
@@ -132,6 +135,68 @@ CONFORMANCE("fast path: ungrouped jobs run in parallel up to the concurrency") {
     // 5 waves of 30 ms; serial would be 3 s.
     CHECK(took < std::chrono::milliseconds(1500));
   });
+}
+
+// jobrt makes its strands over an io_context's own executor type; any other executor gets strands
+// over the type-erased one. This runs the second kind: everything on a thread pool of 2.
+CONFORMANCE("on a thread pool's executor, a group runs in order one job at a time and ungrouped jobs all run") {
+  asio::thread_pool pool(2);
+  auto ex = pool.get_executor();
+  std::unique_ptr<backend> store;
+  if (kind == backend_kind::memory)
+    store = std::make_unique<memory_backend>(ex);
+  else
+    store = std::make_unique<redis_backend>(ex, shared_redis());
+  const auto queue = key_prefix() + "pool";
+  std::mutex m;
+  std::vector<int> order;  // the group's jobs, as they started
+  int in_group = 0, overlaps = 0, ungrouped = 0;
+  auto body = [&]() -> awaitable<void> {
+    producer p(*store, queue);
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 40; ++i) {
+      specs.push_back(make_job("t", {{"i", i}}, std::string("g")));
+      specs.push_back(make_job("t", {{"i", -1}}));
+    }
+    co_await p.enqueue_bulk(std::move(specs));
+    worker_options o;
+    o.queue = queue;
+    o.concurrency = 8;
+    o.claim_wait = std::chrono::milliseconds(300);
+    worker w(ex, *store, o);
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      auto i = c.payload().at("i").to_number<int>();
+      {
+        std::lock_guard lock(m);
+        if (i < 0) {
+          ++ungrouped;
+          co_return;
+        }
+        order.push_back(i);
+        if (++in_group > 1) ++overlaps;
+      }
+      co_await sleep_for(std::chrono::milliseconds(1));
+      std::lock_guard lock(m);
+      --in_group;
+    });
+    w.start();
+    bool all = co_await eventually([&] {
+      std::lock_guard lock(m);
+      return order.size() == 40 && ungrouped == 40;
+    });
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(all);
+  };
+  std::promise<std::exception_ptr> ended;
+  asio::co_spawn(ex, body(), [&](std::exception_ptr e) { ended.set_value(e); });
+  auto done = ended.get_future();
+  REQUIRE(done.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+  if (auto e = done.get()) std::rethrow_exception(e);
+  std::vector<int> expected(40);
+  for (int i = 0; i < 40; ++i) expected[static_cast<std::size_t>(i)] = i;
+  CHECK(order == expected);
+  CHECK(overlaps == 0);
+  CHECK(ungrouped == 40);
 }
 
 CONFORMANCE("bursts keep to the concurrency: a follower whose keep lands while the slots are taken waits for one") {

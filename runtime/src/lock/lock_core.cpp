@@ -1,5 +1,7 @@
 #include "lock/lock_core.hpp"
 
+#include "strand.hpp"
+
 #include <jobrt/error.hpp>
 
 #include <fmt/format.h>
@@ -154,7 +156,7 @@ void lock_core::leave_locked(waiter& w, const std::string& name, bool done) {
 }
 
 lock_core::lock_core(asio::any_io_executor ex)
-    : ex_(ex), strand_(asio::make_strand(ex)), watchdog_timer_(strand_), random_(std::random_device{}()) {}
+    : ex_(ex), strand_(detail::make_strand(ex)), watchdog_timer_(strand_), random_(std::random_device{}()) {}
 
 lock_core::~lock_core() = default;
 

@@ -194,7 +194,7 @@ class lock_core : public std::enable_shared_from_this<lock_core> {
   void after_release(const std::string& name, const std::optional<local_handoff>& next, const release_result& r);
 
   boost::asio::any_io_executor ex_;
-  boost::asio::strand<boost::asio::any_io_executor> strand_;  // the watchdog loop and its timer
+  boost::asio::any_io_executor strand_;  // the watchdog loop and its timer
   boost::asio::steady_timer watchdog_timer_;
   std::atomic<bool> closed_{false};
   std::mutex held_mutex_;  // the list of held leases, armed_, and the leases' renewal times

@@ -1,6 +1,7 @@
 #include <jobrt/redis/connection.hpp>
 
 #include "redis/multiplexer.hpp"
+#include "strand.hpp"
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
@@ -114,7 +115,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
  public:
   connection_impl(asio::any_io_executor ex, config cfg, connection_role role)
       : ex_(ex),
-        strand_(asio::make_strand(ex)),
+        strand_(jobrt::detail::make_strand(ex)),
         cfg_(std::move(cfg)),
         role_(role),
         socket_(strand_),
@@ -576,7 +577,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   }
 
   asio::any_io_executor ex_;
-  asio::strand<asio::any_io_executor> strand_;
+  asio::any_io_executor strand_;
   config cfg_;
   connection_role role_;
   multiplexer mux_;
