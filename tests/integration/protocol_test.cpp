@@ -152,8 +152,12 @@ TEST_CASE("enqueue.lua refuses a bad due time or an all-digit id before it write
   }
   auto digits = enqueue({"order-c", "", body, "", "1042", "", body, ""});
   CHECK(digits.find("job id '1042' is all digits") != std::string::npos);
+  // A call of one job due now takes the script's short path: the same checks, nothing stored.
+  CHECK(enqueue({"a|b", "g", body, ""}).find("job id 'a|b' contains '|'") != std::string::npos);
+  CHECK(enqueue({"1043", "", body, ""}).find("job id '1043' is all digits") != std::string::npos);
   CHECK(cli({"EXISTS", p + "ids", p + "seq", p + "ready", p + "stats", p + "delayed"}) == "0\n");
   CHECK(enqueue({"order-a", "g", body, ""}) == "order-a\n0\n");  // stored, not a duplicate
+  CHECK(enqueue({"order-a", "g", body, ""}) == "order-a\n1\n");  // the same id again: a duplicate
 
   // An id given without "u": it is the producer's all the same (it is not all digits), and its
   // job's end frees it.
