@@ -29,22 +29,21 @@ end
 if #lanes == 0 then return {} end
 
 local taken, records_of, fences = {}, {}, 0 -- records_of[i]: the records of a grouped taken[i]
-local any_paused = nil -- EXISTS paused, asked once, at the first grouped lane
-local function is_paused(group)
-  if any_paused == nil then any_paused = redis.call('EXISTS', paused) == 1 end
-  return any_paused and redis.call('HEXISTS', paused, group) == 1
-end
+local any_paused = nil -- EXISTS paused, asked once, at the first grouped lane that has jobs
 for _, lane in ipairs(lanes) do
   if string.sub(lane, 1, 2) == 'g:' then
     local records = redis.call('LRANGE', prefix .. lane, '0', ahead)
     if #records == 0 then
       -- a stale lane of an emptied group is dropped
-    elseif is_paused(string.sub(lane, 3)) then
-      redis.call('SADD', parked, string.sub(lane, 3))
     else
-      taken[#taken + 1] = lane
-      records_of[#taken] = records
-      fences = fences + #records
+      if any_paused == nil then any_paused = redis.call('EXISTS', paused) == 1 end
+      if any_paused and redis.call('HEXISTS', paused, string.sub(lane, 3)) == 1 then
+        redis.call('SADD', parked, string.sub(lane, 3))
+      else
+        taken[#taken + 1] = lane
+        records_of[#taken] = records
+        fences = fences + #records
+      end
     end
   else
     taken[#taken + 1] = lane
