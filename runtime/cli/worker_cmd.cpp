@@ -72,6 +72,9 @@ constexpr const char* worker_usage =
     "  --id ID              worker id (default: <host>:<pid>:<random>)\n"
     "  --lease-ttl MS       lease time-to-live (default 5000; renewed every third of it)\n"
     "  --burst N            jobs of one group in a row (default 4)\n"
+    "  --follow POLICY      after-commit (default): a group's next job starts once its\n"
+    "                       predecessor's end is stored; pipelined: at once, the end stored on\n"
+    "                       the way (a lost lease may run a job again after its follower ran)\n"
     "  --on-failure POLICY  hold, skip or halt: what a grouped job's failure does (default hold)\n"
     "  --grace MS           how long running jobs may take to finish at stop (default 10000)\n"
     "  --log-level LEVEL    debug, info (default), warn, error or off\n"
@@ -135,6 +138,13 @@ int worker_command(const args& a) {
       queue_options = true;
     } else if (arg == "--burst") {
       wo.burst = number_arg(a, i);
+      queue_options = true;
+    } else if (arg == "--follow") {
+      try {
+        wo.follow = parse_follow_policy(string_arg(a, i));
+      } catch (const std::invalid_argument& e) {
+        throw usage_error(fmt::format("worker: --follow: {}", e.what()));
+      }
       queue_options = true;
     } else if (arg == "--on-failure") {
       try {

@@ -62,7 +62,7 @@ failure_policy policy_at(const json::value& v, std::string_view where) {
 
 queue_settings queue_at(const json::value& v, const std::string& where) {
   const auto& o = object_at(v, where,
-                            {"name", "concurrency", "lease_ttl_ms", "watchdog_ms", "burst", "claim_wait_ms",
+                            {"name", "concurrency", "lease_ttl_ms", "watchdog_ms", "burst", "follow", "claim_wait_ms",
                              "on_failure", "retry", "grouping", "dead_letters"});
   auto field = [&](std::string_view name) { return fmt::format("{}.{}", where, name); };
   queue_settings q;
@@ -78,6 +78,14 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
   if (q.worker.watchdog_period.count() > 0 && q.worker.watchdog_period >= q.worker.lease_ttl)
     bad(field("watchdog_ms"), "must be shorter than lease_ttl_ms");
   if (auto* f = o.if_contains("burst")) q.worker.burst = static_cast<std::size_t>(count_at(*f, field("burst"), 1));
+  if (auto* f = o.if_contains("follow")) {
+    auto text = text_at(*f, field("follow"));
+    try {
+      q.worker.follow = parse_follow_policy(text);
+    } catch (const std::invalid_argument& e) {
+      bad(field("follow"), e.what());
+    }
+  }
   if (auto* f = o.if_contains("claim_wait_ms"))
     q.worker.claim_wait = std::chrono::milliseconds(count_at(*f, field("claim_wait_ms"), 1));
   if (auto* f = o.if_contains("on_failure")) q.worker.on_failure = policy_at(*f, field("on_failure"));

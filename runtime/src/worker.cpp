@@ -48,6 +48,12 @@ void histogram::observe(double seconds) noexcept {
   ++count;
 }
 
+follow_policy parse_follow_policy(std::string_view text) {
+  if (text == "after-commit") return follow_policy::after_commit;
+  if (text == "pipelined") return follow_policy::pipelined;
+  throw std::invalid_argument(fmt::format("follow policy '{}' is not one of after-commit, pipelined", text));
+}
+
 std::string make_worker_id() {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "host");
@@ -195,6 +201,12 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // group's next job keeps it until the answer (the next job takes it, unless a job that
     // waited for a slot comes first: see start_or_wait).
     bool holds_slot = true;
+  };
+
+  // What the worker keeps of each finish item beside it.
+  struct item_note {
+    std::string type;                                                     // its job's, for the counters by type
+    enum { follower_waits, follower_running } follower = follower_waits;  // (a keep's)
   };
 
   // --- claiming ---
@@ -371,7 +383,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
           running_.erase(it);
           free_slot(*r);
           release_strand(r->ctx->group());
-          to_release_.push_back(token);
+          hand_back(token);
           drop_held();
           return;
         }
@@ -393,17 +405,28 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     // The rest of the burst: its followers came with the lease and run one after another, while
     // the lease has at least half its TTL left when the job ends (so that, renewed as usual, it
-    // outlives the keep's trip and the follower's start). Each starts when its predecessor's
-    // keep has landed: started sooner, it would run before a predecessor that a crash or a lost
-    // lease runs again.
-    // The keep travels with every other result in the next finish call, and the slot serves
-    // other work meanwhile: the follower takes the next free one (see on_kept).
+    // outlives the keep's trip and the follower's start).
     if (item.kind == finish_kind::ack && !r->ahead.empty() && !stopping_ &&
         r->valid_until - clock::now() > opts_.lease_ttl / 2) {
       item.kind = finish_kind::keep;
       item.id = detail::script_id(r->ahead.front());
+      if (opts_.follow == follow_policy::pipelined) {
+        // The follower starts now, in this job's slot, and the keep travels behind it (the
+        // finisher keeps a token's items in order). Its predecessor counts as held until the
+        // keep lands.
+        running_.erase(it);
+        launch(follower_of(token, *r), r->valid_until);
+        free_slot(*r);
+        release_strand(r->ctx->group());  // after launch took it: the strand lives on
+        queue_finish(std::move(item), {r->ctx->job().type, item_note::follower_running});
+        return;
+      }
+      // Each starts when its predecessor's keep has landed: started sooner, it would run before
+      // a predecessor that a crash or a lost lease runs again. The keep travels with every other
+      // result in the next finish call, and the slot serves other work meanwhile: the follower
+      // takes the next free one (see on_kept).
       free_slot(*r);
-      queue_finish(std::move(item), r->ctx->job().type);
+      queue_finish(std::move(item), {r->ctx->job().type});
       return;
     }
     // After a burst, the group's next job (and its followers) in the finish's answer, only when
@@ -415,7 +438,15 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // The slot is free for a claim while the finish is on its way, unless the answer may bring
     // a job to run in it.
     if (item.want_next == finish_item::next_policy::no) free_slot(*r);
-    queue_finish(std::move(item), r->ctx->job().type);
+    queue_finish(std::move(item), {r->ctx->job().type});
+  }
+
+  // A burst's next job: the first follower, under the same lease with the next fence, and the
+  // rest behind it.
+  static claimed_job follower_of(const std::string& token, running_job& r) {
+    claimed_job next{token, r.ctx->fence() + 1, r.ctx->group(), std::move(r.ahead.front()), {}};
+    next.ahead.assign(std::make_move_iterator(r.ahead.begin() + 1), std::make_move_iterator(r.ahead.end()));
+    return next;
   }
 
   // A failed run: run again after a backoff while attempts are left; then the dead letters, or a
@@ -449,24 +480,25 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     item.kind = kind;
     item.unique_id = std::move(unique_id);
     item.error = std::move(error);
-    queue_finish(std::move(item), "(not started)");  // failed before its handler ran
+    queue_finish(std::move(item), {"(not started)"});  // failed before its handler ran
   }
 
-  // `type` is the job's, for the counters by type.
-  void queue_finish(finish_item item, std::string type) {
+  void queue_finish(finish_item item, item_note note) {
     if (stopped_) {  // the backend may be gone: the lease expires and the job runs again
       jobrt::log(log_level::warn, source_, "lease {} ended after stop; not finished", item.token);
       return;
     }
     pending_finish_.push_back(std::move(item));
-    pending_types_.push_back(std::move(type));
+    pending_notes_.push_back(std::move(note));
     if (flush_idle_) flush_timer_.cancel();
   }
 
   // Runs from start() to stop(): a finish call carries every result that came in meanwhile, and
   // up to finish_calls_max calls are on their way at once, so the backend runs one while this
-  // process handles the answer of another (a follower waits for its predecessor's keep). Each
-  // item's token is in one call at most: the order of calls does not matter.
+  // process handles the answer of another (a follower waits for its predecessor's keep). A
+  // token is in one call on its way at most: a result whose token is in one waits for its
+  // answer, so a token's results (a pipelined burst's keeps, then its end) reach the backend in
+  // order even when a call fails and is sent again after another went through.
   static asio::awaitable<void> flush_loop(std::shared_ptr<impl> self) {
     for (;;) {
       if (self->stopped_ && !self->pending_finish_.empty()) {  // stop ended the calls; no new one starts
@@ -474,9 +506,12 @@ class worker::impl : public std::enable_shared_from_this<impl> {
                    "{} results came too late to finish before stop; their leases expire and they run again",
                    self->pending_finish_.size());
         self->pending_finish_.clear();
-        self->pending_types_.clear();
+        self->pending_notes_.clear();
       }
-      if (self->pending_finish_.empty() || self->finish_calls_.size() >= finish_calls_max) {
+      std::vector<finish_item> items;
+      std::vector<item_note> notes;
+      if (self->finish_calls_.size() < finish_calls_max) self->take_sendable(items, notes);
+      if (items.empty()) {
         if (self->stopped_ && self->finish_calls_.empty()) break;
         self->flush_idle_ = true;
         co_await wait_on(self->flush_timer_);  // until queue_finish, a call's end or stop
@@ -484,14 +519,15 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         continue;
       }
       auto call = self->finish_calls_.emplace(self->finish_calls_.end());
-      asio::co_spawn(
-          self->strand_,
-          finish_call(self, std::exchange(self->pending_finish_, {}), std::exchange(self->pending_types_, {})),
-          asio::bind_cancellation_slot(call->slot(), [self, call](std::exception_ptr e) {
-            self->finish_calls_.erase(call);
-            if (self->flush_idle_) self->flush_timer_.cancel();
-            if (e) std::rethrow_exception(e);
-          }));
+      for (auto& item : items)
+        if (self->in_calls_.insert(item.token).second) call->tokens.push_back(item.token);
+      asio::co_spawn(self->strand_, finish_call(self, std::move(items), std::move(notes)),
+                     asio::bind_cancellation_slot(call->stop.slot(), [self, call](std::exception_ptr e) {
+                       for (auto& token : call->tokens) self->in_calls_.erase(token);
+                       self->finish_calls_.erase(call);
+                       if (self->flush_idle_) self->flush_timer_.cancel();
+                       if (e) std::rethrow_exception(e);
+                     }));
     }
     self->flushing_ = false;
     self->idle_timer_.cancel();
@@ -499,8 +535,39 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   // One finish call, sent again after a failure until it gets through or the worker stops;
   // stop() cuts short a call the backend does not answer (finish_calls_).
+  // The pending results whose tokens are in no call on their way, in the order they came; the
+  // others stay.
+  void take_sendable(std::vector<finish_item>& items, std::vector<item_note>& notes) {
+    if (in_calls_.empty()) {
+      items = std::exchange(pending_finish_, {});
+      notes = std::exchange(pending_notes_, {});
+      return;
+    }
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < pending_finish_.size(); ++i) {
+      if (in_calls_.contains(pending_finish_[i].token)) {
+        if (kept != i) {
+          pending_finish_[kept] = std::move(pending_finish_[i]);
+          pending_notes_[kept] = std::move(pending_notes_[i]);
+        }
+        ++kept;
+      } else {
+        items.push_back(std::move(pending_finish_[i]));
+        notes.push_back(std::move(pending_notes_[i]));
+      }
+    }
+    pending_finish_.resize(kept);
+    pending_notes_.resize(kept);
+  }
+
+  // Whether results under `token` are waiting to be sent or on their way.
+  bool finishing(const std::string& token) const {
+    return in_calls_.contains(token) || std::any_of(pending_finish_.begin(), pending_finish_.end(),
+                                                    [&](const finish_item& item) { return item.token == token; });
+  }
+
   static asio::awaitable<void> finish_call(std::shared_ptr<impl> self, std::vector<finish_item> items,
-                                           std::vector<std::string> types) {
+                                           std::vector<item_note> notes) {
     co_await asio::this_coro::throw_if_cancelled(false);  // a cancelled call fails like any other
     auto backoff = std::chrono::milliseconds(100);
     asio::steady_timer pause(self->strand_);
@@ -514,7 +581,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       }
       if (failure.empty()) {
         for (std::size_t i = 0; i < items.size() && i < results.size(); ++i)
-          self->on_finished(items[i], types[i], results[i]);
+          self->on_finished(items[i], notes[i], results[i]);
         co_return;
       }
       if (self->stopped_) {
@@ -537,9 +604,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
   }
 
-  void on_finished(const finish_item& item, const std::string& type, finish_result& result) {
+  void on_finished(const finish_item& item, const item_note& note, finish_result& result) {
+    const std::string& type = note.type;
     if (item.kind == finish_kind::keep) {
-      on_kept(item.token, type, result.lease_held);
+      if (note.follower == item_note::follower_running)
+        on_kept_behind(item.token, type, result.lease_held);
+      else
+        on_kept(item.token, type, result.lease_held);
       return;
     }
     if (item.kind == finish_kind::release) {  // a give_back's
@@ -626,11 +697,24 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       // gone by now, and the follower must not run beside whoever gets it next.
       give_back(token, "ran out while its keep was on its way");
     } else {
-      claimed_job next{token, r->ctx->fence() + 1, r->ctx->group(), std::move(r->ahead.front()), {}};
-      next.ahead.assign(std::make_move_iterator(r->ahead.begin() + 1), std::make_move_iterator(r->ahead.end()));
-      start_or_wait(std::move(next), r->valid_until);
+      start_or_wait(follower_of(token, *r), r->valid_until);
     }
     release_strand(r->ctx->group());  // after launch took it (if it started): the strand lives on
+  }
+
+  // A pipelined keep landed (follow_policy::pipelined): its follower started when the job
+  // ended, and runs or ran under the same token. A lease found lost cancels whatever still runs
+  // under it; later results under it find it lost too.
+  void on_kept_behind(const std::string& token, const std::string& type, bool held) {
+    if (held) {
+      std::lock_guard lock(counters_mutex_);
+      ++counters_.completed;
+      ++by_type_[type].completed;
+    } else {
+      jobrt::log(log_level::warn, source_, "lease {} was lost before a job under it was acked", token);
+      lease_lost(token, "lost");  // counted there, or by the result of the job that ran under it
+    }
+    drop_held();
   }
 
   // A leased job starts in a free slot, or waits for the next one that frees: a follower whose
@@ -668,7 +752,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // call lands (a late call must not find it reaped). Counted as released, or as a lost lease.
   void give_back(std::string token, std::string_view why) {
     jobrt::log(log_level::warn, source_, "lease {} {}; handing its job back", token, why);
-    if (stopping_) {  // stop hands back what it holds: this too
+    hand_back(std::move(token));
+  }
+
+  // Stopping, a lease goes back with the others (release_all), unless results under its token
+  // are still on their way (a pipelined burst's keeps): then behind them, in a finish call.
+  void hand_back(std::string token) {
+    if (stopping_ && !finishing(token)) {
       to_release_.push_back(std::move(token));
       return;
     }
@@ -678,7 +768,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     finish_item item;
     item.token = std::move(token);
     item.kind = finish_kind::release;
-    queue_finish(std::move(item), "(not started)");
+    queue_finish(std::move(item), {"(not started)"});
   }
 
   void free_slot(running_job& r) {
@@ -885,7 +975,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     reap_timer_.cancel();
     retry_timer_.cancel();
     flush_timer_.cancel();
-    for (auto& call : finish_calls_) call.emit(asio::cancellation_type::terminal);
+    for (auto& call : finish_calls_) call.stop.emit(asio::cancellation_type::terminal);
     promote_stop_.emit(asio::cancellation_type::terminal);
     while (started_ && (promoting_ || watching_ || reaping_ || flushing_)) co_await wait_on(idle_timer_);
     co_await release_all();  // a late finish may have leased us a burst's next job
@@ -947,21 +1037,26 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   std::deque<waiting_job> waiting_;
   std::unordered_set<std::string> giving_back_;  // tokens of give_back calls on their way
   std::vector<finish_item> pending_finish_;
-  std::vector<std::string> pending_types_;  // each pending item's job type
+  std::vector<item_note> pending_notes_;
+  std::unordered_set<std::string> in_calls_;  // tokens of the items in calls on their way
   std::vector<std::string> to_release_;
   asio::steady_timer slot_timer_;         // the claim loop waits here for a free slot
   asio::steady_timer idle_timer_;         // stop waits here for handlers to finish
   asio::cancellation_signal stop_claim_;  // cuts a blocking claim short
   asio::steady_timer watchdog_timer_;
   asio::steady_timer reap_timer_;
-  asio::steady_timer retry_timer_;                     // the promoter's pause after a failure
-  asio::steady_timer flush_timer_;                     // the finisher's pause after a failure
-  asio::cancellation_signal promote_stop_;             // ends the promoter's wait
-  std::list<asio::cancellation_signal> finish_calls_;  // one per finish call on its way: stop ends it
-  asio::steady_timer stopped_timer_;                   // never expires: later stop() calls wait on it
-  std::size_t held_ = 0;                               // jobs started (or handed back) whose finish has not landed
-  std::size_t busy_ = 0;                               // slots taken (see running_job::holds_slot)
-  bool queue_drained_ = false;                         // the last claim got fewer jobs than it asked for
+  asio::steady_timer retry_timer_;          // the promoter's pause after a failure
+  asio::steady_timer flush_timer_;          // the finisher's pause after a failure
+  asio::cancellation_signal promote_stop_;  // ends the promoter's wait
+  struct finish_call_state {
+    asio::cancellation_signal stop;   // stop() ends the call
+    std::vector<std::string> tokens;  // its items' (in in_calls_ while it is on its way)
+  };
+  std::list<finish_call_state> finish_calls_;  // one per finish call on its way
+  asio::steady_timer stopped_timer_;           // never expires: later stop() calls wait on it
+  std::size_t held_ = 0;                       // jobs started (or handed back) whose finish has not landed
+  std::size_t busy_ = 0;                       // slots taken (see running_job::holds_slot)
+  bool queue_drained_ = false;                 // the last claim got fewer jobs than it asked for
   std::atomic<std::size_t> held_count_{0};
   bool started_ = false;
   bool claiming_ = true;

@@ -11,6 +11,7 @@
 #include <jobrt/worker.hpp>
 
 #include <fmt/format.h>
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -85,6 +86,92 @@ job_spec make_job(std::string type, boost::json::value payload, std::optional<st
   s.group = std::move(group);
   return s;
 }
+
+// A backend that passes every call on to another, except that finish calls wait while the gate
+// is shut: a worker's results (a keep, an ack) are held back for as long as a test wants.
+class gated_backend final : public backend {
+ public:
+  gated_backend(asio::any_io_executor ex, backend& inner) : inner_(inner), opened_(ex) {}
+
+  void shut() { open_ = false; }
+  void open() {
+    open_ = true;
+    opened_.cancel();
+  }
+  std::size_t held_back() const { return held_back_; }  // finish calls waiting at the gate now
+  void fail_next_finish() { fail_next_ = true; }        // as a call whose connection broke
+
+  awaitable<std::vector<finish_result>> finish(std::string queue, std::string worker, std::vector<finish_item> items,
+                                               std::chrono::milliseconds lease_ttl) override {
+    if (std::exchange(fail_next_, false)) throw std::runtime_error("finish failed (injected)");
+    while (!open_) {
+      ++held_back_;
+      opened_.expires_at(std::chrono::steady_clock::time_point::max());
+      co_await opened_.async_wait(asio::as_tuple(use_awaitable));
+      --held_back_;
+    }
+    co_return co_await inner_.finish(std::move(queue), std::move(worker), std::move(items), lease_ttl);
+  }
+
+  awaitable<std::vector<enqueue_result>> enqueue(std::string q, std::vector<encoded_job> jobs) override {
+    return inner_.enqueue(std::move(q), std::move(jobs));
+  }
+  awaitable<std::vector<claimed_job>> claim(std::string q, claim_options o) override {
+    return inner_.claim(std::move(q), std::move(o));
+  }
+  awaitable<std::vector<claimed_job>> claim_wait(std::string q, claim_options o,
+                                                 std::chrono::milliseconds wait) override {
+    return inner_.claim_wait(std::move(q), std::move(o), wait);
+  }
+  awaitable<std::vector<bool>> extend(std::string q, std::string w, std::vector<std::string> tokens,
+                                      std::chrono::milliseconds ttl) override {
+    return inner_.extend(std::move(q), std::move(w), std::move(tokens), ttl);
+  }
+  awaitable<std::int64_t> expire_own(std::string q, std::string w) override {
+    return inner_.expire_own(std::move(q), std::move(w));
+  }
+  awaitable<void> release(std::string q, std::string w, std::vector<std::string> tokens) override {
+    return inner_.release(std::move(q), std::move(w), std::move(tokens));
+  }
+  awaitable<reap_result> reap(std::string q, reap_options o) override { return inner_.reap(std::move(q), o); }
+  awaitable<queue_counts> counts(std::string q) override { return inner_.counts(std::move(q)); }
+  awaitable<promote_result> promote(std::string q, std::size_t max) override {
+    return inner_.promote(std::move(q), max);
+  }
+  std::uint64_t delayed_version(const std::string& q) override { return inner_.delayed_version(q); }
+  awaitable<void> wait_delayed(std::string q, std::uint64_t seen, std::chrono::milliseconds timeout) override {
+    return inner_.wait_delayed(std::move(q), seen, timeout);
+  }
+  awaitable<std::vector<dead_letter>> dead_letters(std::string q, std::size_t offset, std::size_t limit) override {
+    return inner_.dead_letters(std::move(q), offset, limit);
+  }
+  awaitable<std::optional<dead_letter>> dead_letter_of(std::string q, std::string id) override {
+    return inner_.dead_letter_of(std::move(q), std::move(id));
+  }
+  awaitable<std::vector<std::string>> requeue(std::string q, std::vector<std::string> ids, bool at_head) override {
+    return inner_.requeue(std::move(q), std::move(ids), at_head);
+  }
+  awaitable<std::int64_t> purge(std::string q, std::vector<std::string> ids) override {
+    return inner_.purge(std::move(q), std::move(ids));
+  }
+  awaitable<bool> pause(std::string q, std::string group) override {
+    return inner_.pause(std::move(q), std::move(group));
+  }
+  awaitable<bool> resume(std::string q, std::string group, resume_mode mode) override {
+    return inner_.resume(std::move(q), std::move(group), mode);
+  }
+  awaitable<std::vector<paused_group>> paused_groups(std::string q) override {
+    return inner_.paused_groups(std::move(q));
+  }
+  awaitable<check_report> check(std::string q, bool repair) override { return inner_.check(std::move(q), repair); }
+
+ private:
+  backend& inner_;
+  bool open_ = true;
+  bool fail_next_ = false;
+  std::size_t held_back_ = 0;
+  asio::steady_timer opened_;  // parked at time_point::max(); open() wakes every waiter
+};
 
 struct event {
   std::string group;

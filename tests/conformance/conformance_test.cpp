@@ -9,7 +9,7 @@
 
 #include <future>
 
-CONFORMANCE("exclusion and order: 8 workers x 200 groups x 50 jobs") {
+CONFORMANCE("exclusion and order: 8 workers (half of them pipelined) x 200 groups x 50 jobs") {
   run(
       [kind](asio::io_context& ctx) -> awaitable<void> {
         backends b(ctx, kind);
@@ -37,6 +37,7 @@ CONFORMANCE("exclusion and order: 8 workers x 200 groups x 50 jobs") {
         for (int w = 0; w < 8; ++w) {
           auto o = b.worker_opts(16);
           o.burst = static_cast<std::size_t>(1 + w % 3);
+          if (w >= 4) o.follow = follow_policy::pipelined;
           workers.push_back(std::make_unique<worker>(ctx.get_executor(), b.make(), o));
           workers.back()->add_handler("step", h);
           workers.back()->start();
@@ -1042,5 +1043,224 @@ CONFORMANCE(
     CHECK(fmt::format("{}", fmt::join(runs, " ")) == "0#1 0#2 1#1 2#1");
     CHECK(completed_at_1 == 1);
     CHECK(w.counters().leases_lost == 1);  // 0's first keep
+  });
+}
+
+// follow_policy::pipelined: a follower starts when its predecessor succeeded, the keep behind it.
+namespace {
+std::string joined(const std::vector<std::string>& v) { return fmt::format("{}", fmt::join(v, " ")); }
+
+// Five jobs of one group, one burst, the worker's finish calls held back until all it would start
+// has started (or 500 ms went by): what started meanwhile. Then the calls go through, and
+// all five must end completed, in order.
+awaitable<std::vector<std::string>> started_while_held(backends& b, follow_policy follow, std::string queue) {
+  auto ex = co_await asio::this_coro::executor;
+  auto& inner = b.make();
+  gated_backend gate(ex, inner);
+  producer p(inner, queue);
+  std::vector<job_spec> specs;
+  for (auto id : {"a", "b", "c", "d", "e"}) specs.push_back(with_id(id, "g"));
+  co_await p.enqueue_bulk(std::move(specs));
+  auto o = b.worker_opts(2);
+  o.queue = queue;
+  o.burst = 5;
+  o.follow = follow;
+  std::vector<std::string> started;
+  gate.shut();
+  worker w(ex, gate, o);
+  w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+    started.push_back(c.id());
+    co_return;
+  });
+  w.start();
+  co_await eventually([&] { return started.size() == 5; }, std::chrono::milliseconds(500));
+  auto held = started;
+  CHECK((co_await inner.counts(queue)).completed == 0);
+  gate.open();
+  CHECK(co_await eventually([&] { return w.counters().completed == 5; }));
+  co_await w.stop(std::chrono::seconds(5));
+  CHECK(joined(started) == "a b c d e");
+  auto counts = co_await inner.counts(queue);
+  CHECK(counts.completed == 5);
+  CHECK(counts.started == 5);
+  CHECK(counts.running == 0);
+  CHECK(counts.groups == 0);
+  co_return held;
+}
+}  // namespace
+
+CONFORMANCE("follow: pipelined followers start while the keeps before them are held back, after-commit ones wait") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    CHECK(joined(co_await started_while_held(b, follow_policy::pipelined, b.queue() + "p")) == "a b c d e");
+    CHECK(joined(co_await started_while_held(b, follow_policy::after_commit, b.queue() + "c")) == "a");
+  });
+}
+
+CONFORMANCE("pipelined: a failed job holds back its followers until it ran again") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto o = b.worker_opts(2);
+    o.burst = 4;
+    o.follow = follow_policy::pipelined;
+    o.retry_backoff.initial = std::chrono::milliseconds(20);
+    o.retry_backoff.jitter = 0;
+    std::vector<std::string> runs;  // i#attempt
+    worker w(ctx.get_executor(), b.make(), o);
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      auto i = c.payload().at("i").as_int64();
+      runs.push_back(fmt::format("{}#{}", i, c.attempt()));
+      if (i == 1 && c.attempt() == 1) throw std::runtime_error("once");
+      co_return;
+    });
+    producer p(b.make(), b.queue());
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 4; ++i) specs.push_back(make_job("t", {{"i", i}}, "g"));
+    co_await p.enqueue_bulk(std::move(specs));
+    w.start();
+    CHECK(co_await eventually([&] { return w.counters().completed == 4; }, std::chrono::seconds(10)));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(joined(runs) == "0#1 1#1 1#2 2#1 3#1");
+    CHECK(w.counters().retried == 1);
+    auto counts = co_await b.make().counts(b.queue());
+    CHECK(counts.completed == 4);
+    CHECK(counts.running == 0);
+  });
+}
+
+CONFORMANCE(
+    "pipelined: a keep that finds its lease lost cancels the follower running under it; the group runs again "
+    "from that job") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& admin = b.make();
+    gated_backend gate(ctx.get_executor(), b.make());
+    auto o = b.worker_opts(1);
+    o.id = "w-pipelined";
+    o.burst = 3;
+    o.follow = follow_policy::pipelined;
+    o.lease_ttl = std::chrono::seconds(10);
+    o.watchdog_period = std::chrono::seconds(30);  // only the keep can tell the worker
+    o.reap_period = std::chrono::seconds(30);
+    std::vector<std::string> runs;  // i#attempt
+    bool cancelled = false;
+    worker w(ctx.get_executor(), gate, o);
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      auto i = c.payload().at("i").as_int64();
+      runs.push_back(fmt::format("{}#{}", i, c.attempt()));
+      if (i != 1 || runs.size() != 2) co_return;
+      // 1 runs under 0's lease while 0's keep is held back. The lease ends meanwhile (a stall
+      // past its TTL: expired and reaped), then the keep goes through and finds it gone.
+      std::vector<std::string> token{fmt::format("{}|g:{}", c.fence() - 1, c.group())};
+      co_await admin.extend(b.queue(), o.id, token, o.lease_ttl);
+      CHECK(co_await admin.expire_own(b.queue(), o.id) == 1);
+      CHECK((co_await admin.reap(b.queue(), reap_options{})).leases == 1);
+      gate.open();
+      try {
+        co_await sleep_for(std::chrono::seconds(30));
+      } catch (const boost::system::system_error&) {
+        cancelled = true;
+        throw;
+      }
+    });
+    producer p(admin, b.queue());
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 3; ++i) specs.push_back(make_job("t", {{"i", i}}, "g"));
+    co_await p.enqueue_bulk(std::move(specs));
+    gate.shut();
+    w.start();
+    CHECK(co_await eventually([&] { return w.counters().completed == 3; }, std::chrono::seconds(20)));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(cancelled);
+    // 0's end was never stored: the group ran again from 0, its attempt counted; 1 had not
+    // ended, so it runs again as its first attempt.
+    CHECK(joined(runs) == "0#1 1#1 0#2 1#1 2#1");
+    CHECK(w.counters().leases_lost == 1);
+    auto counts = co_await admin.counts(b.queue());
+    CHECK(counts.completed == 3);
+    CHECK(counts.running == 0);
+    CHECK(counts.dead == 0);
+  });
+}
+
+CONFORMANCE("pipelined: a follower that stop cuts short goes back behind its predecessor's keep, unstarted") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& admin = b.make();
+    gated_backend gate(ctx.get_executor(), b.make());
+    auto o = b.worker_opts(1);
+    o.burst = 3;
+    o.follow = follow_policy::pipelined;
+    std::vector<std::string> runs;  // i#attempt
+    auto h = [&](job_context& c) -> awaitable<void> {
+      auto i = c.payload().at("i").as_int64();
+      runs.push_back(fmt::format("{}#{}", i, c.attempt()));
+      if (i == 1 && runs.size() == 2) co_await sleep_for(std::chrono::seconds(30));  // until stop cancels it
+    };
+    worker w(ctx.get_executor(), gate, o);
+    w.add_handler("t", h);
+    producer p(admin, b.queue());
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 3; ++i) specs.push_back(make_job("t", {{"i", i}}, "g"));
+    co_await p.enqueue_bulk(std::move(specs));
+    gate.shut();  // 0's keep waits here while 1 runs
+    w.start();
+    CHECK(co_await eventually([&] { return runs.size() == 2; }));
+    bool stopped = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> awaitable<void> {
+          co_await w.stop(std::chrono::milliseconds(100));
+          stopped = true;
+        },
+        asio::detached);
+    co_await sleep_for(std::chrono::milliseconds(300));  // 1 was cancelled; its hand-back waits behind the keep
+    CHECK_FALSE(stopped);
+    CHECK(gate.held_back() == 1);
+    gate.open();
+    CHECK(co_await eventually([&] { return stopped; }, std::chrono::seconds(10)));
+    auto counts = co_await admin.counts(b.queue());
+    CHECK(counts.completed == 1);
+    CHECK(counts.running == 0);
+    auto report = co_await admin.check(b.queue(), false);
+    CHECK_MESSAGE(report.problems.empty(), fmt::format("{}", fmt::join(report.problems, "; ")));
+    // 0 is done; 1 was handed back after it, with no attempt counted.
+    worker next(ctx.get_executor(), admin, b.worker_opts(1));
+    next.add_handler("t", h);
+    next.start();
+    CHECK(co_await eventually([&] { return next.counters().completed == 2; }));
+    co_await next.stop(std::chrono::seconds(5));
+    CHECK(joined(runs) == "0#1 1#1 1#1 2#1");
+  });
+}
+
+CONFORMANCE("pipelined: a keep sent again after its call failed still lands before the results behind it") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& admin = b.make();
+    gated_backend gate(ctx.get_executor(), b.make());
+    auto o = b.worker_opts(2);
+    o.burst = 3;
+    o.follow = follow_policy::pipelined;
+    std::vector<std::string> runs;
+    worker w(ctx.get_executor(), gate, o);
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      runs.push_back(c.id());
+      co_return;
+    });
+    producer p(admin, b.queue());
+    std::vector<job_spec> specs{with_id("a", "g"), with_id("b", "g"), with_id("c", "g")};
+    co_await p.enqueue_bulk(std::move(specs));
+    gate.fail_next_finish();  // a's keep: sent again after a backoff, while b and c end
+    w.start();
+    CHECK(co_await eventually([&] { return w.counters().completed == 3; }, std::chrono::seconds(10)));
+    co_await w.stop(std::chrono::seconds(5));
+    // Sent before the keep, b's keep and c's ack would have ended the lease with c left behind.
+    CHECK(joined(runs) == "a b c");
+    CHECK(w.counters().leases_lost == 0);
+    auto counts = co_await admin.counts(b.queue());
+    CHECK(counts.completed == 3);
+    CHECK(counts.running == 0);
+    CHECK(counts.groups == 0);
   });
 }

@@ -26,7 +26,7 @@ TEST_CASE("settings - a full config file") {
     "handlers": {"tenant_import": {"retry": {"initial_ms": 500, "factor": 3, "max_ms": 9000, "jitter": 0}}},
     "queues": [
       {"name": "imports", "concurrency": 20, "lease_ttl_ms": 6000, "watchdog_ms": 1000, "burst": 2,
-       "claim_wait_ms": 2000, "on_failure": "halt", "retry": {"initial_ms": 100},
+       "follow": "pipelined", "claim_wait_ms": 2000, "on_failure": "halt", "retry": {"initial_ms": 100},
        "grouping": {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "skip"}]},
        "dead_letters": {"max_count": 50, "max_age_ms": 60000}},
       {"name": "mail"}
@@ -43,6 +43,7 @@ TEST_CASE("settings - a full config file") {
   CHECK(q.worker.lease_ttl == std::chrono::milliseconds(6000));
   CHECK(q.worker.watchdog_period == std::chrono::milliseconds(1000));
   CHECK(q.worker.burst == 2);
+  CHECK(q.worker.follow == follow_policy::pipelined);
   CHECK(q.worker.on_failure == failure_policy::halt);
   CHECK(q.worker.retry_backoff.initial == std::chrono::milliseconds(100));
   CHECK(q.worker.dead_max_count == 50);
@@ -51,6 +52,7 @@ TEST_CASE("settings - a full config file") {
   CHECK(choice->group == "orders:t7");
   CHECK(choice->on_failure == failure_policy::skip);
   CHECK(s.queues[1].worker.concurrency == worker_options{}.concurrency);
+  CHECK(s.queues[1].worker.follow == follow_policy::after_commit);
 }
 
 TEST_CASE("settings - a bad file is refused naming the field") {
@@ -61,6 +63,8 @@ TEST_CASE("settings - a bad file is refused naming the field") {
         "config.queues[0].concurrency: is not an integer of at least 1");
   CHECK(refusal(R"({"queues": [{"name": "a", "on_failure": "retry"}]})") ==
         "config.queues[0].on_failure: failure policy 'retry' is not one of hold, skip, halt");
+  CHECK(refusal(R"({"queues": [{"name": "a", "follow": "eager"}]})") ==
+        "config.queues[0].follow: follow policy 'eager' is not one of after-commit, pipelined");
   CHECK(refusal(R"({"queues": [{"name": "a"}, {"name": "a"}]})") ==
         "config.queues[1].name: queue \"a\" is named twice");
   CHECK(refusal(R"({"queues": [{"name": "a", "retry": {"jitter": 2}}]})") ==

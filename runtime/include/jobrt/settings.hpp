@@ -5,7 +5,7 @@
 //   "plugins": ["build/handlers/jobrt_tenant_import.so"],
 //   "handlers": {"tenant_import": {"retry": {"initial_ms": 500, "factor": 2, "max_ms": 60000, "jitter": 0.2}}},
 //   "queues": [{
-//     "name": "imports", "concurrency": 20, "lease_ttl_ms": 5000, "burst": 4,
+//     "name": "imports", "concurrency": 20, "lease_ttl_ms": 5000, "burst": 4, "follow": "after-commit",
 //     "on_failure": "hold", "retry": {"initial_ms": 1000},
 //     "grouping": {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "halt"}]},
 //     "dead_letters": {"max_count": 10000, "max_age_ms": 2592000000}

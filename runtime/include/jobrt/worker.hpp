@@ -65,6 +65,23 @@ class permanent_failure : public std::runtime_error {
 /// error: it runs again after a backoff while attempts are left (see failure_policy).
 using handler = std::function<boost::asio::awaitable<void>(job_context&)>;
 
+/// When a burst's follower starts (worker_options::follow). Either way a group's jobs run one at a
+/// time, in order, and a failed job holds back the jobs behind it.
+enum class follow_policy {
+  /// Once its predecessor's end is stored: a round trip per job. A job never runs again after
+  /// its follower started, whatever crashes.
+  after_commit,
+  /// As soon as its predecessor succeeded; the end is stored on the way, behind it. A burst
+  /// costs about one round trip, not one per job. The price, only when the lease is lost (the
+  /// worker dies, Redis is out of reach for a TTL): the group runs again from its first job
+  /// whose end was not stored, so a job that ran may run again after its follower ran, as
+  /// a consumer that commits its offsets asynchronously replays from the last commit.
+  pipelined,
+};
+
+/// "after-commit" or "pipelined"; throws std::invalid_argument naming the text otherwise.
+follow_policy parse_follow_policy(std::string_view text);
+
 struct worker_options {
   std::string queue = "default";
   /// Unique per running worker; a restarted worker with the same id takes back its own claims.
@@ -85,9 +102,11 @@ struct worker_options {
   /// How many jobs of one group in a row this worker may run before the group's lane goes back
   /// to the tail of the ready list (1: strict round robin). A claim brings a group's head with
   /// up to burst - 1 jobs behind it under one lease, and they run one after another with no
-  /// claim in between; each starts once its predecessor's keep has landed (see
-  /// docs/ARCHITECTURE.md).
+  /// claim in between (see follow and docs/ARCHITECTURE.md).
   std::size_t burst = 4;
+  /// When a burst's next job starts: once its predecessor's end is stored (the default), or at
+  /// once, the end stored on the way (see follow_policy).
+  follow_policy follow = follow_policy::after_commit;
   /// Between a failed run and the next, for job types without a backoff of their own.
   backoff retry_backoff;
   /// What a grouped job's failure does to its group, unless its grouping rule or the job says.
