@@ -1,6 +1,7 @@
 // The job runtime on Redis, measured from the server's own counters.
 //
-//   jobrt_bench_jobs URL throughput N CONCURRENCY GROUPS [BURST=4]   (GROUPS 0: ungrouped)
+//   jobrt_bench_jobs URL throughput N CONCURRENCY GROUPS [BURST=4] [FOLLOW=after-commit]
+//     (GROUPS 0: ungrouped; FOLLOW: after-commit or pipelined, see worker_options::follow)
 //     enqueue N no-op jobs in batches of 1000, then one worker runs them; prints jobs/s,
 //     enqueue jobs/s, Redis commands per job (INFO commandstats: commands inside scripts count),
 //     Redis CPU per job (INFO cpu), Redis memory per queued job (INFO memory).
@@ -96,7 +97,7 @@ std::vector<job_spec> noop_jobs(long n, long groups) {
 }
 
 awaitable<void> throughput(asio::io_context& ctx, redis::config cfg, long n, std::size_t concurrency, long groups,
-                           std::size_t burst) {
+                           std::size_t burst, follow_policy follow) {
   redis_backend store(ctx.get_executor(), cfg);
   auto& conn = store.connection();
   co_await redis::exec(conn, redis::request("FLUSHALL"));
@@ -114,6 +115,7 @@ awaitable<void> throughput(asio::io_context& ctx, redis::config cfg, long n, std
   o.queue = "bench";
   o.concurrency = concurrency;
   o.burst = burst;
+  o.follow = follow;
   worker w(ctx.get_executor(), store, o);
   w.add_handler("noop", [&](job_context&) -> awaitable<void> {
     ++done;
@@ -130,11 +132,12 @@ awaitable<void> throughput(asio::io_context& ctx, redis::config cfg, long n, std
   auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
   auto per_job = [&](double x) { return x / static_cast<double>(n); };
   fmt::print(
-      "throughput groups={} n={} concurrency={} jobs_per_sec={:.0f} enqueue_per_sec={:.0f} "
+      "throughput groups={} n={} concurrency={} burst={} follow={} jobs_per_sec={:.0f} enqueue_per_sec={:.0f} "
       "cmds_per_job={:.2f} enqueue_cmds_per_job={:.2f} process_cmds_per_job={:.2f} "
       "redis_cpu_us_per_job={:.2f} enqueue_cpu_us_per_job={:.2f} process_cpu_us_per_job={:.2f} "
       "mem_bytes_per_job={:.1f} worker_cpu_us_per_job={:.2f}\n",
-      groups, n, concurrency, static_cast<double>(n) / secs(t3 - t2), static_cast<double>(n) / secs(t1 - t0),
+      groups, n, concurrency, burst, follow == follow_policy::pipelined ? "pipelined" : "after-commit",
+      static_cast<double>(n) / secs(t3 - t2), static_cast<double>(n) / secs(t1 - t0),
       per_job(static_cast<double>(s2.commands - s0.commands)), per_job(static_cast<double>(s1.commands - s0.commands)),
       per_job(static_cast<double>(s2.commands - s1.commands)), per_job((s2.cpu_seconds - s0.cpu_seconds) * 1e6),
       per_job((s1.cpu_seconds - s0.cpu_seconds) * 1e6), per_job((s2.cpu_seconds - s1.cpu_seconds) * 1e6),
@@ -293,11 +296,11 @@ awaitable<void> depth(asio::io_context& ctx, redis::config cfg, long queued) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fmt::print(
-        stderr,
-        "usage: {} URL throughput N C GROUPS [BURST] | fill N GROUPS | work N C [BURST] | pickup N GROUPED [GAP_US] | "
-        "depth DEPTH\n",
-        argv[0]);
+    fmt::print(stderr,
+               "usage: {} URL throughput N C GROUPS [BURST] [FOLLOW] | fill N GROUPS | work N C [BURST] | pickup N "
+               "GROUPED [GAP_US] | "
+               "depth DEPTH\n",
+               argv[0]);
     return 2;
   }
   auto cfg = redis::config::from_url(argv[1]);
@@ -309,10 +312,17 @@ int main(int argc, char** argv) {
     failure = e;
     ctx.stop();
   };
+  auto follow = follow_policy::after_commit;
+  try {
+    if (mode == "throughput" && argc > 7) follow = parse_follow_policy(argv[7]);
+  } catch (const std::invalid_argument& e) {
+    fmt::print(stderr, "error: FOLLOW: {}\n", e.what());
+    return 2;
+  }
   if (mode == "throughput")
     asio::co_spawn(ctx,
                    throughput(ctx, cfg, arg(3, 100000), static_cast<std::size_t>(arg(4, 100)), arg(5, 0),
-                              static_cast<std::size_t>(arg(6, 4))),
+                              static_cast<std::size_t>(arg(6, 4)), follow),
                    done);
   else if (mode == "pickup")
     asio::co_spawn(
