@@ -132,10 +132,21 @@ TEST_CASE("jobrt worker runs plugin handlers on jobs from jobrt enqueue and stop
   std::vector<std::string> outs;
   for (int i = 0; i < 2; ++i) {
     outs.push_back(fmt::format("/tmp/jobrt-cli-worker-{}-{}.out", ::getpid(), i));
-    workers.push_back(
-        start({"worker", "--redis", url, "--queue", queue, "--plugin", JOBRT_HANDLERS "/jobrt_tenant_import.so",
-               "--plugin", JOBRT_HANDLERS "/jobrt_stock_arrival.so", "--concurrency", "8", "--grace", "5000"},
-              outs.back()));
+    std::vector<std::string> args{"worker",
+                                  "--redis",
+                                  url,
+                                  "--queue",
+                                  queue,
+                                  "--plugin",
+                                  JOBRT_HANDLERS "/jobrt_tenant_import.so",
+                                  "--plugin",
+                                  JOBRT_HANDLERS "/jobrt_stock_arrival.so",
+                                  "--concurrency",
+                                  "8",
+                                  "--grace",
+                                  "5000"};
+    if (i == 1) args.insert(args.end(), {"--burst", "8", "--follow", "pipelined"});  // the other way to run bursts
+    workers.push_back(start(args, outs.back()));
   }
   auto counts = wait_counts(cfg, queue, [](const queue_counts& c) { return c.completed + c.dead >= 202; });
   CHECK(counts.completed == 201);
@@ -211,6 +222,10 @@ TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the 
   CHECK(no_type.output.find("(see jobrt enqueue --help)") != std::string::npos);
   CHECK(no_type.output.find("commands:") == std::string::npos);  // not the list of commands
   CHECK(jobrt_cli({"worker", "--redis", "http://nope", "--plugin", "x.so"}).status == 2);
+  auto follow = jobrt_cli({"worker", "--redis", url, "--plugin", "x.so", "--follow", "eager"});
+  CHECK(follow.status == 2);
+  CHECK(follow.output.find("worker: --follow: follow policy 'eager' is not one of after-commit, pipelined") !=
+        std::string::npos);
   auto unknown = jobrt_cli({"frobnicate"});
   CHECK(unknown.status == 2);
   CHECK(unknown.output.find("unknown command 'frobnicate'") != std::string::npos);
