@@ -55,24 +55,36 @@ if last then
   -- TTL): it is not ours to start any more. One still held gets a full TTL from now.
   local time = redis.call('TIME')
   local deadline = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl
-  local out, pos, i = {}, 1, 0
+  -- The record, item by item: its held flag and its next token.
+  local helds, next_tokens, pos = {}, {}, 1
   while pos <= #last do
-    i = i + 1
     local colon = string.find(last, ':', pos, true)
     local len = tonumber(string.sub(last, pos + 1, colon - 1))
-    local token = string.sub(last, colon + 1, colon + len)
-    local record = ''
+    helds[#helds + 1] = tonumber(string.sub(last, pos, pos))
+    next_tokens[#next_tokens + 1] = string.sub(last, colon + 1, colon + len)
+    pos = colon + len + 1
+  end
+  -- Leases this call ended itself (with an item held that was not a keep): the keeps before it
+  -- under the same token stand (a pipelined burst's keeps, then its end, in one call).
+  local ended_here = {}
+  for i = 1, #helds do
+    local base = 5 + (i - 1) * W
+    if helds[i] == 1 and ARGV[base + 1] ~= 'k' then ended_here[ARGV[base]] = true end
+  end
+  local out = {}
+  for i = 1, #helds do
+    local token, record = next_tokens[i], ''
     if token ~= '' and redis.call('ZSCORE', active, token) then
       redis.call('ZADD', active, 'XX', deadline, token)
       record = redis.call('LINDEX', prefix .. string.sub(token, string.find(token, '|', 1, true) + 1), 0) or ''
     else
       token = ''
     end
-    local held = tonumber(string.sub(last, pos, pos))
+    local held = helds[i]
     -- A keep's lease goes on: it is held if it is still there, and its follower may start.
     local base = 5 + (i - 1) * W
     if held == 1 and ARGV[base + 1] == 'k' and string.find(ARGV[base], '|g:', 1, true) and
-        not redis.call('ZSCORE', active, ARGV[base]) then
+        not ended_here[ARGV[base]] and not redis.call('ZSCORE', active, ARGV[base]) then
       held = 0
     end
     if token == '' then
@@ -83,7 +95,6 @@ if last then
       out[#out + 1] = record
       out[#out + 1] = 0
     end
-    pos = colon + len + 1
   end
   return out
 end

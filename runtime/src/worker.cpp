@@ -410,15 +410,20 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         r->valid_until - clock::now() > opts_.lease_ttl / 2) {
       item.kind = finish_kind::keep;
       item.id = detail::script_id(r->ahead.front());
-      if (opts_.follow == follow_policy::pipelined) {
-        // The follower starts now, in this job's slot, and the keep travels behind it (the
-        // finisher keeps a token's items in order). Its predecessor counts as held until the
-        // keep lands.
+      // Pipelined, the follower starts now, in this job's slot, and the keep travels behind it
+      // (the finisher keeps a token's items in order); the job counts as held until the keep
+      // lands. Not after a replay (attempt > 1, a lease was lost or the job failed before): the
+      // keep not stored yet, a crash would charge the follower's attempt to this job, which
+      // succeeded; once per replay it is, and a job that keeps crashing its workers is charged
+      // itself, as after_commit does.
+      if (opts_.follow == follow_policy::pipelined && r->ctx->attempt() == 1) {
         running_.erase(it);
+        // The keep first: a follower that fails at once (malformed, no handler) queues its end
+        // under the same token, which must come after the keep, or it would end this job.
+        queue_finish(std::move(item), {r->ctx->job().type, item_note::follower_running});
         launch(follower_of(token, *r), r->valid_until);
         free_slot(*r);
         release_strand(r->ctx->group());  // after launch took it: the strand lives on
-        queue_finish(std::move(item), {r->ctx->job().type, item_note::follower_running});
         return;
       }
       // Each starts when its predecessor's keep has landed: started sooner, it would run before

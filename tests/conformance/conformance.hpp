@@ -109,6 +109,9 @@ class gated_backend final : public backend {
       opened_.expires_at(std::chrono::steady_clock::time_point::max());
       co_await opened_.async_wait(asio::as_tuple(use_awaitable));
       --held_back_;
+      auto state = co_await asio::this_coro::cancellation_state;  // (g++ 12: not inside the condition)
+      if (state.cancelled() != asio::cancellation_type::none)
+        throw boost::system::system_error(asio::error::operation_aborted);  // a worker's stop ends the call
     }
     co_return co_await inner_.finish(std::move(queue), std::move(worker), std::move(items), lease_ttl);
   }

@@ -1264,3 +1264,73 @@ CONFORMANCE("pipelined: a keep sent again after its call failed still lands befo
     CHECK(counts.groups == 0);
   });
 }
+
+CONFORMANCE("pipelined: a follower that cannot start ends behind its predecessor's keep, which completes") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    auto o = b.worker_opts(1);
+    o.burst = 3;
+    o.follow = follow_policy::pipelined;
+    std::vector<std::string> runs;
+    worker w(ctx.get_executor(), store, o);
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      runs.push_back(c.id());
+      co_return;
+    });
+    producer p(store, b.queue());
+    auto unknown = with_id("b", "g");
+    unknown.type = "nobody-handles-this";
+    std::vector<job_spec> specs{with_id("a", "g"), unknown, with_id("c", "g")};
+    co_await p.enqueue_bulk(std::move(specs));
+    w.start();
+    CHECK(co_await eventually([&] { return w.counters().completed == 2 && w.counters().failed == 1; }));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(joined(runs) == "a c");
+    auto dead = co_await store.dead_letters(b.queue(), 0, 10);
+    REQUIRE(dead.size() == 1);
+    CHECK(dead[0].id == "b");  // not a: its keep landed first
+    CHECK(dead[0].error == "no handler for type nobody-handles-this");
+    auto counts = co_await store.counts(b.queue());
+    CHECK(counts.completed == 2);
+    CHECK(counts.running == 0);
+    CHECK(counts.groups == 0);
+    auto report = co_await store.check(b.queue(), false);
+    CHECK_MESSAGE(report.problems.empty(), fmt::format("{}", fmt::join(report.problems, "; ")));
+  });
+}
+
+CONFORMANCE("pipelined: after a replay the follower waits for its predecessor's keep") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& admin = b.make();
+    producer p(admin, b.queue());
+    std::vector<job_spec> specs{with_id("a", "g"), with_id("b", "g")};
+    co_await p.enqueue_bulk(std::move(specs));
+    // a's first lease runs out unused (a worker that died): the reaper sends it back, attempt counted.
+    claim_options dead_worker{"gone", 1, std::chrono::milliseconds(1), 0};
+    REQUIRE((co_await admin.claim(b.queue(), dead_worker)).size() == 1);
+    co_await sleep_for(std::chrono::milliseconds(20));
+    REQUIRE((co_await admin.reap(b.queue(), reap_options{})).leases == 1);
+
+    gated_backend gate(ctx.get_executor(), b.make());
+    auto o = b.worker_opts(1);
+    o.burst = 2;
+    o.follow = follow_policy::pipelined;
+    std::vector<std::string> runs;  // id#attempt
+    worker w(ctx.get_executor(), gate, o);
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      runs.push_back(fmt::format("{}#{}", c.id(), c.attempt()));
+      co_return;
+    });
+    gate.shut();
+    w.start();
+    CHECK(co_await eventually([&] { return gate.held_back() == 1; }));  // a's keep
+    co_await sleep_for(std::chrono::milliseconds(200));
+    CHECK(joined(runs) == "a#2");  // b waits: a crash now must be charged to b, not to a again
+    gate.open();
+    CHECK(co_await eventually([&] { return w.counters().completed == 2; }));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(joined(runs) == "a#2 b#1");
+  });
+}

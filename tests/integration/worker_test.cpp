@@ -7,6 +7,7 @@
 #include <jobrt/worker.hpp>
 
 #include "backend/lua_scripts.hpp"
+#include "job_codec.hpp"
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
@@ -341,6 +342,45 @@ TEST_CASE("lanes a dead worker took with BLMOVE but never started go back to the
     auto left = co_await redis::exec(store.connection(), redis::request("EXISTS", p + "claimed:dead-worker"));
     CHECK(left.as_integer() == 0);
     co_await w.stop(std::chrono::seconds(1));
+  });
+}
+
+TEST_CASE("finish sent twice: a pipelined burst's keeps and its end in one call are held both times") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    std::string queue = key_prefix() + "q";
+    auto p = redis_backend::key_prefix(queue);
+    producer prod(store, queue);
+    for (int i = 0; i < 3; ++i) {
+      job_spec s;
+      s.type = "t";
+      s.group = "g";
+      co_await prod.enqueue(s);
+    }
+    claim_options co{"w1", 1, std::chrono::seconds(30), 2};
+    auto claimed = co_await store.claim(queue, co);
+    REQUIRE(claimed.size() == 1);
+    REQUIRE(claimed[0].ahead.size() == 2);
+    redis::script finish(jobrt::lua::finish);
+    auto keys = finish_keys(p, "w1");
+    // Two keeps (their followers' ids), then the ack that ends the lease and wants nothing next.
+    const auto& t = claimed[0].token;
+    std::vector<std::string> args{"30000", "3", "call-p", "",
+                                  t,       "k", "",       std::string(detail::script_id(claimed[0].ahead[0])),
+                                  t,       "k", "",       std::string(detail::script_id(claimed[0].ahead[1])),
+                                  t,       "a", "",       "00"};
+    auto first = co_await finish.run(store.connection(), keys, args);
+    auto again = co_await finish.run(store.connection(), keys, args);  // its reply was lost
+    REQUIRE(first.as_array().size() == 3);
+    REQUIRE(again.as_array().size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) {
+      CHECK(first.as_array().at(i).as_integer() == 1);
+      CHECK(again.as_array().at(i).as_integer() == 1);  // the keeps were not lost: this call ended the lease
+    }
+    auto counts = co_await store.counts(queue);
+    CHECK(counts.completed == 3);
+    CHECK(counts.running == 0);
+    CHECK(counts.groups == 0);
   });
 }
 

@@ -72,10 +72,12 @@ enum class follow_policy {
   /// its follower started, whatever crashes.
   after_commit,
   /// As soon as its predecessor succeeded; the end is stored on the way, behind it. A burst
-  /// costs about one round trip, not one per job. The price, only when the lease is lost (the
+  /// costs about two round trips, not one per job. The price, only when the lease is lost (the
   /// worker dies, Redis is out of reach for a TTL): the group runs again from its first job
-  /// whose end was not stored, so a job that ran may run again after its follower ran, as
-  /// a consumer that commits its offsets asynchronously replays from the last commit.
+  /// whose end was not stored, with that job's attempt counted, so a job that ran may run again
+  /// after its follower ran, as a consumer that commits its offsets asynchronously replays from
+  /// the last commit. A job run again (attempt > 1) has its follower wait for its end, as
+  /// after_commit does, so a follower that keeps crashing its worker is charged itself.
   pipelined,
 };
 
