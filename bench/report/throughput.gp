@@ -4,7 +4,7 @@ set title 'Jobs/s, queued no-op jobs (median; bars: range)'
 set logscale x
 set xlabel 'jobs/s'
 set ytics nomirror
-set yrange [18.7:-0.7]
+set yrange [20.7:-0.7]
 set grid xtics
 set key off
 set lmargin 52
