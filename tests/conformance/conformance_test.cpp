@@ -1129,7 +1129,7 @@ CONFORMANCE("pipelined: a failed job holds back its followers until it ran again
 }
 
 CONFORMANCE(
-    "pipelined: a keep that finds its lease lost cancels the follower running under it; the group runs again "
+    "pipelined: a keep that finds its lease lost cancels the follower running under it, and the group runs again "
     "from that job") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);
