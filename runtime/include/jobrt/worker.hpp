@@ -77,7 +77,9 @@ enum class follow_policy {
   /// whose end was not stored, with that job's attempt counted, so a job that ran may run again
   /// after its follower ran, as a consumer that commits its offsets asynchronously replays from
   /// the last commit. A job run again (attempt > 1) has its follower wait for its end, as
-  /// after_commit does, so a follower that keeps crashing its worker is charged itself.
+  /// after_commit does, so a follower that keeps crashing its worker is charged itself, after
+  /// each predecessor whose end was unstored at the crash was charged once (a job with
+  /// max_attempts 1 is then dead-lettered: docs/RELIABILITY.md).
   pipelined,
 };
 
