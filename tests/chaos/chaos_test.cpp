@@ -54,6 +54,14 @@ constexpr bool doomed(int n) { return n % groups < doomed_groups && (n / groups)
 constexpr int worker_count = 4;
 constexpr milliseconds lease_ttl{1500};
 constexpr milliseconds watchdog_period = lease_ttl / 3;  // the worker's default
+// What a kill's recovery may take beyond lease TTL + one watchdog period on a loaded machine. The
+// ASan+UBSan build runs the workers several times slower: a CI run there once took 3.3 s, with
+// 156 leases recovered (docs/RELIABILITY.md's release runs recovered 22 and 31).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr milliseconds recovery_slack{2000};
+#else
+constexpr milliseconds recovery_slack{500};
+#endif
 const std::string queue = "chaos";
 
 std::int64_t now_us() {
@@ -451,7 +459,8 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
   // recovery window meets the server's restart waits for the server too: it is left out here
   // (the checks above cover what it may not do).
   std::int64_t longest = 0;
-  auto window = std::chrono::duration_cast<std::chrono::microseconds>(lease_ttl + watchdog_period).count() + 500000;
+  auto window =
+      std::chrono::duration_cast<std::chrono::microseconds>(lease_ttl + watchdog_period + recovery_slack).count();
   for (auto& [pid, at] : killed_at) {
     if (at + window >= restart_at && at <= restarted_at) continue;
     for (auto& [fence, r] : runs) {
@@ -478,7 +487,7 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
       lease_ttl.count(), watchdog_period.count(), (lease_ttl + watchdog_period).count());
   MESSAGE(summary);
   if (const char* out = std::getenv("JOBRT_CHAOS_SUMMARY")) std::ofstream(out) << summary << "\n";
-  CHECK(longest / 1000 <= (lease_ttl + watchdog_period).count() + 500);
+  CHECK(longest / 1000 <= (lease_ttl + watchdog_period + recovery_slack).count());
   CHECK(kills >= 5);
   CHECK(restart_at > 0);
   if (lost == 0 && doomed_ended == 0 && bad_dead == 0 && not_dead_once == 0 && overlaps == 0 && order_breaks == 0 &&
