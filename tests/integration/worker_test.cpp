@@ -490,6 +490,67 @@ TEST_CASE("finish calls on their way at once: each resend gets its own answer, a
   });
 }
 
+TEST_CASE("a finish batch of more than 1,000 items goes in parts, each answer in its item's place") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    std::string queue = key_prefix() + "q";
+    auto p = redis_backend::key_prefix(queue);
+    producer prod(store, queue);
+    std::vector<job_spec> specs(1001);
+    for (auto& s : specs) s.type = "t";
+    for (int i = 0; i < 2; ++i) {
+      job_spec s;
+      s.type = "t";
+      s.group = "g";
+      specs.push_back(s);
+    }
+    co_await prod.enqueue_bulk(std::move(specs));
+    std::vector<claimed_job> claimed;
+    claim_options co{"w1", 1000, std::chrono::seconds(30), 1};  // (named: g++ 12 and temporaries in co_await)
+    while (claimed.size() < 1002) {
+      auto more = co_await store.claim(queue, co);
+      REQUIRE(!more.empty());
+      std::move(more.begin(), more.end(), std::back_inserter(claimed));
+    }
+    auto burst = std::find_if(claimed.begin(), claimed.end(), [](const claimed_job& c) { return c.group == "g"; });
+    REQUIRE(burst != claimed.end());
+    REQUIRE(burst->ahead.size() == 1);
+    // The burst's keep is the 1,000th item and its lease's end the 1,001st: one call takes both
+    // (a resent call reads a keep whose lease ended elsewhere as lost).
+    std::vector<finish_item> items;
+    for (const auto& c : claimed) {
+      if (!c.group.empty()) continue;
+      if (items.size() == 999) {
+        finish_item keep;
+        keep.token = burst->token;
+        keep.kind = finish_kind::keep;
+        keep.id = std::string(detail::script_id(burst->ahead.front()));
+        items.push_back(keep);
+        finish_item end;
+        end.token = burst->token;
+        items.push_back(end);
+      }
+      finish_item ack;
+      ack.token = c.token;
+      ack.kind = finish_kind::fail;  // the failures show where each answer went
+      ack.error = c.token;
+      items.push_back(ack);
+    }
+    auto results = co_await store.finish(queue, "w1", items, std::chrono::seconds(30));
+    REQUIRE(results.size() == items.size());
+    for (const auto& r : results) CHECK(r.lease_held);
+    auto counts = co_await store.counts(queue);
+    CHECK(counts.completed == 2);
+    CHECK(counts.failed == 1001);
+    CHECK(counts.running == 0);
+    CHECK((co_await redis::exec(store.connection(), redis::request("LLEN", p + "g:g"))).as_integer() == 0);
+    // Each failure is the dead letter of the job its item named.
+    auto letters = co_await store.dead_letters(queue, 0, 2000);
+    REQUIRE(letters.size() == 1001);
+    for (const auto& d : letters) CHECK(d.error.find("|j:0|" + d.id + "|") != std::string::npos);
+  });
+}
+
 TEST_CASE("a keep whose answer comes during stop's grace hands its follower back at once: no attempt counted") {
   redis_server server;  // (paused below: a server of its own)
   run([&](asio::io_context& ctx) -> awaitable<void> {

@@ -1,5 +1,6 @@
 #include <jobrt/redis_backend.hpp>
 
+#include "backend/finish_parts.hpp"
 #include "backend/lua_scripts.hpp"
 #include "backend/wakeups.hpp"
 
@@ -207,17 +208,22 @@ void redis_backend::set_idle_mark(const std::string& worker) {
 asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string queue, std::string worker,
                                                                   std::vector<finish_item> items,
                                                                   std::chrono::milliseconds lease_ttl) {
-  // A batch too big for one call goes in parts. A part's answer counts as come only once every
-  // part's has: a batch that fails partway is sent again whole, and its first parts must find
-  // their records.
+  // A batch too big for one call goes in parts, a token's items in one (finish_parts). A part's
+  // answer counts as come only once every part's has: a batch that fails partway is sent again
+  // whole, and its first parts must find their records.
   std::vector<finish_result> all;
   std::vector<std::string> calls;
-  for (std::size_t first = 0; first < items.size(); first += max_batch) {
-    auto last = std::min(items.size(), first + max_batch);
-    std::vector<finish_item> part(items.begin() + static_cast<std::ptrdiff_t>(first),
-                                  items.begin() + static_cast<std::ptrdiff_t>(last));
-    auto done = co_await finish_call(queue, worker, std::move(part), lease_ttl, calls);
-    all.insert(all.end(), std::make_move_iterator(done.begin()), std::make_move_iterator(done.end()));
+  if (items.size() <= max_batch) {
+    all = co_await finish_call(queue, worker, std::move(items), lease_ttl, calls);
+  } else {
+    all.resize(items.size());
+    for (const auto& indices : detail::finish_parts(items, max_batch)) {
+      std::vector<finish_item> part;
+      part.reserve(indices.size());
+      for (auto i : indices) part.push_back(items[i]);
+      auto done = co_await finish_call(queue, worker, std::move(part), lease_ttl, calls);
+      for (std::size_t k = 0; k < indices.size(); ++k) all[indices[k]] = std::move(done.at(k));
+    }
   }
   std::lock_guard lock(blocking_mutex_);
   auto& answered = answered_[worker];
