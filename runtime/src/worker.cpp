@@ -809,6 +809,18 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         if (r->state != job_state::lost) tokens.push_back(token);  // finishing too: a finish may be retrying
       for (auto& w : self->waiting_) tokens.push_back(w.job.token);
       tokens.insert(tokens.end(), self->giving_back_.begin(), self->giving_back_.end());
+      // A lease is ours until its last result lands: one whose job no longer runs here (a
+      // follower that failed at launch, its predecessor's keep still on its way) is renewed too,
+      // or a finish call that keeps failing would let the reaper charge a job that succeeded.
+      std::unordered_set<std::string_view> listed(tokens.begin(), tokens.end());
+      std::vector<std::string> finishing;
+      for (const auto& token : self->in_calls_)
+        if (!listed.contains(token)) finishing.push_back(token);
+      for (const auto& item : self->pending_finish_)
+        if (!listed.contains(item.token) && !self->in_calls_.contains(item.token)) finishing.push_back(item.token);
+      std::sort(finishing.begin(), finishing.end());
+      finishing.erase(std::unique(finishing.begin(), finishing.end()), finishing.end());
+      tokens.insert(tokens.end(), std::make_move_iterator(finishing.begin()), std::make_move_iterator(finishing.end()));
       auto sent = clock::now();
       try {
         auto held = co_await bounded(

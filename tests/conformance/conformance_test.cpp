@@ -1300,6 +1300,47 @@ CONFORMANCE("pipelined: a follower that cannot start ends behind its predecessor
   });
 }
 
+CONFORMANCE("pipelined: while a failed follower's end and its predecessor's keep wait, the lease is renewed") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& admin = b.make();
+    gated_backend gate(ctx.get_executor(), b.make());
+    auto o = b.worker_opts(1);
+    o.burst = 3;
+    o.follow = follow_policy::pipelined;
+    o.lease_ttl = std::chrono::milliseconds(600);
+    o.watchdog_period = std::chrono::milliseconds(150);
+    o.reap_period = std::chrono::milliseconds(100);
+    std::vector<std::string> runs;
+    worker w(ctx.get_executor(), gate, o);
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      runs.push_back(fmt::format("{}#{}", c.id(), c.attempt()));
+      co_return;
+    });
+    producer p(admin, b.queue());
+    auto unknown = with_id("b", "g");
+    unknown.type = "nobody-handles-this";
+    std::vector<job_spec> specs{with_id("a", "g"), unknown, with_id("c", "g")};
+    co_await p.enqueue_bulk(std::move(specs));
+    gate.shut();  // a's keep and b's end wait here, three lease TTLs, while no job of the lease runs
+    w.start();
+    CHECK(co_await eventually([&] { return gate.held_back() == 1; }));
+    co_await sleep_for(std::chrono::milliseconds(1800));
+    gate.open();
+    CHECK(co_await eventually([&] { return w.counters().completed == 2 && w.counters().failed == 1; }));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(joined(runs) == "a#1 c#1");  // a was not charged and run again
+    CHECK(w.counters().leases_lost == 0);
+    auto counts = co_await admin.counts(b.queue());
+    CHECK(counts.completed == 2);
+    CHECK(counts.recovered == 0);
+    CHECK(counts.running == 0);
+    auto dead = co_await admin.dead_letters(b.queue(), 0, 10);
+    REQUIRE(dead.size() == 1);
+    CHECK(dead[0].id == "b");
+  });
+}
+
 CONFORMANCE("pipelined: after a replay the follower waits for its predecessor's keep") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);
