@@ -142,6 +142,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     if (opts_.concurrency == 0) throw std::invalid_argument("worker concurrency is 0");
     if (opts_.lease_ttl.count() <= 0) throw std::invalid_argument("worker lease_ttl must be positive");
     if (opts_.burst == 0) opts_.burst = 1;
+    // A burst's results travel in one finish call (backend: finish_parts), which takes at most
+    // about a thousand.
+    if (opts_.burst > 1000)
+      throw std::invalid_argument(fmt::format("worker burst is {}; the largest is 1000", opts_.burst));
     if (opts_.watchdog_period.count() <= 0) opts_.watchdog_period = opts_.lease_ttl / 3;
     if (opts_.reap_period.count() <= 0) opts_.reap_period = opts_.watchdog_period;
   }

@@ -106,7 +106,7 @@ struct worker_options {
   /// How many jobs of one group in a row this worker may run before the group's lane goes back
   /// to the tail of the ready list (1: strict round robin). A claim brings a group's head with
   /// up to burst - 1 jobs behind it under one lease, and they run one after another with no
-  /// claim in between (see follow and docs/ARCHITECTURE.md).
+  /// claim in between (see follow and docs/ARCHITECTURE.md). At most 1,000.
   std::size_t burst = 4;
   /// When a burst's next job starts: once its predecessor's end is stored (the default), or at
   /// once, the end stored on the way (see follow_policy).
