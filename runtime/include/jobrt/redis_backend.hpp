@@ -22,6 +22,8 @@ class redis_backend final : public backend {
   /// Starts a shared connection to cfg; blocking connections (one per worker that waits for
   /// work) are made on demand.
   redis_backend(boost::asio::any_io_executor ex, redis::config cfg);
+  /// Destroy it on a thread that runs its executor, or once nothing runs that executor any more:
+  /// the loop that receives delayed-job wake-ups holds the subscriber connection by pointer.
   ~redis_backend() override;
 
   /// The key prefix of a queue: "jobrt:{<queue>}:".
