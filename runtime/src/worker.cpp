@@ -196,6 +196,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     std::vector<std::string> ahead;  // its followers, run next under the same lease
     job_state state = job_state::running;
     bool timed_out = false;
+    // A job of this lease ran before (a crash or a lost lease replays it): its followers wait for
+    // their predecessors' keeps even when follow is pipelined (see on_handler_done).
+    bool replayed = false;
     clock::time_point started = clock::now();
     // Past this, no renewal has reached the backend for a whole TTL: the lease is gone or about
     // to go. Set from when the lease's reply came (it was made a round trip before), then from
@@ -285,7 +288,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   // Runs a claimed job's handler on its group's strand (or anywhere, ungrouped). A follower
   // (see on_kept) comes with its lease's validity.
-  void launch(claimed_job c, std::optional<clock::time_point> valid_until = {}) {
+  void launch(claimed_job c, std::optional<clock::time_point> valid_until = {}, bool replayed = false) {
     ++held_;
     held_count_.store(held_, std::memory_order_relaxed);
     ++busy_;
@@ -319,6 +322,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     r->unique_id = j.unique_id ? j.id : std::string();
     r->ahead = std::move(c.ahead);
     r->valid_until = valid_until.value_or(clock::now() + opts_.lease_ttl);
+    r->replayed = replayed || j.attempt > 1;
     // A strand even for an ungrouped job: its cancellation is emitted there, and that must not
     // race with the handler on a multi-threaded io_context.
     r->executor = j.group.empty() ? detail::make_strand(ex_) : acquire_strand(j.group);
@@ -416,16 +420,18 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       item.id = detail::script_id(r->ahead.front());
       // Pipelined, the follower starts now, in this job's slot, and the keep travels behind it
       // (the finisher keeps a token's items in order); the job counts as held until the keep
-      // lands. Not after a replay (attempt > 1, a lease was lost or the job failed before): the
-      // keep not stored yet, a crash would charge the follower's attempt to this job, which
-      // succeeded; once per replay it is, and a job that keeps crashing its workers is charged
-      // itself, as after_commit does.
-      if (opts_.follow == follow_policy::pipelined && r->ctx->attempt() == 1) {
+      // lands. Not under a lease that replays (a job of it has attempt > 1: a lease was lost or
+      // the job failed before), for the rest of the lease: the keep not stored yet, a crash
+      // would charge the follower's attempt to this job, which succeeded. So a crash with several
+      // keeps unstored charges the first of those jobs once, and the replay that follows runs
+      // the rest of the lease keep by keep: a job that keeps crashing its workers is charged
+      // itself from then on, as under after_commit.
+      if (opts_.follow == follow_policy::pipelined && !r->replayed) {
         running_.erase(it);
         // The keep first: a follower that fails at once (malformed, no handler) queues its end
         // under the same token, which must come after the keep, or it would end this job.
         queue_finish(std::move(item), {r->ctx->job().type, item_note::follower_running});
-        launch(follower_of(token, *r), r->valid_until);
+        launch(follower_of(token, *r), r->valid_until, r->replayed);
         free_slot(*r);
         release_strand(r->ctx->group());  // after launch took it: the strand lives on
         return;
@@ -706,7 +712,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       // gone by now, and the follower must not run beside whoever gets it next.
       give_back(token, "ran out while its keep was on its way");
     } else {
-      start_or_wait(follower_of(token, *r), r->valid_until);
+      start_or_wait(follower_of(token, *r), r->valid_until, r->replayed);
     }
     release_strand(r->ctx->group());  // after launch took it (if it started): the strand lives on
   }
@@ -729,12 +735,12 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // A leased job starts in a free slot, or waits for the next one that frees: a follower whose
   // keep landed while other work had every slot, or a claimed job whose slot a follower took
   // while the claim was on its way. Stopping, one with no slot goes back instead.
-  void start_or_wait(claimed_job c, std::optional<clock::time_point> valid_until = {}) {
+  void start_or_wait(claimed_job c, std::optional<clock::time_point> valid_until = {}, bool replayed = false) {
     if (stopping_ && busy_ >= opts_.concurrency) {
       to_release_.push_back(std::move(c.token));
       return;
     }
-    waiting_.push_back({std::move(c), valid_until.value_or(clock::now() + opts_.lease_ttl)});
+    waiting_.push_back({std::move(c), valid_until.value_or(clock::now() + opts_.lease_ttl), replayed});
     start_waiting();
   }
 
@@ -747,7 +753,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       if (w.valid_until <= clock::now()) {
         give_back(std::move(w.job.token), "ran out while it waited for a slot");
       } else {
-        launch(std::move(w.job), w.valid_until);
+        launch(std::move(w.job), w.valid_until, w.replayed);
       }
     }
   }
@@ -1054,6 +1060,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   struct waiting_job {
     claimed_job job;
     clock::time_point valid_until;
+    bool replayed = false;  // (running_job::replayed)
   };
   std::deque<waiting_job> waiting_;
   std::unordered_set<std::string> giving_back_;  // tokens of give_back calls on their way

@@ -1375,3 +1375,40 @@ CONFORMANCE("pipelined: after a replay the follower waits for its predecessor's 
     CHECK(joined(runs) == "a#2 b#1");
   });
 }
+
+CONFORMANCE("pipelined: after a replay the whole lease waits for its keeps, not only the replayed job") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& admin = b.make();
+    producer p(admin, b.queue());
+    std::vector<job_spec> specs{with_id("a", "g"), with_id("b", "g"), with_id("c", "g")};
+    co_await p.enqueue_bulk(std::move(specs));
+    // a's first lease runs out unused: the reaper sends it back, attempt counted.
+    claim_options dead_worker{"gone", 1, std::chrono::milliseconds(1), 0};
+    REQUIRE((co_await admin.claim(b.queue(), dead_worker)).size() == 1);
+    co_await sleep_for(std::chrono::milliseconds(20));
+    REQUIRE((co_await admin.reap(b.queue(), reap_options{})).leases == 1);
+
+    gated_backend gate(ctx.get_executor(), b.make());
+    auto o = b.worker_opts(1);
+    o.burst = 3;
+    o.follow = follow_policy::pipelined;
+    std::vector<std::string> runs;  // id#attempt
+    worker w(ctx.get_executor(), gate, o);
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      runs.push_back(fmt::format("{}#{}", c.id(), c.attempt()));
+      if (c.id() == "b") gate.shut();  // b's keep waits at the gate
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return gate.held_back() == 1; }));  // b's keep
+    co_await sleep_for(std::chrono::milliseconds(200));
+    // b runs for the first time, but under a lease that replays: c waits for b's keep, or a
+    // crash now would charge b, which succeeded, after a.
+    CHECK(joined(runs) == "a#2 b#1");
+    gate.open();
+    CHECK(co_await eventually([&] { return w.counters().completed == 3; }));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(joined(runs) == "a#2 b#1 c#1");
+  });
+}
