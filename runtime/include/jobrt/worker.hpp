@@ -76,10 +76,11 @@ enum class follow_policy {
   /// worker dies, Redis is out of reach for a TTL): the group runs again from its first job
   /// whose end was not stored, with that job's attempt counted, so a job that ran may run again
   /// after its follower ran, as a consumer that commits its offsets asynchronously replays from
-  /// the last commit. Under a lease that replays (a job of it has attempt > 1) followers wait
+  /// the last commit. Under a lease that replays (from a job with attempt > 1 on) followers wait
   /// for their predecessors' ends, as after_commit does, so a follower that keeps crashing its
   /// worker is charged itself from its second crash on; the first charges the first job whose
-  /// end was unstored (a job with max_attempts 1 is then dead-lettered: docs/RELIABILITY.md).
+  /// end was unstored, which is dead-lettered if that was its last attempt (give jobs at least
+  /// two; the exceptions are in docs/RELIABILITY.md).
   pipelined,
 };
 
