@@ -822,15 +822,14 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       // A lease is ours until its last result lands: one whose job no longer runs here (a
       // follower that failed at launch, its predecessor's keep still on its way) is renewed too,
       // or a finish call that keeps failing would let the reaper charge a job that succeeded.
+      // (Reserved first: the views in `listed` point into the strings of `tokens`.)
+      tokens.reserve(tokens.size() + self->in_calls_.size() + self->pending_finish_.size());
       std::unordered_set<std::string_view> listed(tokens.begin(), tokens.end());
-      std::vector<std::string> finishing;
-      for (const auto& token : self->in_calls_)
-        if (!listed.contains(token)) finishing.push_back(token);
-      for (const auto& item : self->pending_finish_)
-        if (!listed.contains(item.token) && !self->in_calls_.contains(item.token)) finishing.push_back(item.token);
-      std::sort(finishing.begin(), finishing.end());
-      finishing.erase(std::unique(finishing.begin(), finishing.end()), finishing.end());
-      tokens.insert(tokens.end(), std::make_move_iterator(finishing.begin()), std::make_move_iterator(finishing.end()));
+      auto add = [&](const std::string& token) {
+        if (listed.insert(token).second) tokens.push_back(token);
+      };
+      for (const auto& token : self->in_calls_) add(token);
+      for (const auto& item : self->pending_finish_) add(item.token);
       auto sent = clock::now();
       try {
         auto held = co_await bounded(

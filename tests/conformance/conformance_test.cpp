@@ -1341,6 +1341,17 @@ CONFORMANCE("pipelined: while a failed follower's end and its predecessor's keep
   });
 }
 
+// The head job's first lease runs out unused (a worker that died): the reaper sends it back,
+// attempt counted, and the group replays from it.
+namespace {
+awaitable<void> lose_first_lease(backend& admin, const std::string& queue) {
+  claim_options dead_worker{"gone", 1, std::chrono::milliseconds(1), 0};
+  REQUIRE((co_await admin.claim(queue, dead_worker)).size() == 1);
+  co_await sleep_for(std::chrono::milliseconds(20));
+  REQUIRE((co_await admin.reap(queue, reap_options{})).leases == 1);
+}
+}  // namespace
+
 CONFORMANCE("pipelined: after a replay the follower waits for its predecessor's keep") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);
@@ -1348,11 +1359,7 @@ CONFORMANCE("pipelined: after a replay the follower waits for its predecessor's 
     producer p(admin, b.queue());
     std::vector<job_spec> specs{with_id("a", "g"), with_id("b", "g")};
     co_await p.enqueue_bulk(std::move(specs));
-    // a's first lease runs out unused (a worker that died): the reaper sends it back, attempt counted.
-    claim_options dead_worker{"gone", 1, std::chrono::milliseconds(1), 0};
-    REQUIRE((co_await admin.claim(b.queue(), dead_worker)).size() == 1);
-    co_await sleep_for(std::chrono::milliseconds(20));
-    REQUIRE((co_await admin.reap(b.queue(), reap_options{})).leases == 1);
+    co_await lose_first_lease(admin, b.queue());
 
     gated_backend gate(ctx.get_executor(), b.make());
     auto o = b.worker_opts(1);
@@ -1383,11 +1390,7 @@ CONFORMANCE("pipelined: after a replay the whole lease waits for its keeps, not 
     producer p(admin, b.queue());
     std::vector<job_spec> specs{with_id("a", "g"), with_id("b", "g"), with_id("c", "g")};
     co_await p.enqueue_bulk(std::move(specs));
-    // a's first lease runs out unused: the reaper sends it back, attempt counted.
-    claim_options dead_worker{"gone", 1, std::chrono::milliseconds(1), 0};
-    REQUIRE((co_await admin.claim(b.queue(), dead_worker)).size() == 1);
-    co_await sleep_for(std::chrono::milliseconds(20));
-    REQUIRE((co_await admin.reap(b.queue(), reap_options{})).leases == 1);
+    co_await lose_first_lease(admin, b.queue());
 
     gated_backend gate(ctx.get_executor(), b.make());
     auto o = b.worker_opts(1);
