@@ -14,7 +14,7 @@
 --     group's head during the burst went in behind the head, in front of the follower, and put
 --     the group in jumped; the follower moves to the head, where retries, halts and the reaper
 --     look for the running job, and the requeued job runs after the burst (whose end takes the
---     group out of jumped). Groups not in jumped cost no such check.
+--     group out of jumped, however it ends). Groups not in jumped cost no such check.
 --   'f' dead-letter: the error.
 --   'h' halt: the error. A grouped job stays at the head with its attempt counted and the group
 --     is paused until an operator resumes it (ungrouped: as 'f').
@@ -216,9 +216,10 @@ for i = 1, n do
     local lane = string.sub(token, string.find(token, '|', 1, true) + 1)
     local grouped = string.sub(lane, 1, 2) == 'g:'
     if not grouped and (kind == 'k' or kind == 'h') then kind = kind == 'k' and 'a' or 'f' end
-    if kind ~= 'k' then
+    if kind ~= 'k' then -- the lease ends, and with it the burst: the next lease reads the list afresh
       gone[token] = true
       ended[#ended + 1] = token
+      if grouped and jumped(lane) then redis.call('SREM', jumps, string.sub(lane, 3)) end
     end
     if kind == 'k' then
       local unique_id = ARGV[base + 2]
@@ -236,7 +237,6 @@ for i = 1, n do
       if grouped then
         local key = prefix .. lane
         record = redis.call('LPOP', key)
-        if jumped(lane) then redis.call('SREM', jumps, string.sub(lane, 3)) end -- the burst ends
         local following = redis.call('LINDEX', key, 0)
         if record and not following then emptied = emptied + 1 end
         if following then

@@ -2,6 +2,7 @@
 -- idempotent (a second run finds nothing).
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>stats  KEYS[4] <prefix>workers
 -- KEYS[5] <prefix>paused  KEYS[6] <prefix>parked  KEYS[7] <prefix>dead  KEYS[8] <prefix>dead:info
+-- KEYS[9] <prefix>jumped
 -- ARGV[1] max leases, workers and dead letters to handle in this call
 -- ARGV[2] dead letters kept at most (0: no limit)  ARGV[3] their longest age in ms (0: no limit)
 -- Returns: {leases recovered, workers reaped, lanes handed back from their claimed lists,
@@ -9,7 +10,8 @@
 --   record was found}
 --
 -- A lease past its deadline: its job goes back to the head of its group (it never left it) with
--- its attempt counted in the record's header, and its lane to the head of ready. A worker whose
+-- its attempt counted in the record's header, its lane to the head of ready, and its group out
+-- of jumped (the burst is over: see finish.lua). A worker whose
 -- heartbeat is past: the lanes its BLMOVE took and no claim turned into leases go back to ready.
 local ready, active, stats, workers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local paused, parked, dead, dead_info = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -36,6 +38,7 @@ for _, token in ipairs(redis.call('ZRANGEBYSCORE', active, '-inf', now, 'LIMIT',
   if string.sub(lane, 1, 2) == 'g:' then
     local key = prefix .. lane
     local head = redis.call('LINDEX', key, 0)
+    redis.call('SREM', KEYS[9], string.sub(lane, 3))
     if head then
       type_of(head)
       redis.call('LSET', key, 0, counted(head))

@@ -1,6 +1,7 @@
 -- Resumes a paused or halted group.
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>paused  KEYS[3] <prefix>parked  KEYS[4] <prefix>dead
 -- KEYS[5] <prefix>dead:info  KEYS[6] <prefix>ids  KEYS[7] <prefix>stats  KEYS[8] <prefix>fence
+-- KEYS[9] <prefix>jumped
 -- ARGV[1] group  ARGV[2] 'retry' (a halted group's head job runs again with its attempts reset)
 --   or 'skip' (the head job goes to the dead letters first; only while the group's lane is parked)
 -- Returns: 1 resumed; 0 the group was not paused; error when skip finds the group's head running.
@@ -17,6 +18,7 @@ end
 redis.call('HDEL', paused, group)
 if not is_parked then return 1 end -- its lane is in ready, running or waiting for a retry: it goes on
 redis.call('SREM', parked, group)
+redis.call('SREM', KEYS[9], group) -- a parked group runs no burst (see finish.lua)
 local head = redis.call('LINDEX', key, 0)
 if head and mode == 'skip' then
   redis.call('LPOP', key)

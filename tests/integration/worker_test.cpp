@@ -345,6 +345,92 @@ TEST_CASE("lanes a dead worker took with BLMOVE but never started go back to the
   });
 }
 
+// jumped marks a group whose running burst may have a requeued job behind its head (see
+// finish.lua); a mark that outlived its lease would make every keep of the queue ask for it.
+TEST_CASE("a group leaves jumped when its lease ends, however it ends, and when it is resumed") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    std::string queue = key_prefix() + "q";
+    auto p = redis_backend::key_prefix(queue);
+    producer prod(store, queue);
+    auto jumped = [&]() -> awaitable<bool> {
+      auto r = co_await redis::exec(store.connection(), redis::request("SISMEMBER", p + "jumped", "g"));
+      co_return r.as_integer() == 1;
+    };
+    auto name_of = [](const std::string& record) {
+      auto at = record.find("\"name\":\"") + 8;
+      return record.substr(at, record.find('"', at) - at);
+    };
+    auto end = [&](const std::string& token, finish_kind kind) -> awaitable<void> {
+      std::vector<finish_item> items(1);
+      items[0].token = token;
+      items[0].kind = kind;
+      items[0].error = "e";
+      co_await store.finish(queue, "w", std::move(items), std::chrono::seconds(30));
+    };
+    auto job = [](std::string name) {
+      job_spec s;
+      s.type = "t";
+      s.group = "g";
+      s.payload = {{"name", std::move(name)}};
+      return s;
+    };
+    claim_options one{"w", 1, std::chrono::seconds(30)};
+    // Four dead letters of group g (ids 1 to 4), then the job h at the group's head.
+    for (std::string name : {"d1", "d2", "d3", "d4"}) {
+      auto s = job(name);
+      s.max_attempts = 1;
+      co_await prod.enqueue(s);
+      auto got = co_await store.claim(queue, one);
+      REQUIRE(got.size() == 1);
+      co_await end(got[0].token, finish_kind::fail);
+    }
+    co_await prod.enqueue(job("h"));
+    // Each time: h runs, a dead letter is requeued behind it, and its lease ends another way.
+    auto lease_h_and_requeue = [&](std::string id, claim_options o) -> awaitable<std::string> {
+      auto got = co_await store.claim(queue, o);
+      REQUIRE(got.size() == 1);
+      CHECK(name_of(got[0].record) == "h");
+      std::vector<std::string> ids{id};
+      CHECK(co_await store.requeue(queue, ids, true) == ids);
+      CHECK(co_await jumped());
+      co_return got[0].token;
+    };
+    co_await end(co_await lease_h_and_requeue("1", one), finish_kind::retry);
+    CHECK_FALSE(co_await jumped());
+    auto token = co_await lease_h_and_requeue("2", one);
+    std::vector<std::string> tokens{token};
+    co_await store.release(queue, "w", tokens);
+    CHECK_FALSE(co_await jumped());
+    claim_options brief{"w", 1, std::chrono::milliseconds(50)};
+    co_await lease_h_and_requeue("3", brief);
+    co_await sleep_for(std::chrono::milliseconds(120));
+    reap_options reap;
+    CHECK((co_await store.reap(queue, reap)).leases == 1);
+    CHECK_FALSE(co_await jumped());
+    // Halted, the group is parked; a job requeued behind its head marks it; resuming clears it.
+    auto got = co_await store.claim(queue, one);
+    REQUIRE(got.size() == 1);
+    co_await end(got[0].token, finish_kind::halt);
+    std::vector<std::string> last{"4"};
+    CHECK(co_await store.requeue(queue, last, true) == last);
+    CHECK(co_await jumped());
+    CHECK(co_await store.resume(queue, "g", resume_mode::retry));
+    CHECK_FALSE(co_await jumped());
+    // Nothing was lost, and the order is the requeues': each went right behind h.
+    std::vector<std::string> order;
+    for (int i = 0; i < 6; ++i) {
+      auto next = co_await store.claim(queue, one);
+      if (next.empty()) break;
+      order.push_back(name_of(next[0].record));
+      co_await end(next[0].token, finish_kind::ack);
+    }
+    CHECK(fmt::format("{}", fmt::join(order, " ")) == "h d4 d3 d2 d1");
+    auto left = co_await redis::exec(store.connection(), redis::request("EXISTS", p + "jumped"));
+    CHECK(left.as_integer() == 0);
+  });
+}
+
 TEST_CASE("finish sent twice: a pipelined burst's keeps and its end in one call are held both times") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), shared_redis());

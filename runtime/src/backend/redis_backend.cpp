@@ -352,14 +352,14 @@ asio::awaitable<std::int64_t> redis_backend::expire_own(std::string queue, std::
 
 asio::awaitable<void> redis_backend::release(std::string queue, std::string worker, std::vector<std::string> tokens) {
   auto p = key_prefix(queue);
-  std::array<std::string, 4> keys{p + "ready", p + "active", p + "stats", p + "claimed:" + worker};
+  std::array<std::string, 5> keys{p + "ready", p + "active", p + "stats", p + "claimed:" + worker, p + "jumped"};
   co_await release_.run(conn_, keys, tokens);
 }
 
 asio::awaitable<reap_result> redis_backend::reap(std::string queue, reap_options opts) {
   auto p = key_prefix(queue);
-  std::array<std::string, 8> keys{p + "ready",  p + "active", p + "stats", p + "workers",
-                                  p + "paused", p + "parked", p + "dead",  p + "dead:info"};
+  std::array<std::string, 9> keys{p + "ready",  p + "active", p + "stats",     p + "workers", p + "paused",
+                                  p + "parked", p + "dead",   p + "dead:info", p + "jumped"};
   std::array<std::string, 3> args{std::to_string(opts.max), std::to_string(opts.dead_max_count),
                                   std::to_string(opts.dead_max_age.count())};
   reply r = co_await reap_.run(conn_, keys, args);
@@ -562,8 +562,8 @@ asio::awaitable<bool> redis_backend::pause(std::string queue, std::string group)
 
 asio::awaitable<bool> redis_backend::resume(std::string queue, std::string group, resume_mode mode) {
   auto p = key_prefix(queue);
-  std::array<std::string, 8> keys{p + "ready",     p + "paused", p + "parked", p + "dead",
-                                  p + "dead:info", p + "ids",    p + "stats",  p + "fence"};
+  std::array<std::string, 9> keys{p + "ready", p + "paused", p + "parked", p + "dead",  p + "dead:info",
+                                  p + "ids",   p + "stats",  p + "fence",  p + "jumped"};
   std::array<std::string, 2> args{group, mode == resume_mode::skip ? "skip" : "retry"};
   reply r = co_await resume_.run(conn_, keys, args);
   co_return r.as_integer() == 1;
