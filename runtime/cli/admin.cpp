@@ -45,9 +45,10 @@ common parse(const args& a, std::string_view command, const std::set<std::string
       c.help = true;
     else if (arg == "--redis")
       c.url = string_arg(a, i);
-    else if (arg == "--queue")
+    else if (arg == "--queue") {
       c.queue = string_arg(a, i);
-    else if (arg == "--json")
+      if (c.queue.empty()) throw usage_error(fmt::format("{}: --queue is empty", command));
+    } else if (arg == "--json")
       c.json = true;
     else if (flags.contains(arg))
       c.flags.insert(arg);
@@ -126,6 +127,7 @@ int stats(const args& a) {
         "\"completed_per_s\"), until interrupted.\n");
     return 0;
   }
+  no_more(c.positional, 0, "stats");
   auto watch = c.numbers.contains("--watch") ? c.numbers["--watch"] : 0;
   with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
     std::int64_t last_completed = -1;
@@ -172,7 +174,9 @@ int check(const args& a) {
         "problems were found and not repaired.\n");
     return 0;
   }
+  no_more(c.positional, 1, "check");
   if (!c.positional.empty()) c.queue = c.positional.front();  // `jobrt check QUEUE`
+  if (c.queue.empty()) throw usage_error("check: the queue's name is empty");
   bool repair = c.flags.contains("--repair");
   check_report r;
   with_store(c, [&](redis_backend& store) -> asio::awaitable<void> { r = co_await store.check(c.queue, repair); });
@@ -213,8 +217,13 @@ int dlq(const args& a) {
   if (c.positional.empty()) throw usage_error("dlq: say list, show, requeue or purge");
   auto verb = c.positional.front();
   std::vector<std::string> ids(c.positional.begin() + 1, c.positional.end());
+  if (c.flags.contains("--head") && verb != "requeue") throw usage_error(fmt::format("dlq {}: no --head", verb));
+  if (c.flags.contains("--all") && verb != "purge") throw usage_error(fmt::format("dlq {}: no --all", verb));
+  if ((c.numbers.contains("--offset") || c.numbers.contains("--limit")) && verb != "list")
+    throw usage_error(fmt::format("dlq {}: --offset and --limit are list's", verb));
   int rc = 0;
   if (verb == "list") {
+    no_more(c.positional, 1, "dlq list");
     auto offset = c.numbers.contains("--offset") ? c.numbers["--offset"] : 0;
     auto limit = c.numbers.contains("--limit") ? c.numbers["--limit"] : 100;
     with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
@@ -248,13 +257,27 @@ int dlq(const args& a) {
     with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
       auto done = co_await store.requeue(c.queue, ids, c.flags.contains("--head"));
       fmt::print("requeued {} of {}\n", done.size(), ids.size());
-      if (done.size() != ids.size()) rc = 1;
+      if (done.size() != ids.size()) {
+        std::set<std::string> requeued(done.begin(), done.end());
+        for (auto& id : ids)
+          if (!requeued.contains(id))
+            fmt::print(
+                stderr,
+                "jobrt: dlq requeue: {} not requeued: no such dead letter in queue {}, or a pending job has its id\n",
+                id, c.queue);
+        rc = 1;
+      }
     });
   } else if (verb == "purge") {
     if (ids.empty() != c.flags.contains("--all")) throw usage_error("dlq purge: give the ids, or --all");
     with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+      std::vector<std::string> missing;  // named, as show and requeue name theirs
+      for (auto& id : ids)
+        if (!co_await store.dead_letter_of(c.queue, id)) missing.push_back(id);
       auto n = co_await store.purge(c.queue, ids);
       fmt::print("purged {}\n", n);
+      for (auto& id : missing) fmt::print(stderr, "jobrt: dlq purge: no dead letter {} in queue {}\n", id, c.queue);
+      if (!missing.empty()) rc = 1;
     });
   } else {
     throw usage_error(fmt::format("dlq: unknown subcommand '{}'", verb));
@@ -276,6 +299,7 @@ int group(const args& a) {
   auto verb = c.positional.front();
   int rc = 0;
   if (verb == "show") {
+    no_more(c.positional, 1, "group show");
     with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
       for (auto& g : co_await store.paused_groups(c.queue)) {
         if (c.json)
@@ -288,6 +312,8 @@ int group(const args& a) {
   } else if (verb == "pause" || verb == "resume") {
     if (c.positional.size() != 2) throw usage_error(fmt::format("group {}: give one group", verb));
     auto name = c.positional[1];
+    if (name.empty()) throw usage_error(fmt::format("group {}: the group's name is empty", verb));
+    if (c.flags.contains("--skip") && verb != "resume") throw usage_error("group pause: no --skip");
     with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
       bool changed = verb == "pause"
                          ? co_await store.pause(c.queue, name)

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace jobrt::cli {
@@ -24,6 +25,10 @@ class usage_error : public std::runtime_error {
 std::string string_arg(const args& a, std::size_t& i);
 /// The same, as a non-negative integer.
 std::size_t number_arg(const args& a, std::size_t& i);
+/// The same, from min to max (the usage_error names the range).
+std::size_t number_arg(const args& a, std::size_t& i, std::size_t min, std::size_t max);
+/// Throws usage_error when a command got a positional argument it does not take.
+void no_more(const std::vector<std::string>& positional, std::size_t takes, std::string_view command);
 
 /// The default server: $REDIS_URL, else redis://127.0.0.1:6379.
 std::string default_redis_url();

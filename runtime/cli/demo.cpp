@@ -578,34 +578,31 @@ int demo(const args& a) {
     if (arg == "--no-groups")
       o.groups = false;
     else if (arg == "--jobs")
-      o.jobs = number_arg(a, i);
+      o.jobs = number_arg(a, i, 1, 10'000'000);
     else if (arg == "--commodities")
-      o.commodities = number_arg(a, i);
+      o.commodities = number_arg(a, i, 1, 1'000'000);
     else if (arg == "--workers") {
-      o.workers = number_arg(a, i);
+      o.workers = number_arg(a, i, 1, 1000);
       workers_given = true;
     } else if (arg == "--concurrency")
-      o.concurrency = number_arg(a, i);
+      o.concurrency = number_arg(a, i, 1, 100'000);
     else if (arg == "--threads")
-      o.threads = number_arg(a, i);
+      o.threads = number_arg(a, i, 1, 256);
     else if (arg == "--limit")
-      o.limit = static_cast<std::int64_t>(number_arg(a, i));
+      o.limit = static_cast<std::int64_t>(number_arg(a, i, 1, 1'000'000'000'000));
     else if (arg == "--redis")
       o.redis_url = string_arg(a, i);
     else if (arg == "--processes") {
-      o.processes = number_arg(a, i);
+      o.processes = number_arg(a, i, 1, 64);
       processes_given = true;
     } else
       throw usage_error(fmt::format("demo: unknown option '{}'", arg));
   }
-  if (o.jobs == 0 || o.commodities == 0 || o.workers == 0 || o.concurrency == 0 || o.threads == 0)
-    throw usage_error("demo: --jobs, --commodities, --workers, --concurrency and --threads must be positive");
   if (o.redis_url.empty()) {
     if (processes_given) throw usage_error("demo: --processes needs --redis");
     return run_demo(o);
   }
   redis::config::from_url(o.redis_url);  // a bad URL is a usage error
-  if (o.processes == 0) throw usage_error("demo: --processes must be positive");
   if (!workers_given) o.workers = 1;
   return run_demo_processes(o);
 }
@@ -624,21 +621,19 @@ int demo_worker(const args& a) {
     else if (arg == "--queue")
       queue = string_arg(a, i);
     else if (arg == "--workers")
-      workers = number_arg(a, i);
+      workers = number_arg(a, i, 1, 1000);
     else if (arg == "--concurrency")
-      concurrency = number_arg(a, i);
+      concurrency = number_arg(a, i, 1, 100'000);
     else if (arg == "--threads")
-      threads = number_arg(a, i);
+      threads = number_arg(a, i, 1, 256);
     else if (arg == "--limit")
-      limit = static_cast<std::int64_t>(number_arg(a, i));
+      limit = static_cast<std::int64_t>(number_arg(a, i, 1, 1'000'000'000'000));
     else if (arg == "--parent")
       parent = static_cast<long>(number_arg(a, i));
     else
       throw usage_error(fmt::format("demo-worker: unknown option '{}'", arg));
   }
   if (url.empty()) throw usage_error("demo-worker: --redis URL is required");
-  if (workers == 0 || concurrency == 0 || threads == 0)
-    throw usage_error("demo-worker: --workers, --concurrency and --threads must be positive");
   auto cfg = redis::config::from_url(url);
   if (parent != 0) {
     // Ends with the demo even when the demo cannot stop it (killed with SIGKILL).

@@ -28,6 +28,20 @@ std::size_t number_arg(const args& a, std::size_t& i) {
   return value;
 }
 
+std::size_t number_arg(const args& a, std::size_t& i, std::size_t min, std::size_t max) {
+  std::string name = a[i];
+  std::string text = a.size() > i + 1 ? a[i + 1] : std::string();
+  auto value = number_arg(a, i);
+  if (value < min || value > max)
+    throw usage_error(fmt::format("option {}: '{}' is not a number from {} to {}", name, text, min, max));
+  return value;
+}
+
+void no_more(const std::vector<std::string>& positional, std::size_t takes, std::string_view command) {
+  if (positional.size() > takes)
+    throw usage_error(fmt::format("{}: unexpected argument '{}'", command, positional[takes]));
+}
+
 boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std::string& url) {
   redis::request ping("PING");
   ping.options.timeout = std::chrono::seconds(10);
@@ -93,6 +107,10 @@ int main(int argc, char** argv) {
     if (command == "group") return group(rest);
     if (command == "demo-worker") return demo_worker(rest);  // hidden: jobrt demo --redis starts it
     if (command == "version" || command == "--version") {
+      if (!rest.empty()) {
+        fmt::print(stderr, "jobrt: version takes no arguments\n");
+        return 2;
+      }
       fmt::print("jobrt 0.1.0\n");
       return 0;
     }

@@ -16,6 +16,8 @@
 #include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/json/parse.hpp>
 
@@ -23,6 +25,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -40,6 +43,20 @@ volatile std::sig_atomic_t early_signal = 0;
 void remember_signal(int signal) { early_signal = signal; }
 
 const char* signal_name(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+// A file to read lines from; a directory or an unreadable path is an error naming it.
+std::ifstream open_file(const std::string& path, std::string_view command) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw std::runtime_error(fmt::format("{}: {} is a directory, not a file", command, path));
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(fmt::format("{}: cannot open {}", command, path));
+  return in;
+}
+
+// Threads running one io_context: more than a few per core only cost memory (and, by the
+// thousands, fail to start).
+constexpr std::size_t max_threads = 256;
 
 // Runs `body` on a fresh io_context with a Redis backend; rethrows what it throws.
 template <class Body>
@@ -67,11 +84,12 @@ constexpr const char* worker_usage =
     "  --redis URL          the server (default: $REDIS_URL, else redis://127.0.0.1:6379)\n"
     "  --queue NAME         (default: default); given more than once, a worker for each queue,\n"
     "                       all with the options below\n"
-    "  --concurrency N      jobs at once (default 10)\n"
-    "  --threads N          threads running the io_context (default 1)\n"
+    "  --concurrency N      jobs at once, 1 to 100000 (default 10)\n"
+    "  --threads N          threads running the io_context, 1 to 256 (default 1)\n"
     "  --id ID              worker id (default: <host>:<pid>:<random>)\n"
-    "  --lease-ttl MS       lease time-to-live (default 5000; renewed every third of it)\n"
-    "  --burst N            jobs of one group in a row (default 4)\n"
+    "  --lease-ttl MS       lease time-to-live, 100 to 86400000 (default 5000; renewed every\n"
+    "                       third of it)\n"
+    "  --burst N            jobs of one group in a row, 1 to 1000 (default 4)\n"
     "  --follow POLICY      after-commit (default): a group's next job starts once its\n"
     "                       predecessor's end is stored; pipelined: at once, the end stored on\n"
     "                       the way (a lost lease may run a job again after its follower ran)\n"
@@ -112,7 +130,7 @@ int worker_command(const args& a) {
     } else if (arg == "--metrics") {
       metrics_at = string_arg(a, i);
     } else if (arg == "--metrics-check") {
-      check_every = std::chrono::seconds(number_arg(a, i));
+      check_every = std::chrono::seconds(number_arg(a, i, 0, 86'400));
     } else if (arg == "--log-level") {
       try {
         set_log_level(parse_log_level(string_arg(a, i)));
@@ -127,17 +145,17 @@ int worker_command(const args& a) {
     } else if (arg == "--plugin") {
       plugins.push_back(string_arg(a, i));
     } else if (arg == "--concurrency") {
-      wo.concurrency = number_arg(a, i);
+      wo.concurrency = number_arg(a, i, 1, 100'000);
       queue_options = true;
     } else if (arg == "--threads") {
-      threads = number_arg(a, i);
+      threads = number_arg(a, i, 1, max_threads);
     } else if (arg == "--id") {
       wo.id = string_arg(a, i);
     } else if (arg == "--lease-ttl") {
-      wo.lease_ttl = std::chrono::milliseconds(number_arg(a, i));
+      wo.lease_ttl = std::chrono::milliseconds(number_arg(a, i, 100, 86'400'000));
       queue_options = true;
     } else if (arg == "--burst") {
-      wo.burst = number_arg(a, i);
+      wo.burst = number_arg(a, i, 1, 1000);
       queue_options = true;
     } else if (arg == "--follow") {
       try {
@@ -154,7 +172,7 @@ int worker_command(const args& a) {
       }
       queue_options = true;
     } else if (arg == "--grace") {
-      grace = std::chrono::milliseconds(number_arg(a, i));
+      grace = std::chrono::milliseconds(number_arg(a, i, 0, 86'400'000));
     } else {
       throw usage_error(fmt::format("worker: unknown option '{}'", arg));
     }
@@ -172,8 +190,6 @@ int worker_command(const args& a) {
     for (auto& q : cfg.queues) queues.push_back(q.worker);
     if (queues.empty()) throw std::invalid_argument(fmt::format("config {}: no queues", config_file));
   } else {
-    if (wo.concurrency == 0 || wo.lease_ttl.count() == 0)
-      throw usage_error("worker: --concurrency and --lease-ttl must be positive");
     if (queue_names.empty()) queue_names.push_back(wo.queue);
     for (auto& name : queue_names) {
       if (name.empty()) throw usage_error("worker: --queue is empty");
@@ -184,7 +200,6 @@ int worker_command(const args& a) {
     }
   }
   if (plugins.empty()) throw usage_error("worker: give at least one --plugin (or \"plugins\" in the config)");
-  if (threads == 0) throw usage_error("worker: --threads must be positive");
   check_url(url);
   std::optional<asio::ip::tcp::endpoint> metrics_endpoint;
   if (!metrics_at.empty()) {
@@ -209,7 +224,26 @@ int worker_command(const args& a) {
     int early = early_signal;
     if (early == 0) {
       log(log_level::info, "worker " + base_id, "connecting to redis at {}", redis::config::from_url(url).address());
-      auto first = co_await (check_reachable(store.connection(), url) || signals.async_wait(asio::use_awaitable));
+      // A worker may start before its server: it asks until the server answers and says why
+      // each time it does not (at most once per ask's time limit). A throwing ask would not end
+      // the `||` below, which waits for a success: each failure is caught here.
+      auto reachable = [&]() -> asio::awaitable<void> {
+        asio::steady_timer next(ctx);
+        for (;;) {
+          next.expires_after(std::chrono::seconds(10));
+          std::string why;
+          try {
+            co_await check_reachable(store.connection(), url);
+            co_return;
+          } catch (const std::exception& e) {
+            why = e.what();
+          }
+          if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none) co_return;
+          log(log_level::warn, "worker " + base_id, "{}; asking again", why);
+          co_await next.async_wait(asio::use_awaitable);
+        }
+      };
+      auto first = co_await (reachable() || signals.async_wait(asio::use_awaitable));
       if (first.index() == 1) early = std::get<1>(first);
     }
     if (early != 0) {
@@ -349,7 +383,7 @@ int enqueue_command(const args& a) {
   std::string url = default_redis_url(), queue = "default", file, config_file;
   bool url_given = false;
   job_spec base;
-  bool has_payload = false;
+  bool has_payload = false, job_options = false;  // job options: one job's, or the generated jobs'
   std::size_t count = 0, groups = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
     const auto& arg = a[i];
@@ -363,9 +397,12 @@ int enqueue_command(const args& a) {
       config_file = string_arg(a, i);
     } else if (arg == "--queue") {
       queue = string_arg(a, i);
+      if (queue.empty()) throw usage_error("enqueue: --queue is empty");
     } else if (arg == "--type") {
+      job_options = true;
       base.type = string_arg(a, i);
     } else if (arg == "--payload") {
+      job_options = true;
       try {
         base.payload = producer::parse_payload(string_arg(a, i));
       } catch (const std::invalid_argument& e) {
@@ -373,16 +410,22 @@ int enqueue_command(const args& a) {
       }
       has_payload = true;
     } else if (arg == "--group") {
+      job_options = true;
       base.group = string_arg(a, i);
     } else if (arg == "--id") {
+      job_options = true;
       base.id = string_arg(a, i);
     } else if (arg == "--delay") {
-      base.delay = std::chrono::milliseconds(number_arg(a, i));
+      job_options = true;
+      base.delay = std::chrono::milliseconds(number_arg(a, i, 0, 999'999'999'999'999));
     } else if (arg == "--max-attempts") {
-      base.max_attempts = static_cast<int>(number_arg(a, i));
+      job_options = true;
+      base.max_attempts = static_cast<int>(number_arg(a, i, 1, 1'000'000));
     } else if (arg == "--timeout") {
-      base.timeout = std::chrono::milliseconds(number_arg(a, i));
+      job_options = true;
+      base.timeout = std::chrono::milliseconds(number_arg(a, i, 0, 999'999'999'999'999));
     } else if (arg == "--on-failure") {
+      job_options = true;
       try {
         base.on_failure = parse_failure_policy(string_arg(a, i));
       } catch (const std::invalid_argument& e) {
@@ -391,9 +434,9 @@ int enqueue_command(const args& a) {
     } else if (arg == "--file") {
       file = string_arg(a, i);
     } else if (arg == "--count") {
-      count = number_arg(a, i);
+      count = number_arg(a, i, 1, 100'000'000);
     } else if (arg == "--groups") {
-      groups = number_arg(a, i);
+      groups = number_arg(a, i, 1, 100'000'000);
     } else {
       throw usage_error(fmt::format("enqueue: unknown option '{}'", arg));
     }
@@ -402,6 +445,14 @@ int enqueue_command(const args& a) {
   if (file.empty() && base.type.empty()) throw usage_error("enqueue: --type is required");
   if (groups > 0 && count == 0) throw usage_error("enqueue: --groups needs --count");
   if (count > 0 && !base.id.empty()) throw usage_error("enqueue: --id names one job; it cannot go with --count");
+  if (!file.empty() && job_options) throw usage_error("enqueue: with --file, each line gives its job's options");
+  if (file.empty()) {
+    try {
+      producer::check(base);  // what the job options say, before anything connects
+    } catch (const std::invalid_argument& e) {
+      throw usage_error(fmt::format("enqueue: {}", e.what()));
+    }
+  }
   producer_options po;
   if (!config_file.empty()) {
     auto cfg = settings::from_file(config_file);
@@ -414,8 +465,7 @@ int enqueue_command(const args& a) {
   // Every job is built and checked before anything is stored.
   std::vector<job_spec> specs;
   if (!file.empty()) {
-    std::ifstream in(file);
-    if (!in) throw std::runtime_error(fmt::format("enqueue: cannot open {}", file));
+    std::ifstream in = open_file(file, "enqueue");
     std::string line;
     for (std::size_t n = 1; std::getline(in, line); ++n) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -425,6 +475,7 @@ int enqueue_command(const args& a) {
         throw std::runtime_error(fmt::format("enqueue: {}: {}; nothing was enqueued", file, e.what()));
       }
     }
+    if (in.bad()) throw std::runtime_error(fmt::format("enqueue: cannot read {}; nothing was enqueued", file));
   } else if (count > 0) {
     specs.reserve(count);
     for (std::size_t n = 0; n < count; ++n) {

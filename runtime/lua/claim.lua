@@ -46,6 +46,9 @@ for _, lane in ipairs(lanes) do
       end
     end
   else
+    -- (a lane that is neither, written by hand, is taken as a job's record, kept whole: the
+    -- worker dead-letters it as malformed)
+    if string.sub(lane, 1, 2) ~= 'j:' then lane = 'j:' .. lane end
     taken[#taken + 1] = lane
     fences = fences + 1
   end

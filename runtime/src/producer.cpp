@@ -24,7 +24,7 @@ boost::json::value producer::parse_payload(std::string_view text) {
   return value;
 }
 
-encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms) const {
+void producer::check(const job_spec& spec) {
   if (spec.type.empty()) throw std::invalid_argument("job type is empty");
   if (spec.id.find('|') != std::string::npos)
     throw std::invalid_argument(fmt::format("job id '{}' contains '|'", spec.id));
@@ -41,19 +41,27 @@ encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms) const {
     if (b.initial.count() < 0 || b.max.count() < 0 || b.factor < 1.0 || b.jitter < 0.0 || b.jitter > 1.0)
       throw std::invalid_argument("job backoff needs initial >= 0, max >= 0, factor >= 1 and jitter in [0, 1]");
   }
+  // The backend keeps due times in 15 digits (Redis scores are doubles, exact to 2^53).
+  constexpr std::int64_t latest = 999'999'999'999'999;  // ms: some 31,000 years
+  if (spec.delay.count() > latest)
+    throw std::invalid_argument(fmt::format("job delay is {} ms; the longest is {}", spec.delay.count(), latest));
+  if (spec.run_at) {
+    auto at = std::chrono::duration_cast<std::chrono::milliseconds>(spec.run_at->time_since_epoch()).count();
+    if (at > latest)
+      throw std::invalid_argument(fmt::format("job run_at is {} ms since the epoch; the latest is {}", at, latest));
+  }
+  if (spec.group && spec.group->empty())
+    throw std::invalid_argument("job group is empty (leave it unset for no group)");
+}
+
+encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms) const {
+  check(spec);
   encoded_job out;
   out.id = spec.id;
   out.delay_ms = spec.delay.count();
   if (spec.run_at)
     out.run_at_ms = std::max<std::int64_t>(
         1, std::chrono::duration_cast<std::chrono::milliseconds>(spec.run_at->time_since_epoch()).count());
-  // The backend keeps due times in 15 digits (Redis scores are doubles, exact to 2^53).
-  constexpr std::int64_t latest = 999'999'999'999'999;  // ms: some 31,000 years
-  if (out.delay_ms > latest)
-    throw std::invalid_argument(fmt::format("job delay is {} ms; the longest is {}", out.delay_ms, latest));
-  if (out.run_at_ms > latest)
-    throw std::invalid_argument(
-        fmt::format("job run_at is {} ms since the epoch; the latest is {}", out.run_at_ms, latest));
   std::optional<group_choice> choice;
   if (!spec.group) choice = opts_.rules.choose(spec.type, spec.payload);
   // The rule's policy travels with the job, unless the job names its own.
@@ -63,7 +71,6 @@ encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms) const {
     throw std::invalid_argument(fmt::format("job of type '{}' is {} bytes encoded; the limit is {}", spec.type,
                                             out.body.size(), opts_.max_body_bytes));
   if (spec.group) {
-    if (spec.group->empty()) throw std::invalid_argument("job group is empty (leave it unset for no group)");
     out.group = *spec.group;
   } else if (choice) {
     out.group = std::move(choice->group);

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <boost/json/parse.hpp>
 
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <stdexcept>
 
@@ -28,8 +30,13 @@ std::string text_at(const json::value& v, std::string_view where) {
   return std::string(v.as_string());
 }
 
-std::int64_t count_at(const json::value& v, std::string_view where, std::int64_t min) {
-  if (!v.is_int64() || v.as_int64() < min) bad(where, fmt::format("is not an integer of at least {}", min));
+std::int64_t count_at(const json::value& v, std::string_view where, std::int64_t min,
+                      std::int64_t max = std::numeric_limits<std::int64_t>::max()) {
+  if (!v.is_int64() || v.as_int64() < min || v.as_int64() > max) {
+    if (max == std::numeric_limits<std::int64_t>::max())
+      bad(where, fmt::format("is not an integer of at least {}", min));
+    bad(where, fmt::format("is not an integer from {} to {}", min, max));
+  }
   return v.as_int64();
 }
 
@@ -70,14 +77,15 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
   if (!name) bad(where, "has no \"name\"");
   q.worker.queue = text_at(*name, field("name"));
   if (auto* f = o.if_contains("concurrency"))
-    q.worker.concurrency = static_cast<std::size_t>(count_at(*f, field("concurrency"), 1));
+    q.worker.concurrency = static_cast<std::size_t>(count_at(*f, field("concurrency"), 1, 100'000));
   if (auto* f = o.if_contains("lease_ttl_ms"))
-    q.worker.lease_ttl = std::chrono::milliseconds(count_at(*f, field("lease_ttl_ms"), 100));
+    q.worker.lease_ttl = std::chrono::milliseconds(count_at(*f, field("lease_ttl_ms"), 100, 86'400'000));
   if (auto* f = o.if_contains("watchdog_ms"))
-    q.worker.watchdog_period = std::chrono::milliseconds(count_at(*f, field("watchdog_ms"), 10));
+    q.worker.watchdog_period = std::chrono::milliseconds(count_at(*f, field("watchdog_ms"), 10, 86'400'000));
   if (q.worker.watchdog_period.count() > 0 && q.worker.watchdog_period >= q.worker.lease_ttl)
     bad(field("watchdog_ms"), "must be shorter than lease_ttl_ms");
-  if (auto* f = o.if_contains("burst")) q.worker.burst = static_cast<std::size_t>(count_at(*f, field("burst"), 1));
+  if (auto* f = o.if_contains("burst"))
+    q.worker.burst = static_cast<std::size_t>(count_at(*f, field("burst"), 1, 1000));
   if (auto* f = o.if_contains("follow")) {
     auto text = text_at(*f, field("follow"));
     try {
@@ -87,7 +95,7 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
     }
   }
   if (auto* f = o.if_contains("claim_wait_ms"))
-    q.worker.claim_wait = std::chrono::milliseconds(count_at(*f, field("claim_wait_ms"), 1));
+    q.worker.claim_wait = std::chrono::milliseconds(count_at(*f, field("claim_wait_ms"), 1, 86'400'000));
   if (auto* f = o.if_contains("on_failure")) q.worker.on_failure = policy_at(*f, field("on_failure"));
   if (auto* f = o.if_contains("retry")) q.worker.retry_backoff = backoff_at(*f, field("retry"));
   if (auto* f = o.if_contains("grouping")) {
@@ -141,9 +149,13 @@ settings settings::from_json(const json::value& v) {
 }
 
 settings settings::from_file(const std::string& path) {
+  std::error_code fec;
+  if (std::filesystem::is_directory(path, fec))
+    throw std::invalid_argument(fmt::format("config {}: is a directory, not a file", path));
   std::ifstream in(path);
   if (!in) throw std::invalid_argument(fmt::format("config {}: cannot open it", path));
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw std::invalid_argument(fmt::format("config {}: cannot read it", path));
   boost::system::error_code ec;
   auto v = json::parse(text, ec);
   if (ec) throw std::invalid_argument(fmt::format("config {}: not JSON: {}", path, ec.message()));

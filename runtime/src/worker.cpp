@@ -140,7 +140,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     if (opts_.id.empty()) opts_.id = make_worker_id();
     source_ = "worker " + opts_.id;
     if (opts_.concurrency == 0) throw std::invalid_argument("worker concurrency is 0");
-    if (opts_.lease_ttl.count() <= 0) throw std::invalid_argument("worker lease_ttl must be positive");
+    // Past a day, times made from these (TTL / 3 in the steady clock's nanoseconds) overflow.
+    constexpr std::chrono::milliseconds day = std::chrono::hours(24);
+    if (opts_.lease_ttl.count() <= 0 || opts_.lease_ttl > day)
+      throw std::invalid_argument(
+          fmt::format("worker lease_ttl is {} ms; it must be from 1 ms to a day", opts_.lease_ttl.count()));
+    if (opts_.watchdog_period > day || opts_.reap_period > day || opts_.claim_wait > day)
+      throw std::invalid_argument("worker watchdog_period, reap_period and claim_wait must be at most a day");
     if (opts_.burst == 0) opts_.burst = 1;
     // A burst's results travel in one finish call (backend: finish_parts), which takes at most
     // about a thousand.
@@ -213,6 +219,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // What the worker keeps of each finish item beside it.
   struct item_note {
     std::string type;                                                     // its job's, for the counters by type
+    std::string id;                                                       // its job's, for the log
     enum { follower_waits, follower_running } follower = follower_waits;  // (a keep's)
   };
 
@@ -299,13 +306,14 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     } catch (const std::exception& e) {
       // A record a buggy producer wrote: it fails with the reason; nothing else is touched. Its
       // id is released only when the body, as far as it reads, says the producer gave it.
-      finish_now(token, finish_kind::fail, detail::producer_id(c.record), fmt::format("malformed job: {}", e.what()));
+      finish_now(token, c.record, finish_kind::fail, detail::producer_id(c.record),
+                 fmt::format("malformed job: {}", e.what()));
       free_slot();
       return;
     }
     if (j.attempt > j.max_attempts) {  // its leases expired that often: a poison job, not a loop
       bool halt = !j.group.empty() && j.on_failure.value_or(opts_.on_failure) == failure_policy::halt;
-      finish_now(token, halt ? finish_kind::halt : finish_kind::fail, j.unique_id ? j.id : std::string(),
+      finish_now(token, c.record, halt ? finish_kind::halt : finish_kind::fail, j.unique_id ? j.id : std::string(),
                  fmt::format("gave up: attempt {} of at most {} (earlier attempts lost their leases)", j.attempt,
                              j.max_attempts));
       free_slot();
@@ -313,7 +321,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     auto h = handlers_.find(j.type);
     if (h == handlers_.end()) {
-      finish_now(token, finish_kind::fail, j.unique_id ? j.id : std::string(),
+      finish_now(token, c.record, finish_kind::fail, j.unique_id ? j.id : std::string(),
                  fmt::format("no handler for type {}", j.type));
       free_slot();
       return;
@@ -430,7 +438,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         running_.erase(it);
         // The keep first: a follower that fails at once (malformed, no handler) queues its end
         // under the same token, which must come after the keep, or it would end this job.
-        queue_finish(std::move(item), {r->ctx->job().type, item_note::follower_running});
+        queue_finish(std::move(item), {r->ctx->job().type, r->ctx->job().id, item_note::follower_running});
         launch(follower_of(token, *r), r->valid_until, r->replayed);
         free_slot(*r);
         release_strand(r->ctx->group());  // after launch took it: the strand lives on
@@ -441,7 +449,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       // result in the next finish call, and the slot serves other work meanwhile: the follower
       // takes the next free one (see on_kept).
       free_slot(*r);
-      queue_finish(std::move(item), {r->ctx->job().type});
+      queue_finish(std::move(item), {r->ctx->job().type, r->ctx->job().id});
       return;
     }
     // After a burst, the group's next job (and its followers) in the finish's answer, only when
@@ -453,7 +461,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // The slot is free for a claim while the finish is on its way, unless the answer may bring
     // a job to run in it.
     if (item.want_next == finish_item::next_policy::no) free_slot(*r);
-    queue_finish(std::move(item), {r->ctx->job().type});
+    queue_finish(std::move(item), {r->ctx->job().type, r->ctx->job().id});
   }
 
   // A burst's next job: the first follower, under the same lease with the next fence, and the
@@ -489,13 +497,15 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   // --- finishing, batched: one backend call carries every result that came in meanwhile ---
 
-  void finish_now(std::string token, finish_kind kind, std::string unique_id, std::string error) {
+  void finish_now(std::string token, std::string_view record, finish_kind kind, std::string unique_id,
+                  std::string error) {
     finish_item item;
     item.token = std::move(token);
     item.kind = kind;
     item.unique_id = std::move(unique_id);
     item.error = std::move(error);
-    queue_finish(std::move(item), {"(not started)"});  // failed before its handler ran
+    queue_finish(std::move(item),
+                 {"(not started)", std::string(detail::record_id(record))});  // failed before its handler ran
   }
 
   void queue_finish(finish_item item, item_note note) {
@@ -637,7 +647,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       drop_held();
       return;
     }
-    std::string job_id(detail::record_id(lane_record(item.token)));
+    std::string job_id = note.id;
     if (auto it = running_.find(item.token); it != running_.end()) {
       auto r = it->second;
       running_.erase(it);  // first: a freed slot may launch a waiting job, which inserts here
@@ -783,7 +793,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     finish_item item;
     item.token = std::move(token);
     item.kind = finish_kind::release;
-    queue_finish(std::move(item), {"(not started)"});
+    queue_finish(std::move(item), {"(not started)", {}});
   }
 
   void free_slot(running_job& r) {
@@ -940,12 +950,6 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     self->promoting_ = false;
     self->idle_timer_.cancel();
-  }
-
-  // The record a token carries, for an ungrouped job; a grouped job's token names only its group.
-  static std::string_view lane_record(std::string_view token) {
-    auto lane = token.substr(token.find('|') + 1);
-    return lane.starts_with("j:") ? lane.substr(2) : std::string_view();
   }
 
   void lease_lost(const std::string& token, std::string_view why) {

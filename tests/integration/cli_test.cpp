@@ -16,9 +16,11 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -237,6 +239,96 @@ TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the 
   CHECK(down.output.find("secret") == std::string::npos);  // the URL's password is not printed
 }
 
+TEST_CASE("jobrt refuses out-of-range options, empty names, stray arguments and directories before it connects") {
+  // The server is a closed port: each of these fails on its arguments, before any connection.
+  std::string down = "redis://127.0.0.1:1", noop = JOBRT_HANDLERS "/jobrt_noop.so";
+  auto dir = fmt::format("/tmp/jobrt-cli-dir-{}", ::getpid());
+  ::mkdir(dir.c_str(), 0755);
+  struct refused {
+    std::vector<std::string> args;
+    int status;
+    std::string says;
+  };
+  std::vector<refused> cases{
+      {{"worker", "--plugin", noop, "--lease-ttl", "1"}, 2, "option --lease-ttl: '1' is not a number from 100 to"},
+      {{"worker", "--plugin", noop, "--lease-ttl", "99999999999999"}, 2, "option --lease-ttl:"},
+      {{"worker", "--plugin", noop, "--threads", "40000"},
+       2,
+       "option --threads: '40000' is not a number from 1 to 256"},
+      {{"worker", "--plugin", noop, "--burst", "1001"}, 2, "option --burst: '1001' is not a number from 1 to 1000"},
+      {{"worker", "--plugin", noop, "--config", dir}, 1, fmt::format("config {}: is a directory", dir)},
+      {{"enqueue", "--type", "noop", "--count", "0"}, 2, "option --count: '0' is not a number from 1"},
+      {{"enqueue", "--type", "noop", "--max-attempts", "0"}, 2, "option --max-attempts: '0' is not a number from 1"},
+      {{"enqueue", "--type", "noop", "--id", "123"}, 2, "job id '123' is all digits"},
+      {{"enqueue", "--type", "noop", "--group", ""}, 2, "job group is empty"},
+      {{"enqueue", "--type", "noop", "--queue", ""}, 2, "enqueue: --queue is empty"},
+      {{"enqueue", "--file", dir}, 1, fmt::format("enqueue: {} is a directory, not a file", dir)},
+      {{"enqueue", "--file", dir, "--type", "noop"}, 2, "with --file, each line gives its job's options"},
+      {{"stats", "extra"}, 2, "stats: unexpected argument 'extra'"},
+      {{"stats", "--queue", ""}, 2, "stats: --queue is empty"},
+      {{"dlq", "list", "--head"}, 2, "dlq list: no --head"},
+      {{"group", "pause", ""}, 2, "group pause: the group's name is empty"},
+      {{"demo", "--commodities", "99999999999"}, 2, "option --commodities: '99999999999' is not a number from 1"},
+      {{"version", "extra"}, 2, "version takes no arguments"},
+  };
+  for (auto& c : cases) {
+    auto args = c.args;
+    if (args[0] != "demo" && args[0] != "version") args.insert(args.end(), {"--redis", down});
+    auto f = jobrt_cli(args);
+    CAPTURE(fmt::format("{}", fmt::join(args, " ")));
+    CAPTURE(f.output);
+    CHECK(f.status == c.status);
+    CHECK(f.output.find(c.says) != std::string::npos);
+  }
+  ::rmdir(dir.c_str());
+}
+
+TEST_CASE("jobrt worker says why its server does not answer, asks again, and starts when it comes") {
+  redis_server server;
+  server.stop();  // its port is closed now
+  auto out = fmt::format("/tmp/jobrt-cli-late-{}.out", ::getpid());
+  auto pid =
+      start({"worker", "--redis", server.url(), "--queue", "late", "--plugin", JOBRT_HANDLERS "/jobrt_noop.so"}, out);
+  // One ask takes up to 10 s before it says why.
+  CHECK(wait_for_text(out, "does not answer: connect to", std::chrono::seconds(20)));
+  CHECK(wait_for_text(out, "Connection refused; asking again", std::chrono::seconds(1)));
+  server.start();
+  CHECK(wait_for_text(out, "running noop on queue late", std::chrono::seconds(25)));
+  ::kill(pid, SIGTERM);
+  auto f = wait_for(pid, out);
+  CAPTURE(f.output);
+  CHECK(f.status == 0);
+}
+
+TEST_CASE("jobrt worker logs a dead letter with its job's id, grouped or not, and keeps a malformed lane whole") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "letters";
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "nosuch", "--group", "g1", "--id", "order-1"})
+            .status == 0);
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "nosuch", "--id", "order-2"}).status == 0);
+  // A lane another program wrote into the ready list, neither 'j:<record>' nor 'g:<group>'.
+  redis_cli(cfg, {"RPUSH", redis_backend::key_prefix(queue) + "ready", "garbage-record"});
+  auto out = fmt::format("/tmp/jobrt-cli-letters-{}.out", ::getpid());
+  auto pid = start({"worker", "--redis", url, "--queue", queue, "--plugin", JOBRT_HANDLERS "/jobrt_noop.so"}, out);
+  CHECK(wait_for_text(out, "job order-1 dead-lettered: no handler for type nosuch", std::chrono::seconds(20)));
+  CHECK(wait_for_text(out, "job order-2 dead-lettered: no handler for type nosuch", std::chrono::seconds(20)));
+  std::vector<dead_letter> letters;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    for (int i = 0; i < 500 && letters.size() < 3; ++i) {
+      letters = co_await store.dead_letters(queue, 0, 10);
+      if (letters.size() < 3) co_await sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  ::kill(pid, SIGTERM);
+  CHECK(wait_for(pid, out).status == 0);
+  REQUIRE(letters.size() == 3);
+  auto garbage = std::find_if(letters.begin(), letters.end(), [](auto& d) { return d.record == "garbage-record"; });
+  REQUIRE(garbage != letters.end());
+  CHECK(garbage->error.find("malformed job") != std::string::npos);
+}
+
 TEST_CASE("jobrt worker and enqueue take a config file with several queues and grouping rules") {
   auto cfg = shared_redis();
   auto url = url_of(cfg);
@@ -276,7 +368,7 @@ TEST_CASE("jobrt worker and enqueue take a config file with several queues and g
   std::ofstream(file) << R"({"queues": [{"name": "x", "concurrency": -1}]})";
   auto bad = jobrt_cli({"worker", "--config", file});
   CHECK(bad.status == 1);
-  CHECK(bad.output.find("config.queues[0].concurrency: is not an integer of at least 1") != std::string::npos);
+  CHECK(bad.output.find("config.queues[0].concurrency: is not an integer from 1 to 100000") != std::string::npos);
   std::remove(file.c_str());
 }
 
@@ -504,11 +596,17 @@ TEST_CASE(
 
   auto requeued = jobrt_cli({"dlq", "requeue", "bad-1", "nope", "--head", "--redis", url, "--queue", queue});
   CHECK(requeued.status == 1);  // one of the two was not there
-  CHECK(requeued.output == "requeued 1 of 2\n");
+  CHECK(requeued.output.find("requeued 1 of 2\n") != std::string::npos);
+  CHECK(requeued.output.find("dlq requeue: nope not requeued: no such dead letter in queue " + queue) !=
+        std::string::npos);
   counts = wait_counts(cfg, queue, [](const queue_counts&) { return true; });
   CHECK(counts.dead == 1);
   CHECK(counts.ready_lanes == 1);  // bad-1 waits for a worker again
   CHECK(jobrt_cli({"dlq", "purge", "bad-2", "--redis", url, "--queue", queue}).output == "purged 1\n");
+  auto unknown = jobrt_cli({"dlq", "purge", "nope", "--redis", url, "--queue", queue});
+  CHECK(unknown.status == 1);
+  CHECK(unknown.output.find("purged 0\n") != std::string::npos);
+  CHECK(unknown.output.find("jobrt: dlq purge: no dead letter nope in queue " + queue) != std::string::npos);
   CHECK(jobrt_cli({"dlq", "purge", "--all", "--redis", url, "--queue", queue}).output == "purged 0\n");
   CHECK(jobrt_cli({"dlq", "purge", "--redis", url, "--queue", queue}).status == 2);  // neither ids nor --all
   CHECK(jobrt_cli({"dlq", "list", "--redis", url, "--queue", queue}).output.empty());

@@ -100,3 +100,17 @@ TEST_CASE("a worker refuses a burst longer than a finish call takes") {
   o.burst = 1000;
   CHECK_NOTHROW(jobrt::worker(ctx.get_executor(), store, o));
 }
+
+TEST_CASE("a worker refuses a lease TTL or a period past a day, whose times would overflow the clock") {
+  boost::asio::io_context ctx;
+  jobrt::memory_backend store(ctx.get_executor());
+  jobrt::worker_options o;
+  o.queue = "q";
+  o.lease_ttl = std::chrono::milliseconds(99'999'999'999'999);
+  CHECK_THROWS_WITH_AS(jobrt::worker(ctx.get_executor(), store, o),
+                       "worker lease_ttl is 99999999999999 ms; it must be from 1 ms to a day", std::invalid_argument);
+  o.lease_ttl = std::chrono::hours(24);
+  CHECK_NOTHROW(jobrt::worker(ctx.get_executor(), store, o));
+  o.watchdog_period = std::chrono::hours(25);
+  CHECK_THROWS_AS(jobrt::worker(ctx.get_executor(), store, o), std::invalid_argument);
+}

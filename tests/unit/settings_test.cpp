@@ -60,7 +60,13 @@ TEST_CASE("settings - a bad file is refused naming the field") {
   CHECK(refusal(R"({"queus": []})") == "config: unknown field \"queus\"");
   CHECK(refusal(R"({"queues": [{"concurrency": 2}]})") == "config.queues[0]: has no \"name\"");
   CHECK(refusal(R"({"queues": [{"name": "a", "concurrency": 0}]})") ==
-        "config.queues[0].concurrency: is not an integer of at least 1");
+        "config.queues[0].concurrency: is not an integer from 1 to 100000");
+  CHECK(refusal(R"({"queues": [{"name": "a", "lease_ttl_ms": 99999999999999}]})") ==
+        "config.queues[0].lease_ttl_ms: is not an integer from 100 to 86400000");
+  CHECK(refusal(R"({"queues": [{"name": "a", "burst": 5000}]})") ==
+        "config.queues[0].burst: is not an integer from 1 to 1000");
+  CHECK(refusal(R"({"queues": [{"name": "a", "lease_ttl_ms": 99999999999999999999}]})") ==
+        "config.queues[0].lease_ttl_ms: is not an integer from 100 to 86400000");
   CHECK(refusal(R"({"queues": [{"name": "a", "on_failure": "retry"}]})") ==
         "config.queues[0].on_failure: failure policy 'retry' is not one of hold, skip, halt");
   CHECK(refusal(R"({"queues": [{"name": "a", "follow": "eager"}]})") ==

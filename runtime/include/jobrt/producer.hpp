@@ -37,6 +37,9 @@ class producer {
 
   /// Parses a payload given as text; throws std::invalid_argument when it is not JSON.
   static boost::json::value parse_payload(std::string_view text);
+  /// Throws std::invalid_argument (naming the field) for what enqueue refuses in a job before
+  /// it is encoded: an empty type or group, a bad id, attempts, timeout, delay or backoff.
+  static void check(const job_spec& spec);
 
   const std::string& queue() const noexcept { return queue_; }
   const producer_options& options() const noexcept { return opts_; }

@@ -96,6 +96,7 @@ struct worker_options {
   /// its result is on its way to the backend (unless that answer may bring its group's next job).
   std::size_t concurrency = 10;
   /// How long a lease lives unless renewed: a crashed worker's jobs run again after about this long.
+  /// At most a day (so are the periods below).
   std::chrono::milliseconds lease_ttl{5000};
   /// How often leases are renewed; 0: lease_ttl / 3.
   std::chrono::milliseconds watchdog_period{0};
