@@ -457,8 +457,18 @@ int enqueue_command(const args& a) {
   if (!config_file.empty()) {
     auto cfg = settings::from_file(config_file);
     if (cfg.redis_url && !url_given) url = *cfg.redis_url;
-    for (auto& q : cfg.queues)
-      if (q.worker.queue == queue) po.rules = q.rules;
+    std::string names;  // the queue's grouping rules are the reason for --config: it must be there
+    bool found = false;
+    for (auto& q : cfg.queues) {
+      if (q.worker.queue == queue) {
+        po.rules = q.rules;
+        found = true;
+      }
+      names += (names.empty() ? "" : ", ") + q.worker.queue;
+    }
+    if (!found)
+      throw usage_error(fmt::format("enqueue: queue {} is not in config {} (its queues: {}); give --queue", queue,
+                                    config_file, names));
   }
   check_url(url);
 

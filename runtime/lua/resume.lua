@@ -20,8 +20,20 @@ if not is_parked then return 1 end -- its lane is in ready, running or waiting f
 redis.call('SREM', parked, group)
 redis.call('SREM', KEYS[9], group) -- a parked group runs no burst (see finish.lua)
 local head = redis.call('LINDEX', key, 0)
+local halted = string.find(state, '"halted"', 1, true)
 if head and mode == 'skip' then
   redis.call('LPOP', key)
+  -- A halted job's letter keeps its record as its last run saw it (as finish.lua's letters do:
+  -- the halt counted that run in the header) and says why it halted.
+  local record, why = head, 'skipped by an operator'
+  if halted then
+    local ok_state, st = pcall(cjson.decode, state)
+    if ok_state and type(st) == 'table' and type(st.error) == 'string' then
+      why = why .. ' after it halted its group: ' .. st.error
+    end
+    local n, rest = string.match(head, '^(%d+)(|.*)$')
+    if n and tonumber(n) > 0 then record = string.format('%d', tonumber(n) - 1) .. rest end
+  end
   local time = redis.call('TIME')
   local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   local id, body = string.match(head, '^%d+|([^|]*)|(.*)$')
@@ -36,10 +48,10 @@ if head and mode == 'skip' then
   end
   redis.call('ZADD', dead, now, letter)
   redis.call('HSET', dead_info, letter,
-    cjson.encode({record = head, group = group, error = 'skipped by an operator', at = now}))
+    cjson.encode({record = record, group = group, error = why, at = now}))
   redis.call('HINCRBY', stats, 'failed', 1)
   if redis.call('EXISTS', key) == 0 then redis.call('HINCRBY', stats, 'groups', -1) end
-elseif head and string.find(state, '"halted"', 1, true) then
+elseif head and halted then
   local rest = string.match(head, '^%d+(|.*)$')
   if rest then redis.call('LSET', key, 0, '0' .. rest) end
 end

@@ -218,7 +218,8 @@ CONFORMANCE("halt then resume with skip: the head job is dead-lettered and the r
     auto dead = co_await b.make().dead_letters(b.queue(), 0, 10);
     REQUIRE(dead.size() == 1);
     CHECK(dead[0].id == "a-id");
-    CHECK(dead[0].error == "skipped by an operator");
+    CHECK(dead[0].error == "skipped by an operator after it halted its group: poison");
+    CHECK(dead[0].record.starts_with("0|a-id|"));    // as its one run saw it: no attempt before
     CHECK_FALSE((co_await p.enqueue(a)).duplicate);  // its id was released
   });
 }

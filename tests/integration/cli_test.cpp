@@ -365,6 +365,11 @@ TEST_CASE("jobrt worker and enqueue take a config file with several queues and g
   CHECK(f.output.find("on queue " + a) != std::string::npos);
   CHECK(f.output.find("on queue " + b) != std::string::npos);
 
+  auto elsewhere = jobrt_cli({"enqueue", "--config", file, "--queue", "other", "--type", "noop"});
+  CHECK(elsewhere.status == 2);
+  CHECK(elsewhere.output.find(fmt::format("enqueue: queue other is not in config {} (its queues: {}, {})", file, a,
+                                          b)) != std::string::npos);
+
   std::ofstream(file) << R"({"queues": [{"name": "x", "concurrency": -1}]})";
   auto bad = jobrt_cli({"worker", "--config", file});
   CHECK(bad.status == 1);

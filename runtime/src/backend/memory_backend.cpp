@@ -80,6 +80,15 @@ std::string type_in(std::string_view record) {
   return std::string(record.substr(begin, end - begin));
 }
 
+// One attempt fewer in the record's header, not below 0 (resume.lua's skip of a halted job).
+std::string uncounted(const std::string& record) {
+  std::size_t digits = 0;
+  while (digits < record.size() && record[digits] >= '0' && record[digits] <= '9') ++digits;
+  if (digits == 0 || digits == record.size() || record[digits] != '|') return record;
+  auto n = std::stoll(record.substr(0, digits));
+  return n > 0 ? std::to_string(n - 1) + record.substr(digits) : record;
+}
+
 // The record with its attempts reset to 0 (resume.lua, requeue.lua).
 std::string reset(const std::string& record) {
   std::size_t digits = 0;
@@ -861,6 +870,8 @@ asio::awaitable<bool> memory_backend::resume(std::string queue, std::string grou
     throw std::invalid_argument(
         fmt::format("group '{}' is running or waiting to run; pause it and let it stop first", group));
   bool halted = state->second.halted;
+  std::string why = "skipped by an operator";
+  if (halted) why += " after it halted its group: " + state->second.error;
   q.paused.erase(state);
   if (!is_parked) co_return true;
   q.parked.erase(group);
@@ -868,11 +879,12 @@ asio::awaitable<bool> memory_backend::resume(std::string queue, std::string grou
   if (list != q.groups.end() && mode == resume_mode::skip) {
     std::string head = std::move(list->second.front());
     list->second.pop_front();
+    if (halted) head = uncounted(head);  // as resume.lua: the record as its last run saw it
     std::string id = record_id(head);
     if (unique_of(head)) q.ids.erase(id);
     std::string key = id;  // as resume.lua: a key of its own when the id is taken or missing
     while (key.empty() || q.dead.contains(key)) key += "#" + std::to_string(++q.fence);
-    q.dead[key] = dead_letter{key, group, std::move(head), "skipped by an operator", now_ms()};
+    q.dead[key] = dead_letter{key, group, std::move(head), std::move(why), now_ms()};
     ++q.failed;
     if (list->second.empty()) q.groups.erase(list);
   } else if (list != q.groups.end() && halted) {
