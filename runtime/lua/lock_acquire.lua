@@ -4,9 +4,7 @@
 -- FIFO order: KEYS[3] the queue (zset: token -> arrival). A FIFO waiter's token carries its
 -- ticket: "<random>:<wait ms>:<ttl ms>"; the ticket is valid until its arrival (in ms) plus the
 -- wait, and a hand-off sets the lock to the token with that TTL. Nothing else is kept per waiter.
--- 'any' order: KEYS[3] the service id of the last waiter that failed (string, PX), or '!' and
--- that id after a service yielded the lock to it (lock_release.lua): until then only that
--- service may take the free lock, however late its woken waiter comes.
+-- 'any' order: KEYS[3] the service id of the last waiter that failed (string, PX)
 -- (Only the keys of the caller's order are passed: fewer arguments to send, all the keys it touches declared.)
 -- ARGV[1] ttl ms  ARGV[2] 'any' or 'fifo'  ARGV[3] '1': the callers wait (FIFO: queue a ticket;
 -- any: mark KEYS[3])  ARGV[4] the callers' service id, then the callers' tokens, in arrival order
@@ -62,13 +60,6 @@ local function find_head()
   end
 end
 
--- 'any' order, the lock free: reserved for another service, or this service's mark to clear.
-local mark, reserved = nil, false
-if not fifo and not current then
-  mark = redis.call('GET', KEYS[3])
-  reserved = mark ~= nil and mark ~= false and string.sub(mark, 1, 1) == '!' and mark ~= '!' .. service
-end
-
 local out, behind = {}, {} -- behind: where the backstops of the callers that failed are in out
 local arrivals, longest = {}, 0
 local arrival = nil
@@ -83,10 +74,10 @@ for i = 5, #ARGV do
     out[#out + 1] = tonumber(redis.call('GET', KEYS[2]))
   else
     if fifo and not current and not head_known then find_head() end
-    if not current and not reserved and (head == nil or head == token) then
+    if not current and (head == nil or head == token) then
       redis.call('SET', KEYS[1], token, 'PX', ttl)
       current = token
-      if mark == service or mark == '!' .. service then redis.call('DEL', KEYS[3]) end
+      if not fifo and redis.call('GET', KEYS[3]) == service then redis.call('DEL', KEYS[3]) end
       if head then
         redis.call('ZREM', KEYS[3], head)
         head, head_deadline = nil, nil
@@ -117,8 +108,7 @@ for i = 5, #ARGV do
       if not pttl then
         pttl = redis.call('PTTL', KEYS[1])
         if pttl < 0 and head_deadline then pttl = head_deadline - now_ms end
-        if reserved then pttl = redis.call('PTTL', KEYS[3]) end
-        if not fifo and waits and not reserved then
+        if not fifo and waits then
           -- Tells a holder's service that handed the lock on within itself for long that others wait.
           redis.call('SET', KEYS[3], service, 'PX', string.format('%d', math.max(pttl, 0) + 1000))
         end

@@ -12,9 +12,7 @@
 -- 'any' with ARGV[5]: the lock is set to that token (a waiter in the caller's process, told by the
 -- reply) with a new fence. Otherwise the lock is deleted and 'r|<name>' wakes the waiters to race.
 -- After 8 hand-offs in a row, while a waiter of another service is marked (KEYS[3]), the lock is
--- released instead and reserved for that service for 200 ms (KEYS[3] '!<its id>': its woken
--- waiter takes it even when slow, see lock_acquire.lua), and {1, -1} tells the caller to hold
--- its own waiters back briefly.
+-- released for all instead, and {1, -1} tells the caller to hold its own waiters back briefly.
 -- Returns {1} when the caller owned the lock, {1, fence} when it was handed to ARGV[5],
 -- {1, fence, token} when FIFO handed it to token, else {0} ({0, fence, token} when the caller's
 -- leaving freed the head's turn and FIFO handed the free lock to token) (nothing of another owner
@@ -79,13 +77,11 @@ if fifo then
   if to then return {1, to[2], to[1]} end
 elseif ARGV[5] ~= '' then
   local other = redis.call('GET', KEYS[3])
-  if other and string.sub(other, 1, 1) == '!' then other = string.sub(other, 2) end
   if tonumber(ARGV[8]) < 8 or not other or other == ARGV[7] then
     redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
     return {1, new_fence()}
   end
   redis.call('DEL', KEYS[1])
-  redis.call('SET', KEYS[3], '!' .. other, 'PX', '200')
   redis.call('PUBLISH', ARGV[2], 'r|' .. ARGV[3])
   return {1, -1}
 end

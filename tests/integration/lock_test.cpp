@@ -5,9 +5,6 @@
 
 #include <jobrt/mutex.hpp>
 #include <jobrt/redis/connection.hpp>
-#include <jobrt/redis/script.hpp>
-
-#include "lock/lock_lua.hpp"
 
 #include <fmt/format.h>
 #include <boost/asio/bind_cancellation_slot.hpp>
@@ -344,39 +341,5 @@ TEST_CASE("redis lock: keys share one hash tag per lock and the fence key outliv
     CHECK(co_await held.unlock());
     CHECK(redis_cli(cfg, {"EXISTS", key}) == ":0\r\n");
     CHECK(redis_cli(cfg, {"EXISTS", key + ":fence"}) == ":1\r\n");
-  });
-}
-
-// The scripts by hand: service a's holder releases after 8 hand-offs in a row while a waiter
-// of service b is marked; the free lock is then b's to take, however late b's waiter comes.
-TEST_CASE("redis lock: a release that yields to another service reserves the free lock for it") {
-  run([](asio::io_context& ctx) -> awaitable<void> {
-    auto cfg = shared_redis();
-    redis::connection conn(ctx.get_executor(), cfg);
-    conn.start();
-    redis::script acquire(lua::lock_acquire), release(lua::lock_release);
-    auto key = "jobrt:lock:{" + key_prefix() + "reserved}";
-    std::array<std::string, 3> keys{key, key + ":fence", key + ":w"};
-    auto take = [&](std::string service, std::string token) -> awaitable<redis::reply> {
-      std::array<std::string, 5> args{"5000", "any", "1", std::move(service), std::move(token)};
-      co_return co_await acquire.run(conn, keys, args);
-    };
-    CHECK((co_await take("a", "a1")).as_array().at(0).as_integer() == 1);
-    auto b_waits = co_await take("b", "b1");  // refused: marks the lock with b's id
-    CHECK(b_waits.as_array().at(0).as_integer() == 0);
-    // a1 hands the lock to a2 for the 9th time in a row: it yields instead.
-    std::array<std::string, 8> out{"a1", "jobrt:lock:wake", "n", "any", "a2", "5000", "a", "8"};
-    auto yielded = co_await release.run(conn, keys, out);
-    CHECK(yielded.as_array().at(1).as_integer() == -1);
-    CHECK(redis_cli(cfg, {"EXISTS", key}) == ":0\r\n");
-    // a's waiter comes first and is refused, told to wait out the reservation (at most 200 ms)...
-    auto a_again = (co_await take("a", "a2")).as_array();
-    CHECK(a_again.at(0).as_integer() == 0);
-    CHECK(a_again.at(1).as_integer() > 0);
-    CHECK(a_again.at(1).as_integer() <= 200);
-    // ... and b's, coming later, takes it and clears the reservation.
-    CHECK((co_await take("b", "b1")).as_array().at(0).as_integer() == 1);
-    CHECK(redis_cli(cfg, {"EXISTS", key + ":w"}) == ":0\r\n");
-    conn.close();
   });
 }
