@@ -647,12 +647,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       drop_held();
       return;
     }
-    std::string job_id = note.id;
+    const std::string& job_id = note.id;
     if (auto it = running_.find(item.token); it != running_.end()) {
       auto r = it->second;
       running_.erase(it);  // first: a freed slot may launch a waiting job, which inserts here
       free_slot(*r);
-      job_id = r->ctx->id();
       release_strand(r->ctx->group());
     }
     {

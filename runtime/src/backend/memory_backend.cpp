@@ -61,13 +61,29 @@ std::string make_token(std::int64_t fence, const std::string& lane) {
 // finish.lua: string.match(record, '^%d+|([^|]*)|') or ''.
 std::string record_id(std::string_view record) { return std::string(detail::script_id(record)); }
 
-// One more attempt in the record's header (reap.lua's `counted`); a malformed record is left as
+// The record with the attempts in its header changed by `change`; a malformed record is left as
 // it is (the worker dead-letters it when it runs).
-std::string counted(const std::string& record) {
+template <class Change>
+std::string with_attempts(const std::string& record, Change change) {
   std::size_t digits = 0;
   while (digits < record.size() && record[digits] >= '0' && record[digits] <= '9') ++digits;
   if (digits == 0 || digits == record.size() || record[digits] != '|') return record;
-  return std::to_string(std::stoll(record.substr(0, digits)) + 1) + record.substr(digits);
+  return std::to_string(change(std::stoll(record.substr(0, digits)))) + record.substr(digits);
+}
+
+// One more attempt (reap.lua's `counted`).
+std::string counted(const std::string& record) {
+  return with_attempts(record, [](long long n) { return n + 1; });
+}
+
+// One fewer, not below 0 (resume.lua's skip of a halted job).
+std::string uncounted(const std::string& record) {
+  return with_attempts(record, [](long long n) { return n > 0 ? n - 1 : n; });
+}
+
+// Attempts reset to 0 (resume.lua, requeue.lua).
+std::string reset(const std::string& record) {
+  return with_attempts(record, [](long long) { return 0LL; });
 }
 
 // reap.lua's string.match(record, '"type":"([^"]*)"') or '(unknown)'.
@@ -78,23 +94,6 @@ std::string type_in(std::string_view record) {
   auto end = record.find('"', begin);
   if (end == std::string_view::npos) return "(unknown)";
   return std::string(record.substr(begin, end - begin));
-}
-
-// One attempt fewer in the record's header, not below 0 (resume.lua's skip of a halted job).
-std::string uncounted(const std::string& record) {
-  std::size_t digits = 0;
-  while (digits < record.size() && record[digits] >= '0' && record[digits] <= '9') ++digits;
-  if (digits == 0 || digits == record.size() || record[digits] != '|') return record;
-  auto n = std::stoll(record.substr(0, digits));
-  return n > 0 ? std::to_string(n - 1) + record.substr(digits) : record;
-}
-
-// The record with its attempts reset to 0 (resume.lua, requeue.lua).
-std::string reset(const std::string& record) {
-  std::size_t digits = 0;
-  while (digits < record.size() && record[digits] >= '0' && record[digits] <= '9') ++digits;
-  if (digits == 0 || digits == record.size() || record[digits] != '|') return record;
-  return "0" + record.substr(digits);
 }
 
 // Whether a record's id was given by the producer: it is not all digits, or (a record written
