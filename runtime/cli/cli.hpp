@@ -4,6 +4,7 @@
 #include <jobrt/redis/connection.hpp>
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
 
 #include <cstddef>
 #include <stdexcept>
@@ -37,6 +38,10 @@ void check_url(const std::string& url);
 /// A PING with a time limit: a server that is not there is an error naming it after a while,
 /// not a hang (requests have no timeout of their own).
 boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std::string& url);
+/// Runs `ctx` on `threads` threads, this one among them, until it runs out of work or is
+/// stopped. An exception that escapes a handler on any thread stops it on all (a thread of its
+/// own that it left would end the process); the first one is rethrown once every thread is back.
+void run_threads(boost::asio::io_context& ctx, std::size_t threads);
 
 int demo(const args& a);
 int worker_command(const args& a);

@@ -39,7 +39,6 @@
 #include <memory>
 #include <mutex>
 #include <random>
-#include <thread>
 
 extern char** environ;
 
@@ -281,10 +280,7 @@ int run_demo(const demo_options& o) {
         failure = e;
         ctx.stop();
       });
-  std::vector<std::thread> extra;
-  for (std::size_t t = 1; t < o.threads; ++t) extra.emplace_back([&] { ctx.run(); });
-  ctx.run();
-  for (auto& t : extra) t.join();
+  run_threads(ctx, o.threads);
   if (failure) std::rethrow_exception(failure);
 
   outcome r;
@@ -682,10 +678,7 @@ int demo_worker(const args& a) {
         failure = e;
         ctx.stop();
       });
-  std::vector<std::thread> extra;
-  for (std::size_t t = 1; t < threads; ++t) extra.emplace_back([&] { ctx.run(); });
-  ctx.run();
-  for (auto& t : extra) t.join();
+  run_threads(ctx, threads);
   if (failure) {
     try {
       std::rethrow_exception(failure);

@@ -9,7 +9,9 @@
 #include <charconv>
 #include <cstdlib>
 #include <exception>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 
 namespace jobrt::cli {
 
@@ -54,6 +56,25 @@ boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std:
     throw std::runtime_error(fmt::format("redis at {} does not answer: {}", redis::config::from_url(url).address(),
                                          why.empty() ? e.what() : why));
   }
+}
+
+void run_threads(boost::asio::io_context& ctx, std::size_t threads) {
+  std::mutex mutex;
+  std::exception_ptr first;
+  auto run = [&] {
+    try {
+      ctx.run();
+    } catch (...) {
+      std::lock_guard lock(mutex);
+      if (!first) first = std::current_exception();
+      ctx.stop();
+    }
+  };
+  std::vector<std::thread> extra;
+  for (std::size_t t = 1; t < threads; ++t) extra.emplace_back(run);
+  run();
+  for (auto& t : extra) t.join();
+  if (first) std::rethrow_exception(first);
 }
 
 std::string default_redis_url() {

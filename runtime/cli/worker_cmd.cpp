@@ -30,7 +30,6 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <thread>
 
 namespace jobrt::cli {
 namespace {
@@ -68,10 +67,7 @@ void with_backend(const std::string& url, std::size_t threads, Body body) {
     failure = e;
     ctx.stop();
   });
-  std::vector<std::thread> extra;
-  for (std::size_t t = 1; t < threads; ++t) extra.emplace_back([&] { ctx.run(); });
-  ctx.run();
-  for (auto& t : extra) t.join();
+  run_threads(ctx, threads);
   if (failure) std::rethrow_exception(failure);
 }
 

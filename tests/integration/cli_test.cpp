@@ -300,6 +300,27 @@ TEST_CASE("jobrt worker says why its server does not answer, asks again, and sta
   CHECK(f.status == 0);
 }
 
+TEST_CASE("jobrt worker on several threads stops with the message of an exception that escapes a handler") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "escape";
+  // Several jobs: each posts a throw, so one lands on a thread other than the first (before,
+  // that one ended the process with std::terminate, and one on the first left the others joinable).
+  for (int i = 0; i < 8; ++i)
+    REQUIRE(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "escape"}).status == 0);
+  auto out = fmt::format("/tmp/jobrt-cli-escape-{}.out", ::getpid());
+  auto pid = start({"worker", "--redis", url, "--queue", queue, "--threads", "4", "--plugin",
+                    JOBRT_TEST_PLUGINS "/jobrt_test_escape.so"},
+                   out);
+  // Bounded: a worker that kept running is stopped after 20 s and fails the checks below.
+  bool said = wait_for_text(out, "thrown by a plugin outside any job", std::chrono::seconds(20));
+  if (!said) ::kill(pid, SIGKILL);
+  auto f = wait_for(pid, out);
+  CHECK(said);
+  CHECK(f.status == 1);
+  CHECK(f.output.find("jobrt: thrown by a plugin outside any job") != std::string::npos);
+}
+
 TEST_CASE("jobrt worker logs a dead letter with its job's id, grouped or not, and keeps a malformed lane whole") {
   auto cfg = shared_redis();
   auto url = url_of(cfg);
