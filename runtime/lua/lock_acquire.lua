@@ -4,10 +4,13 @@
 -- FIFO order: KEYS[3] the queue (zset: token -> arrival). A FIFO waiter's token carries its
 -- ticket: "<random>:<wait ms>:<ttl ms>"; the ticket is valid until its arrival (in ms) plus the
 -- wait, and a hand-off sets the lock to the token with that TTL. Nothing else is kept per waiter.
--- 'any' order: KEYS[3] the service id of the last waiter that failed (string, PX)
+-- 'any' order: KEYS[3] the service id of the last waiter that failed (string, PX: that waiter's
+-- remaining wait). A lock set to '~<service id>' is reserved for that service's waiters (see
+-- lock_release.lua): free for them, taken for everyone else.
 -- (Only the keys of the caller's order are passed: fewer arguments to send, all the keys it touches declared.)
--- ARGV[1] ttl ms  ARGV[2] 'any' or 'fifo'  ARGV[3] '1': the callers wait (FIFO: queue a ticket;
--- any: mark KEYS[3])  ARGV[4] the callers' service id, then the callers' tokens, in arrival order
+-- ARGV[1] ttl ms  ARGV[2] 'any' or 'fifo'  ARGV[3] '0': the callers do not wait; else they do
+-- (FIFO: '1', they queue tickets; any: the ms they still wait, for which KEYS[3] marks them)
+-- ARGV[4] the callers' service id, then the callers' tokens, in arrival order
 -- Returns per caller: 1 and the fence when it holds the lock (also when it already did: a resent
 -- call, or a FIFO hand-off whose message was lost), else 0 and the ms to wait for: the holder's
 -- PTTL, or the ticket of the queue's head; -1 when unknown.
@@ -15,7 +18,7 @@
 -- Arrival: the queue's scores are the server's time in µs, and a call's callers follow each
 -- other 1 apart (after the last ticket when that is later): they keep their order, and whoever
 -- calls after this script ran comes after all of them.
-local ttl, fifo, waits, service = ARGV[1], ARGV[2] == 'fifo', ARGV[3] == '1', ARGV[4]
+local ttl, fifo, waits, service = ARGV[1], ARGV[2] == 'fifo', ARGV[3] ~= '0', ARGV[4]
 
 -- The server's time, asked for only when needed ('any' order needs it only for a lost counter).
 local t, now_ms = nil, nil
@@ -40,6 +43,7 @@ local function next_fence()
 end
 
 local current = redis.call('GET', KEYS[1])
+if not fifo and current == '~' .. service then current = false end -- reserved for these callers
 
 -- The queue's live head (FIFO), looked up only when the lock is free: tickets whose waiter gave
 -- up without leaving (a dead process) are dropped there.
@@ -109,8 +113,9 @@ for i = 5, #ARGV do
         pttl = redis.call('PTTL', KEYS[1])
         if pttl < 0 and head_deadline then pttl = head_deadline - now_ms end
         if not fifo and waits then
-          -- Tells a holder's service that handed the lock on within itself for long that others wait.
-          redis.call('SET', KEYS[3], service, 'PX', string.format('%d', math.max(pttl, 0) + 1000))
+          -- Tells a holder's service that handed the lock on within itself for long that others
+          -- wait, for as long as they do: a reservation (lock_release.lua) never outlasts them.
+          redis.call('SET', KEYS[3], service, 'PX', ARGV[3])
         end
       end
       out[#out + 1] = 0

@@ -12,7 +12,11 @@
 -- 'any' with ARGV[5]: the lock is set to that token (a waiter in the caller's process, told by the
 -- reply) with a new fence. Otherwise the lock is deleted and 'r|<name>' wakes the waiters to race.
 -- After 8 hand-offs in a row, while a waiter of another service is marked (KEYS[3]), the lock is
--- released for all instead, and {1, -1} tells the caller to hold its own waiters back briefly.
+-- reserved for that service instead ('~<its id>', see lock_acquire.lua) and 'r|<name>' wakes its
+-- waiters; the answer is {1, -1}. The reservation lasts while the marked waiter still waits, at
+-- most 100 ms (its waiters' attempts come well within that, even on a loaded machine), and
+-- uses the mark up: a waiter that left or died costs at most one such pause. Attempts of other
+-- services meanwhile fail and mark theirs, so the turn comes back after the other's streak.
 -- Returns {1} when the caller owned the lock, {1, fence} when it was handed to ARGV[5],
 -- {1, fence, token} when FIFO handed it to token, else {0} ({0, fence, token} when the caller's
 -- leaving freed the head's turn and FIFO handed the free lock to token) (nothing of another owner
@@ -81,7 +85,13 @@ elseif ARGV[5] ~= '' then
     redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
     return {1, new_fence()}
   end
-  redis.call('DEL', KEYS[1])
+  local left = redis.call('PTTL', KEYS[3])
+  redis.call('DEL', KEYS[3])
+  if left > 0 then
+    redis.call('SET', KEYS[1], '~' .. other, 'PX', string.format('%d', math.min(left, 100)))
+  else
+    redis.call('DEL', KEYS[1])
+  end
   redis.call('PUBLISH', ARGV[2], 'r|' .. ARGV[3])
   return {1, -1}
 end

@@ -175,6 +175,62 @@ TEST_CASE("redis lock: 4 processes x 25 coroutines on 10 locks - no lost update 
       std::chrono::seconds(100));
 }
 
+TEST_CASE("redis lock: a streak of local hand-offs yields to another service once per mark, for no longer than it") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    auto cfg = shared_redis();
+    redis_lock_service locks(ctx.get_executor(), cfg);
+    auto name = key_prefix() + "l";
+    auto key = "jobrt:lock:{" + name + "}";
+    // Two coroutines of one service take turns: each release hands the lock to the other. At the
+    // 12th hold (a streak of 8 is behind), a waiter of another service is marked as an operator
+    // would see one that waited long and then left: its mark names it for 60 s. At the 40th, one
+    // that waits 30 ms more. After every release the key is read: a reservation is '~<service>'.
+    constexpr int holds_each = 30;
+    int holds = 0, done = 0;
+    std::vector<std::pair<int, long>> reserved;           // (hold, PTTL of the reservation)
+    std::vector<std::chrono::milliseconds> waited_after;  // from such a release to the next hold
+    std::optional<std::chrono::steady_clock::time_point> yielded_at;
+    auto turns = [&]() -> awaitable<void> {
+      for (int i = 0; i < holds_each; ++i) {
+        auto l = co_await locks.lock(name, opts(std::chrono::seconds(5)));
+        ++holds;
+        if (yielded_at) waited_after.push_back(since(*yielded_at));
+        yielded_at.reset();
+        if (holds == 12) redis_cli(cfg, {"SET", key + ":w", "another-service", "PX", "60000"});
+        if (holds == 40) redis_cli(cfg, {"SET", key + ":w", "another-service", "PX", "30"});
+        co_await sleep_for(std::chrono::milliseconds(1));
+        int hold = holds;
+        CHECK(co_await l.unlock());
+        auto value = redis_cli(cfg, {"GET", key});
+        if (value.find("~another-service") != std::string::npos) {
+          yielded_at = std::chrono::steady_clock::now();
+          reserved.emplace_back(hold, std::stol(redis_cli(cfg, {"PTTL", key}).substr(1)));
+        }
+      }
+      ++done;
+    };
+    asio::co_spawn(ctx, turns(), asio::detached);
+    asio::co_spawn(ctx, turns(), asio::detached);
+    for (int i = 0; i < 2000 && done < 2; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(done == 2);
+    // Once per mark, at the first release after it (the streak was past 8 both times).
+    REQUIRE(reserved.size() == 2);
+    CHECK(reserved[0].first == 12);
+    CHECK(reserved[1].first == 40);
+    // For the 100 ms at most, then for what the second waiter had left of its wait.
+    CHECK(reserved[0].second > 0);
+    CHECK(reserved[0].second <= 100);
+    CHECK(reserved[1].second <= 30);
+    // The service's own waiters found it taken meanwhile: they took it when it lapsed.
+    REQUIRE(waited_after.size() == 2);
+    MESSAGE("the next hold came " << waited_after[0].count() << " and " << waited_after[1].count()
+                                  << " ms after the reservations");
+    CHECK(waited_after[0] >= std::chrono::milliseconds(reserved[0].second) - std::chrono::milliseconds(5));
+    // Used up: the mark left (if any) names this service, whose own releases do not yield to it.
+    CHECK(redis_cli(cfg, {"GET", key + ":w"}).find("another-service") == std::string::npos);
+  });
+}
+
 TEST_CASE("redis lock: the key deleted by an operator fires the holder's signal within one watchdog period") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     auto cfg = shared_redis();

@@ -80,10 +80,6 @@ const boost::system::error_category& lock_error_category() noexcept {
 
 namespace detail {
 
-// How long a service's waiters hold back after it yielded a lock to other services' waiters: time
-// for the release's message to reach them and their attempt to reach Redis.
-constexpr auto yield_window = std::chrono::milliseconds(3);
-
 struct lock_core::waiter {
   explicit waiter(asio::any_io_executor ex) : timer(std::move(ex)) {}
   asio::steady_timer timer;
@@ -95,7 +91,6 @@ struct lock_core::waiter {
   lock_order order = lock_order::any;
   std::chrono::milliseconds ttl{0};
   bool woken = false;                   // a wake-up not yet used by an attempt
-  lock_clock::time_point not_before;    // a woken waiter tries from then on (a yield, see below)
   bool handoff_pending = false;         // a release in this process is handing the lock to it
   bool attempted = false;               // asked Redis at least once
   bool attempted_once = false;          // and got an answer
@@ -143,14 +138,12 @@ void lock_core::leave_locked(waiter& w, const std::string& name, bool done) {
     for (waiter* other = e.first; other != nullptr; other = other->next) {
       if (other->attempted || other->woken || other->granted || other->handoff_pending) continue;
       other->woken = true;
-      other->not_before = lock_clock::time_point::min();
       other->timer.expires_at(lock_clock::time_point::min());
       break;
     }
   }
   if (e.first == nullptr) {
     e.known_until = lock_clock::time_point::min();
-    e.yield_until = lock_clock::time_point::min();
     if (e.streak == 0) locks_.erase(name);
   }
 }
@@ -209,19 +202,9 @@ std::string lock_core::make_token() {
 }
 
 void lock_core::wake_one_locked(lock_entry& e) {
-  // After yielding the lock to other services, this one's waiter tries only when their waiters
-  // have had the time to take it.
-  auto at = lock_clock::time_point::min();
-  if (e.yield_until != lock_clock::time_point::min()) {
-    if (e.yield_until > lock_clock::now())
-      at = e.yield_until;
-    else
-      e.yield_until = lock_clock::time_point::min();
-  }
   for (waiter* w = e.first; w != nullptr; w = w->next) {
     if (w->woken || w->granted || w->handoff_pending) continue;  // already has a chance to use
     w->woken = true;
-    w->not_before = at;
     // Unlike cancel(), this also covers a waiter between its attempt and its wait: that wait then
     // completes at once.
     w->timer.expires_at(lock_clock::time_point::min());
@@ -257,7 +240,6 @@ void lock_core::wake_waiters(std::string_view name) {
   if (it == locks_.end()) return;
   for (waiter* w = it->second.first; w != nullptr; w = w->next) {
     w->woken = true;
-    w->not_before = lock_clock::time_point::min();
     w->timer.expires_at(lock_clock::time_point::min());
   }
 }
@@ -267,7 +249,6 @@ void lock_core::wake_all() {
   for (auto& [name, e] : locks_) {
     for (waiter* w = e.first; w != nullptr; w = w->next) {
       w->woken = true;
-      w->not_before = lock_clock::time_point::min();
       w->timer.expires_at(lock_clock::time_point::min());
     }
   }
@@ -327,7 +308,6 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
 
     std::optional<std::int64_t> granted;
     bool skip = false;
-    bool held_back = false;
     {
       std::lock_guard lock(mutex_);
       if (w.granted) {
@@ -335,18 +315,11 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
         granted = std::exchange(w.granted, std::nullopt);
         // It holds the lock: out of the list now, under this lock rather than another below.
         leave_locked(w, name, true);
-      } else if (w.woken && lock_clock::now() < w.not_before) {
-        held_back = true;  // woken, but its service yielded the lock to others for a moment
-        w.timer.expires_at(w.not_before);
       } else if (queued_until && !w.woken) {
         skip = true;
       } else {
         w.woken = false;
       }
-    }
-    if (held_back) {
-      co_await async_wait_locked(mutex_, w.timer, wait_token);
-      continue;
     }
     auto attempt_start = lock_clock::now();
     acquire_result r;
@@ -365,7 +338,7 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
       w.attempted = true;
       std::exception_ptr failure;
       try {
-        r = co_await acquire(name, w.token, o, wait, std::max(remaining, 0ms) + 1s, 0ms);
+        r = co_await acquire(name, w.token, o, wait, std::max(remaining, 0ms), 0ms);
       } catch (const system_error& e) {
         // Never written (no connection): it cannot have taken anything.
         if (e.code() == error::not_connected) guard.needs_release = queue && w.attempted_once;
@@ -451,9 +424,9 @@ asio::awaitable<bool> lock_core::unlock(std::shared_ptr<lease_state> s) {
 // In "any" order, a release hands the lock straight to a waiter of this process, in the same
 // script call: that waiter holds it when the release's reply arrives, one round trip after the
 // unlock() (waking it through pub/sub and letting it try would take two). After 8 hand-offs in
-// a row, while a waiter of another service is marked in Redis, the script releases the lock for
-// all instead, and this service's waiters hold back for a few milliseconds, so the others get
-// it: a service (a process) with a steady supply of local waiters does not starve the rest.
+// a row, while a waiter of another service is marked in Redis, the script reserves the lock for
+// that service's waiters instead, so a service (a process) with a steady supply of local waiters
+// does not starve the rest; this one's waiters find it taken until the other service had it.
 // FIFO order hands off in the script itself.
 asio::awaitable<bool> lock_core::release_to_next(const std::string& name, const std::string& token, lock_order order) {
   auto next = pick_next(name, order);
@@ -489,9 +462,6 @@ std::optional<local_handoff> lock_core::pick_next(const std::string& name, lock_
     if (w->order != lock_order::any || w->granted || w->handoff_pending) continue;
     w->handoff_pending = true;
     next.emplace(w->token, w->ttl, e.streak);
-    // This release may yield: set before it is sent, since its wake-up message may arrive
-    // before its reply.
-    if (next->streak >= 8) e.yield_until = lock_clock::now() + yield_window;
     break;
   }
   return next;
@@ -510,20 +480,17 @@ void lock_core::after_release(const std::string& name, const std::optional<local
   if (it == locks_.end()) return;  // no waiter here, no streak to end
   lock_entry& e = it->second;
   if (!r.handed) e.streak = 0;
-  if (next && next->streak >= 8 && !r.yielded) e.yield_until = lock_clock::time_point::min();
   if (next) {
     if (r.handed) {
       grant_locked(e, next->token(), *r.handed);
     } else {
-      // Not handed (yielded, not owned any more, or the call failed): the waiter tries for
-      // itself (after the yield). It may have left meanwhile: looked up again by its token.
-      auto at = r.yielded ? e.yield_until : lock_clock::time_point::min();
+      // Not handed (reserved for another service, not owned any more, or the call failed): the
+      // waiter tries for itself. It may have left meanwhile: looked up again by its token.
       const std::uint64_t key = token_key(next->token());
       for (waiter* w = e.first; w != nullptr; w = w->next) {
         if (w->token_key != key || w->token != next->token() || !w->handoff_pending) continue;
         w->handoff_pending = false;
         w->woken = true;
-        w->not_before = at;
         w->timer.expires_at(lock_clock::time_point::min());
       }
     }

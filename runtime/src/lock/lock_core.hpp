@@ -83,8 +83,6 @@ struct local_handoff {
 struct release_result {
   bool owned = false;                  ///< the caller owned the lock (it is released or handed on now)
   std::optional<std::int64_t> handed;  ///< the fence of the local_handoff, when it got the lock
-  /// Released for all: another service's waiter has waited through a streak.
-  bool yielded = false;
   /// FIFO: the queue's head it was handed to, and its fence (it may wait in this service).
   std::optional<std::pair<std::string, std::int64_t>> fifo_handed;
 };
@@ -127,12 +125,13 @@ class lock_core : public std::enable_shared_from_this<lock_core> {
 
   // --- the backend's steps ---
   /// One attempt. `waits`: the caller waits when it fails (not try_lock): in FIFO order it leaves
-  /// a ticket valid for `ticket` (its remaining wait; the Redis backend reads the whole wait from
-  /// the token instead, see lock_core::lock); in "any" order Redis marks that a waiter of this
-  /// service waits. `limit`: the longest the call may take. Throws system_error on failure.
+  /// a ticket valid for its remaining wait, `left`, and a second more (the Redis backend reads the
+  /// whole wait from the token instead, see lock_core::lock); in "any" order Redis marks for
+  /// `left` that a waiter of this service waits (see lock_release.lua's reservation). `limit`:
+  /// the longest the call may take. Throws system_error on failure.
   virtual boost::asio::awaitable<acquire_result> acquire(const std::string& name, const std::string& token,
                                                          const lock_options& o, bool waits,
-                                                         std::chrono::milliseconds ticket,
+                                                         std::chrono::milliseconds left,
                                                          std::chrono::milliseconds limit) = 0;
   /// Compare-and-delete, or hand-off: in FIFO order to the queue's head (a FIFO waiter's ticket
   /// goes too), else to `next` when given. Wakes waiters when the lock becomes free.
@@ -164,8 +163,6 @@ class lock_core : public std::enable_shared_from_this<lock_core> {
     lock_clock::time_point known_until = lock_clock::time_point::min();
     // Local hand-offs in a row: bounded, so waiters of other processes get their turn.
     int streak = 0;
-    // Released for others after a streak: this service's waiters hold back until then (min: no).
-    lock_clock::time_point yield_until = lock_clock::time_point::min();
   };
   // Heterogeneous lookup: a name from a pub/sub message needs no std::string.
   struct name_hash {

@@ -15,7 +15,7 @@ class memory_lock_core final : public lock_core {
   explicit memory_lock_core(asio::any_io_executor ex) : lock_core(std::move(ex)) {}
 
   asio::awaitable<acquire_result> acquire(const std::string& name, const std::string& token, const lock_options& o,
-                                          bool queue, std::chrono::milliseconds ticket,
+                                          bool queue, std::chrono::milliseconds left,
                                           std::chrono::milliseconds) override {
     std::lock_guard lock(m_);
     auto now = lock_clock::now();
@@ -37,7 +37,7 @@ class memory_lock_core final : public lock_core {
     if (queue && o.order == lock_order::fifo) {
       auto it = std::find_if(e.queue.begin(), e.queue.end(), [&](const ticket_entry& t) { return t.token == token; });
       if (it == e.queue.end()) it = e.queue.insert(e.queue.end(), ticket_entry{token, {}, o.ttl});
-      it->deadline = now + ticket;
+      it->deadline = now + left + std::chrono::seconds(1);
       head = &e.queue.front();
     }
     auto until = held ? e.expires : head->deadline;

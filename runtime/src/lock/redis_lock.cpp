@@ -113,11 +113,12 @@ class redis_lock_core final : public lock_core {
   }
 
   asio::awaitable<acquire_result> acquire(const std::string& name, const std::string& token, const lock_options& o,
-                                          bool queue, std::chrono::milliseconds, std::chrono::milliseconds) override {
+                                          bool queue, std::chrono::milliseconds left,
+                                          std::chrono::milliseconds) override {
     // (A FIFO waiter's ticket is in its token: see lock_core::lock.)
     if (queue && o.order == lock_order::fifo) co_return co_await join_batch(name, token, o);
     std::array<std::string_view, 1> one{token};
-    auto results = co_await call_acquire(name, o.ttl, o.order, queue, one);
+    auto results = co_await call_acquire(name, o.ttl, o.order, queue, one, left);
     co_return results.at(0);
   }
 
@@ -150,9 +151,7 @@ class redis_lock_core final : public lock_core {
     out.owned = a.at(0).as_integer() == 1;
     if (a.size() > 2)
       out.fifo_handed.emplace(a[2].as_string(), a[1].as_integer());
-    else if (a.size() > 1 && a[1].as_integer() < 0)
-      out.yielded = true;
-    else if (a.size() > 1)
+    else if (a.size() > 1 && a[1].as_integer() >= 0)  // (-1: reserved for another service)
       out.handed = a[1].as_integer();
     co_return out;
   }
@@ -285,14 +284,19 @@ class redis_lock_core final : public lock_core {
   }
 
   // One call of lock_acquire.lua for one or more callers of one lock: their tokens, in arrival
-  // order. One answer per caller.
+  // order. One answer per caller. `left`: how long a waiting caller in "any" order still waits.
   asio::awaitable<std::vector<acquire_result>> call_acquire(const std::string& name, std::chrono::milliseconds ttl,
                                                             lock_order order, bool queue,
-                                                            std::span<const std::string_view> tokens) {
+                                                            std::span<const std::string_view> tokens,
+                                                            std::chrono::milliseconds left = {}) {
+    // ('0': no wait; FIFO '1'; any: the ms the script marks the wait for, at least 1)
+    auto waits = !queue                      ? std::string("0")
+                 : order == lock_order::fifo ? std::string("1")
+                                             : std::to_string(std::max(left, std::chrono::milliseconds(1)).count());
     auto make = [&] {
       lock_keys keys(opts_.prefix, name, order);
-      redis::request req("EVALSHA", acquire_.sha1(), keys.size(), keys.views(), ttl.count(), order_arg(order),
-                         queue ? "1" : "0", service_id_, tokens);
+      redis::request req("EVALSHA", acquire_.sha1(), keys.size(), keys.views(), ttl.count(), order_arg(order), waits,
+                         service_id_, tokens);
       req.options.timeout = opts_.io_timeout;
       req.options.resend_safe = true;  // a second run finds the lock ours and answers its fence
       return req;
