@@ -94,13 +94,6 @@ json::object to_json(const queue_counts& q) {
           {"halted", q.halted},           {"recovered", q.recovered}};
 }
 
-// The runs a dead letter had: the failed ones before it (the record's header) and the last.
-std::int64_t runs_of(std::string_view record) {
-  std::int64_t before = 0;
-  auto [end, ec] = std::from_chars(record.data(), record.data() + record.size(), before);
-  return ec == std::errc{} && end != record.data() ? before + 1 : 0;
-}
-
 // When it was enqueued, from the body's "at", as text.
 std::string enqueued_of(std::string_view record) {
   auto at = record.find("\"at\":");
@@ -110,8 +103,8 @@ std::string enqueued_of(std::string_view record) {
 }
 
 json::object to_json(const dead_letter& d) {
-  return {{"id", d.id},       {"group", d.group},          {"error", d.error},
-          {"at_ms", d.at_ms}, {"runs", runs_of(d.record)}, {"record", d.record}};
+  return {{"id", d.id},       {"group", d.group}, {"error", d.error},
+          {"at_ms", d.at_ms}, {"runs", d.runs},   {"record", d.record}};
 }
 
 }  // namespace
@@ -249,8 +242,8 @@ int dlq(const args& a) {
         fmt::print("{}\n", json::serialize(to_json(*d)));
       else
         fmt::print("id {}\ngroup {}\nruns {}\nenqueued {}\nfailed {} ms ago\nerror {}\nrecord {}\n", d->id,
-                   d->group.empty() ? "-" : d->group, runs_of(d->record), enqueued_of(d->record), now_ms() - d->at_ms,
-                   d->error, d->record);
+                   d->group.empty() ? "-" : d->group, d->runs, enqueued_of(d->record), now_ms() - d->at_ms, d->error,
+                   d->record);
     });
   } else if (verb == "requeue") {
     if (ids.empty()) throw usage_error("dlq requeue: give the ids");

@@ -25,7 +25,9 @@ if head and mode == 'skip' then
   redis.call('LPOP', key)
   -- A halted job's letter keeps its record as its last run saw it (as finish.lua's letters do:
   -- the halt counted that run in the header) and says why it halted.
+  -- It does not run again: its runs are what its header counts (a halt counted its last run).
   local record, why = head, 'skipped by an operator'
+  local runs = tonumber(string.match(head, '^(%d+)|')) or 0
   if halted then
     local ok_state, st = pcall(cjson.decode, state)
     if ok_state and type(st) == 'table' and type(st.error) == 'string' then
@@ -48,7 +50,7 @@ if head and mode == 'skip' then
   end
   redis.call('ZADD', dead, now, letter)
   redis.call('HSET', dead_info, letter,
-    cjson.encode({record = record, group = group, error = why, at = now}))
+    cjson.encode({record = record, group = group, error = why, at = now, runs = runs}))
   redis.call('HINCRBY', stats, 'failed', 1)
   if redis.call('EXISTS', key) == 0 then redis.call('HINCRBY', stats, 'groups', -1) end
 elseif head and halted then

@@ -63,6 +63,14 @@ std::string encode_body(const job_spec& spec, std::int64_t now_ms, std::optional
   return body;
 }
 
+std::int64_t attempts_before(std::string_view record) noexcept {
+  std::int64_t n = 0;
+  auto [end, ec] = std::from_chars(record.data(), record.data() + record.size(), n);
+  return ec == std::errc{} && end != record.data() && n >= 0 && end != record.data() + record.size() && *end == '|'
+             ? n
+             : -1;
+}
+
 std::string_view record_id(std::string_view record) noexcept {
   auto first = record.find('|');
   if (first == std::string_view::npos) return {};

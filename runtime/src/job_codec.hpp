@@ -25,6 +25,9 @@ std::string encode_body(const job_spec& spec, std::int64_t now_ms, std::optional
 /// Decodes a record of the given group ("" for none). Throws bad_record.
 job decode_record(std::string_view record, std::string_view group);
 
+/// The attempts before that a record's header counts, or -1 when it has no readable header.
+std::int64_t attempts_before(std::string_view record) noexcept;
+
 /// The id in a record, or "" when it has none.
 std::string_view record_id(std::string_view record) noexcept;
 

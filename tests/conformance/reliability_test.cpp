@@ -2,6 +2,8 @@
 // groups.
 #include "conformance/conformance.hpp"
 
+#include <algorithm>
+
 namespace {
 
 using clock_type = std::chrono::steady_clock;
@@ -219,7 +221,8 @@ CONFORMANCE("halt then resume with skip: the head job is dead-lettered and the r
     REQUIRE(dead.size() == 1);
     CHECK(dead[0].id == "a-id");
     CHECK(dead[0].error == "skipped by an operator after it halted its group: poison");
-    CHECK(dead[0].record.starts_with("0|a-id|"));    // as its one run saw it: no attempt before
+    CHECK(dead[0].record.starts_with("0|a-id|"));  // as its one run saw it: no attempt before
+    CHECK(dead[0].runs == 1);
     CHECK_FALSE((co_await p.enqueue(a)).duplicate);  // its id was released
   });
 }
@@ -646,6 +649,49 @@ CONFORMANCE("pause and resume a group: nothing of it starts while paused") {
     CHECK(co_await eventually([&] { return log.entries.size() == 3; }));
     co_await w.stop(std::chrono::seconds(5));
     CHECK(log.names() == "o#1 a#1 b#1");
+  });
+}
+
+CONFORMANCE("resume with skip of a paused group: its dead letter counts the runs its job had, none since") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    // g: a fails once, then g is paused during a's backoff. h: paused before anything ran.
+    std::vector<job_spec> specs{named("a"), named("b"), named("c", "h"), named("o", "other")};
+    co_await p.enqueue_bulk(std::move(specs));
+    CHECK(co_await b.make().pause(b.queue(), "h"));
+    auto o = b.worker_opts(2);
+    o.retry_backoff = backoff{milliseconds(200), 2.0, milliseconds(1000), 0.0};
+    worker w(ctx.get_executor(), b.make(), o);
+    run_log log;
+    w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      log.add(c);
+      if (c.payload().at("name") == "a") throw std::runtime_error("fails");
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return w.counters().retried == 1; }));
+    CHECK(co_await b.make().pause(b.queue(), "g"));
+    co_await sleep_for(milliseconds(600));  // a's retry came due: parked, as h's lane was
+    CHECK(log.entries.size() == 2);         // a#1 and o#1, in either order
+    CHECK(co_await b.make().resume(b.queue(), "g", resume_mode::skip));
+    CHECK(co_await b.make().resume(b.queue(), "h", resume_mode::skip));
+    CHECK(co_await eventually([&] { return log.entries.size() == 3; }));
+    co_await sleep_for(milliseconds(100));
+    co_await w.stop(std::chrono::seconds(5));
+    REQUIRE(log.entries.size() == 3);
+    CHECK(log.entries[2].name == "b");  // c never ran
+    CHECK(log.entries[2].attempt == 1);
+    auto dead = co_await b.make().dead_letters(b.queue(), 0, 10);
+    REQUIRE(dead.size() == 2);
+    std::sort(dead.begin(), dead.end(), [](auto& x, auto& y) { return x.group < y.group; });
+    CHECK(dead[0].group == "g");
+    CHECK(dead[0].error == "skipped by an operator");
+    CHECK(dead[0].runs == 1);  // its failed run (the header counts it), none since
+    CHECK(dead[0].record.starts_with("1|"));
+    CHECK(dead[1].group == "h");
+    CHECK(dead[1].runs == 0);  // it never ran
+    CHECK(dead[1].record.starts_with("0|"));
   });
 }
 

@@ -140,6 +140,9 @@ struct dead_letter {
   std::string record;  ///< as it was when it failed: "<attempts before>|<id>|<body>"
   std::string error;
   std::int64_t at_ms = 0;  ///< when, in milliseconds since the epoch
+  /// How often it ran: the failed runs its record's header counts and its last one, except for a
+  /// job an operator skipped (`resume_mode::skip`), which did not run again before it came here.
+  std::int64_t runs = 0;
 };
 
 /// A paused or halted group.

@@ -458,7 +458,8 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
       key += '#';
       key += token.substr(0, token.find('|'));
     }
-    q.dead[key] = dead_letter{key, std::move(group), record.value_or(""), std::move(error), now};
+    auto runs = detail::attempts_before(record.value_or("")) + 1;
+    q.dead[key] = dead_letter{key, std::move(group), record.value_or(""), std::move(error), now, runs};
     ++failed;
   };
   // A lane that goes back: later (a paused group keeps its backoff: promote parks the lane when
@@ -878,12 +879,15 @@ asio::awaitable<bool> memory_backend::resume(std::string queue, std::string grou
   if (list != q.groups.end() && mode == resume_mode::skip) {
     std::string head = std::move(list->second.front());
     list->second.pop_front();
-    if (halted) head = uncounted(head);  // as resume.lua: the record as its last run saw it
+    // As resume.lua: it did not run again, so its runs are the header's (a halt counted its last);
+    // a halted job's record is kept as its last run saw it.
+    auto runs = std::max<std::int64_t>(detail::attempts_before(head), 0);
+    if (halted) head = uncounted(head);
     std::string id = record_id(head);
     if (unique_of(head)) q.ids.erase(id);
     std::string key = id;  // as resume.lua: a key of its own when the id is taken or missing
     while (key.empty() || q.dead.contains(key)) key += "#" + std::to_string(++q.fence);
-    q.dead[key] = dead_letter{key, group, std::move(head), std::move(why), now_ms()};
+    q.dead[key] = dead_letter{key, group, std::move(head), std::move(why), now_ms(), runs};
     ++q.failed;
     if (list->second.empty()) q.groups.erase(list);
   } else if (list != q.groups.end() && halted) {

@@ -3,6 +3,7 @@
 #include "backend/finish_parts.hpp"
 #include "backend/lua_scripts.hpp"
 #include "backend/wakeups.hpp"
+#include "job_codec.hpp"
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
@@ -486,6 +487,9 @@ dead_letter parse_dead_letter(std::string id, std::string_view info, std::int64_
   out.record = text("record");
   out.group = text("group");
   out.error = text("error");
+  // A letter that says how often its job ran (a skip: resume.lua); else its header and last run.
+  auto* runs = o.if_contains("runs");
+  out.runs = runs && runs->is_int64() ? runs->as_int64() : detail::attempts_before(out.record) + 1;
   return out;
 }
 
