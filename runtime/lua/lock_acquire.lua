@@ -4,9 +4,9 @@
 -- FIFO order: KEYS[3] the queue (zset: token -> arrival). A FIFO waiter's token carries its
 -- ticket: "<random>:<wait ms>:<ttl ms>"; the ticket is valid until its arrival (in ms) plus the
 -- wait, and a hand-off sets the lock to the token with that TTL. Nothing else is kept per waiter.
--- 'any' order: KEYS[3] the service id of the last waiter that failed (string, PX: that waiter's
--- remaining wait). A lock set to '~<service id>' is reserved for that service's waiters (see
--- lock_release.lua): free for them, taken for everyone else.
+-- 'any' order: KEYS[3] the services whose waiters failed and still wait (hash: service id ->
+-- until when, ms; the key lives as long as its longest mark). A lock set to '~<service id>' is
+-- reserved for that service's waiters (see lock_release.lua): free for them, taken for the rest.
 -- (Only the keys of the caller's order are passed: fewer arguments to send, all the keys it touches declared.)
 -- ARGV[1] ttl ms  ARGV[2] 'any' or 'fifo'  ARGV[3] '0': the callers do not wait; else they do
 -- (FIFO: '1', they queue tickets; any: the ms they still wait, for which KEYS[3] marks them)
@@ -81,7 +81,7 @@ for i = 5, #ARGV do
     if not current and (head == nil or head == token) then
       redis.call('SET', KEYS[1], token, 'PX', ttl)
       current = token
-      if not fifo and redis.call('GET', KEYS[3]) == service then redis.call('DEL', KEYS[3]) end
+      if not fifo then redis.call('HDEL', KEYS[3], service) end -- its service waits no more
       if head then
         redis.call('ZREM', KEYS[3], head)
         head, head_deadline = nil, nil
@@ -115,7 +115,10 @@ for i = 5, #ARGV do
         if not fifo and waits then
           -- Tells a holder's service that handed the lock on within itself for long that others
           -- wait, for as long as they do: a reservation (lock_release.lua) never outlasts them.
-          redis.call('SET', KEYS[3], service, 'PX', ARGV[3])
+          -- One mark per service: one that fails later does not wipe another's.
+          clock()
+          redis.call('HSET', KEYS[3], service, string.format('%d', now_ms + tonumber(ARGV[3])))
+          if redis.call('PTTL', KEYS[3]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[3], ARGV[3]) end
         end
       end
       out[#out + 1] = 0

@@ -11,12 +11,13 @@
 -- is not read), the message 'g|<token>|<fence>|<name>' tells it so.
 -- 'any' with ARGV[5]: the lock is set to that token (a waiter in the caller's process, told by the
 -- reply) with a new fence. Otherwise the lock is deleted and 'r|<name>' wakes the waiters to race.
--- After 8 hand-offs in a row, while a waiter of another service is marked (KEYS[3]), the lock is
--- reserved for that service instead ('~<its id>', see lock_acquire.lua) and 'r|<name>' wakes its
--- waiters; the answer is {1, -1}. The reservation lasts while the marked waiter still waits, at
--- most 100 ms (its waiters' attempts come well within that, even on a loaded machine), and
--- uses the mark up: a waiter that left or died costs at most one such pause. Attempts of other
--- services meanwhile fail and mark theirs, so the turn comes back after the other's streak.
+-- After 8 hand-offs in a row, while another service is marked as waiting (KEYS[3], see
+-- lock_acquire.lua), the lock is reserved for the first such service instead ('~<its id>') and
+-- 'r|<name>' wakes one waiter of each service; the answer is {1, -1}. The reservation lasts while
+-- the marked waiter still waits, at most 100 ms (its service's attempt comes well within that,
+-- even on a loaded machine), and uses the mark up: a waiter that left or died costs at most one
+-- such pause. Attempts of other services meanwhile fail (the caller's own waiters too) and mark
+-- theirs, so the turn comes back after the other's streak.
 -- Returns {1} when the caller owned the lock, {1, fence} when it was handed to ARGV[5],
 -- {1, fence, token} when FIFO handed it to token, else {0} ({0, fence, token} when the caller's
 -- leaving freed the head's turn and FIFO handed the free lock to token) (nothing of another owner
@@ -80,20 +81,29 @@ if fifo then
   -- message too, unless it is ARGV[5]).
   if to then return {1, to[2], to[1]} end
 elseif ARGV[5] ~= '' then
-  local other = redis.call('GET', KEYS[3])
-  if tonumber(ARGV[8]) < 8 or not other or other == ARGV[7] then
-    redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
-    return {1, new_fence()}
+  if tonumber(ARGV[8]) >= 8 then
+    -- The marks in the order they were first made (a small hash keeps it); the caller's own
+    -- waiters are served here.
+    local marks = redis.call('HGETALL', KEYS[3])
+    local now = nil
+    for i = 1, #marks, 2 do
+      if not now then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      local left = tonumber(marks[i + 1]) - now
+      if left <= 0 then
+        redis.call('HDEL', KEYS[3], marks[i]) -- its waiter's wait is over
+      elseif marks[i] ~= ARGV[7] then
+        redis.call('HDEL', KEYS[3], marks[i])
+        redis.call('SET', KEYS[1], '~' .. marks[i], 'PX', string.format('%d', math.min(left, 100)))
+        redis.call('PUBLISH', ARGV[2], 'r|' .. ARGV[3])
+        return {1, -1}
+      end
+    end
   end
-  local left = redis.call('PTTL', KEYS[3])
-  redis.call('DEL', KEYS[3])
-  if left > 0 then
-    redis.call('SET', KEYS[1], '~' .. other, 'PX', string.format('%d', math.min(left, 100)))
-  else
-    redis.call('DEL', KEYS[1])
-  end
-  redis.call('PUBLISH', ARGV[2], 'r|' .. ARGV[3])
-  return {1, -1}
+  redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
+  return {1, new_fence()}
 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[2], 'r|' .. ARGV[3])

@@ -182,9 +182,17 @@ TEST_CASE("redis lock: a streak of local hand-offs yields to another service onc
     auto name = key_prefix() + "l";
     auto key = "jobrt:lock:{" + name + "}";
     // Two coroutines of one service take turns: each release hands the lock to the other. At the
-    // 12th hold (a streak of 8 is behind), a waiter of another service is marked as an operator
-    // would see one that waited long and then left: its mark names it for 60 s. At the 40th, one
-    // that waits 30 ms more. After every release the key is read: a reservation is '~<service>'.
+    // 12th hold (a streak of 8 is behind), two other services are marked: first one whose waiter
+    // gives up 5 ms later (its mark must not hide the next one's), then one whose waiter waited
+    // long and then left, for 60 s more. At the 40th, that one again, with 30 ms more. After
+    // every release the key is read: a reservation is '~<service>'.
+    auto mark = [&](const std::string& service, std::chrono::milliseconds left) {
+      auto until = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::system_clock::now().time_since_epoch() + left)
+                       .count();  // (the server's clock: it runs on this machine)
+      redis_cli(cfg, {"HSET", key + ":ws", service, std::to_string(until)});
+      redis_cli(cfg, {"PEXPIRE", key + ":ws", std::to_string(left.count())});
+    };
     constexpr int holds_each = 30;
     int holds = 0, done = 0;
     std::vector<std::pair<int, long>> reserved;           // (hold, PTTL of the reservation)
@@ -196,9 +204,12 @@ TEST_CASE("redis lock: a streak of local hand-offs yields to another service onc
         ++holds;
         if (yielded_at) waited_after.push_back(since(*yielded_at));
         yielded_at.reset();
-        if (holds == 12) redis_cli(cfg, {"SET", key + ":w", "another-service", "PX", "60000"});
-        if (holds == 40) redis_cli(cfg, {"SET", key + ":w", "another-service", "PX", "30"});
-        co_await sleep_for(std::chrono::milliseconds(1));
+        if (holds == 12) {
+          mark("short-wait", std::chrono::milliseconds(5));
+          mark("another-service", std::chrono::seconds(60));
+        }
+        if (holds == 40) mark("another-service", std::chrono::milliseconds(30));
+        co_await sleep_for(std::chrono::milliseconds(holds == 12 ? 10 : 1));
         int hold = holds;
         CHECK(co_await l.unlock());
         auto value = redis_cli(cfg, {"GET", key});
@@ -226,8 +237,9 @@ TEST_CASE("redis lock: a streak of local hand-offs yields to another service onc
     MESSAGE("the next hold came " << waited_after[0].count() << " and " << waited_after[1].count()
                                   << " ms after the reservations");
     CHECK(waited_after[0] >= std::chrono::milliseconds(reserved[0].second) - std::chrono::milliseconds(5));
-    // Used up: the mark left (if any) names this service, whose own releases do not yield to it.
-    CHECK(redis_cli(cfg, {"GET", key + ":w"}).find("another-service") == std::string::npos);
+    // Used up: what marks are left are this service's, whose own releases do not yield to them.
+    CHECK(redis_cli(cfg, {"HEXISTS", key + ":ws", "another-service"}) == ":0\r\n");
+    CHECK(redis_cli(cfg, {"HEXISTS", key + ":ws", "short-wait"}) == ":0\r\n");  // over: dropped
   });
 }
 

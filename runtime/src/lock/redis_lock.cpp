@@ -39,13 +39,15 @@ constexpr auto use_tuple = asio::as_tuple(asio::deferred);
 
 // The keys of a lock that a call of lock_acquire.lua or lock_release.lua touches, side by side
 // in one buffer: <prefix>{<name>} and <prefix>{<name>}:fence, then :fq (the queue) in FIFO
-// order, :w in "any" order. No allocation for usual names; the request copies them.
+// order, :ws (the waiting services) in "any" order. No allocation for usual names; the request
+// copies them.
 class lock_keys {
  public:
   lock_keys(std::string_view prefix, std::string_view name, lock_order order) {
-    // (The FIFO queue was ":q" with a hash ":qi" beside it before tickets moved into the tokens: a
-    // new name, so that older services' scripts never read the new queue as theirs.)
-    static constexpr std::array<std::string_view, 2> any_suffixes{":fence", ":w"};
+    // (The FIFO queue was ":q" with a hash ":qi" beside it before tickets moved into the tokens,
+    // and the waiting services one string ":w": new names, so that older services' scripts never
+    // read the new keys as theirs.)
+    static constexpr std::array<std::string_view, 2> any_suffixes{":fence", ":ws"};
     static constexpr std::array<std::string_view, 2> fifo_suffixes{":fence", ":fq"};
     const auto& suffixes = order == lock_order::fifo ? fifo_suffixes : any_suffixes;
     const std::size_t base = prefix.size() + name.size() + 2;
