@@ -4,9 +4,10 @@
 -- FIFO order: KEYS[3] the queue (zset: token -> arrival). A FIFO waiter's token carries its
 -- ticket: "<random>:<wait ms>:<ttl ms>"; the ticket is valid until its arrival (in ms) plus the
 -- wait, and a hand-off sets the lock to the token with that TTL. Nothing else is kept per waiter.
--- 'any' order: KEYS[3] the services whose waiters failed and still wait (hash: service id ->
--- until when, ms; the key lives as long as its longest mark). A lock set to '~<service id>' is
--- reserved for that service's waiters (see lock_release.lua): free for them, taken for the rest.
+-- 'any' order: KEYS[3] the services whose waiters failed an attempt (hash: service id ->
+-- '<since>:<until>', server ms: since its first failure, until the end of its longest wait; the
+-- key lives as long as its longest mark). A lock set to '~<service id>' is reserved for that
+-- service's waiters (see lock_release.lua): free for them, taken for the rest.
 -- (Only the keys of the caller's order are passed: fewer arguments to send, all the keys it touches declared.)
 -- ARGV[1] ttl ms  ARGV[2] 'any' or 'fifo'  ARGV[3] '0': the callers do not wait; else they do
 -- (FIFO: '1', they queue tickets; any: the ms they still wait, for which KEYS[3] marks them)
@@ -115,9 +116,15 @@ for i = 5, #ARGV do
         if not fifo and waits then
           -- Tells a holder's service that handed the lock on within itself for long that others
           -- wait, for as long as they do: a reservation (lock_release.lua) never outlasts them.
-          -- One mark per service: one that fails later does not wipe another's.
+          -- One mark per service, kept as long as its longest waiter waits and dated from when its
+          -- service began to wait (a mark whose wait was over starts again).
           clock()
-          redis.call('HSET', KEYS[3], service, string.format('%d', now_ms + tonumber(ARGV[3])))
+          local since, till = now_ms, now_ms + tonumber(ARGV[3])
+          local old_since, old_till = string.match(redis.call('HGET', KEYS[3], service) or '', '^(%d+):(%d+)$')
+          if old_till and tonumber(old_till) > now_ms then
+            since, till = tonumber(old_since), math.max(till, tonumber(old_till))
+          end
+          redis.call('HSET', KEYS[3], service, string.format('%d:%d', since, till))
           if redis.call('PTTL', KEYS[3]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[3], ARGV[3]) end
         end
       end

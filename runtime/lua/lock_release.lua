@@ -11,8 +11,8 @@
 -- is not read), the message 'g|<token>|<fence>|<name>' tells it so.
 -- 'any' with ARGV[5]: the lock is set to that token (a waiter in the caller's process, told by the
 -- reply) with a new fence. Otherwise the lock is deleted and 'r|<name>' wakes the waiters to race.
--- After 8 hand-offs in a row, while another service is marked as waiting (KEYS[3], see
--- lock_acquire.lua), the lock is reserved for the first such service instead ('~<its id>') and
+-- From the 8th hand-off in a row on, while another service is marked as waiting (KEYS[3], see
+-- lock_acquire.lua), the lock is reserved for the one that waits longest instead ('~<its id>') and
 -- 'r|<name>' wakes one waiter of each service; the answer is {1, -1}. The reservation lasts while
 -- the marked waiter still waits, at most 100 ms (its service's attempt comes well within that,
 -- even on a loaded machine), and uses the mark up: a waiter that left or died costs at most one
@@ -82,29 +82,36 @@ if fifo then
   if to then return {1, to[2], to[1]} end
 elseif ARGV[5] ~= '' then
   if tonumber(ARGV[8]) >= 8 then
-    -- The marks in the order they were first made (a small hash keeps it); the caller's own
-    -- waiters are served here.
+    -- The other service that has waited longest and still waits (the caller's own waiters are
+    -- served here); marks whose waits are over (or unreadable) go.
     local marks = redis.call('HGETALL', KEYS[3])
-    local now = nil
+    local now, pick, pick_since, pick_left = nil, nil, nil, nil
     for i = 1, #marks, 2 do
       if not now then
         local t = redis.call('TIME')
         now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
       end
-      local left = tonumber(marks[i + 1]) - now
+      local since, till = string.match(marks[i + 1], '^(%d+):(%d+)$')
+      local left = till and tonumber(till) - now or 0
       if left <= 0 then
-        redis.call('HDEL', KEYS[3], marks[i]) -- its waiter's wait is over
-      elseif marks[i] ~= ARGV[7] then
         redis.call('HDEL', KEYS[3], marks[i])
-        redis.call('SET', KEYS[1], '~' .. marks[i], 'PX', string.format('%d', math.min(left, 100)))
-        redis.call('PUBLISH', ARGV[2], 'r|' .. ARGV[3])
-        return {1, -1}
+      elseif marks[i] ~= ARGV[7] and (not pick or tonumber(since) < pick_since) then
+        pick, pick_since, pick_left = marks[i], tonumber(since), left
       end
+    end
+    if pick then
+      redis.call('HDEL', KEYS[3], pick)
+      redis.call('SET', KEYS[1], '~' .. pick, 'PX', string.format('%d', math.min(pick_left, 100)))
+      redis.call('PUBLISH', ARGV[2], 'r|' .. ARGV[3])
+      return {1, -1}
     end
   end
   redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
   return {1, new_fence()}
 end
 redis.call('DEL', KEYS[1])
+-- No waiter of the caller's service is left to hand it to: a mark of its own would only reserve
+-- the lock for nobody later.
+if not fifo then redis.call('HDEL', KEYS[3], ARGV[7]) end
 redis.call('PUBLISH', ARGV[2], 'r|' .. ARGV[3])
 return {1}

@@ -581,5 +581,8 @@ LOCK_CONFORMANCE("local hand-offs do not starve a waiter of another service") {
     MESSAGE("service b got the lock after " << a_holds_before_b << " of " << coroutines * rounds << " holds by a, "
                                             << a_holds_before_b - a_holds_when_b_asked << " of them after b asked");
     CHECK(a_holds_before_b < coroutines * rounds / 2);
+    // On Redis, a's streak yields to b's marked waiter at its 8th hand-off: b waits through that
+    // and what a did while b's first attempt was on its way (each of a's holds takes 1 ms).
+    if (kind == service_kind::redis) CHECK(a_holds_before_b - a_holds_when_b_asked <= 30);
   });
 }

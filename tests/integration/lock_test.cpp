@@ -184,14 +184,20 @@ TEST_CASE("redis lock: a streak of local hand-offs yields to another service onc
     // Two coroutines of one service take turns: each release hands the lock to the other. At the
     // 12th hold (a streak of 8 is behind), two other services are marked: first one whose waiter
     // gives up 5 ms later (its mark must not hide the next one's), then one whose waiter waited
-    // long and then left, for 60 s more. At the 40th, that one again, with 30 ms more. After
+    // long and then left, for 60 s more. At the 40th, that one again, with 80 ms more. After
     // every release the key is read: a reservation is '~<service>'.
     auto mark = [&](const std::string& service, std::chrono::milliseconds left) {
-      auto until = std::chrono::duration_cast<std::chrono::milliseconds>(
-                       std::chrono::system_clock::now().time_since_epoch() + left)
-                       .count();  // (the server's clock: it runs on this machine)
-      redis_cli(cfg, {"HSET", key + ":ws", service, std::to_string(until)});
-      redis_cli(cfg, {"PEXPIRE", key + ":ws", std::to_string(left.count())});
+      // The server's time in ms, from TIME's reply: *2 $<n> <seconds> $<n> <microseconds>.
+      auto time = redis_cli(cfg, {"TIME"});
+      std::vector<long long> parts;
+      for (std::size_t at = 0; (at = time.find("\r\n", at)) != std::string::npos;) {
+        at += 2;
+        if (at < time.size() && time[at] != '$') parts.push_back(std::stoll(time.substr(at)));
+      }
+      REQUIRE(parts.size() == 2);
+      auto now = parts[0] * 1000 + parts[1] / 1000;
+      redis_cli(cfg, {"HSET", key + ":ws", service, fmt::format("{}:{}", now, now + left.count())});
+      redis_cli(cfg, {"PEXPIRE", key + ":ws", "60000"});  // (the key outlives its longest mark)
     };
     constexpr int holds_each = 30;
     int holds = 0, done = 0;
@@ -208,7 +214,7 @@ TEST_CASE("redis lock: a streak of local hand-offs yields to another service onc
           mark("short-wait", std::chrono::milliseconds(5));
           mark("another-service", std::chrono::seconds(60));
         }
-        if (holds == 40) mark("another-service", std::chrono::milliseconds(30));
+        if (holds == 40) mark("another-service", std::chrono::milliseconds(80));
         co_await sleep_for(std::chrono::milliseconds(holds == 12 ? 10 : 1));
         int hold = holds;
         CHECK(co_await l.unlock());
@@ -231,7 +237,7 @@ TEST_CASE("redis lock: a streak of local hand-offs yields to another service onc
     // For the 100 ms at most, then for what the second waiter had left of its wait.
     CHECK(reserved[0].second > 0);
     CHECK(reserved[0].second <= 100);
-    CHECK(reserved[1].second <= 30);
+    CHECK(reserved[1].second <= 80);
     // The service's own waiters found it taken meanwhile: they took it when it lapsed.
     REQUIRE(waited_after.size() == 2);
     MESSAGE("the next hold came " << waited_after[0].count() << " and " << waited_after[1].count()
@@ -240,6 +246,30 @@ TEST_CASE("redis lock: a streak of local hand-offs yields to another service onc
     // Used up: what marks are left are this service's, whose own releases do not yield to them.
     CHECK(redis_cli(cfg, {"HEXISTS", key + ":ws", "another-service"}) == ":0\r\n");
     CHECK(redis_cli(cfg, {"HEXISTS", key + ":ws", "short-wait"}) == ":0\r\n");  // over: dropped
+  });
+}
+
+TEST_CASE("redis lock: a service's mark goes with its last release, not left to reserve the lock for nobody") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    auto cfg = shared_redis();
+    redis_lock_service locks(ctx.get_executor(), cfg);
+    auto name = key_prefix() + "l";
+    auto key = "jobrt:lock:{" + name + "}";
+    auto first = co_await locks.lock(name, opts(std::chrono::seconds(5)));
+    // A second waiter of the same service fails against the first: its service is marked.
+    std::optional<lock_lease> second;
+    asio::co_spawn(
+        ctx, [&]() -> awaitable<void> { second = co_await locks.lock(name, opts(std::chrono::seconds(5))); },
+        asio::detached);
+    for (int i = 0; i < 200 && redis_cli(cfg, {"EXISTS", key + ":ws"}) != ":1\r\n"; ++i)
+      co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(redis_cli(cfg, {"HLEN", key + ":ws"}) == ":1\r\n");
+    CHECK(co_await first.unlock());  // handed to the second, in the script
+    for (int i = 0; i < 200 && !second; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(second);
+    CHECK(co_await second->unlock());  // nobody of its own left: its mark goes
+    CHECK(redis_cli(cfg, {"EXISTS", key + ":ws"}) == ":0\r\n");
+    CHECK(redis_cli(cfg, {"EXISTS", key}) == ":0\r\n");
   });
 }
 

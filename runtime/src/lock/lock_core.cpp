@@ -475,7 +475,8 @@ void lock_core::after_release(const std::string& name, const std::optional<local
     // The streak outlives the waiters (the entry stays while it is not 0), as the next release
     // continues it.
     if (it == locks_.end()) it = locks_.try_emplace(name).first;
-    ++it->second.streak;
+    // (Counted up to 8 only: from there on every release looks for another service's waiter.)
+    it->second.streak = std::min(it->second.streak + 1, 8);
   }
   if (it == locks_.end()) return;  // no waiter here, no streak to end
   lock_entry& e = it->second;
