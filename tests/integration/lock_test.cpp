@@ -185,19 +185,17 @@ TEST_CASE("redis lock: a streak of local hand-offs yields to another service onc
     // 12th hold (a streak of 8 is behind), two other services are marked: first one whose waiter
     // gives up 5 ms later (its mark must not hide the next one's), then one whose waiter waited
     // long and then left, for 60 s more. At the 40th, that one again, with 80 ms more. After
-    // every release the key is read: a reservation is '~<service>'.
-    auto mark = [&](const std::string& service, std::chrono::milliseconds left) {
-      // The server's time in ms, from TIME's reply: *2 $<n> <seconds> $<n> <microseconds>.
-      auto time = redis_cli(cfg, {"TIME"});
-      std::vector<long long> parts;
-      for (std::size_t at = 0; (at = time.find("\r\n", at)) != std::string::npos;) {
-        at += 2;
-        if (at < time.size() && time[at] != '$') parts.push_back(std::stoll(time.substr(at)));
-      }
-      REQUIRE(parts.size() == 2);
-      auto now = parts[0] * 1000 + parts[1] / 1000;
-      redis_cli(cfg, {"HSET", key + ":ws", service, fmt::format("{}:{}", now, now + left.count())});
-      redis_cli(cfg, {"PEXPIRE", key + ":ws", "60000"});  // (the key outlives its longest mark)
+    // every release the key is read (on a connection: a redis-cli process could take longer to
+    // start than the reservation lasts): a reservation is '~<service>'.
+    redis::connection admin(ctx.get_executor(), cfg);
+    admin.start();
+    auto mark = [&](std::string service, std::chrono::milliseconds left) -> awaitable<void> {
+      auto time = co_await redis::exec(admin, redis::request("TIME"));  // seconds, microseconds
+      auto now =
+          std::stoll(time.as_array().at(0).as_string()) * 1000 + std::stoll(time.as_array().at(1).as_string()) / 1000;
+      auto value = fmt::format("{}:{}", now, now + left.count());
+      co_await redis::exec(admin, redis::request("HSET", key + ":ws", service, value));
+      co_await redis::exec(admin, redis::request("PEXPIRE", key + ":ws", 60000));  // outlives the marks
     };
     constexpr int holds_each = 30;
     int holds = 0, done = 0;
@@ -211,17 +209,20 @@ TEST_CASE("redis lock: a streak of local hand-offs yields to another service onc
         if (yielded_at) waited_after.push_back(since(*yielded_at));
         yielded_at.reset();
         if (holds == 12) {
-          mark("short-wait", std::chrono::milliseconds(5));
-          mark("another-service", std::chrono::seconds(60));
+          co_await mark("short-wait", std::chrono::milliseconds(5));
+          co_await mark("another-service", std::chrono::seconds(60));
         }
-        if (holds == 40) mark("another-service", std::chrono::milliseconds(80));
+        if (holds == 40) co_await mark("another-service", std::chrono::milliseconds(80));
         co_await sleep_for(std::chrono::milliseconds(holds == 12 ? 10 : 1));
         int hold = holds;
         CHECK(co_await l.unlock());
-        auto value = redis_cli(cfg, {"GET", key});
-        if (value.find("~another-service") != std::string::npos) {
+        redis::request peek;
+        peek.push("GET", key).push("PTTL", key);
+        auto read = co_await redis::exec(admin, std::move(peek));
+        const auto& value = read.as_array().at(0);
+        if (!value.is_nil() && value.as_string() == "~another-service") {
           yielded_at = std::chrono::steady_clock::now();
-          reserved.emplace_back(hold, std::stol(redis_cli(cfg, {"PTTL", key}).substr(1)));
+          reserved.emplace_back(hold, read.as_array().at(1).as_integer());
         }
       }
       ++done;
