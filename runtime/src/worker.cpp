@@ -174,14 +174,27 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     asio::post(strand_, [self = shared_from_this()] {
       if (self->started_) return;
       self->started_ = true;
-      auto rethrow = [](std::exception_ptr e) {
-        if (e) std::rethrow_exception(e);
+      // A loop catches what its backend throws; anything else that escapes one is a bug. It is
+      // logged (the thread running the io_context may not say it) and rethrown from run(): the
+      // worker cannot go on without that loop, so whoever runs the io_context learns of it.
+      auto rethrow = [source = self->source_](const char* loop) {
+        return [source, loop](std::exception_ptr e) {
+          if (!e) return;
+          try {
+            std::rethrow_exception(e);
+          } catch (const std::exception& x) {
+            jobrt::log(log_level::error, source, "{} loop died: {}", loop, x.what());
+          } catch (...) {
+            jobrt::log(log_level::error, source, "{} loop died", loop);
+          }
+          std::rethrow_exception(e);
+        };
       };
-      asio::co_spawn(self->strand_, claim_loop(self), rethrow);
-      asio::co_spawn(self->strand_, watchdog_loop(self), rethrow);
-      asio::co_spawn(self->strand_, reap_loop(self), rethrow);
-      asio::co_spawn(self->strand_, promote_loop(self), rethrow);
-      asio::co_spawn(self->strand_, flush_loop(self), rethrow);
+      asio::co_spawn(self->strand_, claim_loop(self), rethrow("claim"));
+      asio::co_spawn(self->strand_, watchdog_loop(self), rethrow("watchdog"));
+      asio::co_spawn(self->strand_, reap_loop(self), rethrow("reaper"));
+      asio::co_spawn(self->strand_, promote_loop(self), rethrow("promoter"));
+      asio::co_spawn(self->strand_, flush_loop(self), rethrow("finish"));
     });
   }
 
