@@ -228,6 +228,48 @@ TEST_CASE("AUTH - SELECT and CLIENT SETNAME on connect - a wrong password is a c
   });
 }
 
+TEST_CASE("a subscription the server refuses is named - and the replies after it stay in step") {
+  redis_server server;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    auto url = fmt::format("redis://127.0.0.1:{}", server.port());
+    connection admin(ctx.get_executor(), config::from_url(url));
+    admin.start();
+    // A user with every key and command but no channel (Redis 7's default for new users).
+    co_await exec(admin, request("ACL", "SETUSER", "nochan", "on", ">pw", "~*", "+@all", "resetchannels"));
+    subscriber sub(ctx.get_executor(), config::from_url(fmt::format("redis://nochan:pw@127.0.0.1:{}", server.port())));
+    sub.start();
+    // Two channels, one command: the server answers it with one error, not one reply per channel.
+    std::vector<std::string> two{"a", "b"};
+    sub.subscribe(two);
+    for (int i = 0; i < 200 && sub.last_error().find("refused") == std::string::npos; ++i)
+      co_await sleep_for(std::chrono::milliseconds(10));
+    CHECK(sub.last_error().find("SUBSCRIBE a b refused by") != std::string::npos);
+    CHECK(sub.last_error().find("NOPERM") != std::string::npos);
+    auto connections = [&]() -> awaitable<std::string> {
+      auto info = (co_await exec(admin, request("INFO", "stats"))).as_string();
+      auto at = info.find("total_connections_received:");
+      co_return info.substr(at, info.find('\r', at) - at);
+    };
+    auto before = co_await connections();
+    // Allowed one channel, it subscribes and gets its messages: its confirmation was not taken as
+    // the refused command's second reply, so nothing waits for a reply that never comes...
+    co_await exec(admin, request("ACL", "SETUSER", "nochan", "&ok"));
+    std::vector<std::string> ok{"ok"};
+    sub.subscribe(ok);
+    while ((co_await exec(admin, request("PUBLISH", "ok", "hello"))).as_integer() == 0)
+      co_await sleep_for(std::chrono::milliseconds(5));
+    message m;
+    do m = co_await sub.async_receive(use_awaitable);  // (confirmations: of the first connect's
+    while (m.confirmation);                            // subscribe, refused as well, and of ok's)
+    CHECK(m.channel == "ok");
+    CHECK(m.payload == "hello");
+    // ...and the health check does not find a request stuck and drop the connection (it would
+    // within two intervals of a second).
+    co_await sleep_for(std::chrono::milliseconds(2500));
+    CHECK(co_await connections() == before);
+  });
+}
+
 TEST_CASE("unix socket URLs") {
   redis_server server;
   run([&](asio::io_context& ctx) -> awaitable<void> {

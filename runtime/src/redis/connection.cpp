@@ -1,9 +1,11 @@
+#include <jobrt/log.hpp>
 #include <jobrt/redis/connection.hpp>
 
 #include "redis/multiplexer.hpp"
 #include "strand.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/associated_cancellation_slot.hpp>
 #include <boost/asio/associated_executor.hpp>
@@ -98,7 +100,9 @@ class internal_op final : public pending {
  public:
   using callback = std::function<void(error_code, reply&)>;
   internal_op(request req, std::size_t replies, callback cb)
-      : pending(std::move(req).payload(), replies, {}, false), cb_(std::move(cb)) {}
+      : pending(std::move(req).payload(), replies, {}, false), cb_(std::move(cb)) {
+    one_command_ = true;  // (each is one command: SUBSCRIBE and its kind, or the handshake's)
+  }
 
  private:
   void on_complete(error_code ec, reply r) override {
@@ -182,8 +186,9 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         if (add ? set.insert(n).second : set.erase(n) > 0) changed.push_back(std::move(n));
       if (changed.empty() || !self->connected_) return;  // (re)connecting sends the whole set
       const char* command = add ? (pattern ? "PSUBSCRIBE" : "SUBSCRIBE") : (pattern ? "PUNSUBSCRIBE" : "UNSUBSCRIBE");
-      auto confirmed = [self = self.get(), add](error_code ec, reply&) {
+      auto confirmed = [self = self.get(), add, pattern, command, names = changed](error_code ec, reply& r) {
         if (!ec && add) self->deliver(message{{}, {}, {}, true});
+        if (ec == error::server_error && add) self->refused(command, r, names, pattern);
       };
       self->send_internal(request(command, changed), changed.size(), confirmed);
     });
@@ -322,21 +327,33 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     complete_handler(true, std::move(op->handler), ex_, error_code(), std::move(m));
   }
 
+  // A subscription the server refused (an ACL user without the channel, say): the server answers
+  // the whole command with one error. It is dropped (asking again at each reconnect would only be
+  // refused again), logged, and kept as the connection's last error: nothing else would tell.
+  void refused(const char* command, const reply& r, const std::vector<std::string>& names, bool pattern) {
+    auto& set = pattern ? patterns_ : channels_;
+    for (const auto& n : names) set.erase(n);
+    auto text = fmt::format("{} {} refused by {}: {}", command, fmt::join(names, " "), cfg_.address(),
+                            r.is_error() ? r.error_message() : std::string_view("no reason given"));
+    jobrt::log(log_level::warn, "redis", "{} (no messages will come from it)", text);
+    set_last_error(std::move(text));
+  }
+
   void resubscribe() {
     std::size_t pending_confirmations = channels_.size() + patterns_.size();
     if (pending_confirmations == 0) return;
     auto remaining = std::make_shared<std::size_t>(0);
-    auto confirmed = [this, remaining](error_code ec, reply&) {
-      if (!ec && --*remaining == 0) deliver(message{{}, {}, {}, true});
+    auto send = [&](const char* command, const std::set<std::string>& set, bool pattern) {
+      ++*remaining;
+      std::vector<std::string> names(set.begin(), set.end());
+      auto confirmed = [this, remaining, command, names, pattern](error_code ec, reply& r) {
+        if (ec == error::server_error) refused(command, r, names, pattern);
+        if ((!ec || ec == error::server_error) && --*remaining == 0) deliver(message{{}, {}, {}, true});
+      };
+      send_internal(request(command, names), names.size(), confirmed);
     };
-    if (!channels_.empty()) {
-      ++*remaining;
-      send_internal(request("SUBSCRIBE", channels_), channels_.size(), confirmed);
-    }
-    if (!patterns_.empty()) {
-      ++*remaining;
-      send_internal(request("PSUBSCRIBE", patterns_), patterns_.size(), confirmed);
-    }
+    if (!channels_.empty()) send("SUBSCRIBE", channels_, false);
+    if (!patterns_.empty()) send("PSUBSCRIBE", patterns_, true);
   }
 
   // --- the loops ---

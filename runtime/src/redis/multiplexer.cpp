@@ -68,7 +68,7 @@ boost::system::error_code multiplexer::drain(std::size_t max_replies, bool& more
 
 void multiplexer::deliver(reply r) {
   pending& front = *queue_.front();
-  if (front.expected_ > 1) {
+  if (front.expected_ > 1 && !(front.one_command_ && r.is_error())) {
     // Counted apart from collected_: an abandoned pipeline still owns its remaining replies.
     ++front.received_;
     if (!front.done_) front.collected_.push_back(std::move(r));
@@ -80,7 +80,7 @@ void multiplexer::deliver(reply r) {
   queue_.pop_front();
   --sent_;
   boost::system::error_code ec;
-  if (p->expected_ == 1 && r.is_error()) ec = error::server_error;
+  if ((p->expected_ == 1 || p->one_command_) && r.is_error()) ec = error::server_error;
   p->complete(ec, std::move(r));
 }
 

@@ -40,6 +40,10 @@ class pending {
   /// Called once, with the reply (an array of replies for a pipeline), or with an error.
   virtual void on_complete(boost::system::error_code ec, reply r) = 0;
 
+  /// One command with a reply per argument (SUBSCRIBE a b): refused, it gets one error reply in
+  /// all, which ends it (waiting for the rest would take the next requests' replies).
+  bool one_command_ = false;
+
  private:
   friend class multiplexer;
   void complete(boost::system::error_code ec, reply r);
