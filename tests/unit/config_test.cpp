@@ -36,6 +36,11 @@ TEST_CASE("redis URLs") {
   CHECK(c.password == "pw");
   CHECK(c.host == "::1");
   CHECK(c.address() == "redis://[::1]:7000/0");
+
+  // A user without a password would log in as the default user: refused, naming it.
+  CHECK(error_of("redis://alice@localhost") ==
+        "invalid Redis URL 'redis://alice@localhost': user 'alice' has no password (redis://user:password@host)");
+  CHECK(error_of("redis://alice:@localhost").find("user 'alice' has no password") != std::string::npos);
 }
 
 TEST_CASE("unix URLs") {

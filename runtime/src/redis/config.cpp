@@ -33,6 +33,10 @@ config config::from_url(std::string_view url) {
   if (u.has_userinfo()) {
     cfg.username = u.user();
     cfg.password = u.password();
+    // AUTH needs a password: without one the connection would log in as the default user, not
+    // as the one named (an ACL user with nopass takes any password: redis://user:x@host).
+    if (!cfg.username.empty() && cfg.password.empty())
+      bad_url(url, fmt::format("user '{}' has no password (redis://user:password@host)", cfg.username));
   }
   if (scheme == "unix") {
     if (u.path().empty()) bad_url(url, "unix socket path is empty");
