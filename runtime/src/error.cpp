@@ -22,7 +22,8 @@ class category final : public boost::system::error_category {
       case error::health_check_failed: return "nothing read from the server for two health intervals";
       case error::handshake_failed: return "the server refused the connection handshake";
       case error::invalid_request:
-        return "empty request, or a pub/sub command on a connection that is not a subscriber";
+        return "empty request, a pub/sub command on a connection that is not a subscriber, a MULTI without its "
+               "EXEC or DISCARD in the same request, or HELLO";
     }
     return "unknown jobrt error";
   }

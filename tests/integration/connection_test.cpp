@@ -319,6 +319,18 @@ TEST_CASE("empty requests and pub/sub commands off a subscriber are refused") {
     auto [ec3, r3] = co_await blocking.async_exec(request("SUBSCRIBE", "a"), use_tuple);
     CHECK(ec3 == error::invalid_request);
     CHECK((co_await exec(conn, request("PING"))).as_string() == "PONG");
+    // A MULTI whose EXEC would come in a later request: other coroutines' commands would join the
+    // transaction. In one request it runs.
+    auto [ec4, r4] = co_await conn.async_exec(request("MULTI"), use_tuple);
+    CHECK(ec4 == error::invalid_request);
+    auto [ec5, r5] = co_await conn.async_exec(request("HELLO", "3"), use_tuple);
+    CHECK(ec5 == error::invalid_request);
+    std::string key = key_prefix() + "tx";
+    request tx("MULTI");
+    tx.push("SET", key, "1").push("INCR", key).push("EXEC");
+    auto done = co_await exec(conn, std::move(tx));
+    REQUIRE(done.as_array().size() == 4);
+    CHECK(done.as_array()[3].as_array()[1].as_integer() == 2);
   });
 }
 

@@ -36,6 +36,32 @@ TEST_CASE("a pipeline counts its commands and flags blocking ones in any case") 
   CHECK(both.has_blocking_command());
 }
 
+TEST_CASE("a MULTI without its EXEC or DISCARD in the same request, and HELLO, disturb the connection") {
+  CHECK(request("multi").disturbs_connection());
+  CHECK(request("HELLO", "3").disturbs_connection());
+  CHECK_FALSE(request("GET", "a").disturbs_connection());
+  request tx("MULTI");
+  tx.push("SET", "a", "1");
+  CHECK(tx.disturbs_connection());
+  tx.push("exec");
+  CHECK_FALSE(tx.disturbs_connection());
+  request dropped("MULTI");
+  dropped.push("DISCARD");
+  CHECK_FALSE(dropped.disturbs_connection());
+  // Pipelines joined: an EXEC in the second ends the first's MULTI; a MULTI of its own reopens.
+  request open("MULTI");
+  open.append(request("EXEC"));
+  CHECK_FALSE(open.disturbs_connection());
+  request again("MULTI");
+  request closes_then_opens("EXEC");
+  closes_then_opens.push("MULTI");
+  again.append(closes_then_opens);
+  CHECK(again.disturbs_connection());
+  request plain("GET", "a");
+  plain.append(request("EXEC"));  // (an EXEC with no MULTI: an error reply, one like any other)
+  CHECK_FALSE(plain.disturbs_connection());
+}
+
 TEST_CASE("unsigned and nested arguments are encoded as they are") {
   using namespace std::string_literals;
   request big("SET", "k", std::uint64_t{18446744073709551615u});

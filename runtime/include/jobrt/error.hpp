@@ -27,7 +27,8 @@ enum class error {
   health_check_failed,
   /// The connection handshake (AUTH, SELECT, CLIENT SETNAME) was refused.
   handshake_failed,
-  /// The request is empty, or holds pub/sub commands and the connection is not a subscriber.
+  /// The request is empty, holds pub/sub commands and the connection is not a subscriber, or
+  /// would put every request's replies out of step (request::disturbs_connection).
   invalid_request,
 };
 

@@ -75,10 +75,11 @@ class exec_op final : public pending {
       : pending(std::move(req).payload(), req.size(), req.options, req.has_blocking_command()),
         handler_(std::move(handler)),
         fallback_(fallback),
-        pushed_replies_(req.has_pubsub_command()) {}
+        pushed_replies_(req.has_pubsub_command()),
+        disturbs_(req.disturbs_connection()) {}
 
   /// Empty, or with commands whose replies are pushed: FIFO matching cannot carry it.
-  bool unmatchable() const noexcept { return pushed_replies_ || expected_replies() == 0; }
+  bool unmatchable() const noexcept { return pushed_replies_ || disturbs_ || expected_replies() == 0; }
 
   exec_handler& handler() noexcept { return handler_; }
   /// Queued: from now on it completes from I/O or a timer, never inside its initiating function.
@@ -92,6 +93,7 @@ class exec_op final : public pending {
   exec_handler handler_;
   const asio::any_io_executor& fallback_;
   bool pushed_replies_;
+  bool disturbs_;  // see request::disturbs_connection
   bool queued_ = false;
 };
 

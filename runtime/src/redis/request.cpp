@@ -53,6 +53,13 @@ void request::begin_command(std::string_view command, std::size_t argc) {
   blocking_ =
       blocking_ || is_one_of(command, blocking_commands) || iequals(command, "XREAD") || iequals(command, "XREADGROUP");
   pubsub_ = pubsub_ || is_one_of(command, pubsub_commands);
+  if (iequals(command, "MULTI")) {
+    open_multi_ = true;
+  } else if (iequals(command, "EXEC") || iequals(command, "DISCARD")) {
+    closes_multi_ = closes_multi_ || !open_multi_;
+    open_multi_ = false;
+  }
+  hello_ = hello_ || iequals(command, "HELLO");
   append_header(payload_, '*', argc);
   append_bulk(command);
 }
@@ -62,6 +69,11 @@ request& request::append(const request& other) {
   commands_ += other.commands_;
   blocking_ = blocking_ || other.blocking_;
   pubsub_ = pubsub_ || other.pubsub_;
+  // A MULTI left open here is ended by an EXEC of the other's that comes before a MULTI of its own.
+  const bool was_open = open_multi_;
+  closes_multi_ = closes_multi_ || (!was_open && other.closes_multi_);
+  open_multi_ = other.open_multi_ || (was_open && !other.closes_multi_);
+  hello_ = hello_ || other.hello_;
   return *this;
 }
 

@@ -56,6 +56,10 @@ class request {
   /// True when it holds a command whose replies are pushed rather than one reply per command:
   /// (P|S)SUBSCRIBE, (P|S)UNSUBSCRIBE, MONITOR. Only a subscriber carries these.
   bool has_pubsub_command() const noexcept { return pubsub_; }
+  /// True when it would put the connection's replies out of step for every other request: a
+  /// MULTI whose EXEC or DISCARD is not in the same request (other coroutines' commands would
+  /// join the transaction), or HELLO (it switches the protocol; the handshake does AUTH).
+  bool disturbs_connection() const noexcept { return open_multi_ || hello_; }
 
   request_options options;
 
@@ -107,6 +111,9 @@ class request {
   std::size_t commands_ = 0;
   bool blocking_ = false;
   bool pubsub_ = false;
+  bool open_multi_ = false;    // a MULTI not yet followed by EXEC or DISCARD
+  bool closes_multi_ = false;  // an EXEC or DISCARD before any MULTI: ends one opened before it
+  bool hello_ = false;
 };
 
 }  // namespace jobrt::redis
