@@ -15,7 +15,8 @@ class category final : public boost::system::error_category {
       case error::connection_lost: return "connection lost after the request was written; it may or may not have run";
       case error::timeout: return "request timed out";
       case error::closed: return "connection closed";
-      case error::protocol_error: return "the server sent data that is not RESP";
+      case error::protocol_error:
+        return "the server sent a reply this client cannot read (not RESP, or arrays nested over 7 deep)";
       case error::server_error: return "the server answered with an error reply";
       case error::blocking_command_on_shared_connection:
         return "blocking command on the shared connection; use a blocking_connection";
@@ -23,7 +24,8 @@ class category final : public boost::system::error_category {
       case error::handshake_failed: return "the server refused the connection handshake";
       case error::invalid_request:
         return "empty request, a pub/sub command on a connection that is not a subscriber, a MULTI without its "
-               "EXEC or DISCARD in the same request, or HELLO";
+               "EXEC or DISCARD in the same request, or a command that changes the connection (HELLO, AUTH, "
+               "SELECT, RESET, QUIT, CLIENT REPLY; set user, password and database in the config)";
     }
     return "unknown jobrt error";
   }

@@ -6,6 +6,7 @@
 #include <jobrt/redis/script.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
@@ -14,6 +15,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -306,7 +309,7 @@ TEST_CASE("closing completes everything with error::closed") {
   });
 }
 
-TEST_CASE("empty requests and pub/sub commands off a subscriber are refused") {
+TEST_CASE("empty requests, pub/sub commands off a subscriber and commands that change the connection are refused") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     connection conn(ctx.get_executor(), shared_redis());
     blocking_connection blocking(ctx.get_executor(), shared_redis());
@@ -325,6 +328,16 @@ TEST_CASE("empty requests and pub/sub commands off a subscriber are refused") {
     CHECK(ec4 == error::invalid_request);
     auto [ec5, r5] = co_await conn.async_exec(request("HELLO", "3"), use_tuple);
     CHECK(ec5 == error::invalid_request);
+    // Replies out of step for every request after it, or a state a reconnect silently undoes.
+    auto [ec6, r6] = co_await conn.async_exec(request("CLIENT", "REPLY", "OFF"), use_tuple);
+    CHECK(ec6 == error::invalid_request);
+    auto [ec7, r7] = co_await blocking.async_exec(request("SELECT", "1"), use_tuple);
+    CHECK(ec7 == error::invalid_request);
+    std::string probe = key_prefix() + "probe";
+    co_await exec(conn, request("SET", probe, "here"));
+    CHECK((co_await exec(conn, request("GET", probe))).as_string() == "here");      // replies in step
+    CHECK((co_await exec(blocking, request("GET", probe))).as_string() == "here");  // database 0 still
+    CHECK((co_await exec(conn, request("CLIENT", "ID"))).as_integer() > 0);
     std::string key = key_prefix() + "tx";
     request tx("MULTI");
     tx.push("SET", key, "1").push("INCR", key).push("EXEC");
@@ -347,5 +360,96 @@ TEST_CASE("a script that does not compile reports the compile error") {
       what = e.what();
     }
     CHECK(what.find("Error compiling script") != std::string::npos);
+  });
+}
+
+TEST_CASE("a reply the parser cannot read fails its request - also one safe to resend - and the connection recovers") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), shared_redis());
+    conn.start();
+    // Arrays nested 9 deep: more than the RESP parser's 7 levels. Sent again after the reconnect
+    // it would meet the same reply, drop that connection too, and so on for ever.
+    const char* deep = "return {{{{{{{{{1}}}}}}}}}";
+    for (bool resend_safe : {true, false}) {
+      request r("EVAL", deep, "0");
+      r.options.resend_safe = resend_safe;
+      auto [ec, reply] = co_await conn.async_exec(std::move(r), use_tuple);
+      CHECK(ec == error::protocol_error);
+      CHECK((co_await exec(conn, request("PING"))).as_string() == "PONG");
+    }
+    CHECK(conn.last_error().find("nested") != std::string::npos);
+  });
+}
+
+TEST_CASE("a subscriber whose messages nobody receives keeps a bounded queue - a notice stands for what it dropped") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    auto cfg = shared_redis();
+    cfg.max_queued_messages = 5;
+    connection conn(ctx.get_executor(), cfg);
+    subscriber sub(ctx.get_executor(), cfg);
+    conn.start();
+    sub.start();
+    std::string ch = key_prefix() + "ch";
+    sub.subscribe({ch});
+    CHECK((co_await sub.async_receive(use_awaitable)).confirmation);
+    // Nobody receives while 12 messages come: 5 fit, the 6th drops them for a notice, then (when
+    // they come in one read, as they mostly do) 4 more fit after it, the 11th drops those too,
+    // and the 12th waits behind the second notice.
+    request burst;
+    for (int i = 1; i <= 12; ++i) burst.push("PUBLISH", ch, fmt::format("m{}", i));
+    co_await exec(conn, std::move(burst));
+    asio::steady_timer t(ctx);
+    for (int i = 0; i < 400 && sub.last_error().find("dropped") == std::string::npos; ++i) {
+      t.expires_after(std::chrono::milliseconds(5));
+      co_await t.async_wait(use_awaitable);
+    }
+    CHECK(sub.last_error().find("dropped for a notice") != std::string::npos);
+    std::vector<std::string> got;
+    for (;;) {
+      message m = co_await sub.async_receive(use_awaitable);
+      got.push_back(m.confirmation ? "notice" : m.payload);
+      if (m.payload == "m12") break;
+    }
+    MESSAGE("received: " << fmt::format("{}", fmt::join(got, " ")));
+    REQUIRE(got.size() <= 7);  // the first notice and at most m7 to m12
+    CHECK(got.front() == "notice");
+    for (const auto& g : got)
+      if (g != "notice") CHECK(std::stoi(g.substr(1)) >= 7);  // m1 to m6 were dropped before any receive
+    // Received at once, messages flow as before.
+    co_await exec(conn, request("PUBLISH", ch, "after"));
+    CHECK((co_await sub.async_receive(use_awaitable)).payload == "after");
+  });
+}
+
+TEST_CASE("connections over TCP keep alive - so a blocking command finds out about a server that vanished") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    blocking_connection conn(ctx.get_executor(), shared_redis());
+    conn.start();
+    // The server sees the connection from addr=<ip>:<port>; that port is ours.
+    std::string info = (co_await exec(conn, request("CLIENT", "INFO"))).as_string();
+    auto at = info.find(" addr=");
+    REQUIRE(at != std::string::npos);
+    auto colon = info.find(' ', at + 1);
+    colon = info.rfind(':', colon);
+    unsigned port = static_cast<unsigned>(std::stoul(info.substr(colon + 1)));
+    // /proc/net/tcp(6): "sl local rem st queues tr:when ...", addresses "<hex ip>:<hex port>"; tr 2 is
+    // the keepalive timer, and when (hex, in 1/100 s) counts down from the 15 s of silence.
+    std::stringstream table;
+    for (const char* path : {"/proc/net/tcp", "/proc/net/tcp6"})
+      if (std::ifstream f(path); f) table << f.rdbuf();  // (each starts with a header line)
+    std::string line;
+    bool found = false;
+    while (std::getline(table, line)) {
+      std::istringstream fields(line);
+      std::string sl, local, remote, state, queues, timer;
+      fields >> sl >> local >> remote >> state >> queues >> timer;
+      if (local.size() < 5 || local.substr(local.size() - 4) != fmt::format("{:04X}", port)) continue;
+      found = true;
+      CHECK(timer.substr(0, 3) == "02:");
+      long when = std::stol(timer.substr(3), nullptr, 16);
+      CHECK(when > 1000);
+      CHECK(when <= 1500);
+    }
+    CHECK(found);
   });
 }

@@ -62,6 +62,24 @@ TEST_CASE("a MULTI without its EXEC or DISCARD in the same request, and HELLO, d
   CHECK_FALSE(plain.disturbs_connection());
 }
 
+TEST_CASE("commands that change the connection itself disturb it - other CLIENT subcommands do not") {
+  for (const char* command : {"select", "AUTH", "reset", "QUIT"}) CHECK(request(command, "1").disturbs_connection());
+  CHECK(request("CLIENT", "reply", "OFF").disturbs_connection());
+  CHECK(request("client", "REPLY", "SKIP").disturbs_connection());
+  CHECK_FALSE(request("CLIENT", "SETNAME", "reply").disturbs_connection());
+  CHECK_FALSE(request("CLIENT", "ID").disturbs_connection());
+  CHECK_FALSE(request("GET", "reply").disturbs_connection());  // REPLY only as CLIENT's subcommand
+  request later("PING");
+  later.push("CLIENT", "REPLY", "ON");  // in a pipeline, and appended
+  CHECK(later.disturbs_connection());
+  request joined("GET", "a");
+  joined.append(request("SELECT", "2"));
+  CHECK(joined.disturbs_connection());
+  request client("CLIENT");  // (CLIENT alone: an error reply; the next command's argument is not read)
+  client.push("GET", "reply");
+  CHECK_FALSE(client.disturbs_connection());
+}
+
 TEST_CASE("unsigned and nested arguments are encoded as they are") {
   using namespace std::string_literals;
   request big("SET", "k", std::uint64_t{18446744073709551615u});

@@ -17,7 +17,8 @@ enum class error {
   timeout,
   /// The connection was closed by its owner.
   closed,
-  /// The server sent bytes that are not RESP.
+  /// The server sent a reply that cannot be read (not RESP, or arrays nested over 7 deep). The
+  /// request it answered fails with it, and the connection is made again.
   protocol_error,
   /// The server answered with an error reply; the reply carries its message.
   server_error,
@@ -28,7 +29,7 @@ enum class error {
   /// The connection handshake (AUTH, SELECT, CLIENT SETNAME) was refused.
   handshake_failed,
   /// The request is empty, holds pub/sub commands and the connection is not a subscriber, or
-  /// would put every request's replies out of step (request::disturbs_connection).
+  /// would disturb every other request on the connection (request::disturbs_connection).
   invalid_request,
 };
 

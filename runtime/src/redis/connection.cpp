@@ -22,6 +22,9 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -64,6 +67,28 @@ void post_completion(Handler handler, const asio::any_io_executor& fallback, Arg
 }
 
 bool cancelled(asio::cancellation_state cs) { return cs.cancelled() != asio::cancellation_type::none; }
+
+// An integer option of the TCP level, for the keepalive timings Asio has no names for.
+template <int Name>
+struct tcp_option {
+  int value;
+  template <class Protocol>
+  int level(const Protocol&) const noexcept {
+    return IPPROTO_TCP;
+  }
+  template <class Protocol>
+  int name(const Protocol&) const noexcept {
+    return Name;
+  }
+  template <class Protocol>
+  const int* data(const Protocol&) const noexcept {
+    return &value;
+  }
+  template <class Protocol>
+  std::size_t size(const Protocol&) const noexcept {
+    return sizeof value;
+  }
+};
 
 }  // namespace
 
@@ -318,6 +343,10 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
 
   void deliver(message m) {
     if (receivers_.empty()) {
+      if (messages_.size() >= std::max<std::size_t>(cfg_.max_queued_messages, 1) && !m.confirmation) {
+        overflow();
+        return;
+      }
       messages_.push_back(std::move(m));
       return;
     }
@@ -327,6 +356,17 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     // receiver at once when this thread runs its executor, instead of a post per message. Its
     // next receive() finds the strand here and queues itself without a post either.
     complete_handler(true, std::move(op->handler), ex_, error_code(), std::move(m));
+  }
+
+  // Nobody receives as fast as messages come: rather than grow without end, the queue is
+  // replaced by a notice, which tells receivers that messages were missed.
+  void overflow() {
+    auto text = fmt::format("subscriber to {}: {} messages queued and none received; dropped for a notice",
+                            cfg_.address(), messages_.size() + 1);
+    messages_.clear();
+    messages_.push_back(message{{}, {}, {}, true});
+    jobrt::log(log_level::warn, "redis", "{}", text);
+    set_last_error(std::move(text));
   }
 
   // A subscription the server refused (an ACL user without the channel, say): the server answers
@@ -458,6 +498,15 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       if (ec) throw std::runtime_error(ec.message());
       error_code ignored;
       socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
+      // A server that vanished without a word (host down, cable out) is found by the health
+      // check, except under a blocking command, which is silent on purpose: there TCP keepalive
+      // finds it, after 15 s of silence and 3 probes 5 s apart, rather than the system's 2 hours.
+      socket_.set_option(asio::socket_base::keep_alive(true), ignored);
+#ifdef TCP_KEEPIDLE
+      socket_.set_option(tcp_option<TCP_KEEPIDLE>{15}, ignored);
+      socket_.set_option(tcp_option<TCP_KEEPINTVL>{5}, ignored);
+      socket_.set_option(tcp_option<TCP_KEEPCNT>{3}, ignored);
+#endif
     }
 
     // AUTH, SELECT and CLIENT SETNAME in one write, before any queued request.

@@ -53,7 +53,17 @@ boost::system::error_code multiplexer::drain(std::size_t max_replies, bool& more
     reply r;
     switch (parser_.next(r)) {
       case resp_parser::result::need_more: return {};
-      case resp_parser::result::error: protocol_error_ = parser_.error_message(); return error::protocol_error;
+      case resp_parser::result::error:
+        protocol_error_ = parser_.error_message();
+        // The reply that cannot be read is the oldest request's: it fails, rather than go to the
+        // next connection to meet the same reply again (a read is sent again after a reconnect).
+        if (sent_ > 0) {
+          std::shared_ptr<pending> p = std::move(queue_.front());
+          queue_.pop_front();
+          --sent_;
+          p->complete(error::protocol_error, {});
+        }
+        return error::protocol_error;
       case resp_parser::result::reply:
         if (push_filter && push_filter(r)) break;
         if (sent_ == 0) {

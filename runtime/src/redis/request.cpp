@@ -19,6 +19,9 @@ bool iequals(std::string_view a, std::string_view b) {
 constexpr std::array<std::string_view, 13> blocking_commands{
     "BLPOP",  "BRPOP", "BRPOPLPUSH", "BLMOVE",    "BLMPOP",     "BZPOPMIN",  "BZPOPMAX",
     "BZMPOP", "WAIT",  "MONITOR",    "SUBSCRIBE", "PSUBSCRIBE", "SSUBSCRIBE"};
+// They change the connection itself (see request::disturbs_connection; CLIENT REPLY is told by
+// its argument).
+constexpr std::array<std::string_view, 5> connection_commands{"HELLO", "AUTH", "SELECT", "RESET", "QUIT"};
 // Their replies are pushed, not one per command: only a subscriber can carry them.
 constexpr std::array<std::string_view, 7> pubsub_commands{"SUBSCRIBE",    "PSUBSCRIBE",   "SSUBSCRIBE", "UNSUBSCRIBE",
                                                           "PUNSUBSCRIBE", "SUNSUBSCRIBE", "MONITOR"};
@@ -59,9 +62,10 @@ void request::begin_command(std::string_view command, std::size_t argc) {
     closes_multi_ = closes_multi_ || !open_multi_;
     open_multi_ = false;
   }
-  hello_ = hello_ || iequals(command, "HELLO");
+  changes_connection_ = changes_connection_ || is_one_of(command, connection_commands);
   append_header(payload_, '*', argc);
   append_bulk(command);
+  client_command_ = iequals(command, "CLIENT");
 }
 
 request& request::append(const request& other) {
@@ -73,13 +77,18 @@ request& request::append(const request& other) {
   const bool was_open = open_multi_;
   closes_multi_ = closes_multi_ || (!was_open && other.closes_multi_);
   open_multi_ = other.open_multi_ || (was_open && !other.closes_multi_);
-  hello_ = hello_ || other.hello_;
+  changes_connection_ = changes_connection_ || other.changes_connection_;
+  client_command_ = false;
   return *this;
 }
 
 // Arguments are mostly short (keys, tokens, numbers): header, bytes and CRLF are put together on
 // the stack and appended at once, one append instead of five.
 void request::append_bulk(std::string_view arg) {
+  if (client_command_) {  // CLIENT's subcommand
+    client_command_ = false;
+    changes_connection_ = changes_connection_ || iequals(arg, "REPLY");
+  }
   char buf[128];
   std::size_t n = format_header(buf, '$', arg.size());
   if (n + arg.size() + 2 <= sizeof buf) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -23,6 +24,10 @@ struct config {
   std::chrono::milliseconds health_interval{1000};
   std::chrono::milliseconds reconnect_wait_min{50};
   std::chrono::milliseconds reconnect_wait_max{2000};
+  /// A subscriber keeps at most this many messages that no receiver took yet. One more drops
+  /// them all for a notice (message::confirmation, as after a reconnect: receivers re-check
+  /// what they wait for), logged at warn and kept as last_error().
+  std::size_t max_queued_messages = 10000;
 
   /// Parses `redis://[[user]:password@]host[:port][/db]` or `unix:///path[?db=N]`.
   /// Throws std::invalid_argument whose message names the part that is wrong.

@@ -56,10 +56,13 @@ class request {
   /// True when it holds a command whose replies are pushed rather than one reply per command:
   /// (P|S)SUBSCRIBE, (P|S)UNSUBSCRIBE, MONITOR. Only a subscriber carries these.
   bool has_pubsub_command() const noexcept { return pubsub_; }
-  /// True when it would put the connection's replies out of step for every other request: a
-  /// MULTI whose EXEC or DISCARD is not in the same request (other coroutines' commands would
-  /// join the transaction), or HELLO (it switches the protocol; the handshake does AUTH).
-  bool disturbs_connection() const noexcept { return open_multi_ || hello_; }
+  /// True when it would disturb every other request on the connection: a MULTI whose EXEC or
+  /// DISCARD is not in the same request (other coroutines' commands would join the transaction);
+  /// HELLO (switches the protocol), CLIENT REPLY (OFF and SKIP leave commands without a reply) and
+  /// QUIT, which put the replies out of step; AUTH, SELECT and RESET, which change what the
+  /// connection is until a reconnect silently undoes it (config's user, password and database
+  /// are the way to set them).
+  bool disturbs_connection() const noexcept { return open_multi_ || changes_connection_; }
 
   request_options options;
 
@@ -111,9 +114,10 @@ class request {
   std::size_t commands_ = 0;
   bool blocking_ = false;
   bool pubsub_ = false;
-  bool open_multi_ = false;    // a MULTI not yet followed by EXEC or DISCARD
-  bool closes_multi_ = false;  // an EXEC or DISCARD before any MULTI: ends one opened before it
-  bool hello_ = false;
+  bool open_multi_ = false;          // a MULTI not yet followed by EXEC or DISCARD
+  bool closes_multi_ = false;        // an EXEC or DISCARD before any MULTI: ends one opened before it
+  bool changes_connection_ = false;  // HELLO, AUTH, SELECT, RESET, QUIT, CLIENT REPLY
+  bool client_command_ = false;      // the last command is CLIENT: its next argument is read
 };
 
 }  // namespace jobrt::redis
