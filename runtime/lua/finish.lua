@@ -33,7 +33,9 @@
 -- that result back and changes nothing but the next jobs' leases (renewed, or reported as not
 -- leased when reaped meanwhile); without it, a keep would take a second job off its group, and
 -- a burst's next job leased by the first run would belong to nobody. A resent call's next jobs
--- come without followers.
+-- come without followers. A record lasts 10 minutes after its worker's last call; a call sent
+-- again later runs afresh, and still changes nothing: its items that ended their lease find no
+-- lease, and a keep finds its follower at the head already.
 local ready, active, fence_key, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ids, dead, dead_info, answers = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local delayed, paused, parked, jumps = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
@@ -222,13 +224,20 @@ for i = 1, n do
       if grouped and jumped(lane) then redis.call('SREM', jumps, string.sub(lane, 3)) end
     end
     if kind == 'k' then
-      local unique_id = ARGV[base + 2]
-      if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
       local key = prefix .. lane
-      redis.call('LPOP', key)
-      if jumped(lane) and not to_front(key, ARGV[base + 3]) then emptied = emptied + 1 end
-      completed = completed + 1
-      started = started + 1
+      local head = redis.call('LPOP', key)
+      if head and id_of(head) == ARGV[base + 3] then
+        -- The follower is the head already: this call was sent again after its record expired
+        -- (a worker cut off from the server for longer than that; its lease not reaped yet) and
+        -- ran the first time. The kept job is gone; the follower must stay.
+        redis.call('LPUSH', key, head)
+      else
+        local unique_id = ARGV[base + 2]
+        if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
+        if jumped(lane) and not to_front(key, ARGV[base + 3]) then emptied = emptied + 1 end
+        completed = completed + 1
+        started = started + 1
+      end
     elseif kind == 'a' or kind == 'f' then
       local unique_id, extra = ARGV[base + 2], ARGV[base + 3]
       local want = kind == 'a' and string.sub(extra, 1, 1) or '0'

@@ -33,7 +33,9 @@ void producer::check(const job_spec& spec) {
         fmt::format("job id '{}' is all digits, like the ids the queue assigns; give it a prefix", spec.id));
   if (spec.max_attempts < 1)
     throw std::invalid_argument(fmt::format("job max_attempts is {}; it must be at least 1", spec.max_attempts));
-  if (spec.timeout.count() < 0) throw std::invalid_argument("job timeout is negative");
+  if (spec.timeout.count() < 0 || spec.timeout > max_job_timeout)
+    throw std::invalid_argument(
+        fmt::format("job timeout is {} ms; it must be from 0 (none) to a year", spec.timeout.count()));
   if (spec.delay.count() < 0) throw std::invalid_argument("job delay is negative");
   if (spec.run_at && spec.delay.count() > 0) throw std::invalid_argument("job has both a delay and a run_at time");
   if (spec.retry_backoff) {

@@ -145,8 +145,20 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     if (opts_.lease_ttl.count() <= 0 || opts_.lease_ttl > day)
       throw std::invalid_argument(
           fmt::format("worker lease_ttl is {} ms; it must be from 1 ms to a day", opts_.lease_ttl.count()));
-    if (opts_.watchdog_period > day || opts_.reap_period > day || opts_.claim_wait > day)
-      throw std::invalid_argument("worker watchdog_period, reap_period and claim_wait must be at most a day");
+    auto check = [&](const char* name, std::chrono::milliseconds value, std::chrono::milliseconds least) {
+      if (value < least || value > day)
+        throw std::invalid_argument(
+            fmt::format("worker {} is {} ms; it must be from {} ms to a day", name, value.count(), least.count()));
+    };
+    // (0: the default, from lease_ttl; a claim_wait of 0 would ask again at once, for ever.)
+    check("watchdog_period", opts_.watchdog_period, std::chrono::milliseconds(0));
+    check("reap_period", opts_.reap_period, std::chrono::milliseconds(0));
+    check("claim_wait", opts_.claim_wait, std::chrono::milliseconds(1));
+    // Renewed less often than the lease lasts, a lease runs out between renewals: said, not
+    // refused (a test may want no renewals at all).
+    if (opts_.watchdog_period >= opts_.lease_ttl)
+      jobrt::log(log_level::warn, source_, "watchdog_period is {} ms, not below lease_ttl, {} ms: leases will run out",
+                 opts_.watchdog_period.count(), opts_.lease_ttl.count());
     if (opts_.burst == 0) opts_.burst = 1;
     // A burst's results travel in one finish call (backend: finish_parts), which takes at most
     // about a thousand.
@@ -361,8 +373,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       }
     }
     if (auto limit = r->ctx->job().timeout; limit.count() > 0) {
-      // At the deadline the handler is cancelled, and the attempt fails.
-      r->deadline.expires_after(limit);
+      // At the deadline the handler is cancelled, and the attempt fails. (The producer takes
+      // at most a year; a record written elsewhere may say more, which the clock's nanoseconds
+      // could not hold.)
+      r->deadline.expires_after(std::min(limit, max_job_timeout));
       r->deadline.async_wait([self = shared_from_this(), r](boost::system::error_code ec) {
         if (ec || r->state != job_state::running) return;
         r->timed_out = true;
@@ -758,7 +772,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // keep landed while other work had every slot, or a claimed job whose slot a follower took
   // while the claim was on its way. Stopping, one with no slot goes back instead.
   void start_or_wait(claimed_job c, std::optional<clock::time_point> valid_until = {}, bool replayed = false) {
-    if (stopping_ && busy_ >= opts_.concurrency) {
+    // Once stopping, nothing new starts: a claim that came back as the stop cut it short, a
+    // follower whose keep landed during the grace.
+    if (stopping_) {
       to_release_.push_back(std::move(c.token));
       return;
     }

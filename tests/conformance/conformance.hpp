@@ -89,10 +89,11 @@ job_spec make_job(std::string type, boost::json::value payload, std::optional<st
 }
 
 // A backend that passes every call on to another, except that finish calls wait while the gate
-// is shut: a worker's results (a keep, an ack) are held back for as long as a test wants.
+// is shut: a worker's results (a keep, an ack) are held back for as long as a test wants. Its
+// blocking claims have a gate of their own.
 class gated_backend final : public backend {
  public:
-  gated_backend(asio::any_io_executor ex, backend& inner) : inner_(inner), opened_(ex) {}
+  gated_backend(asio::any_io_executor ex, backend& inner) : inner_(inner), opened_(ex), claims_opened_(ex) {}
 
   void shut() { open_ = false; }
   void open() {
@@ -101,6 +102,12 @@ class gated_backend final : public backend {
   }
   std::size_t held_back() const { return held_back_; }  // finish calls waiting at the gate now
   void fail_next_finish() { fail_next_ = true; }        // as a call whose connection broke
+  void shut_claims() { claims_open_ = false; }
+  void open_claims() {
+    claims_open_ = true;
+    claims_opened_.cancel();
+  }
+  std::size_t claims_held() const { return claims_held_; }  // blocking claims waiting at the gate now
 
   awaitable<std::vector<finish_result>> finish(std::string queue, std::string worker, std::vector<finish_item> items,
                                                std::chrono::milliseconds lease_ttl) override {
@@ -125,7 +132,18 @@ class gated_backend final : public backend {
   }
   awaitable<std::vector<claimed_job>> claim_wait(std::string q, claim_options o,
                                                  std::chrono::milliseconds wait) override {
-    return inner_.claim_wait(std::move(q), std::move(o), wait);
+    if (claims_open_) co_return co_await inner_.claim_wait(std::move(q), std::move(o), wait);
+    // Shut: the claim is on its way and comes back when the gate opens, a cancellation or not
+    // (as the Redis backend's reply, once in hand, wins over a stop).
+    co_await asio::this_coro::throw_if_cancelled(false);
+    ++claims_held_;
+    while (!claims_open_) {
+      claims_opened_.expires_at(std::chrono::steady_clock::time_point::max());
+      co_await claims_opened_.async_wait(asio::as_tuple(use_awaitable));
+    }
+    --claims_held_;
+    co_return co_await asio::co_spawn(claims_opened_.get_executor(), inner_.claim(std::move(q), std::move(o)),
+                                      use_awaitable);
   }
   awaitable<std::vector<bool>> extend(std::string q, std::string w, std::vector<std::string> tokens,
                                       std::chrono::milliseconds ttl) override {
@@ -175,6 +193,9 @@ class gated_backend final : public backend {
   bool fail_next_ = false;
   std::size_t held_back_ = 0;
   asio::steady_timer opened_;  // parked at time_point::max(); open() wakes every waiter
+  bool claims_open_ = true;
+  std::size_t claims_held_ = 0;
+  asio::steady_timer claims_opened_;  // the same, for claims
 };
 
 struct event {

@@ -364,6 +364,9 @@ CONFORMANCE("bad input at enqueue is refused and stores nothing") {
     auto far = make_job("t", {});
     far.delay = std::chrono::hours(24 * 366 * 40000);
     CHECK((co_await refused(far)).starts_with("job delay is "));
+    auto endless = make_job("t", {});  // (in the clock's nanoseconds, it would come out negative)
+    endless.timeout = std::chrono::milliseconds::max();
+    CHECK((co_await refused(endless)) == "job timeout is 9223372036854775807 ms; it must be from 0 (none) to a year");
     // The backends check the same behind the producer's back, before they store anything.
     std::vector<encoded_job> raw(2);
     raw[0].body = raw[1].body = R"({"type":"t"})";
@@ -682,6 +685,28 @@ CONFORMANCE("job timeout: the handler is cancelled at its deadline and the attem
     auto dead = co_await b.make().dead_letters(b.queue(), 0, 10);
     REQUIRE(dead.size() == 1);
     CHECK(dead[0].error == "timed out after 100 ms");
+  });
+}
+
+CONFORMANCE("a record written elsewhere with a timeout past what the clock holds runs to its end") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    // Not through a producer, which refuses it: in the steady clock's nanoseconds it would
+    // come out negative, a deadline already past, and every run would time out.
+    std::vector<encoded_job> raw(1);
+    raw[0].body = R"({"type":"t","timeout":9223372036854775807})";
+    co_await b.make().enqueue(b.queue(), raw);
+    worker w(ctx.get_executor(), b.make(), b.worker_opts(1));
+    int ended = 0;
+    w.add_handler("t", [&](job_context&) -> awaitable<void> {
+      co_await sleep_for(std::chrono::milliseconds(20));
+      ++ended;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return w.counters().completed + w.counters().failed + w.counters().retried > 0; }));
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK(ended == 1);
+    CHECK(w.counters().completed == 1);
   });
 }
 
@@ -1180,6 +1205,53 @@ CONFORMANCE(
     CHECK(counts.completed == 3);
     CHECK(counts.running == 0);
     CHECK(counts.dead == 0);
+  });
+}
+
+CONFORMANCE("a claim that comes back as stop cuts it short is handed back unstarted, no attempt counted") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& admin = b.make();
+    gated_backend gate(ctx.get_executor(), b.make());
+    gate.shut_claims();
+    int runs = 0;
+    worker w(ctx.get_executor(), gate, b.worker_opts(4));
+    w.add_handler("t", [&](job_context&) -> awaitable<void> {
+      ++runs;
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return gate.claims_held() == 1; }));
+    producer p(admin, b.queue());
+    co_await p.enqueue(make_job("t", {}, "g"));
+    // stop() begins (stop_claim is emitted), and then the claim's answer, a lease, comes back.
+    bool stopped = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> awaitable<void> {
+          co_await w.stop(std::chrono::seconds(5));
+          stopped = true;
+        },
+        asio::detached);
+    co_await sleep_for(std::chrono::milliseconds(20));
+    gate.open_claims();
+    CHECK(co_await eventually([&] { return stopped; }));
+    CHECK(runs == 0);  // nothing new starts once stop has begun
+    CHECK(w.counters().released == 1);
+    auto counts = co_await admin.counts(b.queue());
+    CHECK(counts.running == 0);
+    CHECK(counts.ready_lanes == 1);
+    // The next worker runs it as its first attempt.
+    worker next(ctx.get_executor(), admin, b.worker_opts(1));
+    int attempt = 0;
+    next.add_handler("t", [&](job_context& c) -> awaitable<void> {
+      attempt = c.attempt();
+      co_return;
+    });
+    next.start();
+    CHECK(co_await eventually([&] { return attempt != 0; }));
+    co_await next.stop(std::chrono::seconds(5));
+    CHECK(attempt == 1);
   });
 }
 

@@ -178,6 +178,45 @@ TEST_CASE("an idle worker sends only its blocking claim and its timers' calls an
   });
 }
 
+TEST_CASE("a worker whose BLMOVE the server refuses backs off instead of asking again at once - and runs jobs") {
+  redis_server server;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis::connection admin(ctx.get_executor(), server.config());
+    admin.start();
+    co_await redis::exec(admin,
+                         redis::request("ACL", "SETUSER", "noblock", "on", ">pw", "~*", "&*", "+@all", "-blmove"));
+    auto cfg = redis::config::from_url(fmt::format("redis://noblock:pw@127.0.0.1:{}", server.port()));
+    redis_backend store(ctx.get_executor(), cfg);
+    worker_options o;
+    o.queue = "refused";
+    o.claim_wait = std::chrono::milliseconds(500);
+    worker w(ctx.get_executor(), store, o);
+    int ran = 0;
+    w.add_handler("t", [&](job_context&) -> awaitable<void> {
+      ++ran;
+      co_return;
+    });
+    w.start();
+    co_await sleep_for(std::chrono::milliseconds(2000));
+    // Refused at once, each BLMOVE came back as an empty wait: thousands a second. Now each
+    // refusal fails the claim, which backs off (100 ms, doubling).
+    auto info = (co_await redis::exec(admin, redis::request("INFO", "commandstats"))).as_string();
+    auto at = info.find("cmdstat_blmove:");
+    REQUIRE(at != std::string::npos);
+    auto rejected = std::stol(info.substr(info.find("rejected_calls=", at) + 15));
+    MESSAGE("BLMOVE refused " << rejected << " times in 2 s");
+    CHECK(rejected >= 1);
+    CHECK(rejected <= 10);
+    producer prod(store, "refused");
+    job_spec s;
+    s.type = "t";
+    co_await prod.enqueue(s);
+    for (int i = 0; i < 1000 && ran == 0; ++i) co_await sleep_for(std::chrono::milliseconds(10));
+    CHECK(ran == 1);  // a claim without BLMOVE takes it
+    co_await w.stop(std::chrono::seconds(1));
+  });
+}
+
 TEST_CASE("malformed jobs written by another producer are dead-lettered and the worker goes on") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), shared_redis());
@@ -467,6 +506,41 @@ TEST_CASE("finish sent twice: a pipelined burst's keeps and its end in one call 
     CHECK(counts.completed == 3);
     CHECK(counts.running == 0);
     CHECK(counts.groups == 0);
+  });
+}
+
+TEST_CASE("a keep sent again after its call's record expired takes no second job off its group") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    std::string queue = key_prefix() + "q";
+    auto p = redis_backend::key_prefix(queue);
+    producer prod(store, queue);
+    for (int i = 0; i < 3; ++i) {
+      job_spec s;
+      s.type = "t";
+      s.group = "g";
+      co_await prod.enqueue(s);
+    }
+    claim_options co{"w1", 1, std::chrono::seconds(30), 2};
+    auto claimed = co_await store.claim(queue, co);
+    REQUIRE(claimed.size() == 1);
+    REQUIRE(claimed[0].ahead.size() == 2);
+    redis::script finish(jobrt::lua::finish);
+    auto keys = finish_keys(p, "w1");
+    std::vector<std::string> args{"30000",          "1", "call-k", "",
+                                  claimed[0].token, "k", "",       std::string(detail::script_id(claimed[0].ahead[0]))};
+    auto first = co_await finish.run(store.connection(), keys, args);
+    CHECK(first.as_array().at(0).as_integer() == 1);
+    // The reply was lost, and the worker could not reach the server for longer than the call's
+    // record lasts; the lease is not reaped yet. The same call comes again.
+    co_await redis::exec(store.connection(), redis::request("DEL", p + "answers:w1"));
+    auto again = co_await finish.run(store.connection(), keys, args);
+    CHECK(again.as_array().at(0).as_integer() == 1);  // the lease goes on
+    auto left = co_await redis::exec(store.connection(), redis::request("LRANGE", p + "g:g", "0", "-1"));
+    REQUIRE(left.as_array().size() == 2);  // the follower and the one behind it: nothing lost
+    CHECK(detail::script_id(std::string(left.as_array()[0].as_string())) == detail::script_id(claimed[0].ahead[0]));
+    auto counts = co_await store.counts(queue);
+    CHECK(counts.completed == 1);
   });
 }
 

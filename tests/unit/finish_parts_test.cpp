@@ -114,3 +114,18 @@ TEST_CASE("a worker refuses a lease TTL or a period past a day, whose times woul
   o.watchdog_period = std::chrono::hours(25);
   CHECK_THROWS_AS(jobrt::worker(ctx.get_executor(), store, o), std::invalid_argument);
 }
+
+TEST_CASE("a worker refuses a claim_wait of 0 and a negative period, naming the field and the value") {
+  boost::asio::io_context ctx;
+  jobrt::memory_backend store(ctx.get_executor());
+  jobrt::worker_options o;
+  o.queue = "q";
+  o.claim_wait = std::chrono::milliseconds(0);  // no wait: the claim loop would spin
+  CHECK_THROWS_WITH_AS(jobrt::worker(ctx.get_executor(), store, o),
+                       "worker claim_wait is 0 ms; it must be from 1 ms to a day", std::invalid_argument);
+  o.claim_wait = std::chrono::milliseconds(1);
+  CHECK_NOTHROW(jobrt::worker(ctx.get_executor(), store, o));
+  o.reap_period = std::chrono::milliseconds(-5);
+  CHECK_THROWS_WITH_AS(jobrt::worker(ctx.get_executor(), store, o),
+                       "worker reap_period is -5 ms; it must be from 0 ms to a day", std::invalid_argument);
+}

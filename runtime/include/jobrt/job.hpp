@@ -36,6 +36,9 @@ struct backoff {
   std::chrono::milliseconds delay_after(int attempt, double random) const noexcept;
 };
 
+/// The longest time limit a job may have (job_spec::timeout).
+inline constexpr std::chrono::milliseconds max_job_timeout = std::chrono::hours(24 * 365);
+
 /// What a producer enqueues.
 struct job_spec {
   /// The handler's name. Required.
@@ -50,7 +53,7 @@ struct job_spec {
   std::string id;
   /// How many times it may start (a lease that expired counts) before it is dead-lettered.
   int max_attempts = 3;
-  /// The handler's time limit; 0: none.
+  /// The handler's time limit; 0: none. At most max_job_timeout.
   std::chrono::milliseconds timeout{0};
   /// Run no earlier than this long from now (0: at once)...
   std::chrono::milliseconds delay{0};

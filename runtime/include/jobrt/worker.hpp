@@ -98,12 +98,13 @@ struct worker_options {
   /// How long a lease lives unless renewed: a crashed worker's jobs run again after about this long.
   /// At most a day (so are the periods below).
   std::chrono::milliseconds lease_ttl{5000};
-  /// How often leases are renewed; 0: lease_ttl / 3.
+  /// How often leases are renewed; 0: lease_ttl / 3. Not below lease_ttl, leases run out
+  /// between renewals (logged at warn).
   std::chrono::milliseconds watchdog_period{0};
   /// How often this worker runs the reaper (recovers expired leases and the claims of workers
   /// whose heartbeat stopped); 0: the watchdog period. Every live worker runs it.
   std::chrono::milliseconds reap_period{0};
-  /// How long one blocking claim waits inside the backend before it is made again.
+  /// How long one blocking claim waits inside the backend before it is made again; at least 1 ms.
   std::chrono::milliseconds claim_wait{5000};
   /// How many jobs of one group in a row this worker may run before the group's lane goes back
   /// to the tail of the ready list (1: strict round robin). A claim brings a group's head with

@@ -192,6 +192,12 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
     co_return co_await claim(std::move(queue), std::move(opts));
   }
   auto jobs = parse_claimed(claimed);
+  // A BLMOVE the server refuses (a user without it in its ACL, a proxy without blocking
+  // commands) returns at once: taken for an empty wait, the worker would ask again and again.
+  // The claim behind it still ran; its jobs come first, and the next call fails.
+  if (const auto& moved = r.as_array().at(0); moved.is_error() && jobs.empty())
+    throw boost::system::system_error(error::server_error,
+                                      fmt::format("BLMOVE on {} refused: {}", cfg_.address(), moved.error_message()));
   if (jobs.size() < std::min(opts.max, max_batch)) set_idle_mark(opts.worker);
   co_return jobs;
 }
