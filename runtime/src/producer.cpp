@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <stdexcept>
 
 namespace jobrt {
@@ -107,7 +108,17 @@ boost::asio::awaitable<std::vector<enqueue_result>> producer::enqueue_bulk(std::
     auto last = std::min(encoded.size(), first + opts_.batch);
     std::vector<encoded_job> batch(std::make_move_iterator(encoded.begin() + static_cast<std::ptrdiff_t>(first)),
                                    std::make_move_iterator(encoded.begin() + static_cast<std::ptrdiff_t>(last)));
-    auto part = co_await backend_->enqueue(queue_, std::move(batch));
+    std::vector<enqueue_result> part;
+    try {
+      part = co_await backend_->enqueue(queue_, std::move(batch));
+    } catch (const std::exception& e) {
+      if (first == 0) throw;  // the first batch: the backend's error tells it all, as for enqueue
+      std::throw_with_nested(partial_enqueue(
+          fmt::format("enqueue_bulk on queue '{}': jobs 1 to {} of {} are stored; the batch after them failed ({}) "
+                      "and the rest were not sent",
+                      queue_, first, encoded.size(), e.what()),
+          std::move(results)));
+    }
     results.insert(results.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
   }
   co_return results;

@@ -23,7 +23,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <stdexcept>
 #include <string_view>
 
 namespace asio = boost::asio;
@@ -100,8 +102,9 @@ class gated_backend final : public backend {
     open_ = true;
     opened_.cancel();
   }
-  std::size_t held_back() const { return held_back_; }  // finish calls waiting at the gate now
-  void fail_next_finish() { fail_next_ = true; }        // as a call whose connection broke
+  std::size_t held_back() const { return held_back_; }                      // finish calls waiting at the gate now
+  void fail_next_finish() { fail_next_ = true; }                            // as a call whose connection broke
+  void fail_enqueue_after(int calls) { enqueues_before_failure_ = calls; }  // the next one after them throws
   void shut_claims() { claims_open_ = false; }
   void open_claims() {
     claims_open_ = true;
@@ -125,6 +128,10 @@ class gated_backend final : public backend {
   }
 
   awaitable<std::vector<enqueue_result>> enqueue(std::string q, std::vector<encoded_job> jobs) override {
+    if (enqueues_before_failure_ && (*enqueues_before_failure_)-- == 0) {
+      enqueues_before_failure_.reset();
+      throw std::runtime_error("enqueue failed (injected)");
+    }
     return inner_.enqueue(std::move(q), std::move(jobs));
   }
   awaitable<std::vector<claimed_job>> claim(std::string q, claim_options o) override {
@@ -193,6 +200,7 @@ class gated_backend final : public backend {
   bool fail_next_ = false;
   std::size_t held_back_ = 0;
   asio::steady_timer opened_;  // parked at time_point::max(); open() wakes every waiter
+  std::optional<int> enqueues_before_failure_;
   bool claims_open_ = true;
   std::size_t claims_held_ = 0;
   asio::steady_timer claims_opened_;  // the same, for claims

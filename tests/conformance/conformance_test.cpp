@@ -688,6 +688,51 @@ CONFORMANCE("job timeout: the handler is cancelled at its deadline and the attem
   });
 }
 
+CONFORMANCE("enqueue_bulk that fails after a batch was stored says how many jobs are stored") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    gated_backend gate(ctx.get_executor(), b.make());
+    producer_options po;
+    po.batch = 2;
+    producer p(gate, b.queue(), po);
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 5; ++i) specs.push_back(make_job("t", {{"i", i}}));
+    gate.fail_enqueue_after(1);  // batches of 2, 2 and 1: the second fails
+    std::size_t stored = 0;
+    std::string what, nested;
+    try {
+      co_await p.enqueue_bulk(std::move(specs));
+    } catch (const partial_enqueue& e) {
+      stored = e.stored();
+      what = e.what();
+      try {
+        std::rethrow_if_nested(e);
+      } catch (const std::exception& inner) {
+        nested = inner.what();
+      }
+    }
+    CHECK(stored == 2);
+    CHECK(what.find("jobs 1 to 2 of 5 are stored") != std::string::npos);
+    CHECK(what.find("enqueue failed (injected)") != std::string::npos);
+    CHECK(nested == "enqueue failed (injected)");
+    CHECK((co_await b.make().counts(b.queue())).enqueued == 2);
+    // Failing in the first batch, nothing is stored: the backend's own error, as for enqueue.
+    gate.fail_enqueue_after(0);
+    std::string first;
+    std::vector<job_spec> two;
+    two.push_back(make_job("t", {}));
+    two.push_back(make_job("t", {}));
+    try {
+      co_await p.enqueue_bulk(std::move(two));
+    } catch (const partial_enqueue&) {
+      first = "partial";
+    } catch (const std::exception& e) {
+      first = e.what();
+    }
+    CHECK(first == "enqueue failed (injected)");
+  });
+}
+
 CONFORMANCE("a record written elsewhere with a timeout past what the clock holds runs to its end") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

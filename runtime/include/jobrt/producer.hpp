@@ -8,6 +8,7 @@
 #include <boost/asio/awaitable.hpp>
 
 #include <cstddef>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,22 @@ struct producer_options {
   grouping_rules rules;
 };
 
+/// enqueue_bulk failed after some of its batches were stored: the first stored() jobs are on the
+/// queue (their results in results()); the failed batch may or may not be (a connection lost
+/// after the write), the rest were not sent. Thrown nested (std::throw_with_nested) around the
+/// backend's error. Sending the whole call again enqueues the stored jobs twice, unless they
+/// have ids of their own.
+class partial_enqueue : public std::runtime_error {
+ public:
+  partial_enqueue(const std::string& what, std::vector<enqueue_result> stored)
+      : std::runtime_error(what), results_(std::move(stored)) {}
+  std::size_t stored() const noexcept { return results_.size(); }
+  const std::vector<enqueue_result>& results() const noexcept { return results_; }
+
+ private:
+  std::vector<enqueue_result> results_;
+};
+
 /// Puts jobs on one queue. Cheap to copy; the backend must outlive it. Thread-safe.
 class producer {
  public:
@@ -32,7 +49,8 @@ class producer {
   /// nothing stored; backend errors propagate as exceptions.
   boost::asio::awaitable<enqueue_result> enqueue(job_spec spec);
   /// Enqueues many, in order, in batches of options().batch. Every job is checked before any is
-  /// stored: one bad job refuses the whole call.
+  /// stored: one bad job refuses the whole call. A backend error in the first batch propagates
+  /// as it is (nothing stored); in a later one, as partial_enqueue.
   boost::asio::awaitable<std::vector<enqueue_result>> enqueue_bulk(std::vector<job_spec> specs);
 
   /// Parses a payload given as text; throws std::invalid_argument when it is not JSON.
