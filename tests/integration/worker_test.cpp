@@ -217,6 +217,69 @@ TEST_CASE("a worker whose BLMOVE the server refuses backs off instead of asking 
   });
 }
 
+TEST_CASE("stop ends an idle worker's blocking claim at once - the claim behind it answers, and its lease goes back") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    std::string queue = key_prefix() + "q";
+    auto p = redis_backend::key_prefix(queue);
+    worker_options o;
+    o.queue = queue;
+    o.id = "w-unblock";
+    o.claim_wait = std::chrono::seconds(5);
+    worker w(ctx.get_executor(), store, o);
+    int runs = 0;
+    w.add_handler("t", [&](job_context&) -> awaitable<void> {
+      ++runs;
+      co_return;
+    });
+    w.start();
+    co_await sleep_for(std::chrono::milliseconds(300));  // idle: BLMOVE waits on ready
+    // A lane in the worker's claimed list, which BLMOVE does not watch and the claim behind it
+    // takes first: as if BLMOVE had returned it just as the stop came. Abandoned, that claim
+    // never ran (the connection was dropped under BLMOVE), or its lease was left to expire.
+    co_await redis::exec(store.connection(),
+                         redis::request("RPUSH", p + "claimed:w-unblock", R"(j:0|x-1|{"type":"t"})"));
+    auto before = std::chrono::steady_clock::now();
+    co_await w.stop(std::chrono::seconds(1));
+    auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - before);
+    MESSAGE("stop took " << took.count() << " ms");
+    CHECK(took < std::chrono::milliseconds(1000));  // not the 5 s of claim_wait
+    CHECK(runs == 0);
+    CHECK(w.counters().released == 1);
+    auto ready = co_await redis::exec(store.connection(), redis::request("LRANGE", p + "ready", "0", "-1"));
+    REQUIRE(ready.as_array().size() == 1);
+    CHECK(ready.as_array()[0].as_string() == R"(j:0|x-1|{"type":"t"})");  // no attempt counted
+    auto active = co_await redis::exec(store.connection(), redis::request("ZCARD", p + "active"));
+    CHECK(active.as_integer() == 0);
+  });
+}
+
+TEST_CASE("stop ends an idle worker's blocking claim soon also where CLIENT UNBLOCK is refused") {
+  redis_server server;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis::connection admin(ctx.get_executor(), server.config());
+    admin.start();
+    // Least privilege as Redis's docs show it: everything but the dangerous commands, among
+    // them CLIENT UNBLOCK.
+    co_await redis::exec(admin,
+                         redis::request("ACL", "SETUSER", "worker", "on", ">pw", "~*", "&*", "+@all", "-@dangerous"));
+    redis_backend store(ctx.get_executor(),
+                        redis::config::from_url(fmt::format("redis://worker:pw@127.0.0.1:{}", server.port())));
+    worker_options o;
+    o.queue = "q";
+    o.claim_wait = std::chrono::seconds(5);
+    worker w(ctx.get_executor(), store, o);
+    w.add_handler("t", [](job_context&) -> awaitable<void> { co_return; });
+    w.start();
+    co_await sleep_for(std::chrono::milliseconds(300));  // idle: BLMOVE waits on ready
+    auto before = std::chrono::steady_clock::now();
+    co_await w.stop(std::chrono::seconds(1));
+    auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - before);
+    MESSAGE("stop took " << took.count() << " ms");
+    CHECK(took < std::chrono::milliseconds(2000));  // not the 5 s of claim_wait
+  });
+}
+
 TEST_CASE("malformed jobs written by another producer are dead-lettered and the worker goes on") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), shared_redis());

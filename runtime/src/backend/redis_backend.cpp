@@ -1,3 +1,4 @@
+#include <jobrt/log.hpp>
 #include <jobrt/redis_backend.hpp>
 
 #include "backend/finish_parts.hpp"
@@ -8,6 +9,7 @@
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/this_coro.hpp>
@@ -120,6 +122,9 @@ asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string 
   co_return out;
 }
 
+// How long a stopping worker's blocking claim may take to answer once CLIENT UNBLOCK is sent.
+constexpr std::chrono::milliseconds unblock_wait{500};
+
 // Lua's unpack() takes a few thousand values at most, and a script that fails halfway does not
 // roll back: calls stay below that.
 constexpr std::size_t max_batch = 1000;
@@ -176,8 +181,27 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
                          fmt::format("{:.3f}", static_cast<double>(wait.count()) / 1000.0));
   wait_and_claim.append(claim_request(p, opts));
   wait_and_claim.options.timeout = wait + cfg_.health_interval * 2 + std::chrono::seconds(1);
-  auto [ec, r] =
-      co_await blocking_for(opts.worker).async_exec(std::move(wait_and_claim), asio::as_tuple(asio::use_awaitable));
+  // A cancellation (a worker's stop) cuts the request short only while it waits to be written.
+  // Once written, BLMOVE may have returned and the claim leased jobs, whose reply must come:
+  // abandoned, they would run only after their leases expired, with an attempt counted. So the
+  // wait is ended instead: CLIENT UNBLOCK makes BLMOVE return as if it timed out, and the claim
+  // behind it runs and answers at once. When no reply comes soon after all (UNBLOCK refused by
+  // an ACL or sent before BLMOVE arrived, or the server silent), the request is abandoned and
+  // the connection made again, as for any cancellation: a stop takes that long at most.
+  wait_and_claim.options.keep_once_written = true;
+  wait_and_claim.options.written_cancel_wait = unblock_wait;
+  auto& blocking = blocking_for(opts.worker);
+  auto stop = (co_await asio::this_coro::cancellation_state).slot();
+  auto inner = std::make_shared<asio::cancellation_signal>();
+  if (stop.is_connected()) {
+    stop.assign([this, inner, &blocking](asio::cancellation_type type) {
+      inner->emit(type);
+      unblock(blocking.client_id());
+    });
+  }
+  auto [ec, r] = co_await blocking.async_exec(
+      std::move(wait_and_claim), asio::bind_cancellation_slot(inner->slot(), asio::as_tuple(asio::use_awaitable)));
+  if (stop.is_connected()) stop.clear();
   if (ec) {
     auto cs = co_await asio::this_coro::cancellation_state;
     if (cs.cancelled() != asio::cancellation_type::none)
@@ -200,6 +224,18 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
                                       fmt::format("BLMOVE on {} refused: {}", cfg_.address(), moved.error_message()));
   if (jobs.size() < std::min(opts.max, max_batch)) set_idle_mark(opts.worker);
   co_return jobs;
+}
+
+void redis_backend::unblock(std::int64_t client_id) {
+  if (client_id == 0) return;  // not connected: the request waits, and the cancellation removes it
+  conn_.async_exec(request("CLIENT", "UNBLOCK", client_id),
+                   [address = cfg_.address()](boost::system::error_code ec, reply r) {
+                     if (ec == error::server_error)
+                       jobrt::log(log_level::warn, "redis",
+                                  "CLIENT UNBLOCK refused by {}: {}; a stopping worker drops its blocking connection "
+                                  "after {} ms instead",
+                                  address, r.is_error() ? r.error_message() : std::string_view(), unblock_wait.count());
+                   });
 }
 
 bool redis_backend::take_idle_mark(const std::string& worker) {

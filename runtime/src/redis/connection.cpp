@@ -195,7 +195,11 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         if (!self) return;
         asio::post(self->strand_, [self, weak_op] {
           auto o = weak_op.lock();
-          if (o && !(o->written() && o->keep_once_written())) self->cancel(*o, asio::error::operation_aborted);
+          if (!o || o->done()) return;
+          if (!(o->written() && o->keep_once_written()))
+            self->cancel(*o, asio::error::operation_aborted);
+          else if (o->written_cancel_wait().count() > 0)
+            self->cut_deadline(*o, clock::now() + o->written_cancel_wait());
         });
       });
     }
@@ -277,6 +281,15 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       deadline_timer_.expires_at(deadline);  // wakes deadline_loop, which re-arms
     }
     wake_writer();
+  }
+
+  // A written request's deadline comes sooner (request_options::written_cancel_wait).
+  void cut_deadline(pending& op, clock::time_point t) {
+    op.cut_deadline(t);
+    if (op.deadline() < armed_deadline_) {
+      armed_deadline_ = op.deadline();
+      deadline_timer_.expires_at(armed_deadline_);  // wakes deadline_loop, which re-arms
+    }
   }
 
   void send_internal(request req, std::size_t replies, internal_op::callback cb) {

@@ -12,6 +12,7 @@ pending::pending(std::string payload, std::size_t replies, const request_options
       deadline_(opts.timeout.count() > 0 ? clock::now() + opts.timeout : clock::time_point::max()),
       resend_safe_(opts.resend_safe),
       keep_once_written_(opts.keep_once_written),
+      written_cancel_wait_(opts.written_cancel_wait),
       blocking_(blocking) {}
 
 void pending::complete(boost::system::error_code ec, reply r) {

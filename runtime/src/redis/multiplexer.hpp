@@ -34,6 +34,11 @@ class pending {
   bool keep_once_written() const noexcept { return keep_once_written_; }
   bool blocking() const noexcept { return blocking_; }
   clock::time_point deadline() const noexcept { return deadline_; }
+  std::chrono::milliseconds written_cancel_wait() const noexcept { return written_cancel_wait_; }
+  /// Brings the deadline forward to `t` (never back).
+  void cut_deadline(clock::time_point t) noexcept {
+    if (t < deadline_) deadline_ = t;
+  }
   std::size_t expected_replies() const noexcept { return expected_; }
 
  protected:
@@ -55,6 +60,7 @@ class pending {
   clock::time_point deadline_;
   bool resend_safe_;
   bool keep_once_written_;
+  std::chrono::milliseconds written_cancel_wait_;
   bool blocking_;
   bool written_ = false;
   bool done_ = false;  // completed; if still queued, its reply is read and dropped

@@ -23,6 +23,10 @@ struct request_options {
   /// delivered (a write whose result the caller must see, such as a claim that leases jobs).
   /// A timeout still applies.
   bool keep_once_written = false;
+  /// With keep_once_written: a cancellation that comes once the request is written ends it
+  /// after all when its reply has not come this long after (it times out then: abandoned, and a
+  /// blocking connection made again). 0: the reply is waited for, up to the timeout.
+  std::chrono::milliseconds written_cancel_wait{0};
 };
 
 /// A pipeline of commands. Arguments are binary safe: strings, string_views, integers, and
