@@ -121,6 +121,14 @@ asio::awaitable<void> bounded(asio::any_io_executor ex, asio::awaitable<void> ca
   co_await bounded(std::move(ex), wrapped(std::move(call)), limit, what);
 }
 
+// A call that `stop` ends (it throws then): a loop's call in flight when the worker stops, which
+// would otherwise hold stop() up for as long as its bound while the backend does not answer.
+template <class T>
+asio::awaitable<T> stoppable(asio::cancellation_signal& stop, asio::any_io_executor ex, asio::awaitable<T> call) {
+  co_return co_await asio::co_spawn(std::move(ex), std::move(call),
+                                    asio::bind_cancellation_slot(stop.slot(), asio::use_awaitable));
+}
+
 }  // namespace
 
 class worker::impl : public std::enable_shared_from_this<impl> {
@@ -132,6 +140,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         opts_(std::move(opts)),
         slot_timer_(strand_),
         idle_timer_(strand_),
+        claim_pause_(strand_),
         watchdog_timer_(strand_),
         reap_timer_(strand_),
         retry_timer_(strand_),
@@ -257,23 +266,28 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // A worker that ran before under this id gets its leases back at once: they expire now and
     // the reaper, woken here, sends their jobs back (its claimed lanes it takes at its first claim).
     try {
-      auto expired = co_await bounded(self->strand_, self->backend_.expire_own(self->opts_.queue, self->opts_.id),
-                                      self->opts_.lease_ttl, "expiring this worker's previous leases");
+      auto expired =
+          co_await stoppable(self->stop_claim_, self->strand_,
+                             bounded(self->strand_, self->backend_.expire_own(self->opts_.queue, self->opts_.id),
+                                     self->opts_.lease_ttl, "expiring this worker's previous leases"));
       if (expired > 0) {
         jobrt::log(log_level::info, self->source_, "{} leases of this worker's previous run expired", expired);
         self->reap_now_ = true;  // seen by the reaper even if it is in a call now
         self->reap_timer_.cancel();
       }
     } catch (const std::exception& e) {
-      jobrt::log(log_level::warn, self->source_, "expiring this worker's previous leases failed: {}", e.what());
+      if (!self->stopping_)
+        jobrt::log(log_level::warn, self->source_, "expiring this worker's previous leases failed: {}", e.what());
     }
     try {
       std::vector<std::string> none;
-      co_await bounded(self->strand_,
-                       self->backend_.extend(self->opts_.queue, self->opts_.id, std::move(none), self->opts_.lease_ttl),
-                       self->opts_.lease_ttl, "the first heartbeat");
+      co_await stoppable(
+          self->stop_claim_, self->strand_,
+          bounded(self->strand_,
+                  self->backend_.extend(self->opts_.queue, self->opts_.id, std::move(none), self->opts_.lease_ttl),
+                  self->opts_.lease_ttl, "the first heartbeat"));
     } catch (const std::exception& e) {
-      jobrt::log(log_level::warn, self->source_, "first heartbeat failed: {}", e.what());
+      if (!self->stopping_) jobrt::log(log_level::warn, self->source_, "first heartbeat failed: {}", e.what());
     }
     while (!self->stopping_) {
       std::size_t free = self->opts_.concurrency > self->busy_ ? self->opts_.concurrency - self->busy_ : 0;
@@ -305,9 +319,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       if (!failure.empty()) {
         if (self->stopping_) break;
         jobrt::log(log_level::warn, self->source_, "claim failed: {} (retrying in {} ms)", failure, backoff.count());
-        // A timer, not a poll: the backend is failing, and hammering it helps nobody.
-        asio::steady_timer pause(self->strand_);
-        co_await wait_on(pause, clock::now() + backoff);
+        // A timer, not a poll: the backend is failing, and hammering it helps nobody. (Stop
+        // cuts it short.)
+        co_await wait_on(self->claim_pause_, clock::now() + backoff);
         backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
         continue;
       }
@@ -870,9 +884,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       for (const auto& item : self->pending_finish_) add(item.token);
       auto sent = clock::now();
       try {
-        auto held = co_await bounded(
-            self->strand_, self->backend_.extend(self->opts_.queue, self->opts_.id, tokens, self->opts_.lease_ttl),
-            period, "lease renewal");
+        auto held = co_await stoppable(
+            self->watch_stop_, self->strand_,
+            bounded(self->strand_,
+                    self->backend_.extend(self->opts_.queue, self->opts_.id, tokens, self->opts_.lease_ttl), period,
+                    "lease renewal"));
         {
           std::lock_guard lock(self->counters_mutex_);
           ++self->counters_.renewals;
@@ -903,7 +919,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         }
       } catch (const std::exception& e) {
         // Said out loud: a renewal that did not happen is how leases get lost.
-        jobrt::log(log_level::warn, self->source_, "lease renewal failed: {}", e.what());
+        if (!self->stopped_) jobrt::log(log_level::warn, self->source_, "lease renewal failed: {}", e.what());
       }
       std::vector<std::string> expired;
       for (auto& [token, r] : self->running_)
@@ -924,12 +940,14 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       reap_result r;
       std::string failure;
       try {
-        r = co_await bounded(self->strand_, self->backend_.reap(self->opts_.queue, ro), self->opts_.lease_ttl,
-                             "reaping");
+        r = co_await stoppable(
+            self->reap_stop_, self->strand_,
+            bounded(self->strand_, self->backend_.reap(self->opts_.queue, ro), self->opts_.lease_ttl, "reaping"));
       } catch (const std::exception& e) {
         failure = e.what();
       }
-      if (!failure.empty()) jobrt::log(log_level::warn, self->source_, "reaping failed: {}", failure);
+      if (!failure.empty() && !self->stopped_)
+        jobrt::log(log_level::warn, self->source_, "reaping failed: {}", failure);
       if (r.leases > 0 || r.lanes > 0) {
         jobrt::log(log_level::info, self->source_, "recovered {} expired leases and {} lanes of {} dead workers",
                    r.leases, r.lanes, r.workers);
@@ -1014,6 +1032,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     waiting_.clear();
     stop_claim_.emit(asio::cancellation_type::terminal);
     slot_timer_.cancel();
+    claim_pause_.cancel();
     while (started_ && claiming_) co_await wait_on(idle_timer_);
     co_await wait_for_handlers(clock::now() + grace);
     if (held_ > 0) {
@@ -1030,7 +1049,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // Their calls are bounded, so this ends even when the backend is unreachable.
     stopped_ = true;
     watchdog_timer_.cancel();
+    watch_stop_.emit(asio::cancellation_type::terminal);
     reap_timer_.cancel();
+    reap_stop_.emit(asio::cancellation_type::terminal);
     retry_timer_.cancel();
     flush_timer_.cancel();
     for (auto& call : finish_calls_) call.stop.emit(asio::cancellation_type::terminal);
@@ -1101,9 +1122,12 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   std::vector<std::string> to_release_;
   asio::steady_timer slot_timer_;         // the claim loop waits here for a free slot
   asio::steady_timer idle_timer_;         // stop waits here for handlers to finish
-  asio::cancellation_signal stop_claim_;  // cuts a blocking claim short
+  asio::cancellation_signal stop_claim_;  // cuts a blocking claim short (and the calls before the first)
+  asio::steady_timer claim_pause_;        // the claim loop's pause after a failure
   asio::steady_timer watchdog_timer_;
+  asio::cancellation_signal watch_stop_;  // ends a renewal on its way, once stop has released all
   asio::steady_timer reap_timer_;
+  asio::cancellation_signal reap_stop_;     // ends a reap on its way
   asio::steady_timer retry_timer_;          // the promoter's pause after a failure
   asio::steady_timer flush_timer_;          // the finisher's pause after a failure
   asio::cancellation_signal promote_stop_;  // ends the promoter's wait

@@ -280,6 +280,31 @@ TEST_CASE("stop ends an idle worker's blocking claim soon also where CLIENT UNBL
   });
 }
 
+TEST_CASE("stop returns soon while the server answers nothing - not after the reaper's long bound") {
+  redis_server server;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    auto cfg = server.config();
+    cfg.health_interval = std::chrono::seconds(30);  // the connection does not give up on its own first
+    redis_backend store(ctx.get_executor(), cfg);
+    worker_options o;
+    o.queue = "q";
+    o.lease_ttl = std::chrono::seconds(60);  // bounds a reap call, and the renewals' period
+    o.reap_period = std::chrono::milliseconds(100);
+    worker w(ctx.get_executor(), store, o);
+    w.add_handler("t", [](job_context&) -> awaitable<void> { co_return; });
+    w.start();
+    co_await sleep_for(std::chrono::milliseconds(300));
+    // The server stops answering (as one cut off by the network would): the next reap waits.
+    redis_cli(server.config(), {"CLIENT", "PAUSE", "30000", "ALL"});
+    co_await sleep_for(std::chrono::milliseconds(300));
+    auto before = std::chrono::steady_clock::now();
+    co_await w.stop(std::chrono::milliseconds(100));
+    auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - before);
+    MESSAGE("stop took " << took.count() << " ms");
+    CHECK(took < std::chrono::seconds(5));
+  });
+}
+
 TEST_CASE("malformed jobs written by another producer are dead-lettered and the worker goes on") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), shared_redis());

@@ -171,7 +171,8 @@ struct worker_metrics {
 
 class worker {
  public:
-  /// The backend must outlive the worker.
+  /// The backend must outlive the worker. A started worker is stopped (its stop() completed)
+  /// before it is destroyed: until then its loops run on, and call the backend.
   worker(boost::asio::any_io_executor ex, backend& b, worker_options opts);
   ~worker();
   worker(const worker&) = delete;
