@@ -62,6 +62,22 @@ std::vector<std::string> finish_keys(const std::string& p, const std::string& wo
           p + "delayed", p + "paused", p + "parked",    p + "jumped"};
 }
 
+// Three jobs in group "g", and the claim of its lane by worker "w1", with `ahead` followers.
+awaitable<claimed_job> claim_three_grouped(redis_backend& store, const std::string& queue, std::size_t ahead) {
+  producer prod(store, queue);
+  for (int i = 0; i < 3; ++i) {
+    job_spec s;
+    s.type = "t";
+    s.group = "g";
+    co_await prod.enqueue(s);
+  }
+  claim_options co{"w1", 1, std::chrono::seconds(30), ahead};
+  auto claimed = co_await store.claim(queue, co);
+  REQUIRE(claimed.size() == 1);
+  REQUIRE(claimed[0].ahead.size() == ahead);
+  co_return std::move(claimed[0]);
+}
+
 // A TCP relay to a redis-server that can hold the server's bytes: requests still reach the
 // server and run, their answers wait (a slow way back, or a client too busy to read them).
 class answer_relay {
@@ -563,24 +579,14 @@ TEST_CASE("finish sent twice: a pipelined burst's keeps and its end in one call 
     redis_backend store(ctx.get_executor(), shared_redis());
     std::string queue = key_prefix() + "q";
     auto p = redis_backend::key_prefix(queue);
-    producer prod(store, queue);
-    for (int i = 0; i < 3; ++i) {
-      job_spec s;
-      s.type = "t";
-      s.group = "g";
-      co_await prod.enqueue(s);
-    }
-    claim_options co{"w1", 1, std::chrono::seconds(30), 2};
-    auto claimed = co_await store.claim(queue, co);
-    REQUIRE(claimed.size() == 1);
-    REQUIRE(claimed[0].ahead.size() == 2);
+    auto lease = co_await claim_three_grouped(store, queue, 2);
     redis::script finish(jobrt::lua::finish);
     auto keys = finish_keys(p, "w1");
     // Two keeps (their followers' ids), then the ack that ends the lease and wants nothing next.
-    const auto& t = claimed[0].token;
+    const auto& t = lease.token;
     std::vector<std::string> args{"30000", "3", "call-p", "",
-                                  t,       "k", "",       std::string(detail::script_id(claimed[0].ahead[0])),
-                                  t,       "k", "",       std::string(detail::script_id(claimed[0].ahead[1])),
+                                  t,       "k", "",       std::string(detail::script_id(lease.ahead[0])),
+                                  t,       "k", "",       std::string(detail::script_id(lease.ahead[1])),
                                   t,       "a", "",       "00"};
     auto first = co_await finish.run(store.connection(), keys, args);
     auto again = co_await finish.run(store.connection(), keys, args);  // its reply was lost
@@ -602,21 +608,11 @@ TEST_CASE("a keep sent again after its call's record expired takes no second job
     redis_backend store(ctx.get_executor(), shared_redis());
     std::string queue = key_prefix() + "q";
     auto p = redis_backend::key_prefix(queue);
-    producer prod(store, queue);
-    for (int i = 0; i < 3; ++i) {
-      job_spec s;
-      s.type = "t";
-      s.group = "g";
-      co_await prod.enqueue(s);
-    }
-    claim_options co{"w1", 1, std::chrono::seconds(30), 2};
-    auto claimed = co_await store.claim(queue, co);
-    REQUIRE(claimed.size() == 1);
-    REQUIRE(claimed[0].ahead.size() == 2);
+    auto lease = co_await claim_three_grouped(store, queue, 2);
     redis::script finish(jobrt::lua::finish);
     auto keys = finish_keys(p, "w1");
-    std::vector<std::string> args{"30000",          "1", "call-k", "",
-                                  claimed[0].token, "k", "",       std::string(detail::script_id(claimed[0].ahead[0]))};
+    std::vector<std::string> args{"30000",     "1", "call-k", "",
+                                  lease.token, "k", "",       std::string(detail::script_id(lease.ahead[0]))};
     auto first = co_await finish.run(store.connection(), keys, args);
     CHECK(first.as_array().at(0).as_integer() == 1);
     // The reply was lost, and the worker could not reach the server for longer than the call's
@@ -626,7 +622,7 @@ TEST_CASE("a keep sent again after its call's record expired takes no second job
     CHECK(again.as_array().at(0).as_integer() == 1);  // the lease goes on
     auto left = co_await redis::exec(store.connection(), redis::request("LRANGE", p + "g:g", "0", "-1"));
     REQUIRE(left.as_array().size() == 2);  // the follower and the one behind it: nothing lost
-    CHECK(detail::script_id(std::string(left.as_array()[0].as_string())) == detail::script_id(claimed[0].ahead[0]));
+    CHECK(detail::script_id(std::string(left.as_array()[0].as_string())) == detail::script_id(lease.ahead[0]));
     auto counts = co_await store.counts(queue);
     CHECK(counts.completed == 1);
   });
@@ -637,20 +633,11 @@ TEST_CASE("finish sent twice (a resend after a lost reply) changes nothing the s
     redis_backend store(ctx.get_executor(), shared_redis());
     std::string queue = key_prefix() + "q";
     auto p = redis_backend::key_prefix(queue);
-    producer prod(store, queue);
-    for (int i = 0; i < 3; ++i) {
-      job_spec s;
-      s.type = "t";
-      s.group = "g";
-      co_await prod.enqueue(s);
-    }
-    claim_options co{"w1", 1, std::chrono::seconds(30)};
-    auto claimed = co_await store.claim(queue, co);
-    REQUIRE(claimed.size() == 1);
+    auto lease = co_await claim_three_grouped(store, queue, 0);
     redis::script finish(jobrt::lua::finish);
     auto keys = finish_keys(p, "w1");
     // token, kind, producer id, then for an ack: want next ('1') and ahead (1 follower)
-    std::vector<std::string> args{"30000", "1", "call-1", "", claimed[0].token, "a", "", "11"};
+    std::vector<std::string> args{"30000", "1", "call-1", "", lease.token, "a", "", "11"};
     auto first = co_await finish.run(store.connection(), keys, args);
     auto again = co_await finish.run(store.connection(), keys, args);
     // The same held flag, next token and record; a resend's next job comes without followers.
