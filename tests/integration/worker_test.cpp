@@ -62,6 +62,25 @@ std::vector<std::string> finish_keys(const std::string& p, const std::string& wo
           p + "delayed", p + "paused", p + "parked",    p + "jumped"};
 }
 
+// A user of `server` with every key and channel, the commands of `commands` (ACL rules such as
+// "+@all", "-blmove"), and password "pw": the config to connect as it.
+awaitable<redis::config> acl_user(redis_server& server, std::string name, std::vector<std::string> commands) {
+  redis::connection admin(co_await asio::this_coro::executor, server.config());
+  admin.start();
+  redis::request setuser("ACL", "SETUSER", name, "on", ">pw", "~*", "&*", commands);
+  co_await redis::exec(admin, std::move(setuser));
+  co_return redis::config::from_url(fmt::format("redis://{}:pw@127.0.0.1:{}", name, server.port()));
+}
+
+// How long w.stop(grace) takes.
+awaitable<std::chrono::milliseconds> timed_stop(worker& w, std::chrono::milliseconds grace) {
+  auto before = std::chrono::steady_clock::now();
+  co_await w.stop(grace);
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - before);
+  MESSAGE("stop took " << took.count() << " ms");
+  co_return took;
+}
+
 // Three jobs in group "g", and the claim of its lane by worker "w1", with `ahead` followers.
 awaitable<claimed_job> claim_three_grouped(redis_backend& store, const std::string& queue, std::size_t ahead) {
   producer prod(store, queue);
@@ -199,9 +218,8 @@ TEST_CASE("a worker whose BLMOVE the server refuses backs off instead of asking 
   run([&](asio::io_context& ctx) -> awaitable<void> {
     redis::connection admin(ctx.get_executor(), server.config());
     admin.start();
-    co_await redis::exec(admin,
-                         redis::request("ACL", "SETUSER", "noblock", "on", ">pw", "~*", "&*", "+@all", "-blmove"));
-    auto cfg = redis::config::from_url(fmt::format("redis://noblock:pw@127.0.0.1:{}", server.port()));
+    std::vector<std::string> rules{"+@all", "-blmove"};
+    auto cfg = co_await acl_user(server, "noblock", std::move(rules));
     redis_backend store(ctx.get_executor(), cfg);
     worker_options o;
     o.queue = "refused";
@@ -255,10 +273,7 @@ TEST_CASE("stop ends an idle worker's blocking claim at once - the claim behind 
     // never ran (the connection was dropped under BLMOVE), or its lease was left to expire.
     co_await redis::exec(store.connection(),
                          redis::request("RPUSH", p + "claimed:w-unblock", R"(j:0|x-1|{"type":"t"})"));
-    auto before = std::chrono::steady_clock::now();
-    co_await w.stop(std::chrono::seconds(1));
-    auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - before);
-    MESSAGE("stop took " << took.count() << " ms");
+    auto took = co_await timed_stop(w, std::chrono::seconds(1));
     CHECK(took < std::chrono::milliseconds(1000));  // not the 5 s of claim_wait
     CHECK(runs == 0);
     CHECK(w.counters().released == 1);
@@ -273,14 +288,10 @@ TEST_CASE("stop ends an idle worker's blocking claim at once - the claim behind 
 TEST_CASE("stop ends an idle worker's blocking claim soon also where CLIENT UNBLOCK is refused") {
   redis_server server;
   run([&](asio::io_context& ctx) -> awaitable<void> {
-    redis::connection admin(ctx.get_executor(), server.config());
-    admin.start();
     // Least privilege as Redis's docs show it: everything but the dangerous commands, among
     // them CLIENT UNBLOCK.
-    co_await redis::exec(admin,
-                         redis::request("ACL", "SETUSER", "worker", "on", ">pw", "~*", "&*", "+@all", "-@dangerous"));
-    redis_backend store(ctx.get_executor(),
-                        redis::config::from_url(fmt::format("redis://worker:pw@127.0.0.1:{}", server.port())));
+    std::vector<std::string> rules{"+@all", "-@dangerous"};
+    redis_backend store(ctx.get_executor(), co_await acl_user(server, "worker", std::move(rules)));
     worker_options o;
     o.queue = "q";
     o.claim_wait = std::chrono::seconds(5);
@@ -288,10 +299,7 @@ TEST_CASE("stop ends an idle worker's blocking claim soon also where CLIENT UNBL
     w.add_handler("t", [](job_context&) -> awaitable<void> { co_return; });
     w.start();
     co_await sleep_for(std::chrono::milliseconds(300));  // idle: BLMOVE waits on ready
-    auto before = std::chrono::steady_clock::now();
-    co_await w.stop(std::chrono::seconds(1));
-    auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - before);
-    MESSAGE("stop took " << took.count() << " ms");
+    auto took = co_await timed_stop(w, std::chrono::seconds(1));
     CHECK(took < std::chrono::milliseconds(2000));  // not the 5 s of claim_wait
   });
 }
@@ -313,10 +321,7 @@ TEST_CASE("stop returns soon while the server answers nothing - not after the re
     // The server stops answering (as one cut off by the network would): the next reap waits.
     redis_cli(server.config(), {"CLIENT", "PAUSE", "30000", "ALL"});
     co_await sleep_for(std::chrono::milliseconds(300));
-    auto before = std::chrono::steady_clock::now();
-    co_await w.stop(std::chrono::milliseconds(100));
-    auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - before);
-    MESSAGE("stop took " << took.count() << " ms");
+    auto took = co_await timed_stop(w, std::chrono::milliseconds(100));
     CHECK(took < std::chrono::seconds(5));
   });
 }
