@@ -162,9 +162,11 @@ int check(const args& a) {
         "usage: jobrt check [--redis URL] [--queue NAME] [--repair] [--json]\n"
         "Verifies the queue's invariants: every group with jobs has exactly one lane, lease or\n"
         "parked lane; no lane names a group without jobs; no id is taken without a pending job; no\n"
-        "job is in two places; no dead worker holds lanes. Reads the whole queue in one script\n"
-        "(O(its size); Redis is busy meanwhile). --repair fixes what it finds. Exit code 1 when\n"
-        "problems were found and not repaired.\n");
+        "job is in two places; no dead worker holds lanes. Reads the queue in small steps (pages of\n"
+        "at most 1,000 entries), so workers and other clients carry on meanwhile; what it suspects\n"
+        "is confirmed by one short atomic call each before it is reported. On a queue that workers\n"
+        "change meanwhile, the counts are as the walk saw them. --repair fixes what it confirms.\n"
+        "Exit code 1 when problems were found and not repaired.\n");
     return 0;
   }
   no_more(c.positional, 1, "check");
@@ -183,11 +185,13 @@ int check(const args& a) {
                    {"stuck_groups", r.stuck_groups},
                    {"oldest_job_age_ms", oldest_age},
                    {"repaired", r.repaired},
+                   {"calls", r.calls},
                    {"problems", problems}};
     fmt::print("{}\n", json::serialize(o));
   } else {
-    fmt::print("queue {}: {} groups with jobs, {} jobs, {} stuck groups, oldest job {} ms old\n", c.queue, r.groups,
-               r.jobs, r.stuck_groups, oldest_age);
+    fmt::print(
+        "queue {}: {} groups with jobs, {} jobs, {} stuck groups, oldest job {} ms old ({} calls to the server)\n",
+        c.queue, r.groups, r.jobs, r.stuck_groups, oldest_age, r.calls);
     for (auto& p : r.problems) fmt::print("  problem: {}\n", p);
     if (r.problems.empty()) fmt::print("  no problems\n");
     if (repair) fmt::print("  repaired {}\n", r.repaired);

@@ -4,7 +4,7 @@
 -- Returns: how many were removed.
 if #ARGV == 0 then
   local n = redis.call('ZCARD', KEYS[1])
-  redis.call('DEL', KEYS[1], KEYS[2])
+  redis.call('UNLINK', KEYS[1], KEYS[2]) -- freed in the background: a big zset's DEL would hold the server up
   return n
 end
 local n = 0

@@ -153,7 +153,8 @@ struct paused_group {
   std::int64_t at_ms = 0;
 };
 
-/// What check() found.
+/// What check() found. On a queue that workers change meanwhile, the figures are as the walk
+/// saw them (a job that moved may be counted twice or missed); the problems are confirmed.
 struct check_report {
   std::int64_t groups = 0;              ///< groups with jobs
   std::int64_t jobs = 0;                ///< jobs pending, delayed or running
@@ -161,6 +162,7 @@ struct check_report {
   std::int64_t stuck_groups = 0;        ///< groups with jobs that nothing would ever run
   std::int64_t repaired = 0;            ///< problems fixed (with repair)
   std::vector<std::string> problems;    ///< one line each; empty when every invariant holds
+  std::int64_t calls = 0;               ///< calls to the store it made, each bounded
 };
 
 enum class resume_mode {
@@ -250,8 +252,11 @@ class backend {
 
   // --- operators ---
 
-  /// Verifies the data model's invariants (see runtime/lua/check.lua) and, with repair, fixes
-  /// what it finds. Reads the whole queue at once: O(its size).
+  /// Verifies the data model's invariants and, with repair, fixes what it finds. Reads the
+  /// queue in bounded steps (pages of at most 1,000 entries), so it may run beside workers
+  /// without holding the store up; each problem it suspects is confirmed, and repaired, by one
+  /// atomic call about that group, job, worker or id (runtime/lua/check_fix.lua). O(the queue's
+  /// size) calls in all.
   virtual boost::asio::awaitable<check_report> check(std::string queue, bool repair) = 0;
 };
 

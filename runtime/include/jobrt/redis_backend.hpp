@@ -83,7 +83,7 @@ class redis_backend final : public backend {
   redis::config cfg_;
   redis::connection conn_;
   redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, requeue_, purge_,
-      check_, expire_own_;
+      check_fix_, expire_own_;
   // Wake-ups for delayed jobs: one subscriber for every queue, started on first use. The
   // wake-ups are shared with the coroutine that receives its messages, which may outlive the
   // backend briefly.

@@ -13,6 +13,6 @@ extern const char* const pause;
 extern const char* const resume;
 extern const char* const requeue;
 extern const char* const purge;
-extern const char* const check;
+extern const char* const check_fix;
 extern const char* const expire_own;
 }  // namespace jobrt::lua

@@ -3,6 +3,7 @@
 // command a step stands for where the correspondence is not obvious.
 #include <jobrt/memory_backend.hpp>
 
+#include "backend/check_walk.hpp"
 #include "backend/wakeups.hpp"
 #include "job_codec.hpp"
 
@@ -909,208 +910,139 @@ asio::awaitable<std::vector<paused_group>> memory_backend::paused_groups(std::st
   co_return out;
 }
 
-namespace {
-
-// check.lua's string.match(record, '"at":(%d+)'): the first "at": followed by digits.
-std::int64_t enqueued_at(std::string_view record) {
-  for (auto pos = record.find("\"at\":"); pos != std::string_view::npos; pos = record.find("\"at\":", pos + 1)) {
-    std::int64_t at = 0;
-    auto digits = record.substr(pos + 5);
-    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), at);
-    if (ec == std::errc{} && end != digits.data() && digits.front() != '-') return at;
-  }
-  return 0;
-}
-
-}  // namespace
-
 asio::awaitable<check_report> memory_backend::check(std::string queue, bool repair) {
   check_report out;
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(mutex_);  // the walk and every confirmation at one instant: what it finds is so
   queue_state& q = queue_locked(queue);
-  auto problem = [&](std::string text) { out.problems.push_back(std::move(text)); };
-  std::unordered_map<std::string, std::vector<std::string>> holders;
-  // check.lua's job_at with a drop: removes that copy of a job (none for a group's record or a
-  // lease, which stay). Drops run after the scan, which walks the containers they change.
-  using drop_fn = std::function<void()>;
-  struct sighting {
-    std::string where;
-    drop_fn drop;
+  detail::queue_walk walk;
+  walk.ready.assign(q.ready.begin(), q.ready.end());
+  for (auto& [worker, lanes] : q.claimed)
+    walk.claimed.emplace_back(worker, std::vector<std::string>(lanes.begin(), lanes.end()));
+  for (auto& [due, member] : q.delayed) walk.delayed.push_back(member);
+  for (auto& [token, deadline] : q.active) walk.active.push_back(token);
+  walk.parked.assign(q.parked.begin(), q.parked.end());
+  for (auto& [group, state] : q.paused) walk.paused.insert(group);
+  for (auto& [worker, deadline] : q.workers) walk.workers.insert(worker);
+  for (auto& [group, records] : q.groups)
+    walk.groups.emplace_back(group, std::vector<std::string>(records.begin(), records.end()));
+  walk.ids.assign(q.ids.begin(), q.ids.end());
+  walk.calls = 1;
+  auto suspects = detail::analyse(walk, out);
+  out.calls = walk.calls;
+
+  // check_fix.lua's confirmations, step by step.
+  auto erase_first = [](auto& list, const std::string& value) {
+    if (auto it = std::find(list.begin(), list.end(), value); it != list.end()) list.erase(it);
   };
-  std::unordered_map<std::string, sighting> seen_ids;
-  std::vector<drop_fn> drops;
-  std::unordered_map<std::string, std::vector<std::string>> leases_of;  // group -> its lease tokens
-  auto job_at = [&](const std::string& record, const std::string& where, drop_fn drop) {
-    std::size_t digits = 0;
-    while (digits < record.size() && record[digits] >= '0' && record[digits] <= '9') ++digits;
-    auto end = digits > 0 && digits < record.size() && record[digits] == '|' ? record.find('|', digits + 1)
-                                                                             : std::string::npos;
-    if (end == std::string::npos) {
-      problem(fmt::format("malformed record in {}: {}", where, record.substr(0, 60)));
-      return;
-    }
-    std::string id = record.substr(digits + 1, end - digits - 1);
-    if (auto [it, added] = seen_ids.try_emplace(id, sighting{where, drop}); !added) {
-      problem(fmt::format("job {} is in {} and in {}", id, it->second.where, where));
-      if (repair && drop) {
-        drops.push_back(std::move(drop));
-        ++out.repaired;
-      } else if (repair && it->second.drop) {
-        drops.push_back(std::move(it->second.drop));
-        it->second = sighting{where, {}};
-        ++out.repaired;
-      }
-    }
-    ++out.jobs;
-    auto at = enqueued_at(record);
-    if (at > 0 && (out.oldest_enqueued_ms == 0 || at < out.oldest_enqueued_ms)) out.oldest_enqueued_ms = at;
-  };
-  auto lane = [&](const std::string& l, const std::string& where, drop_fn drop) {
-    if (is_group_lane(l))
-      holders[l.substr(2)].push_back(where);
-    else
-      job_at(l.substr(2), where, std::move(drop));
-  };
-  // LREM ready -1 <lane>: its last copy.
-  auto drop_last_ready = [&q](std::string l) {
-    return [&q, l = std::move(l)] {
-      if (auto it = std::find(q.ready.rbegin(), q.ready.rend(), l); it != q.ready.rend())
-        q.ready.erase(std::next(it).base());
+  for (auto& group : suspects.groups) {
+    std::string lane = "g:" + group;
+    struct holder {
+      std::string where;
+      std::function<void()> remove;
+      bool lease = false;
     };
-  };
-
-  for (auto& l : q.ready) lane(l, "ready", drop_last_ready(l));
-  for (auto it = q.claimed.begin(); it != q.claimed.end();) {
-    auto& [worker, lanes] = *it;
-    for (auto& l : lanes) {
-      lane(l, "claimed:" + worker, [&q, worker = worker, l] {  // or in ready, when the repair below put it back
-        if (auto found = q.claimed.find(worker); found != q.claimed.end()) {
-          auto& list = found->second;
-          if (auto at = std::find(list.rbegin(), list.rend(), l); at != list.rend()) {
-            list.erase(std::next(at).base());
-            return;
-          }
-        }
-        if (auto at = std::find(q.ready.begin(), q.ready.end(), l); at != q.ready.end()) q.ready.erase(at);
-      });
-    }
-    if (!q.workers.contains(worker) && !lanes.empty()) {
-      problem(fmt::format("{} lanes held by worker {}, which has no heartbeat", lanes.size(), worker));
-      if (repair) {
-        q.ready.insert(q.ready.begin(), lanes.begin(), lanes.end());
-        ++out.repaired;
-        it = q.claimed.erase(it);
-        continue;
-      }
-    }
-    ++it;
-  }
-  for (auto& entry : q.delayed) {
-    auto& member = entry.second;
-    auto drop = [&q, entry] { q.delayed.erase(entry); };
-    if (member.starts_with("d:")) {
-      auto start = member.find(':', 2) + 1, colon = member.find(':', start);
-      auto n = std::stoul(member.substr(start, colon - start));
-      job_at(member.substr(colon + 1 + n), "delayed", drop);
-    } else {
-      lane(member, "delayed", drop);
-    }
-  }
-  for (auto& [token, deadline] : q.active) {
-    auto l = lane_of(token);
-    if (is_group_lane(l)) leases_of[l.substr(2)].push_back(token);
-    lane(l, "a lease", {});
-  }
-  for (auto& group : q.parked) holders[group].push_back("parked");
-
-  auto remove_lane = [&](const std::string& group, const std::string& where) {
-    std::string l = "g:" + group;
-    if (where == "ready") {
-      if (auto it = std::find(q.ready.rbegin(), q.ready.rend(), l); it != q.ready.rend())
-        q.ready.erase(std::next(it).base());
-    } else if (where == "delayed") {
-      std::erase_if(q.delayed, [&](const auto& e) { return e.second == l; });
-    } else if (where == "parked") {
-      q.parked.erase(group);
-    } else if (where.starts_with("claimed:")) {
-      auto& lanes = q.claimed[where.substr(8)];
-      if (auto it = std::find(lanes.rbegin(), lanes.rend(), l); it != lanes.rend()) lanes.erase(std::next(it).base());
-    }
-  };
-  for (auto& [group, records] : q.groups) {
-    ++out.groups;
-    for (auto& r : records) job_at(r, "group " + group, {});
-    std::vector<std::string> h;
-    if (auto found = holders.find(group); found != holders.end()) {
-      h = std::move(found->second);
-      holders.erase(found);
-    }
+    std::vector<holder> holders;
+    for (auto& l : q.ready)
+      if (l == lane) holders.push_back({"ready", [&] { erase_first(q.ready, lane); }});
+    for (auto& [worker, lanes] : q.claimed)
+      for (auto& l : lanes)
+        if (l == lane) holders.push_back({"claimed:" + worker, [&, w = worker] { erase_first(q.claimed[w], lane); }});
+    auto delayed = std::find_if(q.delayed.begin(), q.delayed.end(), [&](const auto& e) { return e.second == lane; });
+    if (delayed != q.delayed.end()) holders.push_back({"delayed", [&q, delayed] { q.delayed.erase(delayed); }});
+    for (auto& [token, deadline] : q.active)
+      if (lane_of(token) == lane) holders.push_back({"a lease", [&q, t = token] { q.active.erase(t); }, true});
+    if (q.parked.contains(group)) holders.push_back({"parked", [&] { q.parked.erase(group); }});
+    auto records = q.groups.find(group);
     bool is_paused = q.paused.contains(group);
-    if (h.empty()) {
-      ++out.stuck_groups;
-      problem(fmt::format("group {} has {} jobs and no lane, lease or parked lane", group, records.size()));
-      if (repair) {
-        if (is_paused)
-          q.parked.insert(group);
-        else
-          q.ready.push_back("g:" + group);
-        ++out.repaired;
-      }
-    } else if (h.size() > 1) {
-      problem(fmt::format("group {} has {} lanes: {}", group, h.size(), fmt::join(h, ", ")));
-      if (repair) {  // keep a lease if there is one (it cannot be dropped), else the first holder
-        std::size_t keep = 0;
-        for (std::size_t i = 0; i < h.size(); ++i)
-          if (h[i] == "a lease") keep = i;
-        for (std::size_t i = 0; i < h.size(); ++i)
-          if (i != keep) remove_lane(group, h[i]);
-        ++out.repaired;
-      }
-    }
-    if (!h.empty() && h.front() == "parked" && !is_paused) {
-      problem(fmt::format("group {} is parked but not paused", group));
-      if (repair) {
-        q.parked.erase(group);
-        q.ready.push_back("g:" + group);
-        ++out.repaired;
-      }
-    }
-  }
-  for (auto& [group, h] : holders) {  // lanes of groups without jobs
-    for (auto& where : h) {
-      if (where == "parked") {
-        if (repair) q.parked.erase(group);
-        continue;
-      }
-      problem(fmt::format("a lane of group {}, which has no jobs, is in {}", group, where));
-      if (repair) {
-        std::string l = "g:" + group;
-        if (where == "ready") {
-          std::erase(q.ready, l);
-        } else if (where == "a lease") {
-          q.active.erase(leases_of[group].back());
-          leases_of[group].pop_back();
-        } else if (where == "delayed") {
-          std::erase_if(q.delayed, [&](const auto& e) { return e.second == l; });
-        } else if (where.starts_with("claimed:")) {
-          std::erase(q.claimed[where.substr(8)], l);
+    if (records != q.groups.end() && !records->second.empty()) {
+      if (holders.empty()) {
+        ++out.stuck_groups;
+        out.problems.push_back(detail::stuck_problem(group, static_cast<std::int64_t>(records->second.size())));
+        if (repair) {
+          if (is_paused)
+            q.parked.insert(group);
+          else
+            q.ready.push_back(lane);
+          ++out.repaired;
         }
-        ++out.repaired;
+      } else if (holders.size() > 1) {
+        std::vector<std::string> where;
+        for (auto& h : holders) where.push_back(h.where);
+        out.problems.push_back(detail::lanes_problem(group, where));
+        if (repair) {  // keep a lease if there is one (it cannot be dropped), else the first holder
+          std::size_t keep = 0;
+          for (std::size_t i = 0; i < holders.size(); ++i)
+            if (holders[i].lease) keep = i;
+          for (std::size_t i = 0; i < holders.size(); ++i)
+            if (i != keep && !holders[i].lease) holders[i].remove();
+          ++out.repaired;
+        }
+      }
+      if (!holders.empty() && holders.front().where == "parked" && !is_paused) {
+        out.problems.push_back(detail::parked_problem(group));
+        if (repair) {
+          q.parked.erase(group);
+          q.ready.push_back(lane);
+          ++out.repaired;
+        }
+      }
+    } else {
+      for (auto& h : holders) {
+        if (h.where != "parked") out.problems.push_back(detail::empty_group_problem(group, h.where));
+        if (repair) {
+          h.remove();
+          if (h.where != "parked") ++out.repaired;
+        }
       }
     }
   }
-  for (auto& drop : drops) drop();
-  for (auto it = q.ids.begin(); it != q.ids.end();) {
-    if (seen_ids.contains(*it)) {
-      ++it;
-      continue;
-    }
-    problem(fmt::format("id {} is taken but no pending job has it", *it));
-    if (repair) {
-      it = q.ids.erase(it);
+  for (auto& c : suspects.copies) {
+    // Whether a copy is where the walk saw it, and what drops it.
+    auto find = [&](const detail::job_place& p) -> std::function<void()> {
+      using kind = detail::job_place::kind;
+      auto in = [&](auto& list) -> std::function<void()> {
+        if (std::find(list.begin(), list.end(), p.member) == list.end()) return {};
+        return [&list, &erase_first, m = p.member] { erase_first(list, m); };
+      };
+      switch (p.where) {
+        case kind::ready: return in(q.ready);
+        case kind::claimed: return q.claimed.contains(p.key) ? in(q.claimed[p.key]) : nullptr;
+        case kind::group: return q.groups.contains(p.key) ? in(q.groups[p.key]) : nullptr;
+        case kind::lease: return q.active.contains(p.member) ? [] {} : std::function<void()>{};
+        case kind::delayed: {
+          auto it =
+              std::find_if(q.delayed.begin(), q.delayed.end(), [&](const auto& e) { return e.second == p.member; });
+          if (it == q.delayed.end()) return {};
+          return [&q, it] { q.delayed.erase(it); };
+        }
+      }
+      return {};
+    };
+    auto first = find(c.first), second = find(c.second);
+    if (!first || !second) continue;
+    out.problems.push_back(detail::copy_problem(c.id, c.first, c.second));
+    if (repair && (c.second.droppable() || c.first.droppable())) {
+      (c.second.droppable() ? second : first)();
       ++out.repaired;
-    } else {
-      ++it;
+    }
+  }
+  for (auto& worker : suspects.dead_workers) {
+    auto found = q.claimed.find(worker);
+    if (found == q.claimed.end() || found->second.empty() || q.workers.contains(worker)) continue;
+    out.problems.push_back(detail::dead_worker_problem(worker, found->second.size()));
+    if (repair) {
+      q.ready.insert(q.ready.begin(), found->second.begin(), found->second.end());
+      q.claimed.erase(found);
+      ++out.repaired;
+    }
+  }
+  // (No second walk for ids, as Redis has: this one was at one instant.)
+  for (auto& id : suspects.ids) {
+    if (!q.ids.contains(id)) continue;
+    out.problems.push_back(detail::id_problem(id));
+    if (repair) {
+      q.ids.erase(id);
+      ++out.repaired;
     }
   }
   if (out.repaired > 0) wake_locked(q, q.ready.size());  // lanes made ready: waiting claims take them

@@ -1,6 +1,7 @@
 #include <jobrt/log.hpp>
 #include <jobrt/redis_backend.hpp>
 
+#include "backend/check_walk.hpp"
 #include "backend/finish_parts.hpp"
 #include "backend/lua_scripts.hpp"
 #include "backend/wakeups.hpp"
@@ -20,6 +21,7 @@
 #include <atomic>
 #include <charconv>
 #include <random>
+#include <unordered_set>
 
 namespace jobrt {
 namespace {
@@ -78,7 +80,7 @@ redis_backend::redis_backend(asio::any_io_executor ex, redis::config cfg)
       resume_(lua::resume),
       requeue_(lua::requeue),
       purge_(lua::purge),
-      check_(lua::check),
+      check_fix_(lua::check_fix),
       expire_own_(lua::expire_own),
       wakeups_(std::make_shared<detail::wakeups>()) {
   std::random_device random;
@@ -638,20 +640,210 @@ asio::awaitable<std::vector<paused_group>> redis_backend::paused_groups(std::str
   co_return out;
 }
 
+namespace {
+
+// check's walk: every structure of a queue read in pages, each call bounded (a list's page, a
+// SCAN step) so that no call holds the server up, however big the queue is.
+constexpr std::size_t page = 1000;
+// How far check_fix.lua searches a long list from each end in one call: LPOS compares about 45
+// million entries a second here, so two searches of this many take about 10 ms.
+constexpr std::size_t search_bound = 200000;
+
+// A SCAN MATCH pattern matching `text` literally (a queue's name may hold glob characters).
+std::string glob_literal(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+asio::awaitable<reply> read(redis::connection& conn, request req, std::int64_t& calls) {
+  req.options.resend_safe = true;
+  calls += static_cast<std::int64_t>(req.size());
+  co_return co_await redis::exec(conn, std::move(req));
+}
+
+// A whole list, page by page; on a list that changes meanwhile an entry may be missed or read
+// twice (check confirms what it suspects).
+asio::awaitable<std::vector<std::string>> read_list(redis::connection& conn, std::string key, std::int64_t& calls) {
+  std::vector<std::string> out;
+  for (std::size_t at = 0;; at += page) {
+    reply r = co_await read(conn, request("LRANGE", key, at, at + page - 1), calls);
+    for (auto& e : r.as_array()) out.push_back(e.as_string());
+    if (r.as_array().size() < page) co_return out;
+  }
+}
+
+// A whole set, zset or hash by (S|Z|H)SCAN: every element present from start to end is seen at
+// least once; `stride` 2 keeps the members of a zset's or hash's pairs.
+asio::awaitable<std::vector<std::string>> read_scan(redis::connection& conn, std::string_view command, std::string key,
+                                                    std::size_t stride, std::int64_t& calls) {
+  std::vector<std::string> out;
+  std::unordered_set<std::string> seen;
+  std::string cursor = "0";
+  do {
+    reply r = co_await read(conn, request(command, key, cursor, "COUNT", page), calls);
+    cursor = r.as_array().at(0).as_string();
+    const auto& items = r.as_array().at(1).as_array();
+    for (std::size_t i = 0; i < items.size(); i += stride)
+      if (seen.insert(items[i].as_string()).second) out.push_back(items[i].as_string());
+  } while (cursor != "0");
+  co_return out;
+}
+
+asio::awaitable<std::vector<std::string>> read_stats(redis::connection& conn, const std::string& key,
+                                                     std::int64_t& calls) {
+  reply r = co_await read(conn, request("HGETALL", key), calls);
+  std::vector<std::string> out;
+  for (auto& e : r.as_array()) out.push_back(e.as_string());
+  co_return out;
+}
+
+asio::awaitable<detail::queue_walk> walk(redis::connection& conn, std::string p, std::vector<std::string>& stats) {
+  detail::queue_walk w;
+  stats = co_await read_stats(conn, p + "stats", w.calls);
+  w.ready = co_await read_list(conn, p + "ready", w.calls);
+  // The queue's group lists and claimed lists: one SCAN of its keys, a page at a time.
+  std::vector<std::string> groups, claimed;
+  std::unordered_set<std::string> keys;
+  std::string cursor = "0";
+  do {
+    reply r = co_await read(conn, request("SCAN", cursor, "MATCH", glob_literal(p) + "*", "COUNT", page), w.calls);
+    cursor = r.as_array().at(0).as_string();
+    for (auto& k : r.as_array().at(1).as_array()) {
+      std::string_view name = std::string_view(k.as_string()).substr(p.size());
+      if (!keys.insert(k.as_string()).second) continue;
+      if (name.starts_with("g:")) groups.emplace_back(name.substr(2));
+      if (name.starts_with("claimed:")) claimed.emplace_back(name.substr(8));
+    }
+  } while (cursor != "0");
+  for (auto& worker : claimed)
+    w.claimed.emplace_back(worker, co_await read_list(conn, p + "claimed:" + worker, w.calls));
+  w.delayed = co_await read_scan(conn, "ZSCAN", p + "delayed", 2, w.calls);
+  w.active = co_await read_scan(conn, "ZSCAN", p + "active", 2, w.calls);
+  w.parked = co_await read_scan(conn, "SSCAN", p + "parked", 1, w.calls);
+  for (auto& g : co_await read_scan(conn, "HSCAN", p + "paused", 2, w.calls)) w.paused.insert(std::move(g));
+  for (auto& worker : co_await read_scan(conn, "ZSCAN", p + "workers", 2, w.calls)) w.workers.insert(std::move(worker));
+  // Groups in pipelines of up to 100 first pages of 100 records; a longer group reads on alone.
+  for (std::size_t first = 0; first < groups.size(); first += 100) {
+    auto last = std::min(groups.size(), first + 100);
+    request req;
+    for (auto i = first; i < last; ++i) req.push("LRANGE", p + "g:" + groups[i], 0, 99);
+    reply r = co_await read(conn, std::move(req), w.calls);
+    for (auto i = first; i < last; ++i) {
+      const auto& head = req.size() == 1 ? r : r.as_array().at(i - first);
+      std::vector<std::string> records;
+      for (auto& e : head.as_array()) records.push_back(e.as_string());
+      if (records.size() == 100) {
+        for (std::size_t at = 100;; at += page) {
+          reply more = co_await read(conn, request("LRANGE", p + "g:" + groups[i], at, at + page - 1), w.calls);
+          for (auto& e : more.as_array()) records.push_back(e.as_string());
+          if (more.as_array().size() < page) break;
+        }
+      }
+      w.groups.emplace_back(groups[i], std::move(records));
+    }
+  }
+  w.ids = co_await read_scan(conn, "SSCAN", p + "ids", 1, w.calls);
+  auto after = co_await read_stats(conn, p + "stats", w.calls);
+  if (after == stats) {  // nothing changed the count while the walk went on
+    for (std::size_t i = 0; i + 1 < stats.size(); i += 2)
+      if (stats[i] == "groups") w.counted_groups = std::stoll(stats[i + 1]);
+    if (!w.counted_groups) w.counted_groups = 0;
+  }
+  co_return w;
+}
+
+// Runs check_fix.lua once; returns the problems it confirmed, each {code, values...}.
+asio::awaitable<std::vector<std::vector<reply>>> confirm_one(redis::connection& conn, const redis::script& fix,
+                                                             const std::array<std::string, 8>& keys,
+                                                             std::vector<std::string> args, check_report& out) {
+  reply r = co_await fix.run(conn, keys, args);
+  ++out.calls;
+  auto& e = r.as_array();
+  out.stuck_groups += e.at(0).as_integer();
+  out.repaired += e.at(1).as_integer();
+  std::vector<std::vector<reply>> problems;
+  for (std::size_t i = 2; i < e.size(); ++i) problems.push_back(std::move(e[i].as_array()));
+  co_return problems;
+}
+
+}  // namespace
+
 asio::awaitable<check_report> redis_backend::check(std::string queue, bool repair) {
   auto p = key_prefix(queue);
+  std::vector<std::string> stats;
+  auto w = co_await walk(conn_, p, stats);
+  check_report out;
+  auto suspects = detail::analyse(w, out);
+  out.calls = w.calls;
+  if (!suspects.ids.empty()) {  // an ungrouped job may have moved past the walk: look again
+    std::vector<std::string> ignored;
+    auto again = co_await walk(conn_, p, ignored);
+    out.calls += again.calls;
+    suspects.ids = detail::missing_twice(suspects.ids, again);
+  }
   std::array<std::string, 8> keys{p + "ready",  p + "active", p + "delayed", p + "paused",
                                   p + "parked", p + "ids",    p + "workers", p + "stats"};
-  std::array<std::string, 1> args{repair ? "1" : "0"};
-  reply r = co_await check_.run(conn_, keys, args);
-  const auto& e = r.as_array();
-  check_report out;
-  out.groups = e.at(0).as_integer();
-  out.jobs = e.at(1).as_integer();
-  out.oldest_enqueued_ms = e.at(2).as_integer();
-  out.stuck_groups = e.at(3).as_integer();
-  out.repaired = e.at(4).as_integer();
-  for (std::size_t i = 5; i < e.size(); ++i) out.problems.push_back(e[i].as_string());
+  std::vector<std::string> claimed_workers;
+  for (auto& [worker, lanes] : w.claimed) claimed_workers.push_back(worker);
+  // One confirmation by check_fix.lua: the problems it confirmed, each {code, values...}.
+  // (GCC 12 miscompiles an initializer list in a coroutine: the arguments are built by a
+  // function that is not one.)
+  auto confirm = [&](std::string what, auto... rest) {
+    std::vector<std::string> args{repair ? "1" : "0", std::move(what), std::to_string(search_bound)};
+    auto add = [&](auto&& r) {
+      if constexpr (std::is_convertible_v<decltype(r), std::string_view>)
+        args.emplace_back(r);
+      else
+        args.insert(args.end(), r.begin(), r.end());
+    };
+    (add(rest), ...);
+    return confirm_one(conn_, check_fix_, keys, std::move(args), out);
+  };
+  for (auto& group : suspects.groups) {
+    auto found = co_await confirm("group", group, claimed_workers);
+    for (auto& r : found) {
+      const auto& code = r.at(0).as_string();
+      if (code == "stuck") {
+        out.problems.push_back(detail::stuck_problem(group, r.at(1).as_integer()));
+      } else if (code == "parked") {
+        out.problems.push_back(detail::parked_problem(group));
+      } else if (code == "empty") {
+        out.problems.push_back(detail::empty_group_problem(group, r.at(1).as_string()));
+      } else if (code == "unsure") {
+        out.problems.push_back(
+            fmt::format("group {} has jobs and no lane, lease or parked lane in what one call searches (ready holds {} "
+                        "lanes; the first and last {} were searched): not confirmed",
+                        group, r.at(1).as_integer(), search_bound));
+      } else {
+        std::vector<std::string> where;
+        for (std::size_t i = 1; i < r.size(); ++i) where.push_back(r[i].as_string());
+        out.problems.push_back(detail::lanes_problem(group, where));
+      }
+    }
+  }
+  for (auto& c : suspects.copies) {
+    std::vector<std::string> args{c.id,         c.first.name(), c.first.key, c.first.member, c.second.name(),
+                                  c.second.key, c.second.member};
+    if (!(co_await confirm("copy", std::move(args))).empty())
+      out.problems.push_back(detail::copy_problem(c.id, c.first, c.second));
+  }
+  for (auto& worker : suspects.dead_workers) {
+    auto found = co_await confirm("worker", worker);
+    for (auto& r : found)
+      out.problems.push_back(detail::dead_worker_problem(worker, static_cast<std::size_t>(r.at(1).as_integer())));
+  }
+  for (auto& id : suspects.ids) {
+    auto found = co_await confirm("id", id);
+    if (!found.empty()) out.problems.push_back(detail::id_problem(id));
+  }
+  if (suspects.groups_seen) {
+    auto found = co_await confirm("count", std::to_string(*suspects.groups_seen), stats);
+    for (auto& r : found) out.problems.push_back(detail::count_problem(r.at(1).as_integer(), r.at(2).as_integer()));
+  }
   co_return out;
 }
 

@@ -1,0 +1,108 @@
+// A queue of a million jobs: nothing jobrt sends the server may hold it up (every call bounded),
+// so that workers of other queues on the same server carry on.
+#include "support/redis_server.hpp"
+#include "support/run.hpp"
+
+#include <jobrt/producer.hpp>
+#include <jobrt/redis_backend.hpp>
+#include <jobrt/worker.hpp>
+
+#include <fmt/format.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <cstdlib>
+#include <memory>
+
+namespace asio = boost::asio;
+using namespace jobrt;
+using namespace jobrt::test;
+using asio::awaitable;
+
+namespace {
+
+// JOBRT_BIG_QUEUE_JOBS lowers the count for a quick run by hand; CI runs the full size.
+std::size_t big_queue_jobs() {
+  const char* text = std::getenv("JOBRT_BIG_QUEUE_JOBS");
+  return text ? std::stoul(text) : 1'000'000;
+}
+
+}  // namespace
+
+TEST_CASE("a queue of a million jobs over 100,000 groups: no call over 20 ms, check completes, other workers renew") {
+  // Every command of 20 ms or more is logged; the test ends with the log empty.
+  redis_server server({"--slowlog-log-slower-than", "20000"});
+  const std::size_t jobs = big_queue_jobs(), groups = jobs / 10;
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        redis_backend store(ctx.get_executor(), server.config());
+        redis::connection admin(ctx.get_executor(), server.config());
+        admin.start();
+
+        // A worker of another queue on the same server, its lease renewed every 100 ms: a
+        // stalled server would lose it.
+        worker_options o;
+        o.queue = "other";
+        o.lease_ttl = std::chrono::milliseconds(300);
+        worker w(ctx.get_executor(), store, o);
+        auto until_done = std::make_shared<asio::steady_timer>(ctx, std::chrono::steady_clock::time_point::max());
+        bool running = false;
+        w.add_handler("long", [&, until_done](job_context&) -> awaitable<void> {
+          running = true;
+          co_await until_done->async_wait(asio::as_tuple(asio::use_awaitable));
+        });
+        w.start();
+        producer other(store, "other");
+        job_spec long_job;
+        long_job.type = "long";
+        co_await other.enqueue(long_job);
+        while (!running) co_await sleep_for(std::chrono::milliseconds(5));
+
+        producer big(store, "big");
+        for (std::size_t first = 0; first < jobs; first += 10'000) {
+          std::vector<job_spec> specs(10'000);
+          for (std::size_t i = 0; i < specs.size(); ++i) {
+            specs[i].type = "t";
+            specs[i].group = fmt::format("g{}", (first + i) % groups);
+            specs[i].payload = {{"n", first + i}};
+          }
+          co_await big.enqueue_bulk(std::move(specs));
+        }
+        auto counts = co_await store.counts("big");
+        CHECK(counts.enqueued == static_cast<std::int64_t>(jobs));
+        CHECK(counts.groups == static_cast<std::int64_t>(groups));
+
+        // Two problems planted in it: a group without a lane (in the middle of the ready list)
+        // and an id taken with no job.
+        auto p = redis_backend::key_prefix("big");
+        auto middle = fmt::format("g:g{}", groups / 2);
+        co_await redis::exec(admin, redis::request("LREM", p + "ready", "0", middle));
+        co_await redis::exec(admin, redis::request("SADD", p + "ids", "orphan"));
+        auto report = co_await store.check("big", true);
+        for (auto& line : report.problems) MESSAGE(line);
+        CHECK(report.groups == static_cast<std::int64_t>(groups));
+        CHECK(report.jobs == static_cast<std::int64_t>(jobs));
+        CHECK(report.problems.size() == 2);
+        CHECK(report.stuck_groups == 1);
+        CHECK(report.repaired == 2);
+        CHECK(report.calls > static_cast<std::int64_t>(groups / 100));  // it went in steps
+        auto again = co_await store.check("big", false);
+        for (auto& line : again.problems) MESSAGE(line);
+        CHECK(again.problems.empty());
+        CHECK((co_await store.counts("big")).ready_lanes == static_cast<std::int64_t>(groups));
+        co_await store.dead_letters("big", 0, 100);
+        co_await store.paused_groups("big");
+
+        auto slow = co_await redis::exec(admin, redis::request("SLOWLOG", "GET", "10"));
+        for (auto& entry : slow.as_array())
+          MESSAGE("slow: " << entry.as_array().at(2).as_integer() << " us: " << entry.as_array().at(3));
+        CHECK(slow.as_array().empty());
+        until_done->cancel();
+        co_await w.stop(std::chrono::seconds(5));
+        CHECK(w.counters().completed == 1);
+        CHECK(w.counters().leases_lost == 0);
+        CHECK(w.counters().renewals > 0);
+      },
+      std::chrono::minutes(4));
+}
