@@ -165,4 +165,14 @@ job decode_record(std::string_view record, std::string_view group) {
   return j;
 }
 
+std::int64_t enqueued_at(std::string_view record) noexcept {
+  for (auto pos = record.find("\"at\":"); pos != std::string_view::npos; pos = record.find("\"at\":", pos + 1)) {
+    std::int64_t at = 0;
+    auto digits = record.substr(pos + 5);
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), at);
+    if (ec == std::errc{} && end != digits.data() && digits.front() != '-') return at;
+  }
+  return 0;
+}
+
 }  // namespace jobrt::detail

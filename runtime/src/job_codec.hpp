@@ -30,6 +30,9 @@ std::int64_t attempts_before(std::string_view record) noexcept;
 
 /// The id in a record, or "" when it has none.
 std::string_view record_id(std::string_view record) noexcept;
+/// A record's enqueue time (the first "at": followed by digits, as the scripts read it); 0 when
+/// it has none.
+std::int64_t enqueued_at(std::string_view record) noexcept;
 
 /// The id as the scripts read it (string.match(record, '^%d+|([^|]*)|')): "" unless the record
 /// starts with its attempts and has its id's closing '|'.

@@ -112,6 +112,29 @@ CONFORMANCE("fairness: one-job groups are not starved by a group of 10000") {
   });
 }
 
+CONFORMANCE("counts name when the next job to start was enqueued, from the head of the ready list") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    CHECK((co_await store.counts(b.queue())).next_enqueued_ms == 0);  // nothing ready
+    producer p(store, b.queue());
+    auto before =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    co_await p.enqueue(make_job("t", {}, "g"));  // a group's lane first: its head's time
+    co_await sleep_for(std::chrono::milliseconds(20));
+    co_await p.enqueue(make_job("t", {}));
+    auto grouped = (co_await store.counts(b.queue())).next_enqueued_ms;
+    CHECK(grouped >= before);
+    CHECK(grouped < before + 20);
+    claim_options co{"w", 1, std::chrono::seconds(30)};
+    auto claimed = co_await store.claim(b.queue(), co);
+    REQUIRE(claimed.size() == 1);
+    auto loose = (co_await store.counts(b.queue())).next_enqueued_ms;  // now the ungrouped job, inline
+    CHECK(loose >= grouped + 20);
+  });
+}
+
 CONFORMANCE("fast path: ungrouped jobs run in parallel up to the concurrency") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

@@ -9,11 +9,15 @@
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <atomic>
 #include <cstdlib>
-#include <memory>
+#include <future>
+#include <thread>
 
 namespace asio = boost::asio;
 using namespace jobrt;
@@ -40,23 +44,34 @@ TEST_CASE("a queue of a million jobs over 100,000 groups: no call over 20 ms, ch
         redis::connection admin(ctx.get_executor(), server.config());
         admin.start();
 
-        // A worker of another queue on the same server, its lease renewed every 100 ms: a
-        // stalled server would lose it.
+        // A worker of another queue on the same server, on a thread of its own, its lease
+        // renewed every 100 ms: a stalled server would lose it.
+        asio::io_context other_ctx;
+        redis_backend other_store(other_ctx.get_executor(), server.config());
         worker_options o;
         o.queue = "other";
         o.lease_ttl = std::chrono::milliseconds(300);
-        worker w(ctx.get_executor(), store, o);
-        auto until_done = std::make_shared<asio::steady_timer>(ctx, std::chrono::steady_clock::time_point::max());
-        bool running = false;
-        w.add_handler("long", [&, until_done](job_context&) -> awaitable<void> {
+        worker w(other_ctx.get_executor(), other_store, o);
+        asio::steady_timer until_done(other_ctx, std::chrono::steady_clock::time_point::max());
+        std::atomic<bool> running = false;
+        w.add_handler("long", [&](job_context&) -> awaitable<void> {
           running = true;
-          co_await until_done->async_wait(asio::as_tuple(asio::use_awaitable));
+          co_await until_done.async_wait(asio::as_tuple(asio::use_awaitable));
         });
         w.start();
         producer other(store, "other");
         job_spec long_job;
         long_job.type = "long";
         co_await other.enqueue(long_job);
+        std::thread other_thread([&] { other_ctx.run(); });
+        struct joined {
+          asio::io_context& ctx;
+          std::thread& t;
+          ~joined() {
+            ctx.stop();
+            t.join();
+          }
+        } join_at_end{other_ctx, other_thread};
         while (!running) co_await sleep_for(std::chrono::milliseconds(5));
 
         producer big(store, "big");
@@ -92,14 +107,23 @@ TEST_CASE("a queue of a million jobs over 100,000 groups: no call over 20 ms, ch
         CHECK(again.problems.empty());
         CHECK((co_await store.counts("big")).ready_lanes == static_cast<std::int64_t>(groups));
         co_await store.dead_letters("big", 0, 100);
-        co_await store.paused_groups("big");
+        // Pausing a group finds its lane in the long ready list within bounds, and parks it.
+        auto paused = fmt::format("g{}", groups / 3);
+        CHECK(co_await store.pause("big", paused));
+        CHECK((co_await store.paused_groups("big")).size() == 1);
+        auto parked = co_await redis::exec(admin, redis::request("SISMEMBER", p + "parked", paused));
+        CHECK(parked.as_integer() == 1);
+        CHECK(co_await store.resume("big", paused, resume_mode::retry));
+        CHECK((co_await store.counts("big")).next_enqueued_ms > 0);
 
         auto slow = co_await redis::exec(admin, redis::request("SLOWLOG", "GET", "10"));
         for (auto& entry : slow.as_array())
           MESSAGE("slow: " << entry.as_array().at(2).as_integer() << " us: " << entry.as_array().at(3));
         CHECK(slow.as_array().empty());
-        until_done->cancel();
-        co_await w.stop(std::chrono::seconds(5));
+        asio::post(other_ctx, [&] { until_done.cancel(); });
+        std::promise<void> stopped;
+        asio::co_spawn(other_ctx, w.stop(std::chrono::seconds(5)), [&](std::exception_ptr) { stopped.set_value(); });
+        stopped.get_future().wait();
         CHECK(w.counters().completed == 1);
         CHECK(w.counters().leases_lost == 0);
         CHECK(w.counters().renewals > 0);

@@ -129,6 +129,9 @@ struct queue_counts {
   std::int64_t deferred = 0;   ///< runs that asked to run again later
   std::int64_t halted = 0;     ///< groups halted by a failure
   std::int64_t recovered = 0;  ///< jobs whose lease expired and that were made ready again
+  /// When the job at the head of the ready list (the next to start) was enqueued, in
+  /// milliseconds since the epoch; 0 when nothing is ready. Its age is the queue's latency.
+  std::int64_t next_enqueued_ms = 0;
 };
 
 /// A dead-lettered job.

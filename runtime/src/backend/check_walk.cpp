@@ -1,5 +1,7 @@
 #include "backend/check_walk.hpp"
 
+#include "job_codec.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -33,17 +35,6 @@ const char* job_place::name() const noexcept {
 }
 
 namespace {
-
-// The first "at": followed by digits (a record's enqueue time); 0 when there is none.
-std::int64_t enqueued_at(std::string_view record) {
-  for (auto pos = record.find("\"at\":"); pos != std::string_view::npos; pos = record.find("\"at\":", pos + 1)) {
-    std::int64_t at = 0;
-    auto digits = record.substr(pos + 5);
-    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), at);
-    if (ec == std::errc{} && end != digits.data() && digits.front() != '-') return at;
-  }
-  return 0;
-}
 
 // A record's id: '<digits>|<id>|...'; nullopt when it is not shaped so.
 std::optional<std::string_view> id_of(std::string_view record) {

@@ -718,6 +718,14 @@ asio::awaitable<queue_counts> memory_backend::counts(std::string queue) {
   c.deferred = q.deferred;
   c.halted = q.halted;
   c.recovered = q.recovered;
+  if (!q.ready.empty()) {  // (the head's record: inline, or its group's head)
+    const auto& head = q.ready.front();
+    auto group = is_group_lane(head) ? q.groups.find(head.substr(2)) : q.groups.end();
+    if (!is_group_lane(head))
+      c.next_enqueued_ms = detail::enqueued_at(head);
+    else if (group != q.groups.end() && !group->second.empty())
+      c.next_enqueued_ms = detail::enqueued_at(group->second.front());
+  }
   co_return c;
 }
 

@@ -422,7 +422,8 @@ asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
       .push("ZCARD", p + "dead")
       .push("HGETALL", p + "stats")
       .push("ZCARD", p + "delayed")
-      .push("HLEN", p + "paused");
+      .push("HLEN", p + "paused")
+      .push("LINDEX", p + "ready", 0);
   req.options.resend_safe = true;
   reply r = co_await redis::exec(conn_, std::move(req));
   const auto& e = r.as_array();
@@ -454,6 +455,18 @@ asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
       c.halted = value;
     else if (name == "groups")
       c.groups = value;
+  }
+  // The next job to start: inline in an ungrouped lane, else its group's head (one more read).
+  if (const auto& head = e.at(6); !head.is_nil()) {
+    std::string_view lane = head.as_string();
+    if (!lane.starts_with("g:")) {
+      c.next_enqueued_ms = detail::enqueued_at(lane);
+    } else {
+      request first("LINDEX", p + std::string(lane), 0);
+      first.options.resend_safe = true;
+      reply record = co_await redis::exec(conn_, std::move(first));
+      if (!record.is_nil()) c.next_enqueued_ms = detail::enqueued_at(record.as_string());
+    }
   }
   co_return c;
 }
@@ -618,24 +631,31 @@ asio::awaitable<bool> redis_backend::resume(std::string queue, std::string group
 }
 
 asio::awaitable<std::vector<paused_group>> redis_backend::paused_groups(std::string queue) {
-  request req("HGETALL", key_prefix(queue) + "paused");
-  req.options.resend_safe = true;
-  reply r = co_await redis::exec(conn_, std::move(req));
+  // HSCAN in pages, not HGETALL: an operator may have paused a great many groups.
   std::vector<paused_group> out;
-  const auto& e = r.as_array();
-  for (std::size_t i = 0; i + 1 < e.size(); i += 2) {
-    paused_group g;
-    g.group = e[i].as_string();
-    boost::system::error_code ec;
-    auto v = boost::json::parse(e[i + 1].as_string(), ec);
-    if (!ec && v.is_object()) {
-      auto& o = v.as_object();
-      if (auto* s = o.if_contains("state"); s && s->is_string()) g.halted = s->as_string() == "halted";
-      if (auto* m = o.if_contains("error"); m && m->is_string()) g.error = std::string(m->as_string());
-      if (auto* at = o.if_contains("at"); at && at->is_number()) g.at_ms = at->to_number<std::int64_t>();
+  std::unordered_set<std::string> seen;
+  std::string cursor = "0";
+  do {
+    request req("HSCAN", key_prefix(queue) + "paused", cursor, "COUNT", 1000);
+    req.options.resend_safe = true;
+    reply r = co_await redis::exec(conn_, std::move(req));
+    cursor = r.as_array().at(0).as_string();
+    const auto& e = r.as_array().at(1).as_array();
+    for (std::size_t i = 0; i + 1 < e.size(); i += 2) {
+      if (!seen.insert(e[i].as_string()).second) continue;
+      paused_group g;
+      g.group = e[i].as_string();
+      boost::system::error_code ec;
+      auto v = boost::json::parse(e[i + 1].as_string(), ec);
+      if (!ec && v.is_object()) {
+        auto& o = v.as_object();
+        if (auto* s = o.if_contains("state"); s && s->is_string()) g.halted = s->as_string() == "halted";
+        if (auto* m = o.if_contains("error"); m && m->is_string()) g.error = std::string(m->as_string());
+        if (auto* at = o.if_contains("at"); at && at->is_number()) g.at_ms = at->to_number<std::int64_t>();
+      }
+      out.push_back(std::move(g));
     }
-    out.push_back(std::move(g));
-  }
+  } while (cursor != "0");
   std::sort(out.begin(), out.end(), [](const paused_group& a, const paused_group& b) { return a.group < b.group; });
   co_return out;
 }
