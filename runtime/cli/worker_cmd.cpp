@@ -90,6 +90,10 @@ constexpr const char* worker_usage =
     "                       predecessor's end is stored; pipelined: at once, the end stored on\n"
     "                       the way (a lost lease may run a job again after its follower ran)\n"
     "  --on-failure POLICY  hold, skip or halt: what a grouped job's failure does (default hold)\n"
+    "  --unhandled-delay MS a job of a type this worker has no handler for goes back, no attempt\n"
+    "                       counted, for a worker that has one, after MS (default 1000)\n"
+    "  --unhandled-limit MS ...and is dead-lettered once no worker has been able to run its type\n"
+    "                       for MS (default 900000: 15 minutes)\n"
     "  --grace MS           how long running jobs may take to finish at stop (default 10000)\n"
     "  --log-level LEVEL    debug, info (default), warn, error or off\n"
     "  --log-json           log one JSON object per line\n"
@@ -149,6 +153,12 @@ int worker_command(const args& a) {
       wo.id = string_arg(a, i);
     } else if (arg == "--lease-ttl") {
       wo.lease_ttl = std::chrono::milliseconds(number_arg(a, i, 100, 86'400'000));
+      queue_options = true;
+    } else if (arg == "--unhandled-delay") {
+      wo.unhandled_delay = std::chrono::milliseconds(number_arg(a, i, 0, 86'400'000));
+      queue_options = true;
+    } else if (arg == "--unhandled-limit") {
+      wo.unhandled_limit = std::chrono::milliseconds(number_arg(a, i, 0, 86'400'000));
       queue_options = true;
     } else if (arg == "--burst") {
       wo.burst = number_arg(a, i, 1, 1000);

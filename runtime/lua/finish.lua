@@ -21,6 +21,8 @@
 --   'r' retry (one more attempt counted) and 'd' run again later (none counted): the delay in
 --     ms. The job stays where it is (a grouped one at its group's head, so the group waits for
 --     it) and its lane waits in delayed that long (0: back to ready at once).
+--   'u' handed back, never started, by a worker with no handler for its job's type: as 'd' (the
+--     delay in ms), and it leaves the started counter for the unhandled one.
 --   'b' given back, never started (its lease's local end came first): as release.lua, the lane
 --     goes to the head of ready with no attempt counted and leaves the started counter; ''.
 -- Returns: n times: held (1, or 0 when the lease was lost and nothing changed), alone when no
@@ -180,7 +182,7 @@ local function to_front(key, id)
 end
 
 local back, front, nexts, later, ended, gone = {}, {}, {}, {}, {}, {}
-local completed, failed, retried, deferred, halted, emptied, started = 0, 0, 0, 0, 0, 0, 0
+local completed, failed, retried, deferred, halted, emptied, started, unhandled = 0, 0, 0, 0, 0, 0, 0, 0
 local nobody_waits = nil -- LLEN of ready, asked once: this script pushes to ready only at its end
 -- A dead letter's key is its job's id; when another dead letter has that id (a producer-given id
 -- enqueued again after it failed) or the record has none, '<id>#<fence of this lease>', as often
@@ -275,11 +277,11 @@ for i = 1, n do
     elseif kind == 'b' then
       front[#front + 1] = lane
       started = started - 1
-    elseif grouped then -- 'r', 'd' or 'h': the job stays at its group's head
+    elseif grouped then -- 'r', 'd', 'u' or 'h': the job stays at its group's head
       local key = prefix .. lane
       local head = redis.call('LINDEX', key, 0)
       if head then
-        if kind ~= 'd' then redis.call('LSET', key, 0, counted(head)) end
+        if kind == 'r' or kind == 'h' then redis.call('LSET', key, 0, counted(head)) end
         if kind == 'h' then
           redis.call('HSET', paused, string.sub(lane, 3),
                      cjson.encode({state = 'halted', error = ARGV[base + 3], at = clock()}))
@@ -291,13 +293,16 @@ for i = 1, n do
         end
       end
       if kind == 'r' then retried = retried + 1 elseif kind == 'd' then deferred = deferred + 1 end
-    else -- 'r' or 'd', ungrouped: the lane carries the record
+      if kind == 'u' then unhandled, started = unhandled + 1, started - 1 end
+    else -- 'r', 'd' or 'u', ungrouped: the lane carries the record
       local record = string.sub(lane, 3)
       if kind == 'r' then
         record = counted(record)
         retried = retried + 1
-      else
+      elseif kind == 'd' then
         deferred = deferred + 1
+      else
+        unhandled, started = unhandled + 1, started - 1
       end
       send_back('j:' .. record, tonumber(ARGV[base + 3]) or 0)
     end
@@ -338,6 +343,7 @@ count('completed', completed)
 count('failed', failed)
 count('retried', retried)
 count('deferred', deferred)
+count('unhandled', unhandled)
 count('halted', halted)
 count('groups', -emptied)
 return done()

@@ -83,6 +83,9 @@ std::string prometheus_text(const std::vector<queue_metrics>& queues) {
       {"jobrt_jobs_deferred_total", "Runs that asked to run again later (retry_after).", &type_counters::deferred},
       {"jobrt_jobs_recovered_total", "Jobs whose lease expired, sent back by this process's reapers.",
        &type_counters::recovered},
+      {"jobrt_jobs_unhandled_total",
+       "Jobs this process handed back unstarted, having no handler for their type (another worker runs them).",
+       &type_counters::unhandled},
   };
   for (const auto& c : per_type) {
     family(out, c.name, "counter", c.help);

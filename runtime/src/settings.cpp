@@ -70,7 +70,8 @@ failure_policy policy_at(const json::value& v, std::string_view where) {
 queue_settings queue_at(const json::value& v, const std::string& where) {
   const auto& o = object_at(v, where,
                             {"name", "concurrency", "lease_ttl_ms", "watchdog_ms", "burst", "follow", "claim_wait_ms",
-                             "on_failure", "retry", "grouping", "dead_letters"});
+                             "on_failure", "retry", "grouping", "dead_letters", "unhandled_delay_ms",
+                             "unhandled_limit_ms"});
   auto field = [&](std::string_view name) { return fmt::format("{}.{}", where, name); };
   queue_settings q;
   auto* name = o.if_contains("name");
@@ -96,6 +97,10 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
   }
   if (auto* f = o.if_contains("claim_wait_ms"))
     q.worker.claim_wait = std::chrono::milliseconds(count_at(*f, field("claim_wait_ms"), 1, 86'400'000));
+  if (auto* f = o.if_contains("unhandled_delay_ms"))
+    q.worker.unhandled_delay = std::chrono::milliseconds(count_at(*f, field("unhandled_delay_ms"), 0, 86'400'000));
+  if (auto* f = o.if_contains("unhandled_limit_ms"))
+    q.worker.unhandled_limit = std::chrono::milliseconds(count_at(*f, field("unhandled_limit_ms"), 0, 86'400'000));
   if (auto* f = o.if_contains("on_failure")) q.worker.on_failure = policy_at(*f, field("on_failure"));
   if (auto* f = o.if_contains("retry")) q.worker.retry_backoff = backoff_at(*f, field("retry"));
   if (auto* f = o.if_contains("grouping")) {

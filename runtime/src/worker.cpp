@@ -163,6 +163,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     check("watchdog_period", opts_.watchdog_period, std::chrono::milliseconds(0));
     check("reap_period", opts_.reap_period, std::chrono::milliseconds(0));
     check("claim_wait", opts_.claim_wait, std::chrono::milliseconds(1));
+    check("unhandled_delay", opts_.unhandled_delay, std::chrono::milliseconds(0));
+    check("unhandled_limit", opts_.unhandled_limit, std::chrono::milliseconds(0));
     // Renewed less often than the lease lasts, a lease runs out between renewals: said, not
     // refused (a test may want no renewals at all).
     if (opts_.watchdog_period >= opts_.lease_ttl)
@@ -360,8 +362,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     auto h = handlers_.find(j.type);
     if (h == handlers_.end()) {
-      finish_now(token, c.record, finish_kind::fail, j.unique_id ? j.id : std::string(),
-                 fmt::format("no handler for type {}", j.type));
+      no_handler(std::move(token), c.record, j);
       free_slot();
       return;
     }
@@ -405,6 +406,49 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   }
 
   static asio::awaitable<void> run_handler(handler h, std::shared_ptr<job_context> ctx) { co_await h(*ctx); }
+
+  // A job of a type this worker has no handler for (a mixed fleet, a rolling deploy): handed back
+  // with no attempt counted, for a worker that has one. Dead-lettered only once no worker has
+  // said it can run the type for unhandled_limit (or since the job was enqueued, if later), as
+  // the maintenance loop last heard from the backend; until it has asked, the job goes back.
+  void no_handler(std::string token, std::string_view record, const job& j) {
+    auto& type = unhandled_types_[j.type];
+    auto now = clock::now();
+    type.met = now;
+    std::optional<std::chrono::milliseconds> waited;
+    if (type.unrunnable) {
+      auto none_for = *type.unrunnable;
+      if (none_for != std::chrono::milliseconds::max())
+        none_for += std::chrono::duration_cast<std::chrono::milliseconds>(now - type.asked);
+      waited = none_for;
+      if (j.enqueued_at_ms > 0) {
+        auto age =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()) -
+            std::chrono::milliseconds(j.enqueued_at_ms);
+        waited = std::min(*waited, std::max(age, std::chrono::milliseconds(0)));
+      }
+    }
+    if (waited && *waited >= opts_.unhandled_limit) {
+      finish_now(std::move(token), record, finish_kind::fail, j.unique_id ? j.id : std::string(),
+                 fmt::format("no handler for type {}: no worker has been able to run it for {} s", j.type,
+                             std::chrono::duration_cast<std::chrono::seconds>(*waited).count()));
+      return;
+    }
+    {
+      std::lock_guard lock(counters_mutex_);
+      ++counters_.unhandled;
+      ++by_type_[j.type].unhandled;
+    }
+    if (!type.warned) {  // once per type and run: the jobs themselves are fine
+      type.warned = true;
+      jobrt::log(log_level::warn, source_, "no handler for type {} here: its jobs go back for other workers", j.type);
+    }
+    finish_item item;
+    item.token = std::move(token);
+    item.kind = finish_kind::hand_back;
+    item.delay = opts_.unhandled_delay;
+    queue_finish(std::move(item), {j.type, std::string(detail::record_id(record))});
+  }
 
   asio::any_io_executor acquire_strand(const std::string& group) {
     auto& entry = strands_[group];
@@ -709,6 +753,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       } else if (item.kind == finish_kind::defer) {
         ++counters_.deferred;
         ++t.deferred;
+      } else if (item.kind == finish_kind::hand_back) {  // (counted when handed back)
       } else {
         ++counters_.failed;
         ++t.failed;
@@ -959,10 +1004,44 @@ class worker::impl : public std::enable_shared_from_this<impl> {
           r.dead_removed == static_cast<std::int64_t>(batch))
         continue;  // more to do: at once
       if (std::exchange(self->reap_now_, false)) continue;
+      co_await self->about_types();
       co_await wait_on(self->reap_timer_, clock::now() + self->opts_.reap_period);
     }
     self->reaping_ = false;
     self->idle_timer_.cancel();
+  }
+
+  // Says which job types this worker runs (every ten seconds or reaper period, whichever is
+  // longer, for three of those: unhandled_limit is minutes), and asks the backend about the types
+  // met here without a handler (no_handler). Types not met for ten minutes are forgotten. Each
+  // call starts only while the worker runs: stop cancels the one on its way (reap_stop_).
+  asio::awaitable<void> about_types() {
+    auto now = clock::now();
+    auto period = std::max<std::chrono::milliseconds>(opts_.reap_period, std::chrono::seconds(10));
+    try {
+      if (now - advertised_ >= period && !handlers_.empty() && !stopped_) {
+        std::vector<std::string> types;
+        for (auto& [type, h] : handlers_) types.push_back(type);
+        co_await stoppable(reap_stop_, strand_,
+                           bounded(strand_, backend_.advertise(opts_.queue, std::move(types), 3 * period),
+                                   opts_.lease_ttl, "saying which job types this worker runs"));
+        advertised_ = now;
+      }
+      std::erase_if(unhandled_types_, [&](const auto& t) { return now - t.second.met > std::chrono::minutes(10); });
+      std::vector<std::string> names;
+      for (auto& [type, seen] : unhandled_types_) names.push_back(type);
+      for (auto& type : names) {
+        if (stopped_) break;
+        auto none_for = co_await stoppable(
+            reap_stop_, strand_,
+            bounded(strand_, backend_.unrunnable_for(opts_.queue, type), opts_.lease_ttl, "asking who runs a type"));
+        auto& seen = unhandled_types_[type];
+        seen.unrunnable = none_for;
+        seen.asked = clock::now();
+      }
+    } catch (const std::exception& e) {
+      if (!stopped_) jobrt::log(log_level::warn, source_, "job types: {}", e.what());
+    }
   }
 
   // Delayed jobs and retries waiting for their backoff: moved when due, by a timer armed for the
@@ -1103,8 +1182,17 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   worker_options opts_;
   std::string source_;  // how its log lines name it
   std::unordered_map<std::string, handler> handlers_;
-  std::unordered_map<std::string, backoff> backoffs_;                      // by job type
-  std::minstd_rand random_{std::random_device{}()};                        // backoff jitter
+  std::unordered_map<std::string, backoff> backoffs_;  // by job type
+  // Job types met here without a handler: what the backend last said of them (no_handler).
+  struct unhandled_type {
+    std::optional<std::chrono::milliseconds> unrunnable;  // backend::unrunnable_for, when asked
+    clock::time_point asked{};
+    clock::time_point met{};
+    bool warned = false;
+  };
+  std::unordered_map<std::string, unhandled_type> unhandled_types_;
+  clock::time_point advertised_{};                   // when this worker last said which types it runs
+  std::minstd_rand random_{std::random_device{}()};  // backoff jitter
   std::unordered_map<std::string, std::shared_ptr<running_job>> running_;  // by token
   std::unordered_map<std::string, group_strand> strands_;
   // Leased jobs that wait for a slot (see start_or_wait); their leases are renewed with the

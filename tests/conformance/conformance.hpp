@@ -156,6 +156,12 @@ class gated_backend final : public backend {
                                       std::chrono::milliseconds ttl) override {
     return inner_.extend(std::move(q), std::move(w), std::move(tokens), ttl);
   }
+  awaitable<void> advertise(std::string q, std::vector<std::string> types, std::chrono::milliseconds ttl) override {
+    return inner_.advertise(std::move(q), std::move(types), ttl);
+  }
+  awaitable<std::chrono::milliseconds> unrunnable_for(std::string q, std::string type) override {
+    return inner_.unrunnable_for(std::move(q), std::move(type));
+  }
   awaitable<std::int64_t> expire_own(std::string q, std::string w) override {
     return inner_.expire_own(std::move(q), std::move(w));
   }

@@ -885,3 +885,85 @@ CONFORMANCE("a worker started again under its id gets its previous leases back a
     CHECK(w.metrics().by_type["t"].recovered == 2);  // this worker's reaper sent them back
   });
 }
+
+CONFORMANCE("a mixed fleet: a worker hands back the jobs it has no handler for, and every job runs where it can") {
+  run(
+      [kind](asio::io_context& ctx) -> awaitable<void> {
+        backends b(ctx, kind);
+        // Worker a runs only type a, worker b only type b (a rolling deploy, two services on one
+        // queue). Groups mix the two types: order must hold across the hand-backs.
+        std::map<std::string, std::vector<std::int64_t>> order;  // by group
+        std::map<std::string, int> ran;                          // by job id
+        int wrong = 0, done = 0;
+        auto handler_for = [&](std::string type) {
+          return [&, type](job_context& c) -> awaitable<void> {
+            if (c.job().type != type) ++wrong;
+            ++ran[c.id()];
+            if (!c.group().empty()) order[c.group()].push_back(c.payload().at("n").as_int64());
+            ++done;
+            co_return;
+          };
+        };
+        std::vector<std::unique_ptr<worker>> workers;
+        for (std::string type : {"a", "b"}) {
+          auto o = b.worker_opts(8);
+          o.unhandled_delay = std::chrono::milliseconds(20);
+          o.reap_period = std::chrono::milliseconds(50);
+          workers.push_back(std::make_unique<worker>(ctx.get_executor(), b.make(), o));
+          workers.back()->add_handler(type, handler_for(type));
+          workers.back()->start();
+        }
+        producer p(b.make(), b.queue());
+        std::vector<job_spec> specs;
+        constexpr int jobs = 400;
+        for (int n = 0; n < jobs; ++n) {
+          std::optional<std::string> group;
+          if (n % 2 == 0) group = fmt::format("g{}", n % 10);
+          specs.push_back(make_job(n % 3 == 0 ? "a" : "b", {{"n", n}}, group));
+        }
+        co_await p.enqueue_bulk(std::move(specs));
+        CHECK(co_await eventually([&] { return done >= jobs; }, std::chrono::seconds(60)));
+        for (auto& w : workers) co_await w->stop(std::chrono::seconds(5));
+        CHECK(done == jobs);
+        CHECK(wrong == 0);
+        int twice = 0;
+        for (auto& [id, n] : ran) twice += n != 1;
+        CHECK(twice == 0);
+        for (auto& [group, seen] : order) CHECK_MESSAGE(std::is_sorted(seen.begin(), seen.end()), group);
+        auto counts = co_await b.make().counts(b.queue());
+        CHECK(counts.dead == 0);
+        CHECK(counts.started == jobs);  // a hand-back is no start
+        CHECK(counts.completed == jobs);
+        CHECK(counts.retried == 0);
+        auto handed = workers[0]->counters().unhandled + workers[1]->counters().unhandled;
+        CHECK(counts.unhandled == static_cast<std::int64_t>(handed));
+        MESSAGE("handed back: " << handed);
+      },
+      std::chrono::seconds(90));
+}
+
+CONFORMANCE("a job no worker can run is dead-lettered once no worker has run its type for unhandled_limit") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto o = b.worker_opts(4);
+    o.unhandled_delay = std::chrono::milliseconds(20);
+    o.unhandled_limit = std::chrono::milliseconds(400);
+    o.reap_period = std::chrono::milliseconds(50);
+    worker w(ctx.get_executor(), b.make(), o);
+    w.add_handler("known", [](job_context&) -> awaitable<void> { co_return; });
+    w.start();
+    producer p(b.make(), b.queue());
+    auto started = std::chrono::steady_clock::now();
+    co_await p.enqueue(make_job("unknown", {}, "g"));
+    co_await p.enqueue(make_job("known", {}, "g"));  // behind it in its group: waits for it
+    CHECK(co_await eventually([&] { return w.counters().completed == 1; }, std::chrono::seconds(10)));
+    auto waited = std::chrono::steady_clock::now() - started;
+    CHECK(waited >= std::chrono::milliseconds(400));  // not before the limit
+    CHECK(w.counters().unhandled >= 2);               // handed back meanwhile
+    co_await w.stop(std::chrono::seconds(5));
+    auto dead = co_await b.make().dead_letters(b.queue(), 0, 10);
+    REQUIRE(dead.size() == 1);
+    CHECK(dead[0].group == "g");
+    CHECK(dead[0].error.starts_with("no handler for type unknown: no worker has been able to run it for"));
+  });
+}

@@ -321,6 +321,43 @@ TEST_CASE("jobrt worker on several threads stops with the message of an exceptio
   CHECK(f.output.find("jobrt: thrown by a plugin outside any job") != std::string::npos);
 }
 
+TEST_CASE("a mixed fleet: a worker without a job's handler hands it back and every job runs on one that has it") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "fleet";
+  // One worker with only the noop plugin, one with only sleep: 1,000 sleep jobs (a rolling
+  // deploy, where a new type reaches an old worker first). Before, most were dead-lettered.
+  auto noop_out = fmt::format("/tmp/jobrt-cli-fleet-noop-{}.out", ::getpid());
+  auto sleep_out = fmt::format("/tmp/jobrt-cli-fleet-sleep-{}.out", ::getpid());
+  auto noop = start({"worker", "--redis", url, "--queue", queue, "--concurrency", "50", "--unhandled-delay", "100",
+                     "--plugin", JOBRT_HANDLERS "/jobrt_noop.so"},
+                    noop_out);
+  auto sleeper = start(
+      {"worker", "--redis", url, "--queue", queue, "--concurrency", "50", "--plugin", JOBRT_HANDLERS "/jobrt_sleep.so"},
+      sleep_out);
+  REQUIRE(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "sleep", "--payload", R"({"ms":2})",
+                     "--count", "1000", "--groups", "10"})
+              .status == 0);
+  queue_counts counts;
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        redis_backend store(ctx.get_executor(), cfg);
+        for (int i = 0; i < 3000 && counts.completed + counts.dead < 1000; ++i) {
+          counts = co_await store.counts(queue);
+          co_await sleep_for(std::chrono::milliseconds(20));
+        }
+      },
+      std::chrono::seconds(90));
+  ::kill(noop, SIGTERM);
+  ::kill(sleeper, SIGTERM);
+  CHECK(wait_for(noop, noop_out).status == 0);
+  CHECK(wait_for(sleeper, sleep_out).status == 0);
+  CHECK(counts.completed == 1000);
+  CHECK(counts.dead == 0);
+  CHECK(counts.started == 1000);
+  MESSAGE("handed back: " << counts.unhandled);
+}
+
 TEST_CASE("jobrt worker logs a dead letter with its job's id, grouped or not, and keeps a malformed lane whole") {
   auto cfg = shared_redis();
   auto url = url_of(cfg);
@@ -331,7 +368,10 @@ TEST_CASE("jobrt worker logs a dead letter with its job's id, grouped or not, an
   // A lane another program wrote into the ready list, neither 'j:<record>' nor 'g:<group>'.
   redis_cli(cfg, {"RPUSH", redis_backend::key_prefix(queue) + "ready", "garbage-record"});
   auto out = fmt::format("/tmp/jobrt-cli-letters-{}.out", ::getpid());
-  auto pid = start({"worker", "--redis", url, "--queue", queue, "--plugin", JOBRT_HANDLERS "/jobrt_noop.so"}, out);
+  // (No worker has ever run type nosuch: dead-lettered as soon as the worker has asked.)
+  auto pid = start({"worker", "--redis", url, "--queue", queue, "--unhandled-limit", "0", "--plugin",
+                    JOBRT_HANDLERS "/jobrt_noop.so"},
+                   out);
   CHECK(wait_for_text(out, "job order-1 dead-lettered: no handler for type nosuch", std::chrono::seconds(20)));
   CHECK(wait_for_text(out, "job order-2 dead-lettered: no handler for type nosuch", std::chrono::seconds(20)));
   std::vector<dead_letter> letters;

@@ -61,16 +61,19 @@ struct claim_options {
 
 /// How a leased job ends this run.
 enum class finish_kind {
-  ack,      ///< done
-  keep,     ///< done, and the worker runs the job's follower under the same lease (claimed_job::
-            ///< ahead): the job leaves its group, the lease goes on (ungrouped: as ack)
-  fail,     ///< dead-lettered with `error`; a grouped job's group goes on
-  retry,    ///< one more attempt counted; runs again after `delay`, before anything of its group
-  defer,    ///< as retry, with no attempt counted (the handler asked to run later)
-  halt,     ///< attempt counted; the job stays at its group's head and the group is paused
-            ///< until resume() (ungrouped: as fail)
-  release,  ///< never started (its lease's local end came first): back to the head of the ready
-            ///< list with no attempt counted, and out of the started count, as stop's release()
+  ack,        ///< done
+  keep,       ///< done, and the worker runs the job's follower under the same lease (claimed_job::
+              ///< ahead): the job leaves its group, the lease goes on (ungrouped: as ack)
+  fail,       ///< dead-lettered with `error`; a grouped job's group goes on
+  retry,      ///< one more attempt counted; runs again after `delay`, before anything of its group
+  defer,      ///< as retry, with no attempt counted (the handler asked to run later)
+  halt,       ///< attempt counted; the job stays at its group's head and the group is paused
+              ///< until resume() (ungrouped: as fail)
+  release,    ///< never started (its lease's local end came first): back to the head of the ready
+              ///< list with no attempt counted, and out of the started count, as stop's release()
+  hand_back,  ///< never started: this worker has no handler for its type. As defer (back after
+              ///< `delay`, before anything of its group, no attempt counted), out of the started
+              ///< count and into the unhandled one
 };
 
 struct finish_item {
@@ -127,6 +130,7 @@ struct queue_counts {
   std::int64_t failed = 0;     ///< dead-lettered
   std::int64_t retried = 0;    ///< runs that failed and will run again
   std::int64_t deferred = 0;   ///< runs that asked to run again later
+  std::int64_t unhandled = 0;  ///< jobs handed back by a worker without a handler for their type
   std::int64_t halted = 0;     ///< groups halted by a failure
   std::int64_t recovered = 0;  ///< jobs whose lease expired and that were made ready again
   /// When the job at the head of the ready list (the next to start) was enqueued, in
@@ -197,6 +201,13 @@ class backend {
   virtual boost::asio::awaitable<std::vector<bool>> extend(std::string queue, std::string worker,
                                                            std::vector<std::string> tokens,
                                                            std::chrono::milliseconds lease_ttl) = 0;
+  /// Records that a worker can run jobs of these types, for `ttl` from now (workers say so again
+  /// before it runs out). See unrunnable_for.
+  virtual boost::asio::awaitable<void> advertise(std::string queue, std::vector<std::string> types,
+                                                 std::chrono::milliseconds ttl) = 0;
+  /// How long no worker has said it can run `type`: 0 while one can; milliseconds::max() when
+  /// none ever did.
+  virtual boost::asio::awaitable<std::chrono::milliseconds> unrunnable_for(std::string queue, std::string type) = 0;
   /// For a worker starting under an id that ran before: the leases its previous incarnation held
   /// at its last heartbeat expire at once (the next reap recovers them). Returns how many.
   virtual boost::asio::awaitable<std::int64_t> expire_own(std::string queue, std::string worker) = 0;

@@ -68,6 +68,9 @@ class memory_backend final : public backend {
                                                    std::chrono::milliseconds lease_ttl) override;
   /// Puts the held leases' lanes back at the head of ready, in the tokens' order, and takes back
   /// the `started` count of each (release.lua). Tokens not held are ignored.
+  boost::asio::awaitable<void> advertise(std::string queue, std::vector<std::string> types,
+                                         std::chrono::milliseconds ttl) override;
+  boost::asio::awaitable<std::chrono::milliseconds> unrunnable_for(std::string queue, std::string type) override;
   boost::asio::awaitable<std::int64_t> expire_own(std::string queue, std::string worker) override;
   boost::asio::awaitable<void> release(std::string queue, std::string worker, std::vector<std::string> tokens) override;
   /// Recovers expired leases and dead workers' lanes, and trims the dead letters (reap.lua).

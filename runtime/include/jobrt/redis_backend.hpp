@@ -42,6 +42,9 @@ class redis_backend final : public backend {
   boost::asio::awaitable<std::vector<bool>> extend(std::string queue, std::string worker,
                                                    std::vector<std::string> tokens,
                                                    std::chrono::milliseconds lease_ttl) override;
+  boost::asio::awaitable<void> advertise(std::string queue, std::vector<std::string> types,
+                                         std::chrono::milliseconds ttl) override;
+  boost::asio::awaitable<std::chrono::milliseconds> unrunnable_for(std::string queue, std::string type) override;
   boost::asio::awaitable<std::int64_t> expire_own(std::string queue, std::string worker) override;
   boost::asio::awaitable<void> release(std::string queue, std::string worker, std::vector<std::string> tokens) override;
   boost::asio::awaitable<reap_result> reap(std::string queue, reap_options opts) override;
@@ -83,7 +86,7 @@ class redis_backend final : public backend {
   redis::config cfg_;
   redis::connection conn_;
   redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, requeue_, purge_,
-      check_fix_, expire_own_;
+      check_fix_, advertise_, expire_own_;
   // Wake-ups for delayed jobs: one subscriber for every queue, started on first use. The
   // wake-ups are shared with the coroutine that receives its messages, which may outlive the
   // backend briefly.

@@ -7,6 +7,7 @@
 //   "queues": [{
 //     "name": "imports", "concurrency": 20, "lease_ttl_ms": 5000, "burst": 4, "follow": "after-commit",
 //     "on_failure": "hold", "retry": {"initial_ms": 1000},
+//     "unhandled_delay_ms": 1000, "unhandled_limit_ms": 900000,
 //     "grouping": {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "halt"}]},
 //     "dead_letters": {"max_count": 10000, "max_age_ms": 2592000000}
 //   }]

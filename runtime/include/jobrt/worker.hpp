@@ -125,6 +125,13 @@ struct worker_options {
   /// Longest wait of the delayed-job promoter when nothing wakes it (a backstop; it is woken
   /// when a job due earlier arrives, and runs at each due time).
   std::chrono::milliseconds promote_backstop{60000};
+  /// A job of a type this worker has no handler for (a mixed fleet, a rolling deploy) is handed
+  /// back, with no attempt counted, to run after this long on a worker that has one; a grouped
+  /// job's group waits for it. Workers say which types they run (backend::advertise) ...
+  std::chrono::milliseconds unhandled_delay{1000};
+  /// ... and such a job is dead-lettered only once no worker has been able to run its type for
+  /// this long (counted from when the job was enqueued, if later). At most a day.
+  std::chrono::milliseconds unhandled_limit = std::chrono::minutes(15);
 };
 
 struct worker_counters {
@@ -138,6 +145,7 @@ struct worker_counters {
   std::uint64_t renewals = 0;     ///< watchdog calls
   std::uint64_t released = 0;     ///< handed back unstarted: at stop, or when a lease's local end came first
   std::uint64_t recovered = 0;    ///< expired leases this worker's reaper sent back
+  std::uint64_t unhandled = 0;    ///< handed back: this worker has no handler for their type
 };
 
 /// A histogram with fixed buckets, in seconds (Prometheus' cumulative form is made when written).
@@ -158,6 +166,7 @@ struct type_counters {
   std::uint64_t retried = 0;
   std::uint64_t deferred = 0;
   std::uint64_t recovered = 0;  ///< expired leases of this type this worker's reaper sent back
+  std::uint64_t unhandled = 0;  ///< handed back: this worker has no handler for the type
 };
 
 /// What a metrics endpoint shows of a worker.

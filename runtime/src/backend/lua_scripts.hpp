@@ -15,4 +15,5 @@ extern const char* const requeue;
 extern const char* const purge;
 extern const char* const check_fix;
 extern const char* const expire_own;
+extern const char* const advertise;
 }  // namespace jobrt::lua

@@ -155,8 +155,10 @@ struct memory_backend::queue_state {
   std::int64_t failed = 0;
   std::int64_t retried = 0;
   std::int64_t deferred = 0;
+  std::int64_t unhandled = 0;
   std::int64_t halted = 0;
-  std::list<waiter*> waiters;  // claim_waits asleep, first come first woken
+  std::unordered_map<std::string, std::int64_t> types;  // job types workers can run -> until when (ms)
+  std::list<waiter*> waiters;                           // claim_waits asleep, first come first woken
 };
 
 struct memory_backend::waiter {
@@ -439,7 +441,7 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
   std::vector<std::string> back, front;
   std::vector<std::pair<std::int64_t, std::string>> later;
   std::vector<std::pair<std::size_t, std::string>> nexts;  // item, lane: leased after the loop
-  std::int64_t completed = 0, failed = 0, retried = 0, deferred = 0, halted = 0, started = 0;
+  std::int64_t completed = 0, failed = 0, retried = 0, deferred = 0, halted = 0, started = 0, unhandled = 0;
   // finish.lua's to_front: after a keep, the follower `id` becomes its group's head.
   auto to_front = [](std::deque<std::string>& list, const std::string& id) {
     if (list.empty() || id.empty() || record_id(list.front()) == id) return;
@@ -528,11 +530,11 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
         ++completed;
       else
         dead_letter_of(record, grouped ? lane.substr(2) : std::string(), item.error, item.token);
-    } else if (grouped) {  // retry, defer or halt: the job stays at its group's head
+    } else if (grouped) {  // retry, defer, hand back or halt: the job stays at its group's head
       auto group = q.groups.find(lane.substr(2));
       if (group != q.groups.end()) {
         auto& head = group->second.front();
-        if (kind != finish_kind::defer) head = counted(head);
+        if (kind == finish_kind::retry || kind == finish_kind::halt) head = counted(head);
         if (kind == finish_kind::halt) {
           q.paused[group->first] = paused_group{group->first, true, item.error, now};
           q.parked.insert(group->first);
@@ -543,13 +545,20 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
       }
       if (kind == finish_kind::retry) ++retried;
       if (kind == finish_kind::defer) ++deferred;
-    } else {  // retry or defer, ungrouped: the lane carries the record
+      if (kind == finish_kind::hand_back) {
+        ++unhandled;
+        --started;
+      }
+    } else {  // retry, defer or hand back, ungrouped: the lane carries the record
       std::string record = lane.substr(2);
       if (kind == finish_kind::retry) {
         record = counted(record);
         ++retried;
-      } else {
+      } else if (kind == finish_kind::defer) {
         ++deferred;
+      } else {
+        ++unhandled;
+        --started;
       }
       send_back("j:" + record, item.delay);
     }
@@ -571,6 +580,7 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
   q.failed += failed;
   q.retried += retried;
   q.deferred += deferred;
+  q.unhandled += unhandled;
   q.halted += halted;
   wake_locked(q, back.size() + front.size());
   delay_locked(queue, q, std::move(later));
@@ -599,6 +609,23 @@ asio::awaitable<std::vector<bool>> memory_backend::extend(std::string queue, std
   else
     q.leases_of[worker] = std::move(held);
   co_return out;
+}
+
+asio::awaitable<void> memory_backend::advertise(std::string queue, std::vector<std::string> types,
+                                                std::chrono::milliseconds ttl) {
+  std::lock_guard lock(mutex_);
+  auto& known = queue_locked(queue).types;
+  auto until = now_ms() + ttl.count();
+  for (auto& t : types) known[t] = std::max(known[t], until);  // ZADD GT
+  co_return;
+}
+
+asio::awaitable<std::chrono::milliseconds> memory_backend::unrunnable_for(std::string queue, std::string type) {
+  std::lock_guard lock(mutex_);
+  auto& known = queue_locked(queue).types;
+  auto it = known.find(type);
+  if (it == known.end()) co_return std::chrono::milliseconds::max();
+  co_return std::chrono::milliseconds(std::max<std::int64_t>(0, now_ms() - it->second));
 }
 
 asio::awaitable<std::int64_t> memory_backend::expire_own(std::string queue, std::string worker) {
@@ -716,6 +743,7 @@ asio::awaitable<queue_counts> memory_backend::counts(std::string queue) {
   c.failed = q.failed;
   c.retried = q.retried;
   c.deferred = q.deferred;
+  c.unhandled = q.unhandled;
   c.halted = q.halted;
   c.recovered = q.recovered;
   if (!q.ready.empty()) {  // (the head's record: inline, or its group's head)

@@ -81,6 +81,7 @@ redis_backend::redis_backend(asio::any_io_executor ex, redis::config cfg)
       requeue_(lua::requeue),
       purge_(lua::purge),
       check_fix_(lua::check_fix),
+      advertise_(lua::advertise),
       expire_own_(lua::expire_own),
       wakeups_(std::make_shared<detail::wakeups>()) {
   std::random_device random;
@@ -325,7 +326,8 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
       case finish_kind::fail:
       case finish_kind::halt: extras.push_back(it.error); break;
       case finish_kind::retry:
-      case finish_kind::defer: extras.push_back(std::to_string(it.delay.count())); break;
+      case finish_kind::defer:
+      case finish_kind::hand_back: extras.push_back(std::to_string(it.delay.count())); break;
       case finish_kind::release: extras.emplace_back(); break;
     }
   }
@@ -338,6 +340,7 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
       case finish_kind::fail: args.push_back("f"); break;
       case finish_kind::retry: args.push_back("r"); break;
       case finish_kind::defer: args.push_back("d"); break;
+      case finish_kind::hand_back: args.push_back("u"); break;
       case finish_kind::halt: args.push_back("h"); break;
       case finish_kind::release: args.push_back("b"); break;
     }
@@ -386,6 +389,29 @@ asio::awaitable<std::vector<bool>> redis_backend::extend(std::string queue, std:
   std::vector<bool> out;
   for (const auto& e : r.as_array()) out.push_back(e.as_integer() == 1);
   co_return out;
+}
+
+asio::awaitable<void> redis_backend::advertise(std::string queue, std::vector<std::string> types,
+                                               std::chrono::milliseconds ttl) {
+  if (types.empty()) co_return;
+  std::array<std::string, 1> keys{key_prefix(queue) + "types"};
+  std::vector<std::string> args{std::to_string(ttl.count())};
+  args.insert(args.end(), std::make_move_iterator(types.begin()), std::make_move_iterator(types.end()));
+  auto req = advertise_.make_request(keys, args);
+  req.options.resend_safe = true;  // (ZADD GT: the same deadline twice changes nothing)
+  co_await advertise_.run(conn_, std::move(req));
+}
+
+asio::awaitable<std::chrono::milliseconds> redis_backend::unrunnable_for(std::string queue, std::string type) {
+  request req;
+  req.push("TIME").push("ZSCORE", key_prefix(queue) + "types", type);  // the server's clock, as the deadlines are
+  req.options.resend_safe = true;
+  reply r = co_await redis::exec(conn_, std::move(req));
+  const auto& e = r.as_array();
+  if (e.at(1).is_nil()) co_return std::chrono::milliseconds::max();
+  const auto& time = e.at(0).as_array();
+  auto now = std::stoll(time.at(0).as_string()) * 1000 + std::stoll(time.at(1).as_string()) / 1000;
+  co_return std::chrono::milliseconds(std::max<std::int64_t>(0, now - std::stoll(e.at(1).as_string())));
 }
 
 asio::awaitable<std::int64_t> redis_backend::expire_own(std::string queue, std::string worker) {
@@ -451,6 +477,8 @@ asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
       c.retried = value;
     else if (name == "deferred")
       c.deferred = value;
+    else if (name == "unhandled")
+      c.unhandled = value;
     else if (name == "halted")
       c.halted = value;
     else if (name == "groups")
