@@ -98,9 +98,8 @@ constexpr const char* worker_usage =
     "  --log-level LEVEL    debug, info (default), warn, error or off\n"
     "  --log-json           log one JSON object per line\n"
     "  --metrics ADDR       serve Prometheus metrics at http://ADDR/metrics (ADDR: [HOST]:PORT,\n"
-    "                       loopback when HOST is left out; PORT 0 picks one and prints it)\n"
-    "  --metrics-check S    run check (reads the whole queue) at most every S seconds for the\n"
-    "                       stuck-groups gauge (default 60; 0: never)\n";
+    "                       loopback when HOST is left out; PORT 0 picks one and prints it;\n"
+    "                       jobrt_queue_* series are queue-wide: aggregate them with max)\n";
 
 }  // namespace
 
@@ -111,7 +110,6 @@ int worker_command(const args& a) {
   bool url_given = false;
   std::vector<std::string> plugins;
   std::string config_file, metrics_at;
-  std::chrono::seconds check_every{60};
   bool queue_options = false;  // options that only queues from the command line take
   std::vector<std::string> queue_names;
   worker_options wo;
@@ -129,8 +127,6 @@ int worker_command(const args& a) {
       config_file = string_arg(a, i);
     } else if (arg == "--metrics") {
       metrics_at = string_arg(a, i);
-    } else if (arg == "--metrics-check") {
-      check_every = std::chrono::seconds(number_arg(a, i, 0, 86'400));
     } else if (arg == "--log-level") {
       try {
         set_log_level(parse_log_level(string_arg(a, i)));
@@ -275,28 +271,15 @@ int worker_command(const args& a) {
       }
     }
     std::unique_ptr<metrics_server> metrics;
-    std::vector<std::int64_t> stuck(queues.size(), -1), oldest(queues.size(), -1);
-    std::chrono::steady_clock::time_point last_check{};
     if (metrics_endpoint) {
       metrics = std::make_unique<metrics_server>(
           ctx.get_executor(), *metrics_endpoint, [&]() -> asio::awaitable<std::string> {
             std::vector<queue_metrics> all;
-            auto now = std::chrono::steady_clock::now();
-            bool recheck = check_every.count() > 0 &&
-                           (last_check == std::chrono::steady_clock::time_point{} || now - last_check >= check_every);
-            if (recheck) last_check = now;
             for (std::size_t i = 0; i < pool.size(); ++i) {
-              if (recheck) {
-                auto report = co_await store.check(queues[i].queue, false);
-                stuck[i] = report.stuck_groups;
-                oldest[i] = report.oldest_enqueued_ms;
-              }
               queue_metrics q;
               q.queue = queues[i].queue;
               q.workers.push_back(pool[i]->metrics());
-              q.counts = co_await store.counts(q.queue);
-              q.stuck_groups = stuck[i];
-              q.oldest_enqueued_ms = oldest[i];
+              q.counts = co_await store.counts(q.queue);  // counters: no walk of the queue
               all.push_back(std::move(q));
             }
             co_return prometheus_text(all);

@@ -11,8 +11,14 @@
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <stdexcept>
 
@@ -24,6 +30,9 @@ namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
 namespace {
+
+// When this process started (close enough: when the library was loaded), for process_start_time_seconds.
+const double started_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 
 // Label values escape backslash, quote and newline.
 std::string label(std::string_view v) {
@@ -65,7 +74,38 @@ histogram merged(const std::vector<worker_metrics>& ws, histogram worker_metrics
   return h;
 }
 
+// The process_* series Prometheus's client libraries export, from getrusage and /proc/self.
+void process_lines(std::string& out) {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
+  family(out, "process_cpu_seconds_total", "counter", "User and system CPU time spent, in seconds.");
+  out += fmt::format("process_cpu_seconds_total {}\n", seconds(usage.ru_utime) + seconds(usage.ru_stime));
+  std::ifstream statm("/proc/self/statm");
+  std::uint64_t size = 0, resident = 0;
+  if (statm >> size >> resident) {
+    auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    family(out, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+    out += fmt::format("process_resident_memory_bytes {}\n", resident * page);
+    family(out, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
+    out += fmt::format("process_virtual_memory_bytes {}\n", size * page);
+  }
+  std::error_code ec;
+  std::size_t fds = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    ++fds;
+  if (!ec) {
+    family(out, "process_open_fds", "gauge", "Open file descriptors.");
+    out += fmt::format("process_open_fds {}\n", fds);
+  }
+  family(out, "process_start_time_seconds", "gauge", "When the process started, in seconds since the epoch.");
+  out += fmt::format("process_start_time_seconds {}\n", started_at);
+}
+
 }  // namespace
+
+std::string_view version() noexcept { return JOBRT_VERSION; }
 
 std::string prometheus_text(const std::vector<queue_metrics>& queues) {
   std::string out;
@@ -108,8 +148,6 @@ std::string prometheus_text(const std::vector<queue_metrics>& queues) {
        &worker_counters::leases_lost},
       {"jobrt_lease_renewals_total", "counter", "Watchdog calls that renewed this process's leases.",
        &worker_counters::renewals},
-      {"jobrt_leases_recovered_total", "counter", "Expired leases this process's reapers sent back.",
-       &worker_counters::recovered},
       {"jobrt_delayed_promoted_total", "counter", "Delayed entries this process's promoters moved.",
        &worker_counters::promoted},
       {"jobrt_jobs_released_total", "counter",
@@ -153,28 +191,28 @@ std::string prometheus_text(const std::vector<queue_metrics>& queues) {
       {"jobrt_queue_dead", "Dead letters.", &queue_counts::dead},
   };
   for (const auto& g : depth) {
-    family(out, g.name, "gauge", g.help);
+    family(out, g.name, "gauge", fmt::format("{} Queue-wide.", g.help));
     for (const auto& q : queues)
       out += fmt::format("{}{{queue=\"{}\"}} {}\n", g.name, label(q.queue), q.counts.*g.field);
   }
-  family(out, "jobrt_queue_stuck_groups", "gauge",
-         "Groups with jobs that nothing would run, as the last check found (-1: not checked).");
-  for (const auto& q : queues)
-    out += fmt::format("jobrt_queue_stuck_groups{{queue=\"{}\"}} {}\n", label(q.queue), q.stuck_groups);
-  family(out, "jobrt_queue_oldest_job_age_seconds", "gauge",
-         "Age now of the oldest job pending, delayed or running, as the last check found it (0: none; -1: not "
-         "checked).");
+  family(out, "jobrt_queue_latency_seconds", "gauge",
+         "How long the job at the head of the ready list (the next to start) has waited; 0 when nothing is "
+         "ready. Queue-wide.");
   auto now_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count();
   for (const auto& q : queues) {
-    double age = q.oldest_enqueued_ms <= 0 ? static_cast<double>(q.oldest_enqueued_ms)
-                                           : static_cast<double>(now_ms - q.oldest_enqueued_ms) / 1000.0;
-    out += fmt::format("jobrt_queue_oldest_job_age_seconds{{queue=\"{}\"}} {}\n", label(q.queue), age);
+    auto at = q.counts.next_enqueued_ms;
+    double age = at > 0 ? static_cast<double>(std::max<std::int64_t>(0, now_ms - at)) / 1000.0 : 0.0;
+    out += fmt::format("jobrt_queue_latency_seconds{{queue=\"{}\"}} {}\n", label(q.queue), age);
   }
-  family(out, "jobrt_queue_recovered_total", "counter", "Expired leases recovered in this queue, by any process.");
+  family(out, "jobrt_queue_recovered_total", "counter",
+         "Expired leases recovered in this queue, by any process. Queue-wide.");
   for (const auto& q : queues)
     out += fmt::format("jobrt_queue_recovered_total{{queue=\"{}\"}} {}\n", label(q.queue), q.counts.recovered);
+  family(out, "jobrt_build_info", "gauge", "Always 1; its labels name the build.");
+  out += fmt::format("jobrt_build_info{{version=\"{}\"}} 1\n", label(version()));
+  process_lines(out);
   return out;
 }
 

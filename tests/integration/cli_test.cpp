@@ -2,6 +2,7 @@
 #include "support/redis_server.hpp"
 #include "support/run.hpp"
 
+#include <jobrt/metrics.hpp>
 #include <jobrt/redis_backend.hpp>
 
 #include <boost/asio/as_tuple.hpp>
@@ -497,8 +498,12 @@ TEST_CASE("jobrt worker serves Prometheus metrics on loopback") {
   CHECK(has(fmt::format("jobrt_job_pickup_seconds_bucket{{queue=\"{}\",le=\"+Inf\"}} 26", queue)));
   CHECK(has(fmt::format("jobrt_queue_dead{{queue=\"{}\"}} 1", queue)));
   CHECK(has(fmt::format("jobrt_jobs_in_flight{{queue=\"{}\"}} 0", queue)));
-  CHECK(has(fmt::format("jobrt_queue_stuck_groups{{queue=\"{}\"}} 0", queue)));
-  CHECK(has(fmt::format("jobrt_queue_oldest_job_age_seconds{{queue=\"{}\"}} 0", queue)));  // nothing left
+  CHECK(has(fmt::format("jobrt_queue_latency_seconds{{queue=\"{}\"}} 0", queue)));  // nothing left
+  CHECK(has(fmt::format("jobrt_build_info{{version=\"{}\"}} 1", jobrt::version())));
+  CHECK(has(fmt::format("jobrt_job_run_seconds_bucket{{queue=\"{}\",le=\"3600\"}} 26", queue)));  // up to an hour
+  CHECK(page.find("\nprocess_resident_memory_bytes ") != std::string::npos);
+  CHECK(page.find("\nprocess_cpu_seconds_total ") != std::string::npos);
+  CHECK(page.find("jobrt_leases_recovered_total") == std::string::npos);  // said once: jobrt_jobs_recovered_total
   CHECK(has(fmt::format("jobrt_queue_groups_active{{queue=\"{}\"}} 0", queue)));
   CHECK(page.find("# TYPE jobrt_job_run_seconds histogram") != std::string::npos);
   CHECK(not_found.starts_with("HTTP/1.0 404"));

@@ -16,18 +16,21 @@
 
 namespace jobrt {
 
-/// One queue's part of a scrape: its workers in this process, and its counts in the backend.
+/// One queue's part of a scrape: its workers in this process, and its counts in the backend
+/// (counters kept as jobs move: nothing walks the queue).
 struct queue_metrics {
   std::string queue;
   std::vector<worker_metrics> workers;
   queue_counts counts;
-  std::int64_t stuck_groups = -1;  ///< from the last check (-1: none run)
-  /// From the last check: the enqueue time of the oldest job pending, delayed or running, in ms
-  /// since the epoch (0: no job; -1: none run).
-  std::int64_t oldest_enqueued_ms = -1;
 };
 
-/// The Prometheus text exposition (format 0.0.4) of these queues.
+/// jobrt's version, as the project's CMake names it ("0.1.0").
+std::string_view version() noexcept;
+
+/// The Prometheus text exposition (format 0.0.4) of these queues, with jobrt_build_info and the
+/// process's own process_* series. Series named jobrt_queue_* describe a whole queue as the
+/// backend counts it: every process serving that queue reports the same value, so aggregate them
+/// with max by (queue), not sum; the others count this process's work and sum across processes.
 std::string prometheus_text(const std::vector<queue_metrics>& queues);
 
 /// Serves GET /metrics (anything else: 404) with what `render` makes, one connection at a time

@@ -150,8 +150,8 @@ struct worker_counters {
 
 /// A histogram with fixed buckets, in seconds (Prometheus' cumulative form is made when written).
 struct histogram {
-  static constexpr std::array<double, 12> bounds{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                                                 0.1,   0.25,   0.5,   1.0,  5.0,   30.0};
+  static constexpr std::array<double, 16> bounds{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,  0.1,   0.25,
+                                                 0.5,   1.0,    5.0,   30.0, 60.0,  300.0, 900.0, 3600.0};
   std::array<std::uint64_t, bounds.size() + 1> counts{};  ///< per bucket; the last is above every bound
   double sum = 0;
   std::uint64_t count = 0;
