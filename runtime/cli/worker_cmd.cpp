@@ -27,6 +27,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <optional>
 #include <set>
@@ -334,33 +335,37 @@ constexpr const char* enqueue_usage =
     "  --group G  --id ID  --delay MS  --max-attempts N  --timeout MS  --on-failure POLICY\n"
     "--groups G spreads generated jobs over groups g0..g(G-1); their payload gets \"n\": the\n"
     "job's number. A JSON line: {\"type\", \"payload\", \"group\", \"id\", \"delay_ms\",\n"
-    "\"max_attempts\", \"timeout_ms\", \"on_failure\"}. Prints the job's id, or a count.\n";
+    "\"max_attempts\", \"timeout_ms\", \"on_failure\"}. --file - reads standard input. The whole\n"
+    "file is checked before any job is stored: an error names its line (FILE:LINE: ...) and\n"
+    "nothing is enqueued. A job may be at most 1 MiB (1048576 bytes) once encoded, payload\n"
+    "included. Prints the job's id, or a count.\n";
 
-job_spec spec_from_line(const std::string& line, std::size_t number) {
+// One line of an enqueue file; std::invalid_argument says what is wrong with it (the caller
+// names the line).
+job_spec spec_from_line(const std::string& line) {
   boost::system::error_code ec;
   auto v = boost::json::parse(line, ec);
-  auto where = fmt::format("line {}", number);
-  if (ec) throw std::invalid_argument(fmt::format("{}: not JSON: {}", where, ec.message()));
-  if (!v.is_object()) throw std::invalid_argument(fmt::format("{}: not a JSON object", where));
+  if (ec) throw std::invalid_argument(fmt::format("not JSON: {}", ec.message()));
+  if (!v.is_object()) throw std::invalid_argument("not a JSON object");
   auto& o = v.as_object();
   job_spec s;
   auto text = [&](std::string_view name) -> std::optional<std::string> {
     auto* f = o.if_contains(name);
     if (!f) return std::nullopt;
-    if (!f->is_string()) throw std::invalid_argument(fmt::format("{}: \"{}\" is not a string", where, name));
+    if (!f->is_string()) throw std::invalid_argument(fmt::format("\"{}\" is not a string", name));
     return std::string(f->as_string());
   };
   auto number_of = [&](std::string_view name) -> std::optional<std::int64_t> {
     auto* f = o.if_contains(name);
     if (!f) return std::nullopt;
     if (!f->is_int64() || f->as_int64() < 0)
-      throw std::invalid_argument(fmt::format("{}: \"{}\" is not a non-negative integer", where, name));
+      throw std::invalid_argument(fmt::format("\"{}\" is not a non-negative integer", name));
     return f->as_int64();
   };
   for (auto& [key, value] : o) {
     static const std::set<std::string_view> known{"type",     "payload",      "group",      "id",
                                                   "delay_ms", "max_attempts", "timeout_ms", "on_failure"};
-    if (!known.contains(key)) throw std::invalid_argument(fmt::format("{}: unknown field \"{}\"", where, key));
+    if (!known.contains(key)) throw std::invalid_argument(fmt::format("unknown field \"{}\"", key));
   }
   s.type = text("type").value_or("");
   if (auto* p = o.if_contains("payload")) s.payload = *p;
@@ -468,20 +473,25 @@ int enqueue_command(const args& a) {
   }
   check_url(url);
 
-  // Every job is built and checked before anything is stored.
+  // Every job is built and checked (its encoded size too) before anything is stored: the jobs go
+  // in several calls, and one refused late would leave the earlier ones stored.
   std::vector<job_spec> specs;
   if (!file.empty()) {
-    std::ifstream in = open_file(file, "enqueue");
+    std::ifstream opened;
+    if (file != "-") opened = open_file(file, "enqueue");
+    std::istream& in = file == "-" ? std::cin : opened;
+    auto name = file == "-" ? std::string("stdin") : file;
     std::string line;
     for (std::size_t n = 1; std::getline(in, line); ++n) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       try {
-        specs.push_back(spec_from_line(line, n));
+        specs.push_back(spec_from_line(line));
+        producer::check(specs.back(), po);
       } catch (const std::invalid_argument& e) {
-        throw std::runtime_error(fmt::format("enqueue: {}: {}; nothing was enqueued", file, e.what()));
+        throw std::runtime_error(fmt::format("enqueue: {}:{}: {}; nothing was enqueued", name, n, e.what()));
       }
     }
-    if (in.bad()) throw std::runtime_error(fmt::format("enqueue: cannot read {}; nothing was enqueued", file));
+    if (in.bad()) throw std::runtime_error(fmt::format("enqueue: cannot read {}; nothing was enqueued", name));
   } else if (count > 0) {
     specs.reserve(count);
     for (std::size_t n = 0; n < count; ++n) {
@@ -508,7 +518,17 @@ int enqueue_command(const args& a) {
       auto last = std::min(specs.size(), first + step);
       std::vector<job_spec> part(std::make_move_iterator(specs.begin() + static_cast<std::ptrdiff_t>(first)),
                                  std::make_move_iterator(specs.begin() + static_cast<std::ptrdiff_t>(last)));
-      auto done = co_await p.enqueue_bulk(std::move(part));
+      std::vector<enqueue_result> done;
+      try {
+        done = co_await p.enqueue_bulk(std::move(part));
+      } catch (const partial_enqueue& e) {  // counted in this step: add the steps before it
+        throw std::runtime_error(fmt::format("enqueue: the first {} of {} jobs are stored, then: {}",
+                                             first + e.stored(), specs.size(), e.what()));
+      } catch (const std::exception& e) {
+        if (first == 0) throw;
+        throw std::runtime_error(
+            fmt::format("enqueue: the first {} of {} jobs are stored, then: {}", first, specs.size(), e.what()));
+      }
       results.insert(results.end(), done.begin(), done.end());
       if (tty) {
         std::chrono::duration<double> took = std::chrono::steady_clock::now() - began;

@@ -44,8 +44,10 @@ struct finished {
   std::string output;
 };
 
-// Starts `jobrt args...` with stdout and stderr to one file, and `env` added to the environment.
-pid_t start(const std::vector<std::string>& args, const std::string& out, const std::vector<std::string>& env = {}) {
+// Starts `jobrt args...` with stdout and stderr to one file, and `env` added to the environment;
+// standard input from the file `in` when given.
+pid_t start(const std::vector<std::string>& args, const std::string& out, const std::vector<std::string>& env = {},
+            const std::string& in = {}) {
   std::vector<std::string> all{JOBRT_BIN};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -55,6 +57,7 @@ pid_t start(const std::vector<std::string>& args, const std::string& out, const 
   posix_spawn_file_actions_init(&files);
   posix_spawn_file_actions_addopen(&files, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&files, 1, 2);
+  if (!in.empty()) posix_spawn_file_actions_addopen(&files, 0, in.c_str(), O_RDONLY, 0);
   std::vector<std::string> vars(env);
   std::vector<char*> envp;
   for (auto& v : vars) envp.push_back(v.data());
@@ -78,9 +81,10 @@ finished wait_for(pid_t pid, const std::string& out) {
   return f;
 }
 
-finished jobrt_cli(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+finished jobrt_cli(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+                   const std::string& in = {}) {
   auto out = fmt::format("/tmp/jobrt-cli-{}-{}.out", ::getpid(), std::rand());
-  return wait_for(start(args, out, env), out);
+  return wait_for(start(args, out, env, in), out);
 }
 
 // Waits (bounded) until the file has `text`.
@@ -214,7 +218,7 @@ TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the 
   auto lines = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file});
   std::remove(file.c_str());
   CHECK(lines.status == 1);
-  CHECK(lines.output.find("line 2: not JSON") != std::string::npos);
+  CHECK(lines.output.find(file + ":2: not JSON") != std::string::npos);
   CHECK(lines.output.find("nothing was enqueued") != std::string::npos);
   auto stats = jobrt_cli({"stats", "--redis", url, "--queue", queue, "--json"});
   CHECK(stats.output.find("\"enqueued\":0") != std::string::npos);
@@ -697,4 +701,45 @@ TEST_CASE("jobrt worker with --queue given twice runs a worker on each queue") {
   auto twice = jobrt_cli({"worker", "--redis", url, "--queue", a, "--queue", a, "--plugin", "x.so"});
   CHECK(twice.status == 2);
   CHECK(twice.output.find("--queue " + a + " is given twice") != std::string::npos);
+}
+
+TEST_CASE("jobrt enqueue --file checks every line, sizes and job options included, before it stores any job") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "whole";
+  auto file = fmt::format("/tmp/jobrt-cli-whole-{}.jsonl", ::getpid());
+  auto write = [&](std::string_view last) {
+    std::ofstream out(file);
+    for (int i = 0; i < 2500; ++i) out << R"({"type":"noop","payload":{"n":)" << i << "}}\n";
+    out << last << "\n";
+  };
+  // Before, 2,000 of these were stored (two calls of 1,000) before the third call refused the
+  // big one, naming it "job 501 of 501".
+  write(R"({"type":"noop","payload":")" + std::string(2 << 20, 'x') + R"("})");
+  auto big = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file});
+  CHECK(big.status == 1);
+  CHECK(big.output.find(file + ":2501: job of type 'noop' is 2097") != std::string::npos);
+  CHECK(big.output.find("the limit is 1048576; nothing was enqueued") != std::string::npos);
+  write(R"({"type":"noop","max_attempts":0})");  // refused by the producer's own check
+  auto attempts = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file});
+  CHECK(attempts.status == 1);
+  CHECK(attempts.output.find(file + ":2501: job max_attempts is 0") != std::string::npos);
+  CHECK(wait_counts(cfg, queue, [](const queue_counts&) { return true; }).enqueued == 0);
+
+  // "-" reads standard input.
+  std::ofstream(file) << R"({"type":"noop","id":"in-1"})"
+                      << "\n"
+                      << R"({"type":"noop","id":"in-2"})"
+                      << "\n";
+  auto piped = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", "-"}, {}, file);
+  CHECK(piped.output == "enqueued 2 jobs on " + queue + " (0 duplicates)\n");
+  std::ofstream(file) << R"({"type":"noop","id":"in-3"})"
+                      << "\n"
+                      << R"({"type":""})"
+                      << "\n";
+  auto bad = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", "-"}, {}, file);
+  CHECK(bad.status == 1);
+  CHECK(bad.output.find("enqueue: stdin:2: job type is empty; nothing was enqueued") != std::string::npos);
+  std::remove(file.c_str());
+  CHECK(wait_counts(cfg, queue, [](const queue_counts&) { return true; }).enqueued == 2);
 }
