@@ -273,6 +273,7 @@ TEST_CASE("jobrt refuses out-of-range options, empty names, stray arguments and 
       {{"dlq", "list", "--head"}, 2, "dlq list: no --head"},
       {{"group", "pause", ""}, 2, "group pause: the group's name is empty"},
       {{"demo", "--commodities", "99999999999"}, 2, "option --commodities: '99999999999' is not a number from 1"},
+      {{"demo", "--redis", "http://x"}, 2, "invalid Redis URL 'http://x'"},
       {{"version", "extra"}, 2, "version takes no arguments"},
   };
   for (auto& c : cases) {
@@ -670,6 +671,7 @@ TEST_CASE(
   CHECK(grouped.status == 0);
   CHECK(grouped.output.find("40/40 commodities   ok") != std::string::npos);
   CHECK(grouped.output.find("FAILED") == std::string::npos);
+  CHECK(grouped.output.find('\r') == std::string::npos);  // to a file: no progress bar redrawn in place
   auto loose = jobrt_cli({"demo", "--jobs", "2000", "--commodities", "40", "--no-groups"});
   CHECK(loose.status == 0);
   CHECK(loose.output.find("Without groups, concurrent read-yield-write runs lost") != std::string::npos);
@@ -677,6 +679,7 @@ TEST_CASE(
       {"demo", "--jobs", "1000", "--commodities", "20", "--redis", url_of(shared_redis()), "--processes", "2"});
   CHECK_MESSAGE(on_redis.status == 0, on_redis.output);
   CHECK(on_redis.output.find("20/20 commodities   ok") != std::string::npos);
+  CHECK(on_redis.output.find('\r') == std::string::npos);
 }
 
 TEST_CASE("jobrt worker with --queue given twice runs a worker on each queue") {
