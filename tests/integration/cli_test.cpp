@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -621,6 +622,10 @@ TEST_CASE(
   auto letter = boost::json::parse(show_json.output).as_object();
   CHECK(letter.at("id").as_string() == "bad-2");
   CHECK(letter.at("runs").as_int64() == 1);
+  CHECK(letter.at("type").as_string() == "sleep");
+  CHECK(letter.at("payload") == boost::json::parse(R"({"ms":1,"fail":true})"));  // a JSON value, not text
+  CHECK(letter.at("error").as_string() == "sleep: failed as asked (payload.fail)");
+  CHECK(!letter.contains("record"));
   auto none = jobrt_cli({"dlq", "show", "nope", "--redis", url, "--queue", queue});
   CHECK(none.status == 1);
   CHECK(none.output.find("no dead letter nope in queue " + queue) != std::string::npos);
@@ -745,4 +750,89 @@ TEST_CASE("jobrt enqueue --file checks every line, sizes and job options include
   CHECK(bad.output.find("enqueue: stdin:2: job type is empty; nothing was enqueued") != std::string::npos);
   std::remove(file.c_str());
   CHECK(wait_counts(cfg, queue, [](const queue_counts&) { return true; }).enqueued == 2);
+}
+
+TEST_CASE("jobrt dlq prints letters as JSON and requeues and purges every letter a filter selects, page by page") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "select";
+  auto file = fmt::format("/tmp/jobrt-cli-select-{}.jsonl", ::getpid());
+  {
+    std::ofstream out(file);
+    out << R"({"type":"nosuch-a","group":"ga","id":"a1"})"
+        << "\n"
+        << R"({"type":"nosuch-a","group":"gb","id":"a2"})"
+        << "\n"
+        << R"({"type":"nosuch-b","id":"b1"})"
+        << "\n"
+        << R"({"type":"sleep","payload":{"ms":1,"fail":true},"max_attempts":1,"id":"s1"})"
+        << "\n";
+    // More than one page of dead_letters (500) and more than one requeue call (500).
+    for (int i = 0; i < 1100; ++i) out << R"({"type":"nosuch-c","payload":{"n":)" << i << "}}\n";
+  }
+  REQUIRE(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file}).status == 0);
+  std::remove(file.c_str());
+  auto out = fmt::format("/tmp/jobrt-cli-select-worker-{}.out", ::getpid());
+  auto pid = start(
+      {"worker", "--redis", url, "--queue", queue, "--concurrency", "50", "--plugin", JOBRT_HANDLERS "/jobrt_sleep.so"},
+      out);
+  auto counts = wait_counts(cfg, queue, [](const queue_counts& c) { return c.dead == 1104; });
+  ::kill(pid, SIGTERM);  // requeued letters stay queued from here on
+  CHECK(wait_for(pid, out).status == 0);
+  REQUIRE(counts.dead == 1104);
+  auto dead = [&] { return wait_counts(cfg, queue, [](const queue_counts&) { return true; }).dead; };
+  auto dlq = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "dlq");
+    args.insert(args.end(), {"--redis", url, "--queue", queue});
+    return jobrt_cli(args);
+  };
+
+  auto listed = dlq({"list", "--limit", "2000", "--json"});
+  std::istringstream lines(listed.output);
+  std::map<std::string, boost::json::object> letters;  // by id: workers finish in no set order
+  for (std::string line; std::getline(lines, line);) {
+    auto o = boost::json::parse(line).as_object();
+    letters[std::string(o.at("id").as_string())] = o;
+  }
+  REQUIRE(letters.size() == 1104);
+  CHECK(letters["a1"].at("group").as_string() == "ga");
+  CHECK(letters["a1"].at("type").as_string() == "nosuch-a");
+  CHECK(letters["a1"].at("error").as_string() == "no handler for type nosuch-a");
+  CHECK(letters["s1"].at("payload").at("fail").as_bool());
+  CHECK(letters["s1"].at("runs").as_int64() == 1);
+  // list and show give ages in the same unit.
+  CHECK(dlq({"list", "--limit", "2000"}).output.find(" s ago  no handler for type nosuch-a") != std::string::npos);
+  auto shown = dlq({"show", "s1"});
+  CHECK(shown.output.find("\nfailed ") != std::string::npos);
+  CHECK(shown.output.find(" s ago\n") != std::string::npos);
+  CHECK(shown.output.find(" ms ago") == std::string::npos);
+  CHECK(shown.output.find(R"(payload {"ms":1,"fail":true})") != std::string::npos);
+
+  CHECK(dlq({"requeue", "--type", "nosuch-a"}).output == "requeued 2 of 2\n");
+  CHECK(dead() == 1102);
+  CHECK(dlq({"purge", "--error", "failed as asked"}).output == "purged 1\n");
+  CHECK(dlq({"purge", "--group", "nope"}).output == "purged 0\n");  // matching nothing purges nothing
+  CHECK(dlq({"requeue", "--group", "nope", "--type", "nosuch-b"}).output == "requeued 0 of 0\n");
+  CHECK(dead() == 1101);
+  // Requeueing removes letters as it goes: every one of three pages is found all the same.
+  auto many = dlq({"requeue", "--type", "nosuch-c", "--head"});
+  CHECK(many.status == 0);
+  CHECK(many.output == "requeued 1100 of 1100\n");
+  CHECK(dead() == 1);
+  CHECK(dlq({"requeue", "--all"}).output == "requeued 1 of 1\n");
+  CHECK(dead() == 0);
+
+  struct refused {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  for (auto& r : std::vector<refused>{{{"list", "--type", "x"}, "dlq list: --all, --group, --type and --error are"},
+                                      {{"requeue", "a1", "--all"}, "dlq requeue: give the ids, or --all, or filters"},
+                                      {{"purge"}, "dlq purge: give the ids, or --all, or filters"},
+                                      {{"purge", "--error", ""}, "dlq purge: --error is empty"}}) {
+    auto f = dlq(r.args);
+    CAPTURE(f.output);
+    CHECK(f.status == 2);
+    CHECK(f.output.find(r.says) != std::string::npos);
+  }
 }
