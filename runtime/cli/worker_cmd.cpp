@@ -78,6 +78,8 @@ constexpr const char* worker_usage =
     "Runs the plugins' handlers on a queue (or on each queue of the config file, see\n"
     "jobrt/settings.hpp) until SIGTERM or SIGINT, then stops gracefully: no new claims, running jobs\n"
     "get --grace to finish, the rest are handed back.\n"
+    "A server that is down or not ready is asked again every 10 s; one that refuses the user or\n"
+    "password (WRONGPASS, NOPERM), or a host name that does not exist, is an error at once (exit 1).\n"
     "  --redis URL          the server (default: $REDIS_URL, else redis://127.0.0.1:6379)\n"
     "  --queue NAME         (default: default); given more than once, a worker for each queue,\n"
     "                       all with the options below\n"
@@ -221,27 +223,32 @@ int worker_command(const args& a) {
     int early = early_signal;
     if (early == 0) {
       log(log_level::info, "worker " + base_id, "connecting to redis at {}", redis::config::from_url(url).address());
-      // A worker may start before its server: it asks until the server answers and says why
-      // each time it does not (at most once per ask's time limit). A throwing ask would not end
-      // the `||` below, which waits for a success: each failure is caught here.
-      auto reachable = [&]() -> asio::awaitable<void> {
+      // A worker may start before its server, or outlive its restart: it asks until the server
+      // answers and says why each time it does not (at most once per 10 s). What waiting cannot
+      // fix (a wrong password or user, a host that does not exist) ends it at once instead. An
+      // ask reports as a value ("" or the final failure): the `||` below waits for a success.
+      auto reachable = [&]() -> asio::awaitable<std::string> {
         asio::steady_timer next(ctx);
         for (;;) {
           next.expires_after(std::chrono::seconds(10));
-          std::string why;
-          try {
-            co_await check_reachable(store.connection(), url);
-            co_return;
-          } catch (const std::exception& e) {
-            why = e.what();
-          }
-          if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none) co_return;
-          log(log_level::warn, "worker " + base_id, "{}; asking again", why);
+          auto r = co_await ping_within(store.connection(), std::chrono::seconds(1));
+          using redis::connect_failure;
+          if (!r.answered && (r.failure == connect_failure::denied || r.failure == connect_failure::unresolved))
+            co_return r.why;
+          if (!r.answered) r = co_await ping_within(store.connection(), std::chrono::seconds(9));
+          if (r.answered) co_return std::string();
+          if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none)
+            co_return std::string();
+          log(log_level::warn, "worker " + base_id, "redis at {} does not answer: {}; asking again",
+              redis::config::from_url(url).address(), r.why);
           co_await next.async_wait(asio::use_awaitable);
         }
       };
       auto first = co_await (reachable() || signals.async_wait(asio::use_awaitable));
-      if (first.index() == 1) early = std::get<1>(first);
+      if (first.index() == 1)
+        early = std::get<1>(first);
+      else if (!std::get<0>(first).empty())
+        throw std::runtime_error(std::get<0>(first));  // exit 1, in the connection's words
     }
     if (early != 0) {
       log(log_level::info, "worker " + base_id, "{} before it started: stopping", signal_name(early));

@@ -118,6 +118,26 @@ queue_counts wait_counts(const redis::config& cfg, const std::string& queue, Don
 
 std::string url_of(const redis::config& cfg) { return fmt::format("redis://{}:{}", cfg.host, cfg.port); }
 
+// wait_for, bounded: a process still running after `limit` is killed (status -1).
+finished wait_at_most(pid_t pid, const std::string& out, std::chrono::seconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::ifstream in(out);
+  finished f;
+  f.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  f.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::remove(out.c_str());
+  return f;
+}
+
 }  // namespace
 
 TEST_CASE("jobrt worker runs plugin handlers on jobs from jobrt enqueue and stops cleanly on SIGTERM") {
@@ -239,8 +259,7 @@ TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the 
   CHECK(unknown.output.find("commands:") != std::string::npos);
   auto down = jobrt_cli({"stats", "--redis", "redis://:secret@127.0.0.1:1"});
   CHECK(down.status == 1);
-  CHECK(down.output.find("redis at redis://127.0.0.1:1/0 does not answer: connect to redis://127.0.0.1:1/0:") !=
-        std::string::npos);
+  CHECK(down.output.find("jobrt: connect to redis://127.0.0.1:1/0: Connection refused") != std::string::npos);
   CHECK(down.output.find("secret") == std::string::npos);  // the URL's password is not printed
 }
 
@@ -559,7 +578,7 @@ TEST_CASE("every jobrt command answers --help and version prints it and REDIS_UR
   CHECK(stats.output.find("\"enqueued\":1") != std::string::npos);
   auto elsewhere = jobrt_cli({"stats", "--queue", queue}, {"REDIS_URL=redis://127.0.0.1:1"});
   CHECK(elsewhere.status == 1);
-  CHECK(elsewhere.output.find("redis at redis://127.0.0.1:1/0 does not answer") != std::string::npos);
+  CHECK(elsewhere.output.find("connect to redis://127.0.0.1:1/0: Connection refused") != std::string::npos);
   auto given = jobrt_cli({"stats", "--redis", url, "--queue", queue}, {"REDIS_URL=redis://127.0.0.1:1"});
   CHECK(given.status == 0);  // --redis wins over the environment
 }
@@ -835,4 +854,66 @@ TEST_CASE("jobrt dlq prints letters as JSON and requeues and purges every letter
     CHECK(f.status == 2);
     CHECK(f.output.find(r.says) != std::string::npos);
   }
+}
+
+TEST_CASE("jobrt commands fail within about a second on a refused port, a refused password or an unknown host") {
+  redis_server server({"--requirepass", "secret"});
+  redis_server down;
+  down.stop();  // its port is closed now
+  auto ask = [](std::vector<std::string> args) {
+    auto began = std::chrono::steady_clock::now();
+    auto f = jobrt_cli(args);
+    return std::pair{f, std::chrono::steady_clock::now() - began};
+  };
+  auto wrong = fmt::format("redis://:wrong@127.0.0.1:{}", server.port());
+  auto nobody = fmt::format("redis://nobody:secret@127.0.0.1:{}", server.port());
+  struct unreachable {
+    std::string url;
+    std::string says;
+  };
+  // Before, each of these took the PING's 10 s.
+  for (auto& u : std::vector<unreachable>{
+           {down.url(), fmt::format("jobrt: connect to redis://127.0.0.1:{}/0: Connection refused", down.port())},
+           {wrong, "AUTH refused: WRONGPASS"},
+           {nobody, "AUTH refused: WRONGPASS"},
+           {"redis://nosuch.invalid:6379", "jobrt: connect to redis://nosuch.invalid:6379/0: cannot resolve"}}) {
+    for (std::vector<std::string> args : {std::vector<std::string>{"stats"},
+                                          {"check"},
+                                          {"dlq", "list"},
+                                          {"group", "show"},
+                                          {"enqueue", "--type", "noop"}}) {
+      args.insert(args.end(), {"--redis", u.url});
+      auto [f, took] = ask(args);
+      CAPTURE(fmt::format("{}", fmt::join(args, " ")));
+      CAPTURE(f.output);
+      CHECK(f.status == 1);
+      CHECK(f.output.find(u.says) != std::string::npos);
+      CHECK(f.output.find("wrong") == std::string::npos);  // the password is not printed
+      CHECK(took < std::chrono::seconds(3));
+    }
+  }
+  // The worker outlives a server that is down (asked again every 10 s), but not a refusal of
+  // who it is: that would not change by waiting.
+  for (auto& url : {wrong, std::string("redis://nosuch.invalid:6379")}) {
+    auto out = fmt::format("/tmp/jobrt-cli-refused-{}.out", ::getpid());
+    auto began = std::chrono::steady_clock::now();
+    auto f = wait_at_most(start({"worker", "--redis", url, "--plugin", JOBRT_HANDLERS "/jobrt_noop.so"}, out), out,
+                          std::chrono::seconds(15));
+    CAPTURE(f.output);
+    CHECK(f.status == 1);
+    CHECK(std::chrono::steady_clock::now() - began < std::chrono::seconds(3));
+    CHECK(f.output.find(url == wrong ? "AUTH refused: WRONGPASS" : "cannot resolve 'nosuch.invalid'") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("jobrt commands wait for a server that accepts and does not answer yet, and say so") {
+  redis_server server;  // private: paused below
+  redis_cli(server.config(), {"CLIENT", "PAUSE", "3000", "ALL"});
+  auto f = jobrt_cli({"stats", "--redis", server.url(), "--queue", "paused"});
+  CAPTURE(f.output);
+  CHECK(f.status == 0);
+  CHECK(f.output.find(fmt::format("jobrt: redis at {}/0 is not ready (", server.url())) != std::string::npos);
+  CHECK(f.output.find("waiting up to 10 s") != std::string::npos);
+  CHECK(f.output.find("queue paused: 0 ready lanes") != std::string::npos);
 }
