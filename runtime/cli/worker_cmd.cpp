@@ -10,13 +10,17 @@
 #include <jobrt/worker.hpp>
 
 #include <fmt/format.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/deferred.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/json/parse.hpp>
@@ -54,6 +58,60 @@ std::ifstream open_file(const std::string& path, std::string_view command) {
   return in;
 }
 
+// A second SIGTERM or SIGINT while the worker stops forces the stop. worker::stop() cannot cut
+// its grace short once it runs, so the force reaches the jobs through their handlers: each runs
+// beside a wait for it. All its state is on a strand: handlers wait from any thread.
+class force_switch {
+ public:
+  explicit force_switch(asio::any_io_executor ex)
+      : strand_(asio::make_strand(ex)), fired_timer_(strand_, std::chrono::steady_clock::time_point::max()) {}
+
+  // Completes once fired; throws operation_aborted when cancelled before.
+  asio::awaitable<void> wait() { return asio::co_spawn(strand_, wait_on_strand(), asio::use_awaitable); }
+
+  void fire() {
+    asio::post(strand_, [this] {
+      fired_ = true;
+      fired_timer_.cancel();
+    });
+  }
+
+ private:
+  asio::awaitable<void> wait_on_strand() {
+    if (!fired_) co_await fired_timer_.async_wait(asio::as_tuple(asio::use_awaitable));
+    if (!fired_) throw boost::system::system_error(asio::error::operation_aborted);
+  }
+
+  asio::strand<asio::any_io_executor> strand_;
+  asio::steady_timer fired_timer_;  // never expires: fire() cancels it, waking every wait
+  bool fired_ = false;
+};
+
+// `h`, ended by a forced stop: the handler is cancelled, and its job deferred with no delay (run
+// again, no attempt counted; a grouped job keeps its place at its group's head), the way
+// a handler hands a job back. The handler's own end, an exception included, passes through as it
+// is: the worker cancelling it at the grace's end still hands its job back.
+handler forceable(handler h, std::shared_ptr<force_switch> force) {
+  return [h = std::move(h), force = std::move(force)](job_context& ctx) -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    // `||` waits for a branch that succeeds: the handler's end comes as a value.
+    auto run = [&]() -> asio::awaitable<std::exception_ptr> {
+      try {
+        co_await h(ctx);
+      } catch (...) {
+        co_return std::current_exception();
+      }
+      co_return nullptr;
+    };
+    auto ended = co_await (run() || force->wait());
+    if (ended.index() == 1) {
+      ctx.retry_after(std::chrono::milliseconds(0));
+      co_return;
+    }
+    if (auto e = std::get<0>(ended)) std::rethrow_exception(e);
+  };
+}
+
 // Threads running one io_context: more than a few per core only cost memory (and, by the
 // thousands, fail to start).
 constexpr std::size_t max_threads = 256;
@@ -77,7 +135,9 @@ constexpr const char* worker_usage =
     "       jobrt worker --config FILE [--plugin PATH ...] [--redis URL] [--threads N] [--grace MS]\n"
     "Runs the plugins' handlers on a queue (or on each queue of the config file, see\n"
     "jobrt/settings.hpp) until SIGTERM or SIGINT, then stops gracefully: no new claims, running jobs\n"
-    "get --grace to finish, the rest are handed back.\n"
+    "get --grace to finish, the rest are handed back. A second SIGTERM or SIGINT forces the stop:\n"
+    "running jobs are cancelled at once and deferred (they run again, no attempt counted), and the\n"
+    "exit code is 128 + that signal: 130 for SIGINT, 143 for SIGTERM (0 after a graceful stop).\n"
     "A server that is down or not ready is asked again every 10 s; one that refuses the user or\n"
     "password (WRONGPASS, NOPERM), or a host name that does not exist, is an error at once (exit 1).\n"
     "  --redis URL          the server (default: $REDIS_URL, else redis://127.0.0.1:6379)\n"
@@ -215,6 +275,7 @@ int worker_command(const args& a) {
   for (std::size_t i = 0; i < queues.size(); ++i)
     queues[i].id = queues.size() == 1 ? base_id : fmt::format("{}:{}", base_id, queues[i].queue);
 
+  int forced_by = 0;  // the signal that forced the stop, if one did
   with_backend(url, threads, [&](asio::io_context& ctx, redis_backend& store) -> asio::awaitable<void> {
     using namespace asio::experimental::awaitable_operators;
     asio::signal_set signals(ctx, SIGTERM, SIGINT);  // from here on a signal waits for async_wait
@@ -254,6 +315,7 @@ int worker_command(const args& a) {
       log(log_level::info, "worker " + base_id, "{} before it started: stopping", signal_name(early));
       co_return;
     }
+    auto force = std::make_shared<force_switch>(ctx.get_executor());
     std::vector<std::unique_ptr<jobrt::worker>> pool;
     std::string types;
     for (auto& p : loaded)
@@ -263,12 +325,13 @@ int worker_command(const args& a) {
       for (auto& p : loaded) {
         for (auto& e : p->handlers()) {  // the config's backoff for a type wins over the plugin's
           auto b = type_backoffs.find(e.type);
+          auto h = forceable(e.h, force);
           if (b != type_backoffs.end())
-            pool.back()->add_handler(e.type, e.h, b->second);
+            pool.back()->add_handler(e.type, std::move(h), b->second);
           else if (e.retry_backoff)
-            pool.back()->add_handler(e.type, e.h, *e.retry_backoff);
+            pool.back()->add_handler(e.type, std::move(h), *e.retry_backoff);
           else
-            pool.back()->add_handler(e.type, e.h);
+            pool.back()->add_handler(e.type, std::move(h));
         }
       }
     }
@@ -311,15 +374,26 @@ int worker_command(const args& a) {
     }
     int signal = co_await signals.async_wait(asio::use_awaitable);
     if (metrics) metrics->stop();
-    log(log_level::info, "worker " + base_id, "{}: stopping (grace {} ms)", signal_name(signal), grace.count());
-    {  // all drain at once
+    log(log_level::info, "worker " + base_id, "{}: stopping (grace {} ms; {} again forces it)", signal_name(signal),
+        grace.count(), signal_name(signal));
+    auto stop_all = [&]() -> asio::awaitable<void> {  // all drain at once
       auto ex = ctx.get_executor();
       using stop_op = decltype(asio::co_spawn(ex, pool.front()->stop(grace), asio::deferred));
       std::vector<stop_op> ops;
       for (auto& w : pool) ops.push_back(asio::co_spawn(ex, w->stop(grace), asio::deferred));
+      // Bound to no cancellation slot: the `||` below must not cut a stop short (it would leave
+      // the worker half stopped); a forced stop ends it through the handlers instead.
       co_await asio::experimental::make_parallel_group(std::move(ops))
-          .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
-    }
+          .async_wait(asio::experimental::wait_for_all(),
+                      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+    };
+    auto force_on_signal = [&]() -> asio::awaitable<void> {
+      forced_by = co_await signals.async_wait(asio::use_awaitable);
+      log(log_level::warn, "worker " + base_id, "{} again: forcing the stop: running jobs are cancelled and deferred",
+          signal_name(forced_by));
+      force->fire();
+    };
+    co_await (stop_all() || force_on_signal());
     for (std::size_t i = 0; i < pool.size(); ++i) {
       auto c = pool[i]->counters();
       log(log_level::info, "worker " + queues[i].id,
@@ -327,7 +401,7 @@ int worker_command(const args& a) {
           c.completed, c.retried, c.failed, c.leases_lost, c.released);
     }
   });
-  return 0;
+  return forced_by == 0 ? 0 : 128 + forced_by;  // as a shell reports a process a signal ended
 }
 
 namespace {

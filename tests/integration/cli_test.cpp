@@ -917,3 +917,37 @@ TEST_CASE("jobrt commands wait for a server that accepts and does not answer yet
   CHECK(f.output.find("waiting up to 10 s") != std::string::npos);
   CHECK(f.output.find("queue paused: 0 ready lanes") != std::string::npos);
 }
+
+TEST_CASE("a second SIGTERM or SIGINT while jobrt worker stops forces the stop: running jobs are deferred") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  for (int signal : {SIGTERM, SIGINT}) {
+    CAPTURE(signal);
+    std::string queue = key_prefix() + (signal == SIGTERM ? "forced-term" : "forced-int");
+    // One attempt only: a run that counted as failed would dead-letter it.
+    REQUIRE(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "sleep", "--payload", R"({"ms":60000})",
+                       "--group", "g", "--max-attempts", "1"})
+                .status == 0);
+    auto out = fmt::format("/tmp/jobrt-cli-forced-{}.out", ::getpid());
+    auto pid = start(
+        {"worker", "--redis", url, "--queue", queue, "--grace", "60000", "--plugin", JOBRT_HANDLERS "/jobrt_sleep.so"},
+        out);
+    REQUIRE(wait_counts(cfg, queue, [](const queue_counts& c) { return c.running == 1; }).running == 1);
+    ::kill(pid, signal);
+    REQUIRE(wait_for_text(out, "stopping (grace 60000 ms", std::chrono::seconds(10)));
+    auto forced = std::chrono::steady_clock::now();
+    ::kill(pid, signal);  // before, it waited out the grace: a minute
+    auto f = wait_at_most(pid, out, std::chrono::seconds(15));
+    CAPTURE(f.output);
+    CHECK(std::chrono::steady_clock::now() - forced < std::chrono::seconds(5));
+    CHECK(f.status == 128 + signal);
+    CHECK(f.output.find("again: forcing the stop") != std::string::npos);
+    auto counts = wait_counts(cfg, queue, [](const queue_counts&) { return true; });
+    CHECK(counts.running == 0);
+    CHECK(counts.deferred == 1);  // back in its group, no attempt counted
+    CHECK(counts.dead == 0);
+    CHECK(counts.completed == 0);
+    CHECK(counts.ready_lanes + counts.delayed == 1);
+    CHECK(jobrt_cli({"check", "--redis", url, "--queue", queue}).status == 0);
+  }
+}
