@@ -12,7 +12,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/json/serialize.hpp>
 
-#include <charconv>
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <optional>
@@ -34,10 +34,11 @@ struct common {
   std::vector<std::string> positional;
   std::set<std::string> flags;                 // seen flags without values
   std::map<std::string, std::size_t> numbers;  // seen numeric options
+  std::map<std::string, std::string> strings;  // seen options with a text value
 };
 
 common parse(const args& a, std::string_view command, const std::set<std::string>& flags,
-             const std::set<std::string>& numbers) {
+             const std::set<std::string>& numbers, const std::set<std::string>& strings = {}) {
   common c;
   for (std::size_t i = 0; i < a.size(); ++i) {
     const auto& arg = a[i];
@@ -54,6 +55,8 @@ common parse(const args& a, std::string_view command, const std::set<std::string
       c.flags.insert(arg);
     else if (numbers.contains(arg))
       c.numbers[arg] = number_arg(a, i);
+    else if (strings.contains(arg))
+      c.strings[arg] = string_arg(a, i);
     else if (arg.starts_with("--"))
       throw usage_error(fmt::format("{}: unknown option '{}'", command, arg));
     else
@@ -94,18 +97,72 @@ json::object to_json(const queue_counts& q) {
           {"halted", q.halted},           {"recovered", q.recovered}};
 }
 
-// When it was enqueued, from the body's "at", as text.
-std::string enqueued_of(std::string_view record) {
-  auto at = record.find("\"at\":");
-  std::int64_t ms = 0;
-  if (at != std::string_view::npos) std::from_chars(record.data() + at + 5, record.data() + record.size(), ms);
-  return ms > 0 ? fmt::format("{} ms ago", now_ms() - ms) : std::string("unknown");
+// How long ago a time (ms since the epoch) was, in the one unit list and show both use.
+std::string age(std::int64_t at_ms) {
+  if (at_ms <= 0) return "unknown";
+  return fmt::format("{:.1f} s ago", static_cast<double>(now_ms() - at_ms) / 1000.0);
+}
+
+// A dead letter's job, decoded; nullopt for a record that does not decode (written by another
+// program): it is shown as it is stored.
+std::optional<job> job_of(const dead_letter& d) {
+  try {
+    return decode_job(d.record, d.group);
+  } catch (const std::runtime_error&) {
+    return std::nullopt;
+  }
 }
 
 json::object to_json(const dead_letter& d) {
-  return {{"id", d.id},       {"group", d.group}, {"error", d.error},
-          {"at_ms", d.at_ms}, {"runs", d.runs},   {"record", d.record}};
+  json::object o{{"id", d.id}, {"group", d.group}};
+  if (auto j = job_of(d)) {
+    o["type"] = j->type;
+    o["payload"] = j->payload;
+    o["max_attempts"] = j->max_attempts;
+    o["enqueued_at_ms"] = j->enqueued_at_ms;
+  } else {
+    o["record"] = d.record;
+  }
+  o["runs"] = d.runs;
+  o["error"] = d.error;
+  o["at_ms"] = d.at_ms;
+  return o;
 }
+
+// Which dead letters `dlq requeue` and `dlq purge` take without ids: all (--all), or those that
+// match every filter given.
+struct letter_filter {
+  std::optional<std::string> group, type, error;
+
+  bool matches(const dead_letter& d) const {
+    if (group && d.group != *group) return false;
+    if (error && d.error.find(*error) == std::string::npos) return false;
+    if (type) {
+      auto j = job_of(d);
+      if (!j || j->type != *type) return false;
+    }
+    return true;
+  }
+};
+
+// The keys of the matching dead letters, read page by page. They are all read before any is
+// requeued or purged: those calls remove letters, which would shift the pages still to read.
+asio::awaitable<std::vector<std::string>> matching_letters(redis_backend& store, const std::string& queue,
+                                                           const letter_filter& filter) {
+  constexpr std::size_t page = 500;
+  std::vector<std::string> ids;
+  for (std::size_t offset = 0;; offset += page) {
+    auto letters = co_await store.dead_letters(queue, offset, page);
+    for (auto& d : letters)
+      if (filter.matches(d)) ids.push_back(d.id);
+    if (letters.size() < page) break;
+  }
+  co_return ids;
+}
+
+// Requeue and purge take this many keys a call: one script call each, short enough not to keep
+// Redis busy for long.
+constexpr std::size_t keys_per_call = 500;
 
 }  // namespace
 
@@ -200,13 +257,21 @@ int check(const args& a) {
 }
 
 int dlq(const args& a) {
-  auto c = parse(a, "dlq", {"--head", "--all"}, {"--offset", "--limit"});
+  auto c = parse(a, "dlq", {"--head", "--all"}, {"--offset", "--limit"}, {"--group", "--type", "--error"});
   constexpr const char* usage =
       "usage: jobrt dlq list [--offset N] [--limit N]   oldest first (default limit 100)\n"
       "       jobrt dlq show ID\n"
       "       jobrt dlq requeue ID... [--head]          back to their group's tail (--head: next)\n"
-      "       jobrt dlq purge ID... | --all\n"
-      "each with [--redis URL] [--queue NAME] [--json]\n";
+      "       jobrt dlq requeue SELECTION [--head]\n"
+      "       jobrt dlq purge ID... | SELECTION\n"
+      "each with [--redis URL] [--queue NAME] [--json]\n"
+      "SELECTION is --all (every dead letter), or filters that a dead letter must all match:\n"
+      "  --group G       its group is G\n"
+      "  --type T        its job's type is T\n"
+      "  --error TEXT    its error contains TEXT\n"
+      "With --json, list and show print each dead letter as a JSON object: id, group, type,\n"
+      "payload, max_attempts, enqueued_at_ms, runs, error and at_ms (when it failed; times in ms\n"
+      "since the epoch). Ages are in seconds.\n";
   if (c.help) {
     fmt::print("{}", usage);
     return 0;
@@ -214,10 +279,24 @@ int dlq(const args& a) {
   if (c.positional.empty()) throw usage_error("dlq: say list, show, requeue or purge");
   auto verb = c.positional.front();
   std::vector<std::string> ids(c.positional.begin() + 1, c.positional.end());
+  letter_filter filter;
+  const std::pair<const char*, std::optional<std::string>*> filters[] = {
+      {"--group", &filter.group}, {"--type", &filter.type}, {"--error", &filter.error}};
+  for (auto [name, field] : filters) {
+    auto it = c.strings.find(name);
+    if (it == c.strings.end()) continue;
+    if (it->second.empty()) throw usage_error(fmt::format("dlq {}: {} is empty", verb, name));
+    *field = it->second;
+  }
+  bool filtered = filter.group || filter.type || filter.error;
+  bool selection = filtered || c.flags.contains("--all");
   if (c.flags.contains("--head") && verb != "requeue") throw usage_error(fmt::format("dlq {}: no --head", verb));
-  if (c.flags.contains("--all") && verb != "purge") throw usage_error(fmt::format("dlq {}: no --all", verb));
+  if (selection && verb != "requeue" && verb != "purge")
+    throw usage_error(fmt::format("dlq {}: --all, --group, --type and --error are requeue's and purge's", verb));
   if ((c.numbers.contains("--offset") || c.numbers.contains("--limit")) && verb != "list")
     throw usage_error(fmt::format("dlq {}: --offset and --limit are list's", verb));
+  if ((verb == "requeue" || verb == "purge") && ids.empty() == !selection)
+    throw usage_error(fmt::format("dlq {}: give the ids, or --all, or filters (--group, --type, --error)", verb));
   int rc = 0;
   if (verb == "list") {
     no_more(c.positional, 1, "dlq list");
@@ -229,8 +308,7 @@ int dlq(const args& a) {
         if (c.json)
           fmt::print("{}\n", json::serialize(to_json(d)));
         else
-          fmt::print("{}  group {}  {} s ago  {}\n", d.id, d.group.empty() ? "-" : d.group, (now_ms() - d.at_ms) / 1000,
-                     d.error);
+          fmt::print("{}  group {}  {}  {}\n", d.id, d.group.empty() ? "-" : d.group, age(d.at_ms), d.error);
       }
     });
   } else if (verb == "show") {
@@ -242,37 +320,62 @@ int dlq(const args& a) {
         rc = 1;
         co_return;
       }
-      if (c.json)
+      if (c.json) {
         fmt::print("{}\n", json::serialize(to_json(*d)));
+        co_return;
+      }
+      fmt::print("id {}\ngroup {}\n", d->id, d->group.empty() ? "-" : d->group);
+      if (auto j = job_of(*d))
+        fmt::print("type {}\npayload {}\nmax attempts {}\nenqueued {}\n", j->type, json::serialize(j->payload),
+                   j->max_attempts, age(j->enqueued_at_ms));
       else
-        fmt::print("id {}\ngroup {}\nruns {}\nenqueued {}\nfailed {} ms ago\nerror {}\nrecord {}\n", d->id,
-                   d->group.empty() ? "-" : d->group, d->runs, enqueued_of(d->record), now_ms() - d->at_ms, d->error,
-                   d->record);
+        fmt::print("record {}\n", d->record);
+      fmt::print("runs {}\nfailed {}\nerror {}\n", d->runs, age(d->at_ms), d->error);
     });
   } else if (verb == "requeue") {
-    if (ids.empty()) throw usage_error("dlq requeue: give the ids");
+    bool head = c.flags.contains("--head");
     with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
-      auto done = co_await store.requeue(c.queue, ids, c.flags.contains("--head"));
-      fmt::print("requeued {} of {}\n", done.size(), ids.size());
-      if (done.size() != ids.size()) {
-        std::set<std::string> requeued(done.begin(), done.end());
-        for (auto& id : ids)
-          if (!requeued.contains(id))
-            fmt::print(
-                stderr,
-                "jobrt: dlq requeue: {} not requeued: no such dead letter in queue {}, or a pending job has its id\n",
-                id, c.queue);
+      if (selection) ids = co_await matching_letters(store, c.queue, filter);
+      // In calls of keys_per_call. --head puts each call's letters in front of those already
+      // requeued: the last call goes first so that the letters keep their order.
+      std::vector<std::vector<std::string>> calls;
+      for (std::size_t i = 0; i < ids.size(); i += keys_per_call)
+        calls.emplace_back(ids.begin() + static_cast<std::ptrdiff_t>(i),
+                           ids.begin() + static_cast<std::ptrdiff_t>(std::min(ids.size(), i + keys_per_call)));
+      if (head) std::reverse(calls.begin(), calls.end());
+      std::set<std::string> requeued;
+      for (auto& call : calls)
+        for (auto& id : co_await store.requeue(c.queue, call, head)) requeued.insert(id);
+      fmt::print("requeued {} of {}\n", requeued.size(), ids.size());
+      for (auto& id : ids) {
+        if (requeued.contains(id)) continue;
+        fmt::print(
+            stderr,
+            "jobrt: dlq requeue: {} not requeued: no such dead letter in queue {}, or a pending job has its id\n", id,
+            c.queue);
         rc = 1;
       }
     });
   } else if (verb == "purge") {
-    if (ids.empty() != c.flags.contains("--all")) throw usage_error("dlq purge: give the ids, or --all");
     with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+      if (selection && !filtered) {  // --all: one call (purge takes no ids as every one)
+        fmt::print("purged {}\n", co_await store.purge(c.queue, {}));
+        co_return;
+      }
       std::vector<std::string> missing;  // named, as show and requeue name theirs
-      for (auto& id : ids)
-        if (!co_await store.dead_letter_of(c.queue, id)) missing.push_back(id);
-      auto n = co_await store.purge(c.queue, ids);
-      fmt::print("purged {}\n", n);
+      if (selection)
+        ids = co_await matching_letters(store, c.queue, filter);
+      else
+        for (auto& id : ids)
+          if (!co_await store.dead_letter_of(c.queue, id)) missing.push_back(id);
+      std::int64_t purged = 0;
+      // Never an empty call: that would purge every dead letter.
+      for (std::size_t i = 0; i < ids.size(); i += keys_per_call)
+        purged += co_await store.purge(
+            c.queue, std::vector<std::string>(
+                         ids.begin() + static_cast<std::ptrdiff_t>(i),
+                         ids.begin() + static_cast<std::ptrdiff_t>(std::min(ids.size(), i + keys_per_call))));
+      fmt::print("purged {}\n", purged);
       for (auto& id : missing) fmt::print(stderr, "jobrt: dlq purge: no dead letter {} in queue {}\n", id, c.queue);
       if (!missing.empty()) rc = 1;
     });

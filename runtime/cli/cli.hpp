@@ -6,6 +6,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -35,8 +36,18 @@ void no_more(const std::vector<std::string>& positional, std::size_t takes, std:
 std::string default_redis_url();
 /// Throws usage_error naming what is wrong with a Redis URL.
 void check_url(const std::string& url);
-/// A PING with a time limit: a server that is not there is an error naming it after a while,
-/// not a hang (requests have no timeout of their own).
+/// What a PING with a time limit found: answered, or why not (the connection's account).
+struct ping_result {
+  bool answered = false;
+  redis::connect_failure failure = redis::connect_failure::none;
+  std::string why;
+};
+boost::asio::awaitable<ping_result> ping_within(redis::connection& conn, std::chrono::milliseconds limit);
+/// Whether a failure to connect is final: waiting for the server would not change it.
+bool final_failure(redis::connect_failure f);
+/// A PING before a command's work. A server that cannot be reached (final_failure) is an error
+/// naming it within about a second; one that is not ready (loading, paused) is waited for a
+/// while, saying so on stderr, then an error naming it (requests have no timeout of their own).
 boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std::string& url);
 /// Runs `ctx` on `threads` threads, this one among them, until it runs out of work or is
 /// stopped. An exception that escapes a handler on any thread stops it on all (a thread of its

@@ -145,7 +145,20 @@ handler stock_arrival_redis(redis::connection& conn, std::shared_ptr<const redis
   };
 }
 
+// The progress bar is redrawn in place with '\r': for a person at a terminal. Written to a file
+// (a log, a CI job) it would be one long line of redraws, so there it is left out.
+bool progress_shown() {
+  static const bool tty = ::isatty(STDERR_FILENO) == 1;
+  return tty;
+}
+
+// Ends the bar's line, so that what comes next starts on a line of its own.
+void end_progress() {
+  if (progress_shown()) fmt::print(stderr, "\n");
+}
+
 void progress(std::size_t done, std::size_t total, double secs) {
+  if (!progress_shown()) return;
   constexpr int width = 40;
   auto filled = static_cast<int>(static_cast<double>(done) / static_cast<double>(total) * width);
   fmt::print(stderr, "\r  [{:=<{}}{:<{}}] {:3.0f}%  {}/{} jobs  {:.0f} jobs/s ", "", filled, "", width - filled,
@@ -273,7 +286,7 @@ int run_demo(const demo_options& o) {
         }
         secs = std::chrono::duration<double>(clock::now() - start).count();
         progress(board->done, o.jobs, secs);
-        fmt::print(stderr, "\n");
+        end_progress();
         for (auto& w : workers) co_await w->stop(std::chrono::seconds(5));
       },
       [&](std::exception_ptr e) {
@@ -485,7 +498,7 @@ int run_demo_processes(const demo_options& o) {
           auto ended = co_await (sleep_for(std::chrono::milliseconds(100)) || children.wait_exit());
           if (ended.index() == 1) throw std::runtime_error(std::get<1>(ended));
         }
-        fmt::print(stderr, "\n");
+        end_progress();
 
         children.terminate();
         auto stopped = co_await (children.wait_all() || sleep_for(std::chrono::seconds(15)));
@@ -536,7 +549,7 @@ int run_demo_processes(const demo_options& o) {
       });
   ctx.run();
   if (failure) {
-    fmt::print(stderr, "\n");
+    end_progress();
     std::rethrow_exception(failure);  // the worker processes are killed on the way out
   }
   return summarize(o, a, r);
@@ -598,7 +611,7 @@ int demo(const args& a) {
     if (processes_given) throw usage_error("demo: --processes needs --redis");
     return run_demo(o);
   }
-  redis::config::from_url(o.redis_url);  // a bad URL is a usage error
+  check_url(o.redis_url);  // a bad URL is a usage error (exit 2), named
   if (!workers_given) o.workers = 1;
   return run_demo_processes(o);
 }

@@ -44,18 +44,40 @@ void no_more(const std::vector<std::string>& positional, std::size_t takes, std:
     throw usage_error(fmt::format("{}: unexpected argument '{}'", command, positional[takes]));
 }
 
-boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std::string& url) {
+boost::asio::awaitable<ping_result> ping_within(redis::connection& conn, std::chrono::milliseconds limit) {
   redis::request ping("PING");
-  ping.options.timeout = std::chrono::seconds(10);
+  ping.options.timeout = limit;
+  ping_result r;
   try {
     co_await redis::exec(conn, std::move(ping));
+    r.answered = true;
+    co_return r;
   } catch (const std::exception& e) {
     // The connection's own account says why (refused, timed out, AUTH refused...); else the request's.
-    auto why = conn.last_error();
-    // The address without the URL's password.
-    throw std::runtime_error(fmt::format("redis at {} does not answer: {}", redis::config::from_url(url).address(),
-                                         why.empty() ? e.what() : why));
+    r.why = conn.last_error();
+    if (r.why.empty()) r.why = e.what();
   }
+  r.failure = conn.last_failure();
+  co_return r;
+}
+
+bool final_failure(redis::connect_failure f) {
+  using redis::connect_failure;
+  return f == connect_failure::unresolved || f == connect_failure::refused || f == connect_failure::denied;
+}
+
+boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std::string& url) {
+  // A first look, short: a refused port or password fails its first attempt to connect at once.
+  // Only a server that is there and not ready yet is worth the longer wait.
+  constexpr std::chrono::milliseconds first_look{1000}, whole_wait{10000};
+  auto r = co_await ping_within(conn, first_look);
+  if (r.answered) co_return;
+  if (final_failure(r.failure)) throw std::runtime_error(r.why);  // it names the address, without password
+  auto address = redis::config::from_url(url).address();
+  fmt::print(stderr, "jobrt: redis at {} is not ready ({}); waiting up to {} s\n", address, r.why,
+             std::chrono::duration_cast<std::chrono::seconds>(whole_wait).count());
+  r = co_await ping_within(conn, whole_wait - first_look);
+  if (!r.answered) throw std::runtime_error(fmt::format("redis at {} does not answer: {}", address, r.why));
 }
 
 void run_threads(boost::asio::io_context& ctx, std::size_t threads) {

@@ -10,13 +10,17 @@
 #include <jobrt/worker.hpp>
 
 #include <fmt/format.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/deferred.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/json/parse.hpp>
@@ -27,6 +31,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <optional>
 #include <set>
@@ -53,6 +58,60 @@ std::ifstream open_file(const std::string& path, std::string_view command) {
   return in;
 }
 
+// A second SIGTERM or SIGINT while the worker stops forces the stop. worker::stop() cannot cut
+// its grace short once it runs, so the force reaches the jobs through their handlers: each runs
+// beside a wait for it. All its state is on a strand: handlers wait from any thread.
+class force_switch {
+ public:
+  explicit force_switch(asio::any_io_executor ex)
+      : strand_(asio::make_strand(ex)), fired_timer_(strand_, std::chrono::steady_clock::time_point::max()) {}
+
+  // Completes once fired; throws operation_aborted when cancelled before.
+  asio::awaitable<void> wait() { return asio::co_spawn(strand_, wait_on_strand(), asio::use_awaitable); }
+
+  void fire() {
+    asio::post(strand_, [this] {
+      fired_ = true;
+      fired_timer_.cancel();
+    });
+  }
+
+ private:
+  asio::awaitable<void> wait_on_strand() {
+    if (!fired_) co_await fired_timer_.async_wait(asio::as_tuple(asio::use_awaitable));
+    if (!fired_) throw boost::system::system_error(asio::error::operation_aborted);
+  }
+
+  asio::strand<asio::any_io_executor> strand_;
+  asio::steady_timer fired_timer_;  // never expires: fire() cancels it, waking every wait
+  bool fired_ = false;
+};
+
+// `h`, ended by a forced stop: the handler is cancelled, and its job deferred with no delay (run
+// again, no attempt counted; a grouped job keeps its place at its group's head), the way
+// a handler hands a job back. The handler's own end, an exception included, passes through as it
+// is: the worker cancelling it at the grace's end still hands its job back.
+handler forceable(handler h, std::shared_ptr<force_switch> force) {
+  return [h = std::move(h), force = std::move(force)](job_context& ctx) -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    // `||` waits for a branch that succeeds: the handler's end comes as a value.
+    auto run = [&]() -> asio::awaitable<std::exception_ptr> {
+      try {
+        co_await h(ctx);
+      } catch (...) {
+        co_return std::current_exception();
+      }
+      co_return nullptr;
+    };
+    auto ended = co_await (run() || force->wait());
+    if (ended.index() == 1) {
+      ctx.retry_after(std::chrono::milliseconds(0));
+      co_return;
+    }
+    if (auto e = std::get<0>(ended)) std::rethrow_exception(e);
+  };
+}
+
 // Threads running one io_context: more than a few per core only cost memory (and, by the
 // thousands, fail to start).
 constexpr std::size_t max_threads = 256;
@@ -76,7 +135,11 @@ constexpr const char* worker_usage =
     "       jobrt worker --config FILE [--plugin PATH ...] [--redis URL] [--threads N] [--grace MS]\n"
     "Runs the plugins' handlers on a queue (or on each queue of the config file, see\n"
     "jobrt/settings.hpp) until SIGTERM or SIGINT, then stops gracefully: no new claims, running jobs\n"
-    "get --grace to finish, the rest are handed back.\n"
+    "get --grace to finish, the rest are handed back. A second SIGTERM or SIGINT forces the stop:\n"
+    "running jobs are cancelled at once and deferred (they run again, no attempt counted), and the\n"
+    "exit code is 128 + that signal: 130 for SIGINT, 143 for SIGTERM (0 after a graceful stop).\n"
+    "A server that is down or not ready is asked again every 10 s; one that refuses the user or\n"
+    "password (WRONGPASS, NOPERM), or a host name that does not exist, is an error at once (exit 1).\n"
     "  --redis URL          the server (default: $REDIS_URL, else redis://127.0.0.1:6379)\n"
     "  --queue NAME         (default: default); given more than once, a worker for each queue,\n"
     "                       all with the options below\n"
@@ -218,6 +281,7 @@ int worker_command(const args& a) {
   for (std::size_t i = 0; i < queues.size(); ++i)
     queues[i].id = queues.size() == 1 ? base_id : fmt::format("{}:{}", base_id, queues[i].queue);
 
+  int forced_by = 0;  // the signal that forced the stop, if one did
   with_backend(url, threads, [&](asio::io_context& ctx, redis_backend& store) -> asio::awaitable<void> {
     using namespace asio::experimental::awaitable_operators;
     asio::signal_set signals(ctx, SIGTERM, SIGINT);  // from here on a signal waits for async_wait
@@ -226,32 +290,38 @@ int worker_command(const args& a) {
     int early = early_signal;
     if (early == 0) {
       log(log_level::info, "worker " + base_id, "connecting to redis at {}", redis::config::from_url(url).address());
-      // A worker may start before its server: it asks until the server answers and says why
-      // each time it does not (at most once per ask's time limit). A throwing ask would not end
-      // the `||` below, which waits for a success: each failure is caught here.
-      auto reachable = [&]() -> asio::awaitable<void> {
+      // A worker may start before its server, or outlive its restart: it asks until the server
+      // answers and says why each time it does not (at most once per 10 s). What waiting cannot
+      // fix (a wrong password or user, a host that does not exist) ends it at once instead. An
+      // ask reports as a value ("" or the final failure): the `||` below waits for a success.
+      auto reachable = [&]() -> asio::awaitable<std::string> {
         asio::steady_timer next(ctx);
         for (;;) {
           next.expires_after(std::chrono::seconds(10));
-          std::string why;
-          try {
-            co_await check_reachable(store.connection(), url);
-            co_return;
-          } catch (const std::exception& e) {
-            why = e.what();
-          }
-          if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none) co_return;
-          log(log_level::warn, "worker " + base_id, "{}; asking again", why);
+          auto r = co_await ping_within(store.connection(), std::chrono::seconds(1));
+          using redis::connect_failure;
+          if (!r.answered && (r.failure == connect_failure::denied || r.failure == connect_failure::unresolved))
+            co_return r.why;
+          if (!r.answered) r = co_await ping_within(store.connection(), std::chrono::seconds(9));
+          if (r.answered) co_return std::string();
+          if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none)
+            co_return std::string();
+          log(log_level::warn, "worker " + base_id, "redis at {} does not answer: {}; asking again",
+              redis::config::from_url(url).address(), r.why);
           co_await next.async_wait(asio::use_awaitable);
         }
       };
       auto first = co_await (reachable() || signals.async_wait(asio::use_awaitable));
-      if (first.index() == 1) early = std::get<1>(first);
+      if (first.index() == 1)
+        early = std::get<1>(first);
+      else if (!std::get<0>(first).empty())
+        throw std::runtime_error(std::get<0>(first));  // exit 1, in the connection's words
     }
     if (early != 0) {
       log(log_level::info, "worker " + base_id, "{} before it started: stopping", signal_name(early));
       co_return;
     }
+    auto force = std::make_shared<force_switch>(ctx.get_executor());
     std::vector<std::unique_ptr<jobrt::worker>> pool;
     std::string types;
     for (auto& p : loaded)
@@ -261,12 +331,13 @@ int worker_command(const args& a) {
       for (auto& p : loaded) {
         for (auto& e : p->handlers()) {  // the config's backoff for a type wins over the plugin's
           auto b = type_backoffs.find(e.type);
+          auto h = forceable(e.h, force);
           if (b != type_backoffs.end())
-            pool.back()->add_handler(e.type, e.h, b->second);
+            pool.back()->add_handler(e.type, std::move(h), b->second);
           else if (e.retry_backoff)
-            pool.back()->add_handler(e.type, e.h, *e.retry_backoff);
+            pool.back()->add_handler(e.type, std::move(h), *e.retry_backoff);
           else
-            pool.back()->add_handler(e.type, e.h);
+            pool.back()->add_handler(e.type, std::move(h));
         }
       }
     }
@@ -296,15 +367,26 @@ int worker_command(const args& a) {
     }
     int signal = co_await signals.async_wait(asio::use_awaitable);
     if (metrics) metrics->stop();
-    log(log_level::info, "worker " + base_id, "{}: stopping (grace {} ms)", signal_name(signal), grace.count());
-    {  // all drain at once
+    log(log_level::info, "worker " + base_id, "{}: stopping (grace {} ms; {} again forces it)", signal_name(signal),
+        grace.count(), signal_name(signal));
+    auto stop_all = [&]() -> asio::awaitable<void> {  // all drain at once
       auto ex = ctx.get_executor();
       using stop_op = decltype(asio::co_spawn(ex, pool.front()->stop(grace), asio::deferred));
       std::vector<stop_op> ops;
       for (auto& w : pool) ops.push_back(asio::co_spawn(ex, w->stop(grace), asio::deferred));
+      // Bound to no cancellation slot: the `||` below must not cut a stop short (it would leave
+      // the worker half stopped); a forced stop ends it through the handlers instead.
       co_await asio::experimental::make_parallel_group(std::move(ops))
-          .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
-    }
+          .async_wait(asio::experimental::wait_for_all(),
+                      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+    };
+    auto force_on_signal = [&]() -> asio::awaitable<void> {
+      forced_by = co_await signals.async_wait(asio::use_awaitable);
+      log(log_level::warn, "worker " + base_id, "{} again: forcing the stop: running jobs are cancelled and deferred",
+          signal_name(forced_by));
+      force->fire();
+    };
+    co_await (stop_all() || force_on_signal());
     for (std::size_t i = 0; i < pool.size(); ++i) {
       auto c = pool[i]->counters();
       log(log_level::info, "worker " + queues[i].id,
@@ -312,7 +394,7 @@ int worker_command(const args& a) {
           c.completed, c.retried, c.failed, c.leases_lost, c.released);
     }
   });
-  return 0;
+  return forced_by == 0 ? 0 : 128 + forced_by;  // as a shell reports a process a signal ended
 }
 
 namespace {
@@ -327,33 +409,37 @@ constexpr const char* enqueue_usage =
     "  --group G  --id ID  --delay MS  --max-attempts N  --timeout MS  --on-failure POLICY\n"
     "--groups G spreads generated jobs over groups g0..g(G-1); their payload gets \"n\": the\n"
     "job's number. A JSON line: {\"type\", \"payload\", \"group\", \"id\", \"delay_ms\",\n"
-    "\"max_attempts\", \"timeout_ms\", \"on_failure\"}. Prints the job's id, or a count.\n";
+    "\"max_attempts\", \"timeout_ms\", \"on_failure\"}. --file - reads standard input. The whole\n"
+    "file is checked before any job is stored: an error names its line (FILE:LINE: ...) and\n"
+    "nothing is enqueued. A job may be at most 1 MiB (1048576 bytes) once encoded, payload\n"
+    "included. Prints the job's id, or a count.\n";
 
-job_spec spec_from_line(const std::string& line, std::size_t number) {
+// One line of an enqueue file; std::invalid_argument says what is wrong with it (the caller
+// names the line).
+job_spec spec_from_line(const std::string& line) {
   boost::system::error_code ec;
   auto v = boost::json::parse(line, ec);
-  auto where = fmt::format("line {}", number);
-  if (ec) throw std::invalid_argument(fmt::format("{}: not JSON: {}", where, ec.message()));
-  if (!v.is_object()) throw std::invalid_argument(fmt::format("{}: not a JSON object", where));
+  if (ec) throw std::invalid_argument(fmt::format("not JSON: {}", ec.message()));
+  if (!v.is_object()) throw std::invalid_argument("not a JSON object");
   auto& o = v.as_object();
   job_spec s;
   auto text = [&](std::string_view name) -> std::optional<std::string> {
     auto* f = o.if_contains(name);
     if (!f) return std::nullopt;
-    if (!f->is_string()) throw std::invalid_argument(fmt::format("{}: \"{}\" is not a string", where, name));
+    if (!f->is_string()) throw std::invalid_argument(fmt::format("\"{}\" is not a string", name));
     return std::string(f->as_string());
   };
   auto number_of = [&](std::string_view name) -> std::optional<std::int64_t> {
     auto* f = o.if_contains(name);
     if (!f) return std::nullopt;
     if (!f->is_int64() || f->as_int64() < 0)
-      throw std::invalid_argument(fmt::format("{}: \"{}\" is not a non-negative integer", where, name));
+      throw std::invalid_argument(fmt::format("\"{}\" is not a non-negative integer", name));
     return f->as_int64();
   };
   for (auto& [key, value] : o) {
     static const std::set<std::string_view> known{"type",     "payload",      "group",      "id",
                                                   "delay_ms", "max_attempts", "timeout_ms", "on_failure"};
-    if (!known.contains(key)) throw std::invalid_argument(fmt::format("{}: unknown field \"{}\"", where, key));
+    if (!known.contains(key)) throw std::invalid_argument(fmt::format("unknown field \"{}\"", key));
   }
   s.type = text("type").value_or("");
   if (auto* p = o.if_contains("payload")) s.payload = *p;
@@ -461,20 +547,25 @@ int enqueue_command(const args& a) {
   }
   check_url(url);
 
-  // Every job is built and checked before anything is stored.
+  // Every job is built and checked (its encoded size too) before anything is stored: the jobs go
+  // in several calls, and one refused late would leave the earlier ones stored.
   std::vector<job_spec> specs;
   if (!file.empty()) {
-    std::ifstream in = open_file(file, "enqueue");
+    std::ifstream opened;
+    if (file != "-") opened = open_file(file, "enqueue");
+    std::istream& in = file == "-" ? std::cin : opened;
+    auto name = file == "-" ? std::string("stdin") : file;
     std::string line;
     for (std::size_t n = 1; std::getline(in, line); ++n) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       try {
-        specs.push_back(spec_from_line(line, n));
+        specs.push_back(spec_from_line(line));
+        producer::check(specs.back(), po);
       } catch (const std::invalid_argument& e) {
-        throw std::runtime_error(fmt::format("enqueue: {}: {}; nothing was enqueued", file, e.what()));
+        throw std::runtime_error(fmt::format("enqueue: {}:{}: {}; nothing was enqueued", name, n, e.what()));
       }
     }
-    if (in.bad()) throw std::runtime_error(fmt::format("enqueue: cannot read {}; nothing was enqueued", file));
+    if (in.bad()) throw std::runtime_error(fmt::format("enqueue: cannot read {}; nothing was enqueued", name));
   } else if (count > 0) {
     specs.reserve(count);
     for (std::size_t n = 0; n < count; ++n) {
@@ -501,7 +592,17 @@ int enqueue_command(const args& a) {
       auto last = std::min(specs.size(), first + step);
       std::vector<job_spec> part(std::make_move_iterator(specs.begin() + static_cast<std::ptrdiff_t>(first)),
                                  std::make_move_iterator(specs.begin() + static_cast<std::ptrdiff_t>(last)));
-      auto done = co_await p.enqueue_bulk(std::move(part));
+      std::vector<enqueue_result> done;
+      try {
+        done = co_await p.enqueue_bulk(std::move(part));
+      } catch (const partial_enqueue& e) {  // counted in this step: add the steps before it
+        throw std::runtime_error(fmt::format("enqueue: the first {} of {} jobs are stored, then: {}",
+                                             first + e.stored(), specs.size(), e.what()));
+      } catch (const std::exception& e) {
+        if (first == 0) throw;
+        throw std::runtime_error(
+            fmt::format("enqueue: the first {} of {} jobs are stored, then: {}", first, specs.size(), e.what()));
+      }
       results.insert(results.end(), done.begin(), done.end());
       if (tty) {
         std::chrono::duration<double> took = std::chrono::steady_clock::now() - began;

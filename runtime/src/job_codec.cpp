@@ -39,6 +39,8 @@ std::chrono::milliseconds backoff::delay_after(int attempt, double random) const
   return std::chrono::milliseconds(static_cast<std::int64_t>(std::min(d, longest)));
 }
 
+job decode_job(std::string_view record, std::string_view group) { return detail::decode_record(record, group); }
+
 }  // namespace jobrt
 
 namespace jobrt::detail {

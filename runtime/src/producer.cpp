@@ -57,7 +57,14 @@ void producer::check(const job_spec& spec) {
     throw std::invalid_argument("job group is empty (leave it unset for no group)");
 }
 
-encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms) const {
+void producer::check(const job_spec& spec, const producer_options& opts) {
+  auto now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  encode(spec, now_ms, opts);
+}
+
+encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms, const producer_options& opts) {
   check(spec);
   encoded_job out;
   out.id = spec.id;
@@ -66,13 +73,13 @@ encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms) const {
     out.run_at_ms = std::max<std::int64_t>(
         1, std::chrono::duration_cast<std::chrono::milliseconds>(spec.run_at->time_since_epoch()).count());
   std::optional<group_choice> choice;
-  if (!spec.group) choice = opts_.rules.choose(spec.type, spec.payload);
+  if (!spec.group) choice = opts.rules.choose(spec.type, spec.payload);
   // The rule's policy travels with the job, unless the job names its own.
   auto policy = spec.on_failure ? spec.on_failure : choice ? choice->on_failure : std::nullopt;
   out.body = detail::encode_body(spec, now_ms, policy);
-  if (out.body.size() > opts_.max_body_bytes)
+  if (out.body.size() > opts.max_body_bytes)
     throw std::invalid_argument(fmt::format("job of type '{}' is {} bytes encoded; the limit is {}", spec.type,
-                                            out.body.size(), opts_.max_body_bytes));
+                                            out.body.size(), opts.max_body_bytes));
   if (spec.group) {
     out.group = *spec.group;
   } else if (choice) {
@@ -96,7 +103,7 @@ boost::asio::awaitable<std::vector<enqueue_result>> producer::enqueue_bulk(std::
   encoded.reserve(specs.size());
   for (std::size_t i = 0; i < specs.size(); ++i) {
     try {
-      encoded.push_back(encode(specs[i], now_ms));
+      encoded.push_back(encode(specs[i], now_ms, opts_));
     } catch (const std::invalid_argument& e) {
       if (specs.size() == 1) throw;
       throw std::invalid_argument(fmt::format("job {} of {}: {}", i + 1, specs.size(), e.what()));

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -45,8 +46,10 @@ struct finished {
   std::string output;
 };
 
-// Starts `jobrt args...` with stdout and stderr to one file, and `env` added to the environment.
-pid_t start(const std::vector<std::string>& args, const std::string& out, const std::vector<std::string>& env = {}) {
+// Starts `jobrt args...` with stdout and stderr to one file, and `env` added to the environment;
+// standard input from the file `in` when given.
+pid_t start(const std::vector<std::string>& args, const std::string& out, const std::vector<std::string>& env = {},
+            const std::string& in = {}) {
   std::vector<std::string> all{JOBRT_BIN};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -56,6 +59,7 @@ pid_t start(const std::vector<std::string>& args, const std::string& out, const 
   posix_spawn_file_actions_init(&files);
   posix_spawn_file_actions_addopen(&files, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&files, 1, 2);
+  if (!in.empty()) posix_spawn_file_actions_addopen(&files, 0, in.c_str(), O_RDONLY, 0);
   std::vector<std::string> vars(env);
   std::vector<char*> envp;
   for (auto& v : vars) envp.push_back(v.data());
@@ -79,9 +83,10 @@ finished wait_for(pid_t pid, const std::string& out) {
   return f;
 }
 
-finished jobrt_cli(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+finished jobrt_cli(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+                   const std::string& in = {}) {
   auto out = fmt::format("/tmp/jobrt-cli-{}-{}.out", ::getpid(), std::rand());
-  return wait_for(start(args, out, env), out);
+  return wait_for(start(args, out, env, in), out);
 }
 
 // Waits (bounded) until the file has `text`.
@@ -113,6 +118,26 @@ queue_counts wait_counts(const redis::config& cfg, const std::string& queue, Don
 }
 
 std::string url_of(const redis::config& cfg) { return fmt::format("redis://{}:{}", cfg.host, cfg.port); }
+
+// wait_for, bounded: a process still running after `limit` is killed (status -1).
+finished wait_at_most(pid_t pid, const std::string& out, std::chrono::seconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::ifstream in(out);
+  finished f;
+  f.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  f.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::remove(out.c_str());
+  return f;
+}
 
 }  // namespace
 
@@ -215,7 +240,7 @@ TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the 
   auto lines = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file});
   std::remove(file.c_str());
   CHECK(lines.status == 1);
-  CHECK(lines.output.find("line 2: not JSON") != std::string::npos);
+  CHECK(lines.output.find(file + ":2: not JSON") != std::string::npos);
   CHECK(lines.output.find("nothing was enqueued") != std::string::npos);
   auto stats = jobrt_cli({"stats", "--redis", url, "--queue", queue, "--json"});
   CHECK(stats.output.find("\"enqueued\":0") != std::string::npos);
@@ -235,8 +260,7 @@ TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the 
   CHECK(unknown.output.find("commands:") != std::string::npos);
   auto down = jobrt_cli({"stats", "--redis", "redis://:secret@127.0.0.1:1"});
   CHECK(down.status == 1);
-  CHECK(down.output.find("redis at redis://127.0.0.1:1/0 does not answer: connect to redis://127.0.0.1:1/0:") !=
-        std::string::npos);
+  CHECK(down.output.find("jobrt: connect to redis://127.0.0.1:1/0: Connection refused") != std::string::npos);
   CHECK(down.output.find("secret") == std::string::npos);  // the URL's password is not printed
 }
 
@@ -270,6 +294,7 @@ TEST_CASE("jobrt refuses out-of-range options, empty names, stray arguments and 
       {{"dlq", "list", "--head"}, 2, "dlq list: no --head"},
       {{"group", "pause", ""}, 2, "group pause: the group's name is empty"},
       {{"demo", "--commodities", "99999999999"}, 2, "option --commodities: '99999999999' is not a number from 1"},
+      {{"demo", "--redis", "http://x"}, 2, "invalid Redis URL 'http://x'"},
       {{"version", "extra"}, 2, "version takes no arguments"},
   };
   for (auto& c : cases) {
@@ -598,7 +623,7 @@ TEST_CASE("every jobrt command answers --help and version prints it and REDIS_UR
   CHECK(stats.output.find("\"enqueued\":1") != std::string::npos);
   auto elsewhere = jobrt_cli({"stats", "--queue", queue}, {"REDIS_URL=redis://127.0.0.1:1"});
   CHECK(elsewhere.status == 1);
-  CHECK(elsewhere.output.find("redis at redis://127.0.0.1:1/0 does not answer") != std::string::npos);
+  CHECK(elsewhere.output.find("connect to redis://127.0.0.1:1/0: Connection refused") != std::string::npos);
   auto given = jobrt_cli({"stats", "--redis", url, "--queue", queue}, {"REDIS_URL=redis://127.0.0.1:1"});
   CHECK(given.status == 0);  // --redis wins over the environment
 }
@@ -661,6 +686,10 @@ TEST_CASE(
   auto letter = boost::json::parse(show_json.output).as_object();
   CHECK(letter.at("id").as_string() == "bad-2");
   CHECK(letter.at("runs").as_int64() == 1);
+  CHECK(letter.at("type").as_string() == "sleep");
+  CHECK(letter.at("payload") == boost::json::parse(R"({"ms":1,"fail":true})"));  // a JSON value, not text
+  CHECK(letter.at("error").as_string() == "sleep: failed as asked (payload.fail)");
+  CHECK(!letter.contains("record"));
   auto none = jobrt_cli({"dlq", "show", "nope", "--redis", url, "--queue", queue});
   CHECK(none.status == 1);
   CHECK(none.output.find("no dead letter nope in queue " + queue) != std::string::npos);
@@ -711,6 +740,7 @@ TEST_CASE(
   CHECK(grouped.status == 0);
   CHECK(grouped.output.find("40/40 commodities   ok") != std::string::npos);
   CHECK(grouped.output.find("FAILED") == std::string::npos);
+  CHECK(grouped.output.find('\r') == std::string::npos);  // to a file: no progress bar redrawn in place
   auto loose = jobrt_cli({"demo", "--jobs", "2000", "--commodities", "40", "--no-groups"});
   CHECK(loose.status == 0);
   CHECK(loose.output.find("Without groups, concurrent read-yield-write runs lost") != std::string::npos);
@@ -718,6 +748,7 @@ TEST_CASE(
       {"demo", "--jobs", "1000", "--commodities", "20", "--redis", url_of(shared_redis()), "--processes", "2"});
   CHECK_MESSAGE(on_redis.status == 0, on_redis.output);
   CHECK(on_redis.output.find("20/20 commodities   ok") != std::string::npos);
+  CHECK(on_redis.output.find('\r') == std::string::npos);
 }
 
 TEST_CASE("jobrt worker with --queue given twice runs a worker on each queue") {
@@ -742,4 +773,226 @@ TEST_CASE("jobrt worker with --queue given twice runs a worker on each queue") {
   auto twice = jobrt_cli({"worker", "--redis", url, "--queue", a, "--queue", a, "--plugin", "x.so"});
   CHECK(twice.status == 2);
   CHECK(twice.output.find("--queue " + a + " is given twice") != std::string::npos);
+}
+
+TEST_CASE("jobrt enqueue --file checks every line, sizes and job options included, before it stores any job") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "whole";
+  auto file = fmt::format("/tmp/jobrt-cli-whole-{}.jsonl", ::getpid());
+  auto write = [&](std::string_view last) {
+    std::ofstream out(file);
+    for (int i = 0; i < 2500; ++i) out << R"({"type":"noop","payload":{"n":)" << i << "}}\n";
+    out << last << "\n";
+  };
+  // Before, 2,000 of these were stored (two calls of 1,000) before the third call refused the
+  // big one, naming it "job 501 of 501".
+  write(R"({"type":"noop","payload":")" + std::string(2 << 20, 'x') + R"("})");
+  auto big = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file});
+  CHECK(big.status == 1);
+  CHECK(big.output.find(file + ":2501: job of type 'noop' is 2097") != std::string::npos);
+  CHECK(big.output.find("the limit is 1048576; nothing was enqueued") != std::string::npos);
+  write(R"({"type":"noop","max_attempts":0})");  // refused by the producer's own check
+  auto attempts = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file});
+  CHECK(attempts.status == 1);
+  CHECK(attempts.output.find(file + ":2501: job max_attempts is 0") != std::string::npos);
+  CHECK(wait_counts(cfg, queue, [](const queue_counts&) { return true; }).enqueued == 0);
+
+  // "-" reads standard input.
+  std::ofstream(file) << R"({"type":"noop","id":"in-1"})"
+                      << "\n"
+                      << R"({"type":"noop","id":"in-2"})"
+                      << "\n";
+  auto piped = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", "-"}, {}, file);
+  CHECK(piped.output == "enqueued 2 jobs on " + queue + " (0 duplicates)\n");
+  std::ofstream(file) << R"({"type":"noop","id":"in-3"})"
+                      << "\n"
+                      << R"({"type":""})"
+                      << "\n";
+  auto bad = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", "-"}, {}, file);
+  CHECK(bad.status == 1);
+  CHECK(bad.output.find("enqueue: stdin:2: job type is empty; nothing was enqueued") != std::string::npos);
+  std::remove(file.c_str());
+  CHECK(wait_counts(cfg, queue, [](const queue_counts&) { return true; }).enqueued == 2);
+}
+
+TEST_CASE("jobrt dlq prints letters as JSON and requeues and purges every letter a filter selects, page by page") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "select";
+  auto file = fmt::format("/tmp/jobrt-cli-select-{}.jsonl", ::getpid());
+  {
+    std::ofstream out(file);
+    out << R"({"type":"nosuch-a","group":"ga","id":"a1"})"
+        << "\n"
+        << R"({"type":"nosuch-a","group":"gb","id":"a2"})"
+        << "\n"
+        << R"({"type":"nosuch-b","id":"b1"})"
+        << "\n"
+        << R"({"type":"sleep","payload":{"ms":1,"fail":true},"max_attempts":1,"id":"s1"})"
+        << "\n";
+    // More than one page of dead_letters (500) and more than one requeue call (500).
+    for (int i = 0; i < 1100; ++i) out << R"({"type":"nosuch-c","payload":{"n":)" << i << "}}\n";
+  }
+  REQUIRE(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file}).status == 0);
+  std::remove(file.c_str());
+  auto out = fmt::format("/tmp/jobrt-cli-select-worker-{}.out", ::getpid());
+  auto pid = start(
+      {"worker", "--redis", url, "--queue", queue, "--concurrency", "50", "--plugin", JOBRT_HANDLERS "/jobrt_sleep.so"},
+      out);
+  auto counts = wait_counts(cfg, queue, [](const queue_counts& c) { return c.dead == 1104; });
+  ::kill(pid, SIGTERM);  // requeued letters stay queued from here on
+  CHECK(wait_for(pid, out).status == 0);
+  REQUIRE(counts.dead == 1104);
+  auto dead = [&] { return wait_counts(cfg, queue, [](const queue_counts&) { return true; }).dead; };
+  auto dlq = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "dlq");
+    args.insert(args.end(), {"--redis", url, "--queue", queue});
+    return jobrt_cli(args);
+  };
+
+  auto listed = dlq({"list", "--limit", "2000", "--json"});
+  std::istringstream lines(listed.output);
+  std::map<std::string, boost::json::object> letters;  // by id: workers finish in no set order
+  for (std::string line; std::getline(lines, line);) {
+    auto o = boost::json::parse(line).as_object();
+    letters[std::string(o.at("id").as_string())] = o;
+  }
+  REQUIRE(letters.size() == 1104);
+  CHECK(letters["a1"].at("group").as_string() == "ga");
+  CHECK(letters["a1"].at("type").as_string() == "nosuch-a");
+  CHECK(letters["a1"].at("error").as_string() == "no handler for type nosuch-a");
+  CHECK(letters["s1"].at("payload").at("fail").as_bool());
+  CHECK(letters["s1"].at("runs").as_int64() == 1);
+  // list and show give ages in the same unit.
+  CHECK(dlq({"list", "--limit", "2000"}).output.find(" s ago  no handler for type nosuch-a") != std::string::npos);
+  auto shown = dlq({"show", "s1"});
+  CHECK(shown.output.find("\nfailed ") != std::string::npos);
+  CHECK(shown.output.find(" s ago\n") != std::string::npos);
+  CHECK(shown.output.find(" ms ago") == std::string::npos);
+  CHECK(shown.output.find(R"(payload {"ms":1,"fail":true})") != std::string::npos);
+
+  CHECK(dlq({"requeue", "--type", "nosuch-a"}).output == "requeued 2 of 2\n");
+  CHECK(dead() == 1102);
+  CHECK(dlq({"purge", "--error", "failed as asked"}).output == "purged 1\n");
+  CHECK(dlq({"purge", "--group", "nope"}).output == "purged 0\n");  // matching nothing purges nothing
+  CHECK(dlq({"requeue", "--group", "nope", "--type", "nosuch-b"}).output == "requeued 0 of 0\n");
+  CHECK(dead() == 1101);
+  // Requeueing removes letters as it goes: every one of three pages is found all the same.
+  auto many = dlq({"requeue", "--type", "nosuch-c", "--head"});
+  CHECK(many.status == 0);
+  CHECK(many.output == "requeued 1100 of 1100\n");
+  CHECK(dead() == 1);
+  CHECK(dlq({"requeue", "--all"}).output == "requeued 1 of 1\n");
+  CHECK(dead() == 0);
+
+  struct refused {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  for (auto& r : std::vector<refused>{{{"list", "--type", "x"}, "dlq list: --all, --group, --type and --error are"},
+                                      {{"requeue", "a1", "--all"}, "dlq requeue: give the ids, or --all, or filters"},
+                                      {{"purge"}, "dlq purge: give the ids, or --all, or filters"},
+                                      {{"purge", "--error", ""}, "dlq purge: --error is empty"}}) {
+    auto f = dlq(r.args);
+    CAPTURE(f.output);
+    CHECK(f.status == 2);
+    CHECK(f.output.find(r.says) != std::string::npos);
+  }
+}
+
+TEST_CASE("jobrt commands fail within about a second on a refused port, a refused password or an unknown host") {
+  redis_server server({"--requirepass", "secret"});
+  redis_server down;
+  down.stop();  // its port is closed now
+  auto ask = [](std::vector<std::string> args) {
+    auto began = std::chrono::steady_clock::now();
+    auto f = jobrt_cli(args);
+    return std::pair{f, std::chrono::steady_clock::now() - began};
+  };
+  auto wrong = fmt::format("redis://:wrong@127.0.0.1:{}", server.port());
+  auto nobody = fmt::format("redis://nobody:secret@127.0.0.1:{}", server.port());
+  struct unreachable {
+    std::string url;
+    std::string says;
+  };
+  // Before, each of these took the PING's 10 s.
+  for (auto& u : std::vector<unreachable>{
+           {down.url(), fmt::format("jobrt: connect to redis://127.0.0.1:{}/0: Connection refused", down.port())},
+           {wrong, "AUTH refused: WRONGPASS"},
+           {nobody, "AUTH refused: WRONGPASS"},
+           {"redis://nosuch.invalid:6379", "jobrt: connect to redis://nosuch.invalid:6379/0: cannot resolve"}}) {
+    for (std::vector<std::string> args : {std::vector<std::string>{"stats"},
+                                          {"check"},
+                                          {"dlq", "list"},
+                                          {"group", "show"},
+                                          {"enqueue", "--type", "noop"}}) {
+      args.insert(args.end(), {"--redis", u.url});
+      auto [f, took] = ask(args);
+      CAPTURE(fmt::format("{}", fmt::join(args, " ")));
+      CAPTURE(f.output);
+      CHECK(f.status == 1);
+      CHECK(f.output.find(u.says) != std::string::npos);
+      CHECK(f.output.find("wrong") == std::string::npos);  // the password is not printed
+      CHECK(took < std::chrono::seconds(3));
+    }
+  }
+  // The worker outlives a server that is down (asked again every 10 s), but not a refusal of
+  // who it is: that would not change by waiting.
+  for (auto& url : {wrong, std::string("redis://nosuch.invalid:6379")}) {
+    auto out = fmt::format("/tmp/jobrt-cli-refused-{}.out", ::getpid());
+    auto began = std::chrono::steady_clock::now();
+    auto f = wait_at_most(start({"worker", "--redis", url, "--plugin", JOBRT_HANDLERS "/jobrt_noop.so"}, out), out,
+                          std::chrono::seconds(15));
+    CAPTURE(f.output);
+    CHECK(f.status == 1);
+    CHECK(std::chrono::steady_clock::now() - began < std::chrono::seconds(3));
+    CHECK(f.output.find(url == wrong ? "AUTH refused: WRONGPASS" : "cannot resolve 'nosuch.invalid'") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("jobrt commands wait for a server that accepts and does not answer yet, and say so") {
+  redis_server server;  // private: paused below
+  redis_cli(server.config(), {"CLIENT", "PAUSE", "3000", "ALL"});
+  auto f = jobrt_cli({"stats", "--redis", server.url(), "--queue", "paused"});
+  CAPTURE(f.output);
+  CHECK(f.status == 0);
+  CHECK(f.output.find(fmt::format("jobrt: redis at {}/0 is not ready (", server.url())) != std::string::npos);
+  CHECK(f.output.find("waiting up to 10 s") != std::string::npos);
+  CHECK(f.output.find("queue paused: 0 ready lanes") != std::string::npos);
+}
+
+TEST_CASE("a second SIGTERM or SIGINT while jobrt worker stops forces the stop: running jobs are deferred") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  for (int signal : {SIGTERM, SIGINT}) {
+    CAPTURE(signal);
+    std::string queue = key_prefix() + (signal == SIGTERM ? "forced-term" : "forced-int");
+    // One attempt only: a run that counted as failed would dead-letter it.
+    REQUIRE(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "sleep", "--payload", R"({"ms":60000})",
+                       "--group", "g", "--max-attempts", "1"})
+                .status == 0);
+    auto out = fmt::format("/tmp/jobrt-cli-forced-{}.out", ::getpid());
+    auto pid = start(
+        {"worker", "--redis", url, "--queue", queue, "--grace", "60000", "--plugin", JOBRT_HANDLERS "/jobrt_sleep.so"},
+        out);
+    REQUIRE(wait_counts(cfg, queue, [](const queue_counts& c) { return c.running == 1; }).running == 1);
+    ::kill(pid, signal);
+    REQUIRE(wait_for_text(out, "stopping (grace 60000 ms", std::chrono::seconds(10)));
+    auto forced = std::chrono::steady_clock::now();
+    ::kill(pid, signal);  // before, it waited out the grace: a minute
+    auto f = wait_at_most(pid, out, std::chrono::seconds(15));
+    CAPTURE(f.output);
+    CHECK(std::chrono::steady_clock::now() - forced < std::chrono::seconds(5));
+    CHECK(f.status == 128 + signal);
+    CHECK(f.output.find("again: forcing the stop") != std::string::npos);
+    auto counts = wait_counts(cfg, queue, [](const queue_counts&) { return true; });
+    CHECK(counts.running == 0);
+    CHECK(counts.deferred == 1);  // back in its group, no attempt counted
+    CHECK(counts.dead == 0);
+    CHECK(counts.completed == 0);
+    CHECK(counts.ready_lanes + counts.delayed == 1);
+    CHECK(jobrt_cli({"check", "--redis", url, "--queue", queue}).status == 0);
+  }
 }

@@ -80,4 +80,8 @@ struct job {
   std::optional<failure_policy> on_failure;
 };
 
+/// Decodes a job as it is stored, "<attempts before>|<id>|<body>" (dead_letter::record), in the
+/// given group ("" for none). Throws std::runtime_error naming the part that is wrong.
+job decode_job(std::string_view record, std::string_view group);
+
 }  // namespace jobrt

@@ -58,12 +58,16 @@ class producer {
   /// Throws std::invalid_argument (naming the field) for what enqueue refuses in a job before
   /// it is encoded: an empty type or group, a bad id, attempts, timeout, delay or backoff.
   static void check(const job_spec& spec);
+  /// The same, and what enqueue refuses once the job is encoded with `opts` (its group chosen by
+  /// opts.rules): a body over opts.max_body_bytes. Needs no backend, so a caller can check
+  /// every job of a batch before storing any.
+  static void check(const job_spec& spec, const producer_options& opts);
 
   const std::string& queue() const noexcept { return queue_; }
   const producer_options& options() const noexcept { return opts_; }
 
  private:
-  encoded_job encode(const job_spec& spec, std::int64_t now_ms) const;
+  static encoded_job encode(const job_spec& spec, std::int64_t now_ms, const producer_options& opts);
 
   backend* backend_;
   std::string queue_;

@@ -170,6 +170,11 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     return last_error_;
   }
 
+  connect_failure last_failure() const {
+    std::lock_guard lock(error_mutex_);
+    return last_failure_;
+  }
+
   void start() {
     asio::post(strand_, [self = shared_from_this()] {
       if (self->started_ || self->closed_) return;
@@ -330,9 +335,10 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     receivers_.clear();
   }
 
-  void set_last_error(std::string text) {
+  void set_last_error(std::string text, connect_failure kind = connect_failure::other) {
     std::lock_guard lock(error_mutex_);
     last_error_ = std::move(text);
+    last_failure_ = kind;
   }
 
   // --- pub/sub ---
@@ -433,7 +439,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   static asio::awaitable<void> run(std::shared_ptr<connection_impl> self) {
     auto wait = self->cfg_.reconnect_wait_min;
     while (!self->closed_) {
-      std::string failure = co_await self->connect_with_timeout();
+      auto [failure, kind] = co_await self->connect_with_timeout();
       if (self->closed_) break;
       if (failure.empty()) {
         wait = self->cfg_.reconnect_wait_min;
@@ -452,7 +458,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         self->set_last_error(fmt::format("connection to {} lost: {}", self->cfg_.address(), self->loss_reason_));
         if (std::exchange(self->reset_requested_, false)) continue;
       } else {
-        self->set_last_error(std::move(failure));
+        self->set_last_error(std::move(failure), kind);
       }
       self->backoff_timer_.expires_after(wait);
       co_await self->backoff_timer_.async_wait(use_tuple);
@@ -460,17 +466,34 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     }
   }
 
-  // Returns "" on success, else what went wrong.
-  asio::awaitable<std::string> connect_with_timeout() {
+  // How an attempt to connect ended: failure is "" on success.
+  struct attempt {
+    std::string failure;
+    connect_failure kind = connect_failure::none;
+  };
+
+  // A failed step of an attempt, with its kind.
+  class attempt_error : public std::runtime_error {
+   public:
+    attempt_error(connect_failure kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
+    connect_failure kind() const noexcept { return kind_; }
+
+   private:
+    connect_failure kind_;
+  };
+
+  asio::awaitable<attempt> connect_with_timeout() {
     connect_timer_.expires_after(cfg_.connect_timeout);
     // `||` waits for the first branch that *succeeds*, so the attempt reports failure as a value.
     auto result = co_await (try_connect() || connect_deadline());
-    std::string failure =
-        result.index() == 0 ? std::get<0>(result) : fmt::format("timed out after {} ms", cfg_.connect_timeout.count());
-    if (failure.empty()) co_return failure;
+    auto a = result.index() == 0 ? std::get<0>(result)
+                                 : attempt{fmt::format("timed out after {} ms", cfg_.connect_timeout.count()),
+                                           connect_failure::not_ready};
+    if (a.failure.empty()) co_return a;
     error_code ignored;
     socket_.close(ignored);
-    co_return fmt::format("connect to {}: {}", cfg_.address(), failure);
+    a.failure = fmt::format("connect to {}: {}", cfg_.address(), a.failure);
+    co_return a;
   }
 
   // The resolver cannot be cancelled per operation, and `||` waits for both branches: the
@@ -483,13 +506,15 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     socket_.close(ignored);
   }
 
-  asio::awaitable<std::string> try_connect() {
+  asio::awaitable<attempt> try_connect() {
     try {
       co_await connect_and_handshake();
+    } catch (const attempt_error& e) {
+      co_return attempt{e.what(), e.kind()};
     } catch (const std::exception& e) {
-      co_return e.what();
+      co_return attempt{e.what(), connect_failure::other};
     }
-    co_return std::string();
+    co_return attempt{};
   }
 
   asio::awaitable<void> connect_and_handshake() {
@@ -497,10 +522,17 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     socket_.close(ec);
     if (!cfg_.unix_path.empty()) {
       std::tie(ec) = co_await socket_.async_connect(asio::local::stream_protocol::endpoint(cfg_.unix_path), use_tuple);
-      if (ec) throw std::runtime_error(fmt::format("{}: {}", cfg_.unix_path, ec.message()));
+      if (ec)
+        throw attempt_error(
+            ec == asio::error::connection_refused || ec == boost::system::errc::no_such_file_or_directory
+                ? connect_failure::refused
+                : connect_failure::other,
+            fmt::format("{}: {}", cfg_.unix_path, ec.message()));
     } else {
       auto [rec, endpoints] = co_await resolver_.async_resolve(cfg_.host, cfg_.port, use_tuple);
-      if (rec) throw std::runtime_error(fmt::format("cannot resolve '{}': {}", cfg_.host, rec.message()));
+      if (rec)  // (host_not_found_try_again: a name server did not answer, which may pass)
+        throw attempt_error(rec == asio::error::host_not_found ? connect_failure::unresolved : connect_failure::other,
+                            fmt::format("cannot resolve '{}': {}", cfg_.host, rec.message()));
       ec = asio::error::host_not_found;
       for (const auto& entry : endpoints) {
         error_code ignored;
@@ -508,7 +540,9 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         std::tie(ec) = co_await socket_.async_connect(entry.endpoint(), use_tuple);
         if (!ec) break;
       }
-      if (ec) throw std::runtime_error(ec.message());
+      if (ec)
+        throw attempt_error(ec == asio::error::connection_refused ? connect_failure::refused : connect_failure::other,
+                            ec.message());
       error_code ignored;
       socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
       // A server that vanished without a word (host down, cable out) is found by the health
@@ -564,9 +598,14 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     }
     for (std::size_t i = 0; i < names.size(); ++i) {
       if (!replies[i].is_error()) continue;
-      if (names[i] == "PING" && replies[i].error_message().starts_with("LOADING"))
-        throw std::runtime_error("the server is still loading its dataset (LOADING)");
-      throw std::runtime_error(fmt::format("{} refused: {}", names[i], replies[i].error_message()));
+      auto message = replies[i].error_message();
+      if (names[i] == "PING" && message.starts_with("LOADING"))
+        throw attempt_error(connect_failure::not_ready, "the server is still loading its dataset (LOADING)");
+      // AUTH, SELECT and CLIENT are refused for who we are (or the database we ask for), and
+      // so is a PING with NOPERM; another PING refusal (BUSY, MASTERDOWN) is the server's state.
+      bool denied = names[i] != "PING" || message.starts_with("NOPERM");
+      throw attempt_error(denied ? connect_failure::denied : connect_failure::not_ready,
+                          fmt::format("{} refused: {}", names[i], message));
     }
     client_id_ = replies[replies.size() - 2].as_integer();
     last_read_ = clock::now();
@@ -683,6 +722,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   std::atomic<std::int64_t> client_id_{0};
   mutable std::mutex error_mutex_;
   std::string last_error_;
+  connect_failure last_failure_ = connect_failure::none;
   // subscriber
   std::set<std::string> channels_;
   std::set<std::string> patterns_;
@@ -703,6 +743,7 @@ basic_connection::executor_type basic_connection::get_executor() const noexcept 
 const config& basic_connection::get_config() const noexcept { return impl_->get_config(); }
 bool basic_connection::is_connected() const noexcept { return impl_->is_connected(); }
 std::string basic_connection::last_error() const { return impl_->last_error(); }
+connect_failure basic_connection::last_failure() const { return impl_->last_failure(); }
 std::uint64_t basic_connection::connect_count() const noexcept { return impl_->connect_count(); }
 std::int64_t basic_connection::client_id() const noexcept { return impl_->client_id(); }
 

@@ -29,6 +29,17 @@ class connection_impl;
 
 enum class connection_role { shared, blocking, subscriber };
 
+/// What made the last connection attempt fail, for a caller that decides whether waiting for the
+/// server can help.
+enum class connect_failure {
+  none,        ///< no attempt failed yet
+  unresolved,  ///< the host name does not exist (a name server that did not answer is `other`)
+  refused,     ///< nothing listens at the address: the port refused, or the unix socket is not there
+  denied,      ///< the server refused the handshake: AUTH (WRONGPASS), an ACL (NOPERM), SELECT
+  not_ready,   ///< the server is loading its data (LOADING), or did not answer within connect_timeout
+  other,       ///< anything else: a network error, a connection lost after it was made
+};
+
 /// A message received by a subscriber.
 struct message {
   std::string channel;
@@ -64,6 +75,8 @@ class basic_connection {
   bool is_connected() const noexcept;
   /// Why the last connection attempt or connection failed ("" when it never did). Thread-safe.
   std::string last_error() const;
+  /// The kind of last_error(). Thread-safe.
+  connect_failure last_failure() const;
   /// Connections made so far (1 after the first connect; more after reconnects).
   std::uint64_t connect_count() const noexcept;
   /// The server's CLIENT ID for the current connection (0 when not connected).
