@@ -58,60 +58,6 @@ std::ifstream open_file(const std::string& path, std::string_view command) {
   return in;
 }
 
-// A second SIGTERM or SIGINT while the worker stops forces the stop. worker::stop() cannot cut
-// its grace short once it runs, so the force reaches the jobs through their handlers: each runs
-// beside a wait for it. All its state is on a strand: handlers wait from any thread.
-class force_switch {
- public:
-  explicit force_switch(asio::any_io_executor ex)
-      : strand_(asio::make_strand(ex)), fired_timer_(strand_, std::chrono::steady_clock::time_point::max()) {}
-
-  // Completes once fired; throws operation_aborted when cancelled before.
-  asio::awaitable<void> wait() { return asio::co_spawn(strand_, wait_on_strand(), asio::use_awaitable); }
-
-  void fire() {
-    asio::post(strand_, [this] {
-      fired_ = true;
-      fired_timer_.cancel();
-    });
-  }
-
- private:
-  asio::awaitable<void> wait_on_strand() {
-    if (!fired_) co_await fired_timer_.async_wait(asio::as_tuple(asio::use_awaitable));
-    if (!fired_) throw boost::system::system_error(asio::error::operation_aborted);
-  }
-
-  asio::strand<asio::any_io_executor> strand_;
-  asio::steady_timer fired_timer_;  // never expires: fire() cancels it, waking every wait
-  bool fired_ = false;
-};
-
-// `h`, ended by a forced stop: the handler is cancelled, and its job deferred with no delay (run
-// again, no attempt counted; a grouped job keeps its place at its group's head), the way
-// a handler hands a job back. The handler's own end, an exception included, passes through as it
-// is: the worker cancelling it at the grace's end still hands its job back.
-handler forceable(handler h, std::shared_ptr<force_switch> force) {
-  return [h = std::move(h), force = std::move(force)](job_context& ctx) -> asio::awaitable<void> {
-    using namespace asio::experimental::awaitable_operators;
-    // `||` waits for a branch that succeeds: the handler's end comes as a value.
-    auto run = [&]() -> asio::awaitable<std::exception_ptr> {
-      try {
-        co_await h(ctx);
-      } catch (...) {
-        co_return std::current_exception();
-      }
-      co_return nullptr;
-    };
-    auto ended = co_await (run() || force->wait());
-    if (ended.index() == 1) {
-      ctx.retry_after(std::chrono::milliseconds(0));
-      co_return;
-    }
-    if (auto e = std::get<0>(ended)) std::rethrow_exception(e);
-  };
-}
-
 // Threads running one io_context: more than a few per core only cost memory (and, by the
 // thousands, fail to start).
 constexpr std::size_t max_threads = 256;
@@ -136,7 +82,7 @@ constexpr const char* worker_usage =
     "Runs the plugins' handlers on a queue (or on each queue of the config file, see\n"
     "jobrt/settings.hpp) until SIGTERM or SIGINT, then stops gracefully: no new claims, running jobs\n"
     "get --grace to finish, the rest are handed back. A second SIGTERM or SIGINT forces the stop:\n"
-    "running jobs are cancelled at once and deferred (they run again, no attempt counted), and the\n"
+    "running jobs are cancelled at once and handed back (they run again, no attempt counted), and the\n"
     "exit code is 128 + that signal: 130 for SIGINT, 143 for SIGTERM (0 after a graceful stop).\n"
     "A server that is down or not ready is asked again every 10 s; one that refuses the user or\n"
     "password (WRONGPASS, NOPERM), or a host name that does not exist, is an error at once (exit 1).\n"
@@ -321,7 +267,6 @@ int worker_command(const args& a) {
       log(log_level::info, "worker " + base_id, "{} before it started: stopping", signal_name(early));
       co_return;
     }
-    auto force = std::make_shared<force_switch>(ctx.get_executor());
     std::vector<std::unique_ptr<jobrt::worker>> pool;
     std::string types;
     for (auto& p : loaded)
@@ -331,13 +276,13 @@ int worker_command(const args& a) {
       for (auto& p : loaded) {
         for (auto& e : p->handlers()) {  // the config's backoff for a type wins over the plugin's
           auto b = type_backoffs.find(e.type);
-          auto h = forceable(e.h, force);
+          auto& h = e.h;
           if (b != type_backoffs.end())
-            pool.back()->add_handler(e.type, std::move(h), b->second);
+            pool.back()->add_handler(e.type, h, b->second);
           else if (e.retry_backoff)
-            pool.back()->add_handler(e.type, std::move(h), *e.retry_backoff);
+            pool.back()->add_handler(e.type, h, *e.retry_backoff);
           else
-            pool.back()->add_handler(e.type, std::move(h));
+            pool.back()->add_handler(e.type, h);
         }
       }
     }
@@ -369,24 +314,24 @@ int worker_command(const args& a) {
     if (metrics) metrics->stop();
     log(log_level::info, "worker " + base_id, "{}: stopping (grace {} ms; {} again forces it)", signal_name(signal),
         grace.count(), signal_name(signal));
-    auto stop_all = [&]() -> asio::awaitable<void> {  // all drain at once
+    auto stop_all = [&](std::chrono::milliseconds within) -> asio::awaitable<void> {  // all drain at once
       auto ex = ctx.get_executor();
-      using stop_op = decltype(asio::co_spawn(ex, pool.front()->stop(grace), asio::deferred));
+      using stop_op = decltype(asio::co_spawn(ex, pool.front()->stop(within), asio::deferred));
       std::vector<stop_op> ops;
-      for (auto& w : pool) ops.push_back(asio::co_spawn(ex, w->stop(grace), asio::deferred));
+      for (auto& w : pool) ops.push_back(asio::co_spawn(ex, w->stop(within), asio::deferred));
       // Bound to no cancellation slot: the `||` below must not cut a stop short (it would leave
-      // the worker half stopped); a forced stop ends it through the handlers instead.
+      // the worker half stopped); a forced stop ends it with a second stop of no grace.
       co_await asio::experimental::make_parallel_group(std::move(ops))
           .async_wait(asio::experimental::wait_for_all(),
                       asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
     };
     auto force_on_signal = [&]() -> asio::awaitable<void> {
       forced_by = co_await signals.async_wait(asio::use_awaitable);
-      log(log_level::warn, "worker " + base_id, "{} again: forcing the stop: running jobs are cancelled and deferred",
-          signal_name(forced_by));
-      force->fire();
+      log(log_level::warn, "worker " + base_id,
+          "{} again: forcing the stop: running jobs are cancelled and handed back", signal_name(forced_by));
+      co_await stop_all(std::chrono::milliseconds(0));  // cuts the grace under way short
     };
-    co_await (stop_all() || force_on_signal());
+    co_await (stop_all(grace) || force_on_signal());
     for (std::size_t i = 0; i < pool.size(); ++i) {
       auto c = pool[i]->counters();
       log(log_level::info, "worker " + queues[i].id,

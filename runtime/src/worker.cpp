@@ -1101,7 +1101,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // --- stopping ---
 
   asio::awaitable<void> do_stop(std::chrono::milliseconds grace) {
-    if (stop_started_) {  // another stop() is at work: wait for it
+    if (stop_started_) {  // another stop() is at work: a shorter grace cuts its wait short (a forced stop)
+      if (auto until = clock::now() + grace; until < grace_until_) {
+        grace_until_ = until;
+        idle_timer_.cancel();
+      }
       while (!stop_done_) co_await stopped_timer_.async_wait(use_tuple);
       co_return;
     }
@@ -1112,16 +1116,19 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     stop_claim_.emit(asio::cancellation_type::terminal);
     slot_timer_.cancel();
     claim_pause_.cancel();
+    grace_until_ = clock::now() + grace;
     while (started_ && claiming_) co_await wait_on(idle_timer_);
-    co_await wait_for_handlers(clock::now() + grace);
+    co_await wait_for_handlers();
     if (held_ > 0) {
       for (auto& [token, r] : running_) {
         if (r->state != job_state::running) continue;
         r->state = job_state::stopping;
         cancel_handler(r);
       }
-      // Handlers that ignore cancellation get one more grace period; their leases expire after.
-      co_await wait_for_handlers(clock::now() + std::max(grace, std::chrono::milliseconds(1000)));
+      // Handlers that ignore cancellation get one more grace period (a forced stop cuts this
+      // one short too); their leases expire after.
+      grace_until_ = std::min(grace_until_, clock::now()) + std::max(grace, std::chrono::milliseconds(1000));
+      co_await wait_for_handlers();
     }
     co_await release_all();
     // The loops end, and stop() waits for them: none touches the backend after it returns.
@@ -1141,16 +1148,17 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     stopped_timer_.cancel();
   }
 
-  // Stop's grace: waits until no handler runs, or the deadline. A lease that comes to be handed
-  // back meanwhile (a keep's follower, a burst's next job) goes back at once: nothing renews it,
-  // and a grace longer than the TTL would let the reaper count an attempt for a job never run.
-  asio::awaitable<void> wait_for_handlers(clock::time_point deadline) {
-    while (held_ > 0 && clock::now() < deadline) {
+  // Stop's grace: waits until no handler runs, or grace_until_ (which a second stop() may bring
+  // forward). A lease that comes to be handed back meanwhile (a keep's follower, a burst's next
+  // job) goes back at once: nothing renews it, and a grace longer than the TTL would let the
+  // reaper count an attempt for a job never run.
+  asio::awaitable<void> wait_for_handlers() {
+    while (held_ > 0 && clock::now() < grace_until_) {
       if (!to_release_.empty()) {
         co_await release_all();
         continue;  // handlers may have ended during the call: look again before waiting
       }
-      co_await wait_on(idle_timer_, deadline);
+      co_await wait_on(idle_timer_, grace_until_);
     }
   }
 
@@ -1192,6 +1200,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   };
   std::unordered_map<std::string, unhandled_type> unhandled_types_;
   clock::time_point advertised_{};                   // when this worker last said which types it runs
+  clock::time_point grace_until_{};                  // the end of stop's grace under way
   std::minstd_rand random_{std::random_device{}()};  // backoff jitter
   std::unordered_map<std::string, std::shared_ptr<running_job>> running_;  // by token
   std::unordered_map<std::string, group_strand> strands_;

@@ -967,3 +967,32 @@ CONFORMANCE("a job no worker can run is dead-lettered once no worker has run its
     CHECK(dead[0].error.starts_with("no handler for type unknown: no worker has been able to run it for"));
   });
 }
+
+CONFORMANCE("a second stop with a shorter grace cuts the stop under way short: running jobs are handed back") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    worker w(ctx.get_executor(), b.make(), b.worker_opts(2));
+    bool running = false;
+    w.add_handler("long", [&](job_context&) -> awaitable<void> {
+      running = true;
+      co_await sleep_for(std::chrono::minutes(1));  // cancelled by the stop
+    });
+    w.start();
+    producer p(b.make(), b.queue());
+    co_await p.enqueue(make_job("long", {}, "g"));
+    CHECK(co_await eventually([&] { return running; }));
+    bool first_done = false;
+    asio::co_spawn(ctx, w.stop(std::chrono::minutes(1)), [&](std::exception_ptr) { first_done = true; });
+    co_await sleep_for(std::chrono::milliseconds(100));
+    CHECK_FALSE(first_done);  // the grace runs
+    auto forced = std::chrono::steady_clock::now();
+    co_await w.stop(std::chrono::milliseconds(0));
+    CHECK(std::chrono::steady_clock::now() - forced < std::chrono::seconds(5));
+    CHECK(co_await eventually([&] { return first_done; }, std::chrono::seconds(5)));
+    CHECK(w.counters().released == 1);
+    auto counts = co_await b.make().counts(b.queue());
+    CHECK(counts.started == 0);  // handed back: no attempt counted
+    CHECK(counts.ready_lanes == 1);
+    CHECK(counts.running == 0);
+  });
+}

@@ -194,7 +194,9 @@ class worker {
   /// Starts claiming and running jobs.
   void start();
   /// Stops claiming, lets running handlers finish for up to `grace`, cancels the rest and hands
-  /// their jobs back (no attempt counted), then returns. Thread-safe.
+  /// their jobs back (no attempt counted), then returns. Called again while a stop runs, it waits
+  /// for that one, and a shorter grace cuts the one under way short (a forced stop: stop(0ms)
+  /// cancels the running handlers at once). Thread-safe.
   boost::asio::awaitable<void> stop(std::chrono::milliseconds grace);
 
   const worker_options& options() const noexcept;
