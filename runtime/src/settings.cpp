@@ -68,10 +68,10 @@ failure_policy policy_at(const json::value& v, std::string_view where) {
 }
 
 queue_settings queue_at(const json::value& v, const std::string& where) {
-  const auto& o = object_at(v, where,
-                            {"name", "concurrency", "lease_ttl_ms", "watchdog_ms", "burst", "follow", "claim_wait_ms",
-                             "on_failure", "retry", "grouping", "dead_letters", "unhandled_delay_ms",
-                             "unhandled_limit_ms"});
+  const auto& o =
+      object_at(v, where,
+                {"name", "concurrency", "lease_ttl_ms", "watchdog_ms", "burst", "follow", "claim_wait_ms", "on_failure",
+                 "retry", "grouping", "dead_letters", "unhandled_delay_ms", "unhandled_limit_ms"});
   auto field = [&](std::string_view name) { return fmt::format("{}.{}", where, name); };
   queue_settings q;
   auto* name = o.if_contains("name");
