@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <stdexcept>
 
 namespace jobrt {
@@ -38,16 +39,25 @@ void set_log_level(log_level level) noexcept { threshold.store(level, std::memor
 log_level get_log_level() noexcept { return threshold.load(std::memory_order_relaxed); }
 void set_log_json(bool json) noexcept { as_json.store(json, std::memory_order_relaxed); }
 
-void log_line(log_level level, std::string_view source, std::string_view message) {
+void log_line(log_level level, std::string_view source, std::string_view message, const log_fields& fields) {
   if (level < get_log_level() || level == log_level::off) return;
   auto now = std::chrono::system_clock::now();
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
   std::string line;
   if (as_json.load(std::memory_order_relaxed)) {
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
     boost::json::object o{{"ts", ms}, {"level", name_of(level)}, {"source", source}, {"msg", message}};
+    if (!fields.job.empty()) o["job"] = fields.job;
+    if (!fields.group.empty()) o["group"] = fields.group;
+    if (!fields.type.empty()) o["type"] = fields.type;
+    if (fields.attempt > 0) o["attempt"] = fields.attempt;
+    if (!fields.worker.empty()) o["worker"] = fields.worker;
     line = boost::json::serialize(o);
   } else {
-    line = fmt::format("jobrt {} {}: {}", name_of(level), source, message);
+    std::time_t seconds = ms / 1000;
+    std::tm utc{};
+    ::gmtime_r(&seconds, &utc);
+    line = fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z jobrt {} {}: {}", utc.tm_year + 1900, utc.tm_mon + 1,
+                       utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, ms % 1000, name_of(level), source, message);
   }
   line += '\n';
   // One write(2): whole lines even with several threads or processes on one stderr.

@@ -34,10 +34,11 @@ namespace asio = boost::asio;
 using clock = std::chrono::steady_clock;
 
 void job_context::log(std::string_view message) const {
+  log_fields fields{job_.id, job_.group, job_.type, job_.attempt, worker_};
   if (job_.group.empty())
-    jobrt::log(log_level::info, "job", "{}: {}", job_.id, message);
+    jobrt::log(log_level::info, fields, "job", "{}: {}", job_.id, message);
   else
-    jobrt::log(log_level::info, "job", "{} (group {}): {}", job_.id, job_.group, message);
+    jobrt::log(log_level::info, fields, "job", "{} (group {}): {}", job_.id, job_.group, message);
 }
 
 void histogram::observe(double seconds) noexcept {
@@ -441,7 +442,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     if (!type.warned) {  // once per type and run: the jobs themselves are fine
       type.warned = true;
-      jobrt::log(log_level::warn, source_, "no handler for type {} here: its jobs go back for other workers", j.type);
+      jobrt::log(log_level::warn, log_fields{j.id, j.group, j.type, j.attempt, opts_.id}, source_,
+                 "no handler for type {} here: its jobs go back for other workers", j.type);
     }
     finish_item item;
     item.token = std::move(token);
@@ -759,11 +761,12 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         ++t.failed;
       }
     }
+    log_fields fields{job_id, {}, type, 0, opts_.id};
     if (result.lease_held && item.kind == finish_kind::retry)
-      jobrt::log(log_level::info, source_, "job {} failed: {}; runs again in {} ms", job_id, item.error,
+      jobrt::log(log_level::info, fields, source_, "job {} failed: {}; runs again in {} ms", job_id, item.error,
                  item.delay.count());
     else if (result.lease_held && (item.kind == finish_kind::fail || item.kind == finish_kind::halt))
-      jobrt::log(log_level::warn, source_, "job {} {}: {}", job_id,
+      jobrt::log(log_level::warn, fields, source_, "job {} {}: {}", job_id,
                  item.kind == finish_kind::halt ? "halted its group" : "dead-lettered", item.error);
     if (!result.lease_held)
       jobrt::log(log_level::warn, source_, "lease {} was lost before it finished; not acked", item.token);
@@ -1087,7 +1090,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       std::lock_guard lock(counters_mutex_);
       ++counters_.leases_lost;
     }
-    jobrt::log(log_level::warn, source_, "lease of job {} {}; cancelling its handler", r->ctx->id(), why);
+    const auto& j = r->ctx->job();
+    jobrt::log(log_level::warn, log_fields{j.id, j.group, j.type, j.attempt, opts_.id}, source_,
+               "lease of job {} {}; cancelling its handler", j.id, why);
     cancel_handler(r);
   }
 
