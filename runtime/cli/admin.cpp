@@ -66,8 +66,18 @@ common parse(const args& a, std::string_view command, const std::set<std::string
   return c;
 }
 
+// Whether anything was ever enqueued to the queue (or is in it: a job written by hand).
+bool known(const queue_counts& q) {
+  return q.enqueued > 0 || q.dead > 0 || q.ready_lanes > 0 || q.running > 0 || q.delayed > 0 || q.paused > 0 ||
+         q.groups > 0;
+}
+
+enum class queue_must { exist, may_be_new };
+
+// Runs body against the server, once it answers, on a queue that exists: a name with a typo
+// is an error naming it, not a report of zeros.
 template <class Body>
-void with_store(const common& c, Body body) {
+void with_store(const common& c, Body body, queue_must must = queue_must::exist) {
   asio::io_context ctx(1);
   redis_backend store(ctx.get_executor(), redis::config::from_url(c.url));
   std::exception_ptr failure;
@@ -75,6 +85,9 @@ void with_store(const common& c, Body body) {
       ctx,
       [&]() -> asio::awaitable<void> {
         co_await check_reachable(store.connection(), c.url);
+        if (must == queue_must::exist && !known(co_await store.counts(c.queue)))
+          throw std::runtime_error(
+              fmt::format("queue '{}' is unknown at {}: nothing was ever enqueued to it", c.queue, c.url));
         co_await body(store);
       },
       [&](std::exception_ptr e) {
@@ -386,13 +399,16 @@ int dlq(const args& a) {
 }
 
 int group(const args& a) {
-  auto c = parse(a, "group", {"--skip"}, {});
+  auto c = parse(a, "group", {"--skip", "--force"}, {});
   if (c.help) {
     fmt::print(
         "usage: jobrt group show                 paused and halted groups\n"
-        "       jobrt group pause GROUP          nothing more of it starts (its running job finishes)\n"
-        "       jobrt group resume GROUP [--skip]  goes on; --skip dead-letters its head job first\n"
-        "each with [--redis URL] [--queue NAME] [--json]\n");
+        "       jobrt group pause GROUP [--force]  nothing more of it starts (its running job\n"
+        "                                        finishes); a group with no jobs (a typo?) is an\n"
+        "                                        error unless --force, which pauses it ahead of them\n"
+        "       jobrt group resume GROUP [--skip]  goes on; --skip dead-letters its head job first;\n"
+        "                                        a group that is not paused is an error\n"
+        "each with [--redis URL] [--queue NAME] [--json]. An unknown queue is an error (exit 1).\n");
     return 0;
   }
   if (c.positional.empty()) throw usage_error("group: say show, pause or resume");
@@ -414,15 +430,23 @@ int group(const args& a) {
     auto name = c.positional[1];
     if (name.empty()) throw usage_error(fmt::format("group {}: the group's name is empty", verb));
     if (c.flags.contains("--skip") && verb != "resume") throw usage_error("group pause: no --skip");
-    with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
-      bool changed = verb == "pause"
-                         ? co_await store.pause(c.queue, name)
-                         : co_await store.resume(c.queue, name,
-                                                 c.flags.contains("--skip") ? resume_mode::skip : resume_mode::retry);
-      fmt::print(
-          "group {}: {}\n", name,
-          changed ? (verb == "pause" ? "paused" : "resumed") : (verb == "pause" ? "already paused" : "not paused"));
-    });
+    if (c.flags.contains("--force") && verb != "pause") throw usage_error("group resume: no --force");
+    bool force = c.flags.contains("--force");
+    with_store(
+        c,
+        [&](redis_backend& store) -> asio::awaitable<void> {
+          if (verb == "pause" && !force && co_await store.group_size(c.queue, name) == 0)
+            throw std::runtime_error(fmt::format(
+                "group '{}' of queue '{}' has no jobs; --force pauses it ahead of its first", name, c.queue));
+          bool changed = verb == "pause"
+                             ? co_await store.pause(c.queue, name)
+                             : co_await store.resume(
+                                   c.queue, name, c.flags.contains("--skip") ? resume_mode::skip : resume_mode::retry);
+          if (verb == "resume" && !changed)
+            throw std::runtime_error(fmt::format("group '{}' of queue '{}' is not paused", name, c.queue));
+          fmt::print("group {}: {}\n", name, changed ? (verb == "pause" ? "paused" : "resumed") : "already paused");
+        },
+        force ? queue_must::may_be_new : queue_must::exist);
   } else {
     throw usage_error(fmt::format("group: unknown subcommand '{}'", verb));
   }

@@ -162,6 +162,9 @@ class gated_backend final : public backend {
   awaitable<std::chrono::milliseconds> unrunnable_for(std::string q, std::string type) override {
     return inner_.unrunnable_for(std::move(q), std::move(type));
   }
+  awaitable<std::int64_t> group_size(std::string q, std::string g) override {
+    return inner_.group_size(std::move(q), std::move(g));
+  }
   awaitable<std::int64_t> expire_own(std::string q, std::string w) override {
     return inner_.expire_own(std::move(q), std::move(w));
   }

@@ -242,8 +242,9 @@ TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the 
   CHECK(lines.status == 1);
   CHECK(lines.output.find(file + ":2: not JSON") != std::string::npos);
   CHECK(lines.output.find("nothing was enqueued") != std::string::npos);
-  auto stats = jobrt_cli({"stats", "--redis", url, "--queue", queue, "--json"});
-  CHECK(stats.output.find("\"enqueued\":0") != std::string::npos);
+  auto stats = jobrt_cli({"stats", "--redis", url, "--queue", queue, "--json"});  // nothing stored: no queue
+  CHECK(stats.status == 1);
+  CHECK(stats.output.find("is unknown") != std::string::npos);
 
   auto no_type = jobrt_cli({"enqueue", "--redis", url, "--queue", queue});
   CHECK(no_type.status == 2);
@@ -955,13 +956,43 @@ TEST_CASE("jobrt commands fail within about a second on a refused port, a refuse
 
 TEST_CASE("jobrt commands wait for a server that accepts and does not answer yet, and say so") {
   redis_server server;  // private: paused below
+  REQUIRE(jobrt_cli({"enqueue", "--redis", server.url(), "--queue", "paused", "--type", "t"}).status == 0);
   redis_cli(server.config(), {"CLIENT", "PAUSE", "3000", "ALL"});
   auto f = jobrt_cli({"stats", "--redis", server.url(), "--queue", "paused"});
   CAPTURE(f.output);
   CHECK(f.status == 0);
   CHECK(f.output.find(fmt::format("jobrt: redis at {}/0 is not ready (", server.url())) != std::string::npos);
   CHECK(f.output.find("waiting up to 10 s") != std::string::npos);
-  CHECK(f.output.find("queue paused: 0 ready lanes") != std::string::npos);
+  CHECK(f.output.find("queue paused: 1 ready lanes") != std::string::npos);
+}
+
+TEST_CASE("typos are errors: an unknown queue, a group with no jobs, a group that is not paused") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "typos";
+  REQUIRE(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--group", "real"}).status == 0);
+  for (std::vector<std::string> command :
+       {std::vector<std::string>{"stats"}, {"check"}, {"dlq", "list"}, {"group", "show"}}) {
+    command.insert(command.end(), {"--redis", url, "--queue", queue + "-typo"});
+    auto f = jobrt_cli(command);
+    CAPTURE(f.output);
+    CHECK(f.status == 1);
+    CHECK(f.output.find(fmt::format("queue '{}-typo' is unknown", queue)) != std::string::npos);
+  }
+  auto typo = jobrt_cli({"group", "pause", "no-such-group", "--redis", url, "--queue", queue});
+  CHECK(typo.status == 1);
+  CHECK(typo.output.find("group 'no-such-group' of queue") != std::string::npos);
+  CHECK(typo.output.find("has no jobs") != std::string::npos);
+  CHECK(jobrt_cli({"group", "show", "--redis", url, "--queue", queue}).output.empty());  // nothing stored
+  auto ahead = jobrt_cli({"group", "pause", "later", "--force", "--redis", url, "--queue", queue});
+  CHECK(ahead.status == 0);
+  CHECK(ahead.output == "group later: paused\n");
+  CHECK(jobrt_cli({"group", "pause", "real", "--redis", url, "--queue", queue}).status == 0);
+  auto not_paused = jobrt_cli({"group", "resume", "other", "--redis", url, "--queue", queue});
+  CHECK(not_paused.status == 1);
+  CHECK(not_paused.output.find("group 'other' of queue") != std::string::npos);
+  CHECK(not_paused.output.find("is not paused") != std::string::npos);
+  CHECK(jobrt_cli({"group", "resume", "real", "--redis", url, "--queue", queue}).output == "group real: resumed\n");
 }
 
 TEST_CASE("a second SIGTERM or SIGINT while jobrt worker stops forces the stop: running jobs are handed back") {

@@ -263,6 +263,8 @@ class backend {
   /// head job runs or waits in the ready list.
   virtual boost::asio::awaitable<bool> resume(std::string queue, std::string group, resume_mode mode) = 0;
   virtual boost::asio::awaitable<std::vector<paused_group>> paused_groups(std::string queue) = 0;
+  /// Jobs in a group, pending or running (0: the group has none, or never had any).
+  virtual boost::asio::awaitable<std::int64_t> group_size(std::string queue, std::string group) = 0;
 
   // --- operators ---
 

@@ -946,6 +946,14 @@ asio::awaitable<std::vector<paused_group>> memory_backend::paused_groups(std::st
   co_return out;
 }
 
+asio::awaitable<std::int64_t> memory_backend::group_size(std::string queue, std::string group) {
+  std::lock_guard lock(mutex_);
+  auto found = queues_.find(queue);
+  if (found == queues_.end()) co_return 0;
+  auto g = found->second->groups.find(group);
+  co_return g == found->second->groups.end() ? 0 : static_cast<std::int64_t>(g->second.size());
+}
+
 asio::awaitable<check_report> memory_backend::check(std::string queue, bool repair) {
   check_report out;
   std::lock_guard lock(mutex_);  // the walk and every confirmation at one instant: what it finds is so

@@ -688,6 +688,12 @@ asio::awaitable<std::vector<paused_group>> redis_backend::paused_groups(std::str
   co_return out;
 }
 
+asio::awaitable<std::int64_t> redis_backend::group_size(std::string queue, std::string group) {
+  request req("LLEN", key_prefix(queue) + "g:" + group);
+  req.options.resend_safe = true;
+  co_return (co_await redis::exec(conn_, std::move(req))).as_integer();
+}
+
 namespace {
 
 // check's walk: every structure of a queue read in pages, each call bounded (a list's page, a
