@@ -57,7 +57,7 @@ TEST_CASE("settings - a full config file") {
 
 TEST_CASE("settings - a bad file is refused naming the field") {
   CHECK(refusal(R"([])") == "config: is not an object");
-  CHECK(refusal(R"({"queus": []})") == "config: unknown field \"queus\"");
+  CHECK(refusal(R"({"queus": []})") == "config: unknown field \"queus\" (known: redis, plugins, handlers, queues)");
   CHECK(refusal(R"({"queues": [{"concurrency": 2}]})") == "config.queues[0]: has no \"name\"");
   CHECK(refusal(R"({"queues": [{"name": "a", "concurrency": 0}]})") ==
         "config.queues[0].concurrency: is not an integer from 1 to 100000");
@@ -79,7 +79,12 @@ TEST_CASE("settings - a bad file is refused naming the field") {
         "config.queues[0].watchdog_ms: must be shorter than lease_ttl_ms");
   CHECK(refusal(R"({"queues": [{"name": "a", "grouping": {"rules": [{"match": {}}]}}]})") ==
         "config.queues[0].grouping: grouping rules[0].key is missing or not a string");
-  CHECK(refusal(R"({"handlers": {"t": {"retries": 3}}})") == "config.handlers.t: unknown field \"retries\"");
+  CHECK(refusal(R"({"handlers": {"t": {"retries": 3}}})") ==
+        "config.handlers.t: unknown field \"retries\" (known: retry)");
+  CHECK(refusal(R"({"queues": [{"name": "a", "grouping": {"rule": []}}]})") ==
+        "config.queues[0].grouping: grouping: unknown field \"rule\" (known: rules)");
+  CHECK(refusal(R"({"queues": [{"name": "a", "grouping": {"rules": [{"key": "{t}", "on_faliure": "halt"}]}}]})") ==
+        "config.queues[0].grouping: grouping rules[0]: unknown field \"on_faliure\" (known: match, key, on_failure)");
   CHECK(refusal(R"({"plugins": "a.so"})") == "config.plugins: is not an array");
 }
 
