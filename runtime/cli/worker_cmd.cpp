@@ -80,7 +80,7 @@ constexpr const char* worker_usage =
     "usage: jobrt worker --plugin PATH [--plugin PATH ...] [options]\n"
     "       jobrt worker --config FILE [--plugin PATH ...] [--redis URL] [--threads N] [--grace MS]\n"
     "Runs the plugins' handlers on a queue (or on each queue of the config file, see\n"
-    "jobrt/settings.hpp) until SIGTERM or SIGINT, then stops gracefully: no new claims, running jobs\n"
+    "docs/CONFIG.md) until SIGTERM or SIGINT, then stops gracefully: no new claims, running jobs\n"
     "get --grace to finish, the rest are handed back. A second SIGTERM or SIGINT forces the stop:\n"
     "running jobs are cancelled at once and handed back (they run again, no attempt counted), and the\n"
     "exit code is 128 + that signal: 130 for SIGINT, 143 for SIGTERM (0 after a graceful stop).\n"

@@ -1,8 +1,10 @@
 #include <jobrt/grouping.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <boost/json/serialize.hpp>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace jobrt {
@@ -33,6 +35,15 @@ void check_template(const std::string& key) {
   }
 }
 
+// As the config file's other objects: an unknown field (a typo of "on_failure", say) is refused,
+// naming the known ones, instead of being ignored.
+void check_fields(const boost::json::object& o, std::string_view where, std::initializer_list<std::string_view> known) {
+  for (auto& [key, value] : o)
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      throw std::invalid_argument(
+          fmt::format("{}: unknown field \"{}\" (known: {})", where, std::string_view(key), fmt::join(known, ", ")));
+}
+
 }  // namespace
 
 grouping_rules& grouping_rules::add(grouping_rule rule) {
@@ -44,6 +55,7 @@ grouping_rules& grouping_rules::add(grouping_rule rule) {
 grouping_rules grouping_rules::from_json(const boost::json::value& config) {
   grouping_rules out;
   if (!config.is_object()) throw std::invalid_argument("grouping config is not a JSON object");
+  check_fields(config.as_object(), "grouping", {"rules"});
   auto* rules = config.as_object().if_contains("rules");
   if (rules == nullptr) return out;
   if (!rules->is_array()) throw std::invalid_argument("grouping 'rules' is not an array");
@@ -51,6 +63,7 @@ grouping_rules grouping_rules::from_json(const boost::json::value& config) {
   for (auto& r : rules->as_array()) {
     auto where = fmt::format("grouping rules[{}]", index++);
     if (!r.is_object()) throw std::invalid_argument(fmt::format("{} is not an object", where));
+    check_fields(r.as_object(), where, {"match", "key", "on_failure"});
     grouping_rule rule;
     auto* key = r.as_object().if_contains("key");
     if (key == nullptr || !key->is_string())

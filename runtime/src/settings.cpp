@@ -1,8 +1,10 @@
 #include <jobrt/settings.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <boost/json/parse.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -18,10 +20,14 @@ namespace json = boost::json;
   throw std::invalid_argument(fmt::format("{}: {}", where, what));
 }
 
-const json::object& object_at(const json::value& v, std::string_view where, const std::set<std::string_view>& known) {
+// The refusal of an unknown field lists the known ones: a typo is fixed at a glance, and the unit
+// test that holds docs/CONFIG.md to the parser reads the list from there.
+const json::object& object_at(const json::value& v, std::string_view where,
+                              std::initializer_list<std::string_view> known) {
   if (!v.is_object()) bad(where, "is not an object");
   for (auto& [key, value] : v.as_object())
-    if (!known.contains(key)) bad(where, fmt::format("unknown field \"{}\"", std::string_view(key)));
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      bad(where, fmt::format("unknown field \"{}\" (known: {})", std::string_view(key), fmt::join(known, ", ")));
   return v.as_object();
 }
 

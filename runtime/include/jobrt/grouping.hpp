@@ -37,7 +37,7 @@ class grouping_rules {
   grouping_rules() = default;
   /// Adds a rule; throws std::invalid_argument when its key template is malformed.
   grouping_rules& add(grouping_rule rule);
-  /// Parses the JSON form; throws std::invalid_argument naming the field that is wrong.
+  /// Parses the JSON form; throws std::invalid_argument naming the field that is wrong or unknown.
   static grouping_rules from_json(const boost::json::value& config);
 
   /// The group of a job, or nullopt when no rule matches. Throws std::invalid_argument when the

@@ -1,20 +1,11 @@
 // A worker's settings from a JSON file (`jobrt worker --config FILE`, `jobrt enqueue --config`):
+// the server, plugins, per-type backoff, and queues with their worker options, grouping rules and
+// dead-letter retention. docs/CONFIG.md lists every key with its type, default and range, and has
+// a complete example; tests/unit/settings_test.cpp holds that page to this parser.
 //
-// {
-//   "redis": "redis://127.0.0.1:6379",
-//   "plugins": ["build/handlers/jobrt_tenant_import.so"],
-//   "handlers": {"tenant_import": {"retry": {"initial_ms": 500, "factor": 2, "max_ms": 60000, "jitter": 0.2}}},
-//   "queues": [{
-//     "name": "imports", "concurrency": 20, "lease_ttl_ms": 5000, "burst": 4, "follow": "after-commit",
-//     "on_failure": "hold", "retry": {"initial_ms": 1000},
-//     "unhandled_delay_ms": 1000, "unhandled_limit_ms": 900000,
-//     "grouping": {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "halt"}]},
-//     "dead_letters": {"max_count": 10000, "max_age_ms": 2592000000}
-//   }]
-// }
-//
-// Every field but queues[].name is optional. A bad file is refused with a message naming the
-// field and what is wrong with it; unknown fields are refused too (a typo must not pass silently).
+// Only queues[].name and queues[].grouping.rules[].key must be given. A bad file is refused with
+// a message naming the field and what is wrong with it; unknown fields are refused too, listing
+// the known ones (a typo must not pass silently).
 #pragma once
 
 #include <jobrt/grouping.hpp>
