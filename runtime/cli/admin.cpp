@@ -453,4 +453,28 @@ int group(const args& a) {
   return rc;
 }
 
+int queue(const args& a) {
+  auto c = parse(a, "queue", {"--force"}, {});
+  if (c.help) {
+    fmt::print(
+        "usage: jobrt queue purge [--redis URL] [--queue NAME] [--force]\n"
+        "Removes everything of the queue: its jobs, dead letters, counters and worker records, in\n"
+        "small steps (SCAN and UNLINK: the server is never held up). Refused while workers run on\n"
+        "it or jobs are running, unless --force (those workers then lose their leases).\n");
+    return 0;
+  }
+  if (c.positional.empty() || c.positional.front() != "purge") throw usage_error("queue: say purge");
+  no_more(c.positional, 1, "queue purge");
+  with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+    auto q = co_await store.counts(c.queue);
+    if (q.running > 0 && !c.flags.contains("--force"))
+      throw std::runtime_error(
+          fmt::format("queue '{}' has {} jobs running; stop its workers first, or --force (they lose their leases)",
+                      c.queue, q.running));
+    auto removed = co_await store.purge_queue(c.queue);
+    fmt::print("queue {}: purged ({} keys)\n", c.queue, removed);
+  });
+  return 0;
+}
+
 }  // namespace jobrt::cli

@@ -61,6 +61,7 @@ int stats(const args& a);
 int check(const args& a);
 int dlq(const args& a);
 int group(const args& a);
+int queue(const args& a);
 /// Hidden: a worker process of `jobrt demo --redis` (not in the usage).
 int demo_worker(const args& a);
 

@@ -459,10 +459,7 @@ int run_demo_processes(const demo_options& o) {
         // A clean queue for this run (the demo's state keys go with it).
         auto& conn = store.connection();
         co_await check_reachable(conn, o.redis_url);
-        auto keys_found = co_await redis::exec(conn, redis::request("KEYS", redis_backend::key_prefix(o.queue) + "*"));
-        std::vector<std::string> stale;
-        for (const auto& k : keys_found.as_array()) stale.push_back(k.as_string());
-        if (!stale.empty()) co_await redis::exec(conn, redis::request("DEL", stale));  // one round trip
+        co_await store.purge_queue(o.queue);  // (SCAN and UNLINK in steps: KEYS would hold the server up)
 
         args worker_args{"demo-worker",
                          "--redis",
@@ -542,6 +539,8 @@ int run_demo_processes(const demo_options& o) {
         }
         r.notes.insert(r.notes.begin(), fmt::format("processes     {} of {} worker processes ran jobs ({})", with_jobs,
                                                     o.processes, fmt::join(ran, " / ")));
+        // Nothing of the run is left on the server (its keys, the demo's state among them).
+        co_await store.purge_queue(o.queue);
       },
       [&](std::exception_ptr e) {
         failure = e;

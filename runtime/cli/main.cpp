@@ -125,6 +125,7 @@ constexpr const char* usage =
     "  check     verify a queue's invariants (--repair fixes what it finds)\n"
     "  dlq       dead letters: list, show, requeue, purge\n"
     "  group     paused and halted groups: show, pause, resume\n"
+    "  queue     purge: remove everything of a queue\n"
     "  demo      stock arrivals on the embedded backend (or --redis URL)\n"
     "  version   print the version\n"
     "Each command takes --help. The server is --redis URL, else $REDIS_URL, else\n"
@@ -148,6 +149,7 @@ int main(int argc, char** argv) {
     if (command == "check") return check(rest);
     if (command == "dlq") return dlq(rest);
     if (command == "group") return group(rest);
+    if (command == "queue") return queue(rest);
     if (command == "demo-worker") return demo_worker(rest);  // hidden: jobrt demo --redis starts it
     if (command == "version" || command == "--version") {
       if (!rest.empty()) {

@@ -162,6 +162,7 @@ class gated_backend final : public backend {
   awaitable<std::chrono::milliseconds> unrunnable_for(std::string q, std::string type) override {
     return inner_.unrunnable_for(std::move(q), std::move(type));
   }
+  awaitable<std::int64_t> purge_queue(std::string q) override { return inner_.purge_queue(std::move(q)); }
   awaitable<std::int64_t> group_size(std::string q, std::string g) override {
     return inner_.group_size(std::move(q), std::move(g));
   }

@@ -996,3 +996,34 @@ CONFORMANCE("a second stop with a shorter grace cuts the stop under way short: r
     CHECK(counts.running == 0);
   });
 }
+
+CONFORMANCE("purge_queue leaves nothing of a queue, and the queue works again after") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 20; ++i)
+      specs.push_back(make_job("t", {{"i", i}}, i % 2 ? std::optional<std::string>("g") : std::nullopt));
+    co_await p.enqueue_bulk(std::move(specs));
+    claim_options co{"w", 3, std::chrono::seconds(30)};
+    auto claimed = co_await store.claim(b.queue(), co);
+    REQUIRE(claimed.size() == 3);
+    finish_item dead;
+    dead.token = claimed[0].token;
+    dead.kind = finish_kind::fail;
+    dead.error = "no";
+    std::vector<finish_item> items(1, dead);  // (not a braced list: GCC 12 miscompiles one in a coroutine)
+    co_await store.finish(b.queue(), "w", std::move(items), std::chrono::seconds(30));
+    CHECK(co_await store.purge_queue(b.queue()) > 0);
+    auto counts = co_await store.counts(b.queue());
+    CHECK(counts.enqueued == 0);
+    CHECK(counts.ready_lanes == 0);
+    CHECK(counts.running == 0);
+    CHECK(counts.dead == 0);
+    CHECK(counts.groups == 0);
+    CHECK((co_await store.dead_letters(b.queue(), 0, 10)).empty());
+    co_await p.enqueue(make_job("t", {}, "g"));  // a fresh start
+    CHECK((co_await store.claim(b.queue(), co)).size() == 1);
+  });
+}

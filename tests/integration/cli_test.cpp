@@ -72,15 +72,20 @@ pid_t start(const std::vector<std::string>& args, const std::string& out, const 
   return pid;
 }
 
-finished wait_for(pid_t pid, const std::string& out) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+// What an ended process left: its exit status (-1: a signal ended it) and its output file.
+finished ended(int status, const std::string& out) {
   std::ifstream in(out);
   finished f;
   f.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   f.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   std::remove(out.c_str());
   return f;
+}
+
+finished wait_for(pid_t pid, const std::string& out) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return ended(status, out);
 }
 
 finished jobrt_cli(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
@@ -131,12 +136,7 @@ finished wait_at_most(pid_t pid, const std::string& out, std::chrono::seconds li
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  std::ifstream in(out);
-  finished f;
-  f.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  f.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::remove(out.c_str());
-  return f;
+  return ended(status, out);
 }
 
 }  // namespace
@@ -750,6 +750,35 @@ TEST_CASE(
   CHECK_MESSAGE(on_redis.status == 0, on_redis.output);
   CHECK(on_redis.output.find("20/20 commodities   ok") != std::string::npos);
   CHECK(on_redis.output.find('\r') == std::string::npos);
+  // It leaves nothing behind (it left 610 keys before).
+  CHECK(redis_cli(shared_redis(), {"KEYS", redis_backend::key_prefix("demo") + "*"}) == "*0\r\n");
+}
+
+TEST_CASE("jobrt queue purge removes every key of a queue, and refuses while jobs run unless --force") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "purged";
+  auto prefix = redis_backend::key_prefix(queue);
+  REQUIRE(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "sleep", "--payload", R"({"ms":60000})",
+                     "--count", "30", "--groups", "3"})
+              .status == 0);
+  auto out = fmt::format("/tmp/jobrt-cli-purged-{}.out", ::getpid());
+  auto pid = start({"worker", "--redis", url, "--queue", queue, "--plugin", JOBRT_HANDLERS "/jobrt_sleep.so"}, out);
+  REQUIRE(wait_counts(cfg, queue, [](const queue_counts& c) { return c.running == 3; }).running == 3);
+  auto refused = jobrt_cli({"queue", "purge", "--redis", url, "--queue", queue});
+  CHECK(refused.status == 1);
+  CHECK(refused.output.find("has 3 jobs running") != std::string::npos);
+  ::kill(pid, SIGTERM);
+  ::kill(pid, SIGTERM);  // forced: the sleeps go back
+  wait_for(pid, out);
+  CHECK(redis_cli(cfg, {"KEYS", prefix + "*"}) != "*0\r\n");
+  auto purged = jobrt_cli({"queue", "purge", "--redis", url, "--queue", queue});
+  CAPTURE(purged.output);
+  CHECK(purged.status == 0);
+  CHECK(purged.output.starts_with(fmt::format("queue {}: purged (", queue)));
+  CHECK(redis_cli(cfg, {"KEYS", prefix + "*"}) == "*0\r\n");                  // (a raw reply: an empty array)
+  CHECK(jobrt_cli({"stats", "--redis", url, "--queue", queue}).status == 1);  // unknown now
+  CHECK(jobrt_cli({"queue", "--redis", url, "--queue", queue}).status == 2);
 }
 
 TEST_CASE("jobrt worker with --queue given twice runs a worker on each queue") {

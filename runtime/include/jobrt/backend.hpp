@@ -263,6 +263,11 @@ class backend {
   /// head job runs or waits in the ready list.
   virtual boost::asio::awaitable<bool> resume(std::string queue, std::string group, resume_mode mode) = 0;
   virtual boost::asio::awaitable<std::vector<paused_group>> paused_groups(std::string queue) = 0;
+  /// Removes everything of a queue: its jobs, leases, dead letters, counters, worker records and
+  /// any other key under its prefix. Workers still running on it lose their leases. In bounded
+  /// steps (SCAN and UNLINK, 1,000 keys a call on Redis). Returns how many keys went (memory: 1
+  /// when the queue had state).
+  virtual boost::asio::awaitable<std::int64_t> purge_queue(std::string queue) = 0;
   /// Jobs in a group, pending or running (0: the group has none, or never had any).
   virtual boost::asio::awaitable<std::int64_t> group_size(std::string queue, std::string group) = 0;
 

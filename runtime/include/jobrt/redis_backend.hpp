@@ -67,6 +67,7 @@ class redis_backend final : public backend {
   boost::asio::awaitable<bool> pause(std::string queue, std::string group) override;
   boost::asio::awaitable<bool> resume(std::string queue, std::string group, resume_mode mode) override;
   boost::asio::awaitable<std::vector<paused_group>> paused_groups(std::string queue) override;
+  boost::asio::awaitable<std::int64_t> purge_queue(std::string queue) override;
   boost::asio::awaitable<std::int64_t> group_size(std::string queue, std::string group) override;
   boost::asio::awaitable<check_report> check(std::string queue, bool repair) override;
 

@@ -946,6 +946,18 @@ asio::awaitable<std::vector<paused_group>> memory_backend::paused_groups(std::st
   co_return out;
 }
 
+asio::awaitable<std::int64_t> memory_backend::purge_queue(std::string queue) {
+  std::lock_guard lock(mutex_);
+  auto found = queues_.find(queue);
+  if (found == queues_.end()) co_return 0;
+  auto& q = *found->second;
+  // Waiting claims keep their pointer to the state: it is emptied, not erased.
+  auto waiters = std::move(q.waiters);
+  q = queue_state{};
+  q.waiters = std::move(waiters);
+  co_return 1;  // (one queue's state: the memory backend has no keys to count)
+}
+
 asio::awaitable<std::int64_t> memory_backend::group_size(std::string queue, std::string group) {
   std::lock_guard lock(mutex_);
   auto found = queues_.find(queue);

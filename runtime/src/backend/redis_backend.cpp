@@ -901,4 +901,25 @@ asio::awaitable<check_report> redis_backend::check(std::string queue, bool repai
   co_return out;
 }
 
+asio::awaitable<std::int64_t> redis_backend::purge_queue(std::string queue) {
+  // SCAN of the queue's keys and UNLINK of each page (freed in the background): every call is
+  // bounded, however big the queue. A key SCAN returns twice is unlinked twice, harmlessly.
+  auto pattern = glob_literal(key_prefix(queue)) + "*";
+  std::int64_t removed = 0;
+  std::string cursor = "0";
+  do {
+    request scan("SCAN", cursor, "MATCH", pattern, "COUNT", page);
+    scan.options.resend_safe = true;
+    reply r = co_await redis::exec(conn_, std::move(scan));
+    cursor = r.as_array().at(0).as_string();
+    std::vector<std::string> keys;
+    for (auto& k : r.as_array().at(1).as_array()) keys.push_back(k.as_string());
+    if (keys.empty()) continue;
+    request unlink("UNLINK", keys);
+    unlink.options.resend_safe = true;
+    removed += (co_await redis::exec(conn_, std::move(unlink))).as_integer();
+  } while (cursor != "0");
+  co_return removed;
+}
+
 }  // namespace jobrt
