@@ -121,21 +121,25 @@ if what == 'group' then
   end
 elseif what == 'copy' then
   -- Finds a copy where the walk saw it: a function that drops it, false when it is not there,
-  -- nil when the search could not tell (a middle part of a long list went unsearched).
-  local function place(kind, key, member)
+  -- nil when the search could not tell (a middle part of a long list went unsearched). `nth`:
+  -- the copy is the same entry as the first one (one list, one text: a walk that read an entry
+  -- twice as the list moved): then it is there only when the list holds it twice.
+  local function place(kind, key, member, nth)
     local list = kind == 'ready' and ready or kind == 'claimed' and prefix .. 'claimed:' .. key or
                    kind == 'group' and prefix .. 'g:' .. key
     if list then
       local found, unsure = find_in(list, member)
-      if found[1] then return function() remove_found(list, member, found[1]) end end
+      if found[nth] then return function() remove_found(list, member, found[nth]) end end
       if unsure then return nil end
       return false
     end
+    -- (A zset holds a member once: the same member twice is one entry read twice.)
     local zset = kind == 'delayed' and delayed or active
-    if redis.call('ZSCORE', zset, member) then return function() redis.call('ZREM', zset, member) end end
+    if nth == 1 and redis.call('ZSCORE', zset, member) then return function() redis.call('ZREM', zset, member) end end
     return false
   end
-  local first, second = place(ARGV[5], ARGV[6], ARGV[7]), place(ARGV[8], ARGV[9], ARGV[10])
+  local same = ARGV[5] == ARGV[8] and ARGV[6] == ARGV[9] and ARGV[7] == ARGV[10]
+  local first, second = place(ARGV[5], ARGV[6], ARGV[7], 1), place(ARGV[8], ARGV[9], ARGV[10], same and 2 or 1)
   local droppable = {ready = true, claimed = true, delayed = true}
   if first and second then
     problems[#problems + 1] = {'copy'}

@@ -1008,6 +1008,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         continue;  // more to do: at once
       if (std::exchange(self->reap_now_, false)) continue;
       co_await self->about_types();
+      if (self->stopped_) break;  // (stop's cancel of the timer came while about_types was in a call)
       co_await wait_on(self->reap_timer_, clock::now() + self->opts_.reap_period);
     }
     self->reaping_ = false;
@@ -1107,6 +1108,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   asio::awaitable<void> do_stop(std::chrono::milliseconds grace) {
     if (stop_started_) {  // another stop() is at work: a shorter grace cuts its wait short (a forced stop)
+      grace_ = std::min(grace_, grace);  // (the handlers that ignore cancellation get this much, too)
       if (auto until = clock::now() + grace; until < grace_until_) {
         grace_until_ = until;
         idle_timer_.cancel();
@@ -1121,6 +1123,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     stop_claim_.emit(asio::cancellation_type::terminal);
     slot_timer_.cancel();
     claim_pause_.cancel();
+    grace_ = grace;
     grace_until_ = clock::now() + grace;
     while (started_ && claiming_) co_await wait_on(idle_timer_);
     co_await wait_for_handlers();
@@ -1132,7 +1135,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       }
       // Handlers that ignore cancellation get one more grace period (a forced stop cuts this
       // one short too); their leases expire after.
-      grace_until_ = std::min(grace_until_, clock::now()) + std::max(grace, std::chrono::milliseconds(1000));
+      grace_until_ = std::min(grace_until_, clock::now()) + std::max(grace_, std::chrono::milliseconds(1000));
       co_await wait_for_handlers();
     }
     co_await release_all();
@@ -1206,6 +1209,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   std::unordered_map<std::string, unhandled_type> unhandled_types_;
   clock::time_point advertised_{};                   // when this worker last said which types it runs
   clock::time_point grace_until_{};                  // the end of stop's grace under way
+  std::chrono::milliseconds grace_{0};               // the shortest grace a stop() asked for
   std::minstd_rand random_{std::random_device{}()};  // backoff jitter
   std::unordered_map<std::string, std::shared_ptr<running_job>> running_;  // by token
   std::unordered_map<std::string, group_strand> strands_;

@@ -2,6 +2,9 @@
 // groups.
 #include "conformance/conformance.hpp"
 
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/detached.hpp>
+
 #include <algorithm>
 
 namespace {
@@ -968,6 +971,32 @@ CONFORMANCE("a job no worker can run is dead-lettered once no worker has run its
   });
 }
 
+CONFORMANCE("a forced stop does not give a handler that ignores cancellation the first stop's grace again") {
+  run(
+      [kind](asio::io_context& ctx) -> awaitable<void> {
+        backends b(ctx, kind);
+        worker w(ctx.get_executor(), b.make(), b.worker_opts(1));
+        bool running = false;
+        w.add_handler("deaf", [&](job_context&) -> awaitable<void> {
+          running = true;
+          asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::seconds(20));
+          // Bound to no slot: the stop's cancellation does not reach this wait.
+          co_await t.async_wait(asio::bind_cancellation_slot(asio::cancellation_slot(), asio::as_tuple(use_awaitable)));
+        });
+        w.start();
+        producer p(b.make(), b.queue());
+        co_await p.enqueue(make_job("deaf", {}));
+        CHECK(co_await eventually([&] { return running; }));
+        asio::co_spawn(ctx, w.stop(std::chrono::minutes(1)), asio::detached);
+        co_await sleep_for(std::chrono::milliseconds(50));
+        auto forced = std::chrono::steady_clock::now();
+        co_await w.stop(std::chrono::milliseconds(0));
+        // One second for handlers that ignore cancellation, not the first stop's minute.
+        CHECK(std::chrono::steady_clock::now() - forced < std::chrono::seconds(5));
+      },
+      std::chrono::seconds(40));
+}
+
 CONFORMANCE("a second stop with a shorter grace cuts the stop under way short: running jobs are handed back") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);
@@ -1009,6 +1038,7 @@ CONFORMANCE("purge_queue leaves nothing of a queue, and the queue works again af
     claim_options co{"w", 3, std::chrono::seconds(30)};
     auto claimed = co_await store.claim(b.queue(), co);
     REQUIRE(claimed.size() == 3);
+    auto last_fence = claimed.back().fence;
     finish_item dead;
     dead.token = claimed[0].token;
     dead.kind = finish_kind::fail;
@@ -1024,6 +1054,8 @@ CONFORMANCE("purge_queue leaves nothing of a queue, and the queue works again af
     CHECK(counts.groups == 0);
     CHECK((co_await store.dead_letters(b.queue(), 0, 10)).empty());
     co_await p.enqueue(make_job("t", {}, "g"));  // a fresh start
-    CHECK((co_await store.claim(b.queue(), co)).size() == 1);
+    auto again = co_await store.claim(b.queue(), co);
+    REQUIRE(again.size() == 1);
+    CHECK(again[0].fence > last_fence);  // fences go on: an old token never matches a new lease
   });
 }

@@ -750,8 +750,12 @@ TEST_CASE(
   CHECK_MESSAGE(on_redis.status == 0, on_redis.output);
   CHECK(on_redis.output.find("20/20 commodities   ok") != std::string::npos);
   CHECK(on_redis.output.find('\r') == std::string::npos);
-  // It leaves nothing behind (it left 610 keys before).
-  CHECK(redis_cli(shared_redis(), {"KEYS", redis_backend::key_prefix("demo") + "*"}) == "*0\r\n");
+  // It leaves nothing behind (it left 610 keys before) but the queue's fence and id counters,
+  // which a purge keeps: a token or id given out before must never be given out again.
+  auto left = redis_cli(shared_redis(), {"KEYS", redis_backend::key_prefix("demo") + "*"});
+  CHECK(left.starts_with("*2\r\n"));
+  CHECK(left.find("jobrt:{demo}:fence") != std::string::npos);
+  CHECK(left.find("jobrt:{demo}:seq") != std::string::npos);
 }
 
 TEST_CASE("jobrt queue purge removes every key of a queue, and refuses while jobs run unless --force") {
@@ -776,7 +780,9 @@ TEST_CASE("jobrt queue purge removes every key of a queue, and refuses while job
   CAPTURE(purged.output);
   CHECK(purged.status == 0);
   CHECK(purged.output.starts_with(fmt::format("queue {}: purged (", queue)));
-  CHECK(redis_cli(cfg, {"KEYS", prefix + "*"}) == "*0\r\n");                  // (a raw reply: an empty array)
+  auto left = redis_cli(cfg, {"KEYS", prefix + "*"});  // (a raw reply) the fence and id counters only
+  CHECK(left.starts_with("*2\r\n"));
+  CHECK(left.find(prefix + "fence") != std::string::npos);
   CHECK(jobrt_cli({"stats", "--redis", url, "--queue", queue}).status == 1);  // unknown now
   CHECK(jobrt_cli({"queue", "--redis", url, "--queue", queue}).status == 2);
 }

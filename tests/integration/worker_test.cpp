@@ -953,6 +953,37 @@ TEST_CASE("check reports broken bookkeeping and repair fixes it") {
   });
 }
 
+TEST_CASE("check's confirmation drops a copy only when there are two: an entry its walk read twice stays") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    std::string queue = key_prefix() + "q";
+    auto p = redis_backend::key_prefix(queue);
+    auto& c = store.connection();
+    producer prod(store, queue);
+    job_spec loose;
+    loose.type = "t";
+    co_await prod.enqueue(loose);
+    auto lane = std::string((co_await redis::exec(c, redis::request("LINDEX", p + "ready", "0"))).as_string());
+    REQUIRE(lane.starts_with("j:"));
+    auto id = std::string(detail::script_id(std::string_view(lane).substr(2)));
+    redis::script fix(jobrt::lua::check_fix);
+    std::vector<std::string> keys{p + "ready",  p + "active", p + "delayed", p + "paused",
+                                  p + "parked", p + "ids",    p + "workers", p + "stats"};
+    // What the walk would report had it read the one entry twice (the list moved under it).
+    std::vector<std::string> args{"1", "copy", "200000", id, "ready", "", lane, "ready", "", lane};
+    auto once = (co_await fix.run(c, keys, args)).as_array();
+    CHECK(once.size() == 2);  // no problem confirmed
+    CHECK(once.at(1).as_integer() == 0);
+    CHECK((co_await redis::exec(c, redis::request("LLEN", p + "ready"))).as_integer() == 1);  // the job stays
+    // Really twice: confirmed, and one copy goes.
+    co_await redis::exec(c, redis::request("RPUSH", p + "ready", lane));
+    auto twice = (co_await fix.run(c, keys, args)).as_array();
+    CHECK(twice.size() == 3);
+    CHECK(twice.at(1).as_integer() == 1);
+    CHECK((co_await redis::exec(c, redis::request("LLEN", p + "ready"))).as_integer() == 1);
+  });
+}
+
 TEST_CASE("check reports a job in two places and a lease on a group with no jobs, and repair fixes both") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), shared_redis());

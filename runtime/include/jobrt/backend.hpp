@@ -264,7 +264,8 @@ class backend {
   virtual boost::asio::awaitable<bool> resume(std::string queue, std::string group, resume_mode mode) = 0;
   virtual boost::asio::awaitable<std::vector<paused_group>> paused_groups(std::string queue) = 0;
   /// Removes everything of a queue: its jobs, leases, dead letters, counters, worker records and
-  /// any other key under its prefix. Workers still running on it lose their leases. In bounded
+  /// any other key under its prefix, but for its fence and id counters (a token or id given out
+  /// before is never given out again). Workers still running on it lose their leases. In bounded
   /// steps (SCAN and UNLINK, 1,000 keys a call on Redis). Returns how many keys went (memory: 1
   /// when the queue had state).
   virtual boost::asio::awaitable<std::int64_t> purge_queue(std::string queue) = 0;

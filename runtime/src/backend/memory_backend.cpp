@@ -951,10 +951,14 @@ asio::awaitable<std::int64_t> memory_backend::purge_queue(std::string queue) {
   auto found = queues_.find(queue);
   if (found == queues_.end()) co_return 0;
   auto& q = *found->second;
-  // Waiting claims keep their pointer to the state: it is emptied, not erased.
+  // Waiting claims keep their pointer to the state: it is emptied, not erased. The fence and id
+  // counters stay, as on Redis (a token given out before must never match a new lease).
   auto waiters = std::move(q.waiters);
+  auto fence = q.fence, seq = q.seq;
   q = queue_state{};
   q.waiters = std::move(waiters);
+  q.fence = fence;
+  q.seq = seq;
   co_return 1;  // (one queue's state: the memory backend has no keys to count)
 }
 
@@ -1053,28 +1057,31 @@ asio::awaitable<check_report> memory_backend::check(std::string queue, bool repa
     }
   }
   for (auto& c : suspects.copies) {
-    // Whether a copy is where the walk saw it, and what drops it.
-    auto find = [&](const detail::job_place& p) -> std::function<void()> {
+    // Whether a copy is where the walk saw it, and what drops it. `nth` 2: the second copy is
+    // the same entry as the first (one list, one text, read twice as the list moved): there only
+    // when the list holds it twice. (A zset holds a member once.)
+    auto find = [&](const detail::job_place& p, std::size_t nth) -> std::function<void()> {
       using kind = detail::job_place::kind;
       auto in = [&](auto& list) -> std::function<void()> {
-        if (std::find(list.begin(), list.end(), p.member) == list.end()) return {};
+        if (static_cast<std::size_t>(std::count(list.begin(), list.end(), p.member)) < nth) return {};
         return [&list, &erase_first, m = p.member] { erase_first(list, m); };
       };
       switch (p.where) {
         case kind::ready: return in(q.ready);
         case kind::claimed: return q.claimed.contains(p.key) ? in(q.claimed[p.key]) : nullptr;
         case kind::group: return q.groups.contains(p.key) ? in(q.groups[p.key]) : nullptr;
-        case kind::lease: return q.active.contains(p.member) ? [] {} : std::function<void()>{};
+        case kind::lease: return nth == 1 && q.active.contains(p.member) ? [] {} : std::function<void()>{};
         case kind::delayed: {
           auto it =
               std::find_if(q.delayed.begin(), q.delayed.end(), [&](const auto& e) { return e.second == p.member; });
-          if (it == q.delayed.end()) return {};
+          if (nth != 1 || it == q.delayed.end()) return {};
           return [&q, it] { q.delayed.erase(it); };
         }
       }
       return {};
     };
-    auto first = find(c.first), second = find(c.second);
+    bool same = c.first.where == c.second.where && c.first.key == c.second.key && c.first.member == c.second.member;
+    auto first = find(c.first, 1), second = find(c.second, same ? 2 : 1);
     if (!first || !second) continue;
     out.problems.push_back(detail::copy_problem(c.id, c.first, c.second));
     if (repair && (c.second.droppable() || c.first.droppable())) {

@@ -903,8 +903,11 @@ asio::awaitable<check_report> redis_backend::check(std::string queue, bool repai
 
 asio::awaitable<std::int64_t> redis_backend::purge_queue(std::string queue) {
   // SCAN of the queue's keys and UNLINK of each page (freed in the background): every call is
-  // bounded, however big the queue. A key SCAN returns twice is unlinked twice, harmlessly.
-  auto pattern = glob_literal(key_prefix(queue)) + "*";
+  // bounded, however big the queue. A key SCAN returns twice is unlinked twice, harmlessly. The
+  // fence and id counters stay: a lease token ('<fence>|<lane>') or an id given out before must
+  // never be given out again, or a worker that held a lease then could take a new one for its own.
+  auto prefix = key_prefix(queue);
+  auto pattern = glob_literal(prefix) + "*";
   std::int64_t removed = 0;
   std::string cursor = "0";
   do {
@@ -913,7 +916,8 @@ asio::awaitable<std::int64_t> redis_backend::purge_queue(std::string queue) {
     reply r = co_await redis::exec(conn_, std::move(scan));
     cursor = r.as_array().at(0).as_string();
     std::vector<std::string> keys;
-    for (auto& k : r.as_array().at(1).as_array()) keys.push_back(k.as_string());
+    for (auto& k : r.as_array().at(1).as_array())
+      if (k.as_string() != prefix + "fence" && k.as_string() != prefix + "seq") keys.push_back(k.as_string());
     if (keys.empty()) continue;
     request unlink("UNLINK", keys);
     unlink.options.resend_safe = true;
