@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A big queue against the "no call holds the server up" goal, on one throw-away server that logs
 # every command of 20 ms or more: N jobs over N/10 groups enqueued with jobrt enqueue, then
-# jobrt check (twice), stats, dlq list, group show and a metrics scrape's counts, while a probe
-# times a PING every 10 ms. Prints each step's time, the slowest PING and the SLOWLOG.
+# jobrt check (twice), stats, dlq list and group show, while a probe times another client's PING
+# every 10 ms. Prints each step's time, the slowest PING against the same probe on the idle
+# server first, and the SLOWLOG.
 # Usage: bench/big_queue.sh [N=1000000] [BUILD=build/release]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,15 +20,23 @@ url=redis://127.0.0.1:$port
 redis-cli -p "$port" config set slowlog-log-slower-than 20000 >/dev/null
 redis-cli -p "$port" slowlog reset >/dev/null
 
-# The probe: another client's view of the server, one PING every 10 ms, its slowest answer kept.
-( slowest=0
+# The probe: another client's view of the server, one PING every 10 ms, its slowest answer kept
+# in FILE. Its baseline is the same probe for 3 s on the idle server, first.
+probe() {
+  local file=$1 slowest=0 start took
   while :; do
     start=$(date +%s%N)
     redis-cli -p "$port" ping >/dev/null 2>&1 || break
     took=$((($(date +%s%N) - start) / 1000))
-    [ "$took" -gt "$slowest" ] && { slowest=$took; echo "$slowest" >"$dir/slowest-ping-us"; }
+    [ "$took" -gt "$slowest" ] && { slowest=$took; echo "$slowest" >"$file"; }
     sleep 0.01
-  done ) &
+  done
+}
+probe "$dir/idle-ping-us" &
+probe=$!
+sleep 3
+kill "$probe"
+probe "$dir/slowest-ping-us" &
 probe=$!
 
 step() {
@@ -46,7 +55,8 @@ step "group show" "$jobrt" group show --redis "$url" --queue big
 grep -o '([0-9]* calls to the server)' <("$jobrt" check --redis "$url" --queue big) | sed 's/^/check: /'
 echo "memory used: $(redis-cli -p "$port" info memory | awk -F: '/^used_memory_human/ {print $2}' | tr -d '\r')"
 kill "$probe" 2>/dev/null || true
-echo "slowest PING of another client meanwhile: $(cat "$dir/slowest-ping-us" 2>/dev/null || echo '?') us"
+idle=$(cat "$dir/idle-ping-us"); busy=$(cat "$dir/slowest-ping-us")
+awk -v i="$idle" -v b="$busy" 'BEGIN { printf "slowest PING of another client: %d us meanwhile, %d us on the idle server (%.2fx)\n", b, i, b / i }'
 entries=$(redis-cli -p "$port" slowlog len)
 echo "SLOWLOG entries at 20 ms: $entries"
 redis-cli -p "$port" slowlog get 5 | head -40
