@@ -104,10 +104,11 @@ std::int64_t now_ms() {
 }
 
 json::object to_json(const queue_counts& q) {
-  return {{"ready_lanes", q.ready_lanes}, {"running", q.running},    {"delayed", q.delayed},   {"groups", q.groups},
-          {"paused", q.paused},           {"dead", q.dead},          {"enqueued", q.enqueued}, {"started", q.started},
-          {"completed", q.completed},     {"failed", q.failed},      {"retried", q.retried},   {"deferred", q.deferred},
-          {"halted", q.halted},           {"recovered", q.recovered}};
+  return {{"ready_lanes", q.ready_lanes}, {"running", q.running},     {"delayed", q.delayed},
+          {"groups", q.groups},           {"paused", q.paused},       {"dead", q.dead},
+          {"enqueued", q.enqueued},       {"started", q.started},     {"completed", q.completed},
+          {"failed", q.failed},           {"retried", q.retried},     {"deferred", q.deferred},
+          {"halted", q.halted},           {"recovered", q.recovered}, {"unhandled", q.unhandled}};
 }
 
 // How long ago a time (ms since the epoch) was, in the one unit list and show both use.
@@ -185,7 +186,8 @@ int stats(const args& a) {
     fmt::print(
         "usage: jobrt stats [--redis URL] [--queue NAME] [--json] [--watch SECONDS]\n"
         "A queue's counts (ready lanes, running, delayed, paused groups, dead letters) and counters\n"
-        "(enqueued, started, completed, failed, retried, deferred, halted, recovered). --watch prints\n"
+        "(enqueued, started, completed, failed, retried, deferred, halted, recovered, and unhandled:\n"
+        "jobs handed back by a worker with no handler for their type). --watch prints\n"
         "them again every SECONDS, with the completion rate since the last report (jobs/s; in JSON\n"
         "\"completed_per_s\"), until interrupted.\n");
     return 0;
@@ -209,9 +211,9 @@ int stats(const args& a) {
         fmt::print(
             "queue {}: {} ready lanes, {} running, {} delayed, {} groups with jobs, {} paused groups, {} dead | "
             "enqueued {}, started {}, "
-            "completed {}, failed {}, retried {}, deferred {}, halted {}, recovered {}",
+            "completed {}, failed {}, retried {}, deferred {}, halted {}, recovered {}, unhandled {}",
             c.queue, q.ready_lanes, q.running, q.delayed, q.groups, q.paused, q.dead, q.enqueued, q.started,
-            q.completed, q.failed, q.retried, q.deferred, q.halted, q.recovered);
+            q.completed, q.failed, q.retried, q.deferred, q.halted, q.recovered, q.unhandled);
         if (rate) fmt::print(" | {:.0f} jobs/s", *rate);
         fmt::print("\n");
       }

@@ -383,6 +383,8 @@ TEST_CASE("a mixed fleet: a worker without a job's handler hands it back and eve
   CHECK(counts.dead == 0);
   CHECK(counts.started == 1000);
   MESSAGE("handed back: " << counts.unhandled);
+  auto stats = jobrt_cli({"stats", "--redis", url, "--queue", queue, "--json"});
+  CHECK(stats.output.find(fmt::format("\"unhandled\":{}", counts.unhandled)) != std::string::npos);
 }
 
 TEST_CASE("jobrt worker logs a dead letter with its job's id, grouped or not, and keeps a malformed lane whole") {
