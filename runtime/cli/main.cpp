@@ -1,6 +1,7 @@
 // The jobrt command.
 #include "cli.hpp"
 
+#include <jobrt/metrics.hpp>
 #include <jobrt/redis/config.hpp>
 #include <jobrt/redis/request.hpp>
 
@@ -152,11 +153,15 @@ int main(int argc, char** argv) {
     if (command == "queue") return queue(rest);
     if (command == "demo-worker") return demo_worker(rest);  // hidden: jobrt demo --redis starts it
     if (command == "version" || command == "--version") {
+      if (rest.size() == 1 && (rest[0] == "--help" || rest[0] == "-h")) {
+        fmt::print("usage: jobrt version\nPrints jobrt's version.\n");
+        return 0;
+      }
       if (!rest.empty()) {
         fmt::print(stderr, "jobrt: version takes no arguments\n");
         return 2;
       }
-      fmt::print("jobrt 0.1.0\n");
+      fmt::print("jobrt {}\n", jobrt::version());
       return 0;
     }
     if (command == "help" || command == "--help" || command == "-h") {

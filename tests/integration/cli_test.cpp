@@ -615,7 +615,10 @@ TEST_CASE("every jobrt command answers --help and version prints it and REDIS_UR
   CHECK(top.output.find("Each command takes --help") != std::string::npos);
   auto version = jobrt_cli({"version"});
   CHECK(version.status == 0);
-  CHECK(version.output.starts_with("jobrt "));
+  CHECK(version.output == fmt::format("jobrt {}\n", jobrt::version()));
+  auto version_help = jobrt_cli({"version", "--help"});  // every command takes --help
+  CHECK(version_help.status == 0);
+  CHECK(version_help.output == "usage: jobrt version\nPrints jobrt's version.\n");
 
   auto url = url_of(shared_redis());
   std::string queue = key_prefix() + "env";

@@ -96,6 +96,27 @@ TEST_CASE("Redis error replies surface as errors with their message") {
   });
 }
 
+TEST_CASE("an error with nothing of the server's to add reads as its own message, not ': message'") {
+  redis_server server;  // private: paused below
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), server.config());
+    conn.start();
+    co_await exec(conn, request("PING"));
+    redis_cli(server.config(), {"CLIENT", "PAUSE", "1000", "ALL"});
+    request slow("GET", "k");
+    slow.options.timeout = std::chrono::milliseconds(50);
+    std::string what;
+    try {
+      co_await exec(conn, std::move(slow));
+    } catch (const boost::system::system_error& e) {
+      what = e.what();
+    }
+    CAPTURE(what);
+    CHECK(!what.empty());
+    CHECK(!what.starts_with(":"));  // log lines read "claim failed: : ..." before
+  });
+}
+
 TEST_CASE("the shared connection refuses blocking commands") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     connection conn(ctx.get_executor(), shared_redis());

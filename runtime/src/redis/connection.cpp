@@ -775,6 +775,8 @@ boost::asio::awaitable<reply> exec_or_throw(Connection& c, request req) {
   if (ec) {
     std::string what = r.is_error() ? std::string(r.error_message()) : std::string();
     if (ec == error::not_connected) what = c.last_error();
+    // (With an empty what_arg, what() would read ": <message>".)
+    if (what.empty()) throw boost::system::system_error(ec);
     throw boost::system::system_error(ec, what);
   }
   co_return r;
