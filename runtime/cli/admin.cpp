@@ -189,7 +189,9 @@ int stats(const args& a) {
         "(enqueued, started, completed, failed, retried, deferred, halted, recovered, and unhandled:\n"
         "jobs handed back by a worker with no handler for their type). --watch prints\n"
         "them again every SECONDS, with the completion rate since the last report (jobs/s; in JSON\n"
-        "\"completed_per_s\"), until interrupted.\n");
+        "\"completed_per_s\"), until interrupted. The queue has drained (nothing pending, delayed or\n"
+        "running) when ready_lanes, running, delayed and groups are all 0; paused groups keep their\n"
+        "jobs (groups stays above 0) until resumed.\n");
     return 0;
   }
   no_more(c.positional, 0, "stats");
@@ -284,7 +286,7 @@ int dlq(const args& a) {
       "  --group G       its group is G\n"
       "  --type T        its job's type is T\n"
       "  --error TEXT    its error contains TEXT\n"
-      "With --json, list and show print each dead letter as a JSON object: id, group, type,\n"
+      "With --json, list prints one JSON object per line and show one object, each with: id, group, type,\n"
       "payload, max_attempts, enqueued_at_ms, runs, error and at_ms (when it failed; times in ms\n"
       "since the epoch). Ages are in seconds.\n";
   if (c.help) {
