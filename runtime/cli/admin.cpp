@@ -24,46 +24,22 @@ namespace {
 namespace asio = boost::asio;
 namespace json = boost::json;
 
-// What every operator command takes: the server, the queue, --json; the rest are positionals
-// and the command's own flags.
+// What every operator command takes: the server, the queue, --json.
 struct common {
   std::string url = default_redis_url();
   std::string queue = "default";
   bool json = false;
-  bool help = false;
-  std::vector<std::string> positional;
-  std::set<std::string> flags;                 // seen flags without values
-  std::map<std::string, std::size_t> numbers;  // seen numeric options
-  std::map<std::string, std::string> strings;  // seen options with a text value
 };
 
-common parse(const args& a, std::string_view command, const std::set<std::string>& flags,
-             const std::set<std::string>& numbers, const std::set<std::string>& strings = {}) {
-  common c;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto& arg = a[i];
-    if (arg == "--help" || arg == "-h")
-      c.help = true;
-    else if (arg == "--redis")
-      c.url = string_arg(a, i);
-    else if (arg == "--queue") {
-      c.queue = string_arg(a, i);
-      if (c.queue.empty()) throw usage_error(fmt::format("{}: --queue is empty", command));
-    } else if (arg == "--json")
-      c.json = true;
-    else if (flags.contains(arg))
-      c.flags.insert(arg);
-    else if (numbers.contains(arg))
-      c.numbers[arg] = number_arg(a, i);
-    else if (strings.contains(arg))
-      c.strings[arg] = string_arg(a, i);
-    else if (arg.starts_with("--"))
-      throw usage_error(fmt::format("{}: unknown option '{}'", command, arg));
-    else
-      c.positional.push_back(arg);
-  }
-  check_url(c.url);
-  return c;
+void add_common(CLI::App& cmd, common& c) {
+  redis_option(cmd, c.url, "the server (default: $REDIS_URL, else redis://127.0.0.1:6379)");
+  name_option(cmd, "-q,--queue", c.queue, "the queue (default: default)")->envname("JOBRT_QUEUE");
+  cmd.add_flag("--json", c.json, "print JSON");
+}
+
+// A command whose subject is a queue takes it as an argument too: `jobrt check orders`.
+void add_queue_argument(CLI::App& cmd, std::string& queue) {
+  cmd.add_option("QUEUE", queue, "the queue, in place of --queue")->check(not_empty("the queue's name"));
 }
 
 // Whether anything was ever enqueued to the queue (or is in it: a job written by hand).
@@ -178,24 +154,16 @@ asio::awaitable<std::vector<std::string>> matching_letters(redis_backend& store,
 // Redis busy for long.
 constexpr std::size_t keys_per_call = 500;
 
-}  // namespace
+struct stats_options {
+  common c;
+  std::string queue;  // the argument, when given
+  std::size_t watch = 0;
+};
 
-int stats(const args& a) {
-  auto c = parse(a, "stats", {}, {"--watch"});
-  if (c.help) {
-    fmt::print(
-        "usage: jobrt stats [--redis URL] [--queue NAME] [--json] [--watch SECONDS]\n"
-        "A queue's counts (ready lanes, running, delayed, paused groups, dead letters) and counters\n"
-        "(enqueued, started, completed, failed, retried, deferred, halted, recovered, and unhandled:\n"
-        "jobs handed back by a worker with no handler for their type). --watch prints\n"
-        "them again every SECONDS, with the completion rate since the last report (jobs/s; in JSON\n"
-        "\"completed_per_s\"), until interrupted. The queue has drained (nothing pending, delayed or\n"
-        "running) when ready_lanes, running, delayed and groups are all 0; paused groups keep their\n"
-        "jobs (groups stays above 0) until resumed.\n");
-    return 0;
-  }
-  no_more(c.positional, 0, "stats");
-  auto watch = c.numbers.contains("--watch") ? c.numbers["--watch"] : 0;
+int stats(const stats_options& o) {
+  auto c = o.c;
+  if (!o.queue.empty()) c.queue = o.queue;
+  auto watch = o.watch;
   with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
     std::int64_t last_completed = -1;
     asio::steady_timer timer(co_await asio::this_coro::executor);
@@ -205,10 +173,10 @@ int stats(const args& a) {
       std::optional<double> rate;
       if (last_completed >= 0) rate = static_cast<double>(q.completed - last_completed) / static_cast<double>(watch);
       if (c.json) {
-        auto o = to_json(q);
-        o["queue"] = c.queue;
-        if (rate) o["completed_per_s"] = *rate;
-        fmt::print("{}\n", json::serialize(o));
+        auto js = to_json(q);
+        js["queue"] = c.queue;
+        if (rate) js["completed_per_s"] = *rate;
+        fmt::print("{}\n", json::serialize(js));
       } else {
         fmt::print(
             "queue {}: {} ready lanes, {} running, {} delayed, {} groups with jobs, {} paused groups, {} dead | "
@@ -229,256 +197,391 @@ int stats(const args& a) {
   return 0;
 }
 
-int check(const args& a) {
-  auto c = parse(a, "check", {"--repair"}, {});
-  if (c.help) {
-    fmt::print(
-        "usage: jobrt check [--redis URL] [--queue NAME] [--repair] [--json]\n"
-        "Verifies the queue's invariants: every group with jobs has exactly one lane, lease or\n"
-        "parked lane; no lane names a group without jobs; no id is taken without a pending job; no\n"
-        "job is in two places; no dead worker holds lanes. Reads the queue in small steps (pages of\n"
-        "at most 1,000 entries), so workers and other clients carry on meanwhile; what it suspects\n"
-        "is confirmed by one short atomic call each before it is reported. On a queue that workers\n"
-        "change meanwhile, the counts are as the walk saw them. --repair fixes what it confirms.\n"
-        "Exit code 1 when problems were found and not repaired.\n");
-    return 0;
-  }
-  no_more(c.positional, 1, "check");
-  if (!c.positional.empty()) c.queue = c.positional.front();  // `jobrt check QUEUE`
-  if (c.queue.empty()) throw usage_error("check: the queue's name is empty");
-  bool repair = c.flags.contains("--repair");
+struct check_options {
+  common c;
+  std::string queue;
+  bool repair = false;
+};
+
+int check(const check_options& o) {
+  auto c = o.c;
+  if (!o.queue.empty()) c.queue = o.queue;
   check_report r;
-  with_store(c, [&](redis_backend& store) -> asio::awaitable<void> { r = co_await store.check(c.queue, repair); });
+  with_store(c, [&](redis_backend& store) -> asio::awaitable<void> { r = co_await store.check(c.queue, o.repair); });
   auto oldest_age = r.oldest_enqueued_ms > 0 ? now_ms() - r.oldest_enqueued_ms : 0;
   if (c.json) {
     json::array problems;
     for (auto& p : r.problems) problems.emplace_back(p);
-    json::object o{{"queue", c.queue},
-                   {"groups", r.groups},
-                   {"jobs", r.jobs},
-                   {"stuck_groups", r.stuck_groups},
-                   {"oldest_job_age_ms", oldest_age},
-                   {"repaired", r.repaired},
-                   {"calls", r.calls},
-                   {"problems", problems}};
-    fmt::print("{}\n", json::serialize(o));
+    json::object js{{"queue", c.queue},
+                    {"groups", r.groups},
+                    {"jobs", r.jobs},
+                    {"stuck_groups", r.stuck_groups},
+                    {"oldest_job_age_ms", oldest_age},
+                    {"repaired", r.repaired},
+                    {"calls", r.calls},
+                    {"problems", problems}};
+    fmt::print("{}\n", json::serialize(js));
   } else {
     fmt::print(
         "queue {}: {} groups with jobs, {} jobs, {} stuck groups, oldest job {} ms old ({} calls to the server)\n",
         c.queue, r.groups, r.jobs, r.stuck_groups, oldest_age, r.calls);
     for (auto& p : r.problems) fmt::print("  problem: {}\n", p);
     if (r.problems.empty()) fmt::print("  no problems\n");
-    if (repair) fmt::print("  repaired {}\n", r.repaired);
+    if (o.repair) fmt::print("  repaired {}\n", r.repaired);
   }
-  return r.problems.empty() || repair ? 0 : 1;
+  return r.problems.empty() || o.repair ? 0 : 1;
 }
 
-int dlq(const args& a) {
-  auto c = parse(a, "dlq", {"--head", "--all"}, {"--offset", "--limit"}, {"--group", "--type", "--error"});
-  constexpr const char* usage =
-      "usage: jobrt dlq list [--offset N] [--limit N]   oldest first (default limit 100)\n"
-      "       jobrt dlq show ID\n"
-      "       jobrt dlq requeue ID... [--head]          back to their group's tail (--head: next)\n"
-      "       jobrt dlq requeue SELECTION [--head]\n"
-      "       jobrt dlq purge ID... | SELECTION\n"
-      "each with [--redis URL] [--queue NAME] [--json]\n"
-      "SELECTION is --all (every dead letter), or filters that a dead letter must all match:\n"
-      "  --group G       its group is G\n"
-      "  --type T        its job's type is T\n"
-      "  --error TEXT    its error contains TEXT\n"
-      "With --json, list prints one JSON object per line and show one object, each with: id, group, type,\n"
-      "payload, max_attempts, enqueued_at_ms, runs, error and at_ms (when it failed; times in ms\n"
-      "since the epoch). Ages are in seconds.\n";
-  if (c.help) {
-    fmt::print("{}", usage);
-    return 0;
-  }
-  if (c.positional.empty()) throw usage_error("dlq: say list, show, requeue or purge");
-  auto verb = c.positional.front();
-  std::vector<std::string> ids(c.positional.begin() + 1, c.positional.end());
+// What `dlq requeue` and `dlq purge` take: ids (or "-": one per line on standard input), or a
+// selection.
+struct letters_options {
+  common c;
+  std::vector<std::string> ids;
+  bool all = false, head = false;
   letter_filter filter;
-  const std::pair<const char*, std::optional<std::string>*> filters[] = {
-      {"--group", &filter.group}, {"--type", &filter.type}, {"--error", &filter.error}};
-  for (auto [name, field] : filters) {
-    auto it = c.strings.find(name);
-    if (it == c.strings.end()) continue;
-    if (it->second.empty()) throw usage_error(fmt::format("dlq {}: {} is empty", verb, name));
-    *field = it->second;
+  std::string group, type, error;  // the filter's options as given
+
+  bool selection() const { return all || filter.group || filter.type || filter.error; }
+
+  // Checks what was given and reads "-"; `verb` names the command in errors.
+  void settle(std::string_view verb) {
+    const std::pair<const std::string*, std::optional<std::string>*> given[] = {
+        {&group, &filter.group}, {&type, &filter.type}, {&error, &filter.error}};
+    for (auto [text, field] : given)
+      if (!text->empty()) *field = *text;
+    if (ids.empty() == !selection())
+      throw usage_error(fmt::format("dlq {}: give the ids, or --all, or filters (--group, --type, --error)", verb));
+    if (ids.size() == 1 && ids.front() == "-") {
+      ids.clear();
+      std::ifstream unused;
+      auto& in = open_input("-", unused, "dlq");
+      for (std::string line; std::getline(in, line);) {
+        auto end = line.find_last_not_of(" \t\r");
+        if (end != std::string::npos) ids.push_back(line.substr(0, end + 1));
+      }
+    }
   }
-  bool filtered = filter.group || filter.type || filter.error;
-  bool selection = filtered || c.flags.contains("--all");
-  if (c.flags.contains("--head") && verb != "requeue") throw usage_error(fmt::format("dlq {}: no --head", verb));
-  if (selection && verb != "requeue" && verb != "purge")
-    throw usage_error(fmt::format("dlq {}: --all, --group, --type and --error are requeue's and purge's", verb));
-  if ((c.numbers.contains("--offset") || c.numbers.contains("--limit")) && verb != "list")
-    throw usage_error(fmt::format("dlq {}: --offset and --limit are list's", verb));
-  if ((verb == "requeue" || verb == "purge") && ids.empty() == !selection)
-    throw usage_error(fmt::format("dlq {}: give the ids, or --all, or filters (--group, --type, --error)", verb));
+};
+
+void add_selection(CLI::App& cmd, letters_options& o) {
+  cmd.add_option("ID", o.ids, "dead letters by id; - reads them from standard input, one per line");
+  cmd.add_flag("--all", o.all, "every dead letter");
+  cmd.add_option("-g,--group", o.group, "those of group G")->check(not_empty("the group"))->option_text("G");
+  cmd.add_option("-t,--type", o.type, "those whose job's type is T")->check(not_empty("the type"))->option_text("T");
+  cmd.add_option("--error", o.error, "those whose error contains TEXT")
+      ->check(not_empty("the text"))
+      ->option_text("TEXT");
+}
+
+int dlq_list(const common& c, std::size_t offset, std::size_t limit) {
+  with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+    auto letters = co_await store.dead_letters(c.queue, offset, limit);
+    for (auto& d : letters) {
+      if (c.json)
+        fmt::print("{}\n", json::serialize(to_json(d)));
+      else
+        fmt::print("{}  group {}  {}  {}\n", d.id, d.group.empty() ? "-" : d.group, age(d.at_ms), d.error);
+    }
+  });
+  return 0;
+}
+
+int dlq_show(const common& c, const std::string& id) {
   int rc = 0;
-  if (verb == "list") {
-    no_more(c.positional, 1, "dlq list");
-    auto offset = c.numbers.contains("--offset") ? c.numbers["--offset"] : 0;
-    auto limit = c.numbers.contains("--limit") ? c.numbers["--limit"] : 100;
-    with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
-      auto letters = co_await store.dead_letters(c.queue, offset, limit);
-      for (auto& d : letters) {
-        if (c.json)
-          fmt::print("{}\n", json::serialize(to_json(d)));
-        else
-          fmt::print("{}  group {}  {}  {}\n", d.id, d.group.empty() ? "-" : d.group, age(d.at_ms), d.error);
-      }
+  with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+    auto d = co_await store.dead_letter_of(c.queue, id);
+    if (!d) {
+      fmt::print(stderr, "jobrt: dlq show: no dead letter {} in queue {}\n", id, c.queue);
+      rc = 1;
+      co_return;
+    }
+    if (c.json) {
+      fmt::print("{}\n", json::serialize(to_json(*d)));
+      co_return;
+    }
+    fmt::print("id {}\ngroup {}\n", d->id, d->group.empty() ? "-" : d->group);
+    if (auto j = job_of(*d))
+      fmt::print("type {}\npayload {}\nmax attempts {}\nenqueued {}\n", j->type, json::serialize(j->payload),
+                 j->max_attempts, age(j->enqueued_at_ms));
+    else
+      fmt::print("record {}\n", d->record);
+    fmt::print("runs {}\nfailed {}\nerror {}\n", d->runs, age(d->at_ms), d->error);
+  });
+  return rc;
+}
+
+// Those of `wanted` not in `done`, each named on stderr by `says`.
+template <class Says>
+json::array report_missing(const std::vector<std::string>& wanted, const std::set<std::string>& done, Says says) {
+  json::array missing;
+  for (auto& id : wanted) {
+    if (done.contains(id)) continue;
+    fmt::print(stderr, "jobrt: {}\n", says(id));
+    missing.emplace_back(id);
+  }
+  return missing;
+}
+
+int dlq_requeue(letters_options o) {
+  o.settle("requeue");
+  int rc = 0;
+  with_store(o.c, [&](redis_backend& store) -> asio::awaitable<void> {
+    auto& ids = o.ids;
+    if (o.selection()) ids = co_await matching_letters(store, o.c.queue, o.filter);
+    // In calls of keys_per_call. --head puts each call's letters in front of those already
+    // requeued: the last call goes first so that the letters keep their order.
+    std::vector<std::vector<std::string>> calls;
+    for (std::size_t i = 0; i < ids.size(); i += keys_per_call)
+      calls.emplace_back(ids.begin() + static_cast<std::ptrdiff_t>(i),
+                         ids.begin() + static_cast<std::ptrdiff_t>(std::min(ids.size(), i + keys_per_call)));
+    if (o.head) std::reverse(calls.begin(), calls.end());
+    std::set<std::string> requeued;
+    for (auto& call : calls)
+      for (auto& id : co_await store.requeue(o.c.queue, call, o.head)) requeued.insert(id);
+    auto missing = report_missing(ids, requeued, [&](const std::string& id) {
+      return fmt::format("dlq requeue: {} not requeued: no such dead letter in queue {}, or a pending job has its id",
+                         id, o.c.queue);
     });
-  } else if (verb == "show") {
-    if (ids.size() != 1) throw usage_error("dlq show: give one id");
-    with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
-      auto d = co_await store.dead_letter_of(c.queue, ids[0]);
-      if (!d) {
-        fmt::print(stderr, "jobrt: dlq show: no dead letter {} in queue {}\n", ids[0], c.queue);
-        rc = 1;
-        co_return;
-      }
-      if (c.json) {
-        fmt::print("{}\n", json::serialize(to_json(*d)));
-        co_return;
-      }
-      fmt::print("id {}\ngroup {}\n", d->id, d->group.empty() ? "-" : d->group);
-      if (auto j = job_of(*d))
-        fmt::print("type {}\npayload {}\nmax attempts {}\nenqueued {}\n", j->type, json::serialize(j->payload),
-                   j->max_attempts, age(j->enqueued_at_ms));
-      else
-        fmt::print("record {}\n", d->record);
-      fmt::print("runs {}\nfailed {}\nerror {}\n", d->runs, age(d->at_ms), d->error);
-    });
-  } else if (verb == "requeue") {
-    bool head = c.flags.contains("--head");
-    with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
-      if (selection) ids = co_await matching_letters(store, c.queue, filter);
-      // In calls of keys_per_call. --head puts each call's letters in front of those already
-      // requeued: the last call goes first so that the letters keep their order.
-      std::vector<std::vector<std::string>> calls;
-      for (std::size_t i = 0; i < ids.size(); i += keys_per_call)
-        calls.emplace_back(ids.begin() + static_cast<std::ptrdiff_t>(i),
-                           ids.begin() + static_cast<std::ptrdiff_t>(std::min(ids.size(), i + keys_per_call)));
-      if (head) std::reverse(calls.begin(), calls.end());
-      std::set<std::string> requeued;
-      for (auto& call : calls)
-        for (auto& id : co_await store.requeue(c.queue, call, head)) requeued.insert(id);
+    if (o.c.json)
+      fmt::print("{}\n", json::serialize(json::object{
+                             {"requeued", requeued.size()}, {"of", ids.size()}, {"not_requeued", missing}}));
+    else
       fmt::print("requeued {} of {}\n", requeued.size(), ids.size());
-      for (auto& id : ids) {
-        if (requeued.contains(id)) continue;
-        fmt::print(
-            stderr,
-            "jobrt: dlq requeue: {} not requeued: no such dead letter in queue {}, or a pending job has its id\n", id,
-            c.queue);
-        rc = 1;
-      }
-    });
-  } else if (verb == "purge") {
-    with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
-      if (selection && !filtered) {  // --all: one call (purge takes no ids as every one)
-        fmt::print("purged {}\n", co_await store.purge(c.queue, {}));
-        co_return;
-      }
-      std::vector<std::string> missing;  // named, as show and requeue name theirs
-      if (selection)
-        ids = co_await matching_letters(store, c.queue, filter);
-      else
+    if (!missing.empty()) rc = 1;
+  });
+  return rc;
+}
+
+int dlq_purge(letters_options o) {
+  o.settle("purge");
+  int rc = 0;
+  with_store(o.c, [&](redis_backend& store) -> asio::awaitable<void> {
+    auto& ids = o.ids;
+    std::int64_t purged = 0;
+    json::array missing;
+    if (o.all && !(o.filter.group || o.filter.type || o.filter.error)) {
+      purged = co_await store.purge(o.c.queue, {});  // every one, in one call
+    } else {
+      std::set<std::string> found;
+      if (o.selection()) {
+        ids = co_await matching_letters(store, o.c.queue, o.filter);
+        found.insert(ids.begin(), ids.end());
+      } else {
         for (auto& id : ids)
-          if (!co_await store.dead_letter_of(c.queue, id)) missing.push_back(id);
-      std::int64_t purged = 0;
+          if (co_await store.dead_letter_of(o.c.queue, id)) found.insert(id);
+      }
+      missing = report_missing(ids, found, [&](const std::string& id) {
+        return fmt::format("dlq purge: no dead letter {} in queue {}", id, o.c.queue);
+      });
       // Never an empty call: that would purge every dead letter.
       for (std::size_t i = 0; i < ids.size(); i += keys_per_call)
         purged += co_await store.purge(
-            c.queue, std::vector<std::string>(
-                         ids.begin() + static_cast<std::ptrdiff_t>(i),
-                         ids.begin() + static_cast<std::ptrdiff_t>(std::min(ids.size(), i + keys_per_call))));
+            o.c.queue, std::vector<std::string>(
+                           ids.begin() + static_cast<std::ptrdiff_t>(i),
+                           ids.begin() + static_cast<std::ptrdiff_t>(std::min(ids.size(), i + keys_per_call))));
+    }
+    if (o.c.json)
+      fmt::print("{}\n", json::serialize(json::object{{"purged", purged}, {"not_found", missing}}));
+    else
       fmt::print("purged {}\n", purged);
-      for (auto& id : missing) fmt::print(stderr, "jobrt: dlq purge: no dead letter {} in queue {}\n", id, c.queue);
-      if (!missing.empty()) rc = 1;
-    });
-  } else {
-    throw usage_error(fmt::format("dlq: unknown subcommand '{}'", verb));
-  }
+    if (!missing.empty()) rc = 1;
+  });
   return rc;
 }
 
-int group(const args& a) {
-  auto c = parse(a, "group", {"--skip", "--force"}, {});
-  if (c.help) {
-    fmt::print(
-        "usage: jobrt group show                 paused and halted groups\n"
-        "       jobrt group pause GROUP [--force]  nothing more of it starts (its running job\n"
-        "                                        finishes); a group with no jobs (a typo?) is an\n"
-        "                                        error unless --force, which pauses it ahead of them\n"
-        "       jobrt group resume GROUP [--skip]  goes on; --skip dead-letters its head job first;\n"
-        "                                        a group that is not paused is an error\n"
-        "each with [--redis URL] [--queue NAME] [--json]. An unknown queue is an error (exit 1).\n");
-    return 0;
-  }
-  if (c.positional.empty()) throw usage_error("group: say show, pause or resume");
-  auto verb = c.positional.front();
-  int rc = 0;
-  if (verb == "show") {
-    no_more(c.positional, 1, "group show");
-    with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
-      for (auto& g : co_await store.paused_groups(c.queue)) {
-        if (c.json)
-          fmt::print("{}\n", json::serialize(json::object{
-                                 {"group", g.group}, {"halted", g.halted}, {"error", g.error}, {"at_ms", g.at_ms}}));
+void add_dlq(CLI::App& jobrt, action& chosen) {
+  auto* dlq = jobrt.add_subcommand("dlq", "dead letters: list, show, requeue, purge")->group("commands");
+  dlq->require_subcommand(1);
+  dlq->set_help_flag("-h,--help", "print this help");
+  dlq->footer(
+      "Each command takes --help. With --json, list prints one JSON object per line and show one\n"
+      "object, each with: id, group, type, payload, max_attempts, enqueued_at_ms, runs, error and\n"
+      "at_ms (when it failed; times in ms since the epoch). Ages are in seconds.");
+
+  struct list_options {
+    common c;
+    std::size_t offset = 0, limit = 100;
+  };
+  auto list = std::make_shared<list_options>();
+  auto* cmd = add_command(*dlq, chosen, "list", "dead letters, oldest first",
+                          [list] { return dlq_list(list->c, list->offset, list->limit); });
+  add_common(*cmd, list->c);
+  number_option(*cmd, "--offset", list->offset, 0, 1'000'000'000, "skip the first N (default 0)");
+  number_option(*cmd, "-n,--limit", list->limit, 1, 1'000'000'000, "at most N (default 100)");
+
+  struct show_options {
+    common c;
+    std::string id;
+  };
+  auto show = std::make_shared<show_options>();
+  cmd = add_command(*dlq, chosen, "show", "one dead letter: its job, runs and error",
+                    [show] { return dlq_show(show->c, show->id); });
+  add_common(*cmd, show->c);
+  cmd->add_option("ID", show->id, "the dead letter's id")->required();
+
+  auto requeue = std::make_shared<letters_options>();
+  cmd = add_command(*dlq, chosen, "requeue", "back to their group's tail (--head: next)",
+                    [requeue] { return dlq_requeue(*requeue); });
+  add_common(*cmd, requeue->c);
+  add_selection(*cmd, *requeue);
+  cmd->add_flag("--head", requeue->head, "to the head of their group: they run next");
+  cmd->footer("Give the ids, or --all, or filters (--group, --type, --error) that a letter must all match.");
+
+  auto purge = std::make_shared<letters_options>();
+  cmd = add_command(*dlq, chosen, "purge", "remove dead letters", [purge] { return dlq_purge(*purge); });
+  add_common(*cmd, purge->c);
+  add_selection(*cmd, *purge);
+  cmd->footer("Give the ids, or --all, or filters (--group, --type, --error) that a letter must all match.");
+}
+
+struct group_options {
+  common c;
+  std::string group;
+  bool force = false, skip = false;
+};
+
+int group_show(const common& c) {
+  with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+    for (auto& g : co_await store.paused_groups(c.queue)) {
+      if (c.json)
+        fmt::print("{}\n", json::serialize(json::object{
+                               {"group", g.group}, {"halted", g.halted}, {"error", g.error}, {"at_ms", g.at_ms}}));
+      else
+        fmt::print("{}  {}{}\n", g.group, g.halted ? "halted: " : "paused", g.error);
+    }
+  });
+  return 0;
+}
+
+int group_pause(const group_options& o) {
+  with_store(
+      o.c,
+      [&](redis_backend& store) -> asio::awaitable<void> {
+        if (!o.force && co_await store.group_size(o.c.queue, o.group) == 0)
+          throw std::runtime_error(fmt::format(
+              "group '{}' of queue '{}' has no jobs; --force pauses it ahead of its first", o.group, o.c.queue));
+        bool changed = co_await store.pause(o.c.queue, o.group);
+        if (o.c.json)
+          fmt::print("{}\n", json::serialize(json::object{{"group", o.group}, {"paused", true}, {"changed", changed}}));
         else
-          fmt::print("{}  {}{}\n", g.group, g.halted ? "halted: " : "paused", g.error);
-      }
-    });
-  } else if (verb == "pause" || verb == "resume") {
-    if (c.positional.size() != 2) throw usage_error(fmt::format("group {}: give one group", verb));
-    auto name = c.positional[1];
-    if (name.empty()) throw usage_error(fmt::format("group {}: the group's name is empty", verb));
-    if (c.flags.contains("--skip") && verb != "resume") throw usage_error("group pause: no --skip");
-    if (c.flags.contains("--force") && verb != "pause") throw usage_error("group resume: no --force");
-    bool force = c.flags.contains("--force");
-    with_store(
-        c,
-        [&](redis_backend& store) -> asio::awaitable<void> {
-          if (verb == "pause" && !force && co_await store.group_size(c.queue, name) == 0)
-            throw std::runtime_error(fmt::format(
-                "group '{}' of queue '{}' has no jobs; --force pauses it ahead of its first", name, c.queue));
-          bool changed = verb == "pause"
-                             ? co_await store.pause(c.queue, name)
-                             : co_await store.resume(
-                                   c.queue, name, c.flags.contains("--skip") ? resume_mode::skip : resume_mode::retry);
-          if (verb == "resume" && !changed)
-            throw std::runtime_error(fmt::format("group '{}' of queue '{}' is not paused", name, c.queue));
-          fmt::print("group {}: {}\n", name, changed ? (verb == "pause" ? "paused" : "resumed") : "already paused");
-        },
-        force ? queue_must::may_be_new : queue_must::exist);
-  } else {
-    throw usage_error(fmt::format("group: unknown subcommand '{}'", verb));
-  }
-  return rc;
+          fmt::print("group {}: {}\n", o.group, changed ? "paused" : "already paused");
+      },
+      o.force ? queue_must::may_be_new : queue_must::exist);
+  return 0;
 }
 
-int queue(const args& a) {
-  auto c = parse(a, "queue", {"--force"}, {});
-  if (c.help) {
-    fmt::print(
-        "usage: jobrt queue purge [--redis URL] [--queue NAME] [--force]\n"
-        "Removes everything of the queue: its jobs, dead letters, counters and worker records, in\n"
-        "small steps (SCAN and UNLINK: the server is never held up). Refused while workers run on\n"
-        "it or jobs are running, unless --force (those workers then lose their leases).\n");
-    return 0;
-  }
-  if (c.positional.empty() || c.positional.front() != "purge") throw usage_error("queue: say purge");
-  no_more(c.positional, 1, "queue purge");
+int group_resume(const group_options& o) {
+  with_store(o.c, [&](redis_backend& store) -> asio::awaitable<void> {
+    if (!co_await store.resume(o.c.queue, o.group, o.skip ? resume_mode::skip : resume_mode::retry))
+      throw std::runtime_error(fmt::format("group '{}' of queue '{}' is not paused", o.group, o.c.queue));
+    if (o.c.json)
+      fmt::print("{}\n", json::serialize(json::object{{"group", o.group}, {"paused", false}, {"changed", true}}));
+    else
+      fmt::print("group {}: resumed\n", o.group);
+  });
+  return 0;
+}
+
+void add_group(CLI::App& jobrt, action& chosen) {
+  auto* group = jobrt.add_subcommand("group", "paused and halted groups: show, pause, resume")->group("commands");
+  group->require_subcommand(1);
+  group->set_help_flag("-h,--help", "print this help");
+  group->footer("Each command takes --help. An unknown queue is an error (exit 1).");
+
+  auto show = std::make_shared<common>();
+  auto* cmd = add_command(*group, chosen, "show", "paused and halted groups", [show] { return group_show(*show); });
+  add_common(*cmd, *show);
+
+  auto group_argument = [](CLI::App& command, std::string& name) {
+    command.add_option("GROUP", name, "the group")->required()->check(not_empty("the group's name"));
+  };
+  auto pause = std::make_shared<group_options>();
+  cmd = add_command(*group, chosen, "pause", "nothing more of the group starts (its running job finishes)",
+                    [pause] { return group_pause(*pause); });
+  add_common(*cmd, pause->c);
+  group_argument(*cmd, pause->group);
+  cmd->add_flag("--force", pause->force, "pause a group with no jobs (a typo, unless you mean it), ahead of its first");
+
+  auto resume = std::make_shared<group_options>();
+  cmd = add_command(*group, chosen, "resume", "the group goes on; a group that is not paused is an error",
+                    [resume] { return group_resume(*resume); });
+  add_common(*cmd, resume->c);
+  group_argument(*cmd, resume->group);
+  cmd->add_flag("--skip", resume->skip, "dead-letter its head job first");
+}
+
+struct purge_options {
+  common c;
+  std::string queue;
+  bool force = false;
+};
+
+int queue_purge(const purge_options& o) {
+  auto c = o.c;
+  if (!o.queue.empty()) c.queue = o.queue;
   with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
     auto q = co_await store.counts(c.queue);
-    if (q.running > 0 && !c.flags.contains("--force"))
+    if (q.running > 0 && !o.force)
       throw std::runtime_error(
           fmt::format("queue '{}' has {} jobs running; stop its workers first, or --force (they lose their leases)",
                       c.queue, q.running));
     auto removed = co_await store.purge_queue(c.queue);
-    fmt::print("queue {}: purged ({} keys)\n", c.queue, removed);
+    if (c.json)
+      fmt::print("{}\n", json::serialize(json::object{{"queue", c.queue}, {"purged", true}, {"keys", removed}}));
+    else
+      fmt::print("queue {}: purged ({} keys)\n", c.queue, removed);
   });
   return 0;
+}
+
+}  // namespace
+
+void add_admin(CLI::App& jobrt, action& chosen) {
+  auto stats_o = std::make_shared<stats_options>();
+  auto* cmd =
+      add_command(jobrt, chosen, "stats", "a queue's counts and counters", [stats_o] { return stats(*stats_o); });
+  add_common(*cmd, stats_o->c);
+  add_queue_argument(*cmd, stats_o->queue);
+  number_option(*cmd, "-w,--watch", stats_o->watch, 1, 86'400,
+                "print them again every N seconds, with the completion rate, until interrupted");
+  cmd->footer(
+      "The counts: ready lanes, running, delayed, paused groups, dead letters; the counters:\n"
+      "enqueued, started, completed, failed, retried, deferred, halted, recovered, and unhandled\n"
+      "(jobs handed back by a worker with no handler for their type). --watch adds the completion\n"
+      "rate since the last report (jobs/s; in JSON \"completed_per_s\"). The queue has drained\n"
+      "(nothing pending, delayed or running) when ready_lanes, running, delayed and groups are all 0;\n"
+      "paused groups keep their jobs (groups stays above 0) until resumed.");
+
+  auto check_o = std::make_shared<check_options>();
+  cmd = add_command(jobrt, chosen, "check", "verify a queue's invariants (--repair fixes what it finds)",
+                    [check_o] { return check(*check_o); });
+  add_common(*cmd, check_o->c);
+  add_queue_argument(*cmd, check_o->queue);
+  cmd->add_flag("--repair", check_o->repair, "fix what it confirms");
+  cmd->footer(
+      "Verifies the queue's invariants: every group with jobs has exactly one lane, lease or\n"
+      "parked lane; no lane names a group without jobs; no id is taken without a pending job; no\n"
+      "job is in two places; no dead worker holds lanes. Reads the queue in small steps (pages of\n"
+      "at most 1,000 entries), so workers and other clients carry on meanwhile; what it suspects\n"
+      "is confirmed by one short atomic call each before it is reported. On a queue that workers\n"
+      "change meanwhile, the counts are as the walk saw them. Exit code 1 when problems were found\n"
+      "and not repaired.");
+
+  add_dlq(jobrt, chosen);
+  add_group(jobrt, chosen);
+
+  auto* queue = jobrt.add_subcommand("queue", "a whole queue: purge")->group("commands");
+  queue->require_subcommand(1);
+  queue->set_help_flag("-h,--help", "print this help");
+  auto purge_o = std::make_shared<purge_options>();
+  cmd =
+      add_command(*queue, chosen, "purge", "remove everything of a queue", [purge_o] { return queue_purge(*purge_o); });
+  add_common(*cmd, purge_o->c);
+  add_queue_argument(*cmd, purge_o->queue);
+  cmd->add_flag("--force", purge_o->force, "even while jobs run (their workers lose their leases)");
+  cmd->footer(
+      "Removes the queue's jobs, dead letters, counters and worker records, in small steps (SCAN\n"
+      "and UNLINK: the server is never held up). Refused while jobs are running, unless --force.");
 }
 
 }  // namespace jobrt::cli

@@ -3,11 +3,14 @@
 
 #include <jobrt/redis/connection.hpp>
 
+#include <CLI/CLI.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 
 #include <chrono>
 #include <cstddef>
+#include <fstream>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -17,20 +20,61 @@ namespace jobrt::cli {
 
 using args = std::vector<std::string>;
 
-/// Wrong use of the command line: printed with the usage, exit code 2.
+/// Wrong use of the command line found after parsing (options that do not go together):
+/// printed with a pointer to the command's help, exit code 2.
 class usage_error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
-/// The value after option a[i] (advances i); throws usage_error when missing.
-std::string string_arg(const args& a, std::size_t& i);
-/// The same, as a non-negative integer.
-std::size_t number_arg(const args& a, std::size_t& i);
-/// The same, from min to max (the usage_error names the range).
-std::size_t number_arg(const args& a, std::size_t& i, std::size_t min, std::size_t max);
-/// Throws usage_error when a command got a positional argument it does not take.
-void no_more(const std::vector<std::string>& positional, std::size_t takes, std::string_view command);
+/// The work of the command that the command line chose: its exit code.
+using action = std::function<int()>;
+
+// Each adds its commands to `jobrt`; when the command line chooses one of them, `chosen`
+// becomes its work (run once the whole line parsed).
+void add_worker(CLI::App& jobrt, action& chosen);
+void add_enqueue(CLI::App& jobrt, action& chosen);
+void add_admin(CLI::App& jobrt, action& chosen);  // stats, check, dlq, group, queue
+void add_demo(CLI::App& jobrt, action& chosen);   // demo, and the hidden demo-worker
+
+/// Adds command `name` to `parent`: chosen on the command line, `run` becomes the work.
+template <class Run>
+CLI::App* add_command(CLI::App& parent, action& chosen, const std::string& name, const std::string& summary, Run run) {
+  auto* cmd = parent.add_subcommand(name, summary)->group("commands");
+  cmd->set_help_flag("-h,--help", "print this help");  // in the group "options", as the parent's
+  cmd->footer("");                                     // not the parent's
+  cmd->callback([&chosen, run] { chosen = run; });
+  return cmd;
+}
+
+// Options as every command spells them (docs/CLI.md).
+/// A whole number from min to max; the error names the range.
+CLI::Option* number_option(CLI::App& cmd, const std::string& names, std::size_t& value, std::size_t min,
+                           std::size_t max, const std::string& what);
+/// Refuses an empty text: "<what> is empty".
+CLI::Validator not_empty(const std::string& what);
+/// A text that may not be empty.
+CLI::Option* name_option(CLI::App& cmd, const std::string& names, std::string& value, const std::string& what);
+/// --redis URL: checked as a Redis URL (an error names what is wrong, never the password).
+CLI::Option* redis_option(CLI::App& cmd, std::string& url, const std::string& what);
+/// One of some words (a policy, a log level): `parse` checks it, throwing std::invalid_argument
+/// that names the words it knows.
+template <class Parse>
+CLI::Option* word_option(CLI::App& cmd, const std::string& names, std::string& value, const std::string& what,
+                         Parse parse) {
+  auto check = [parse](std::string& text) -> std::string {
+    try {
+      parse(text);
+      return {};
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+  };
+  return cmd.add_option(names, value, what)->check(CLI::Validator(check, ""))->option_text("WORD");
+}
+/// Standard input for "-", else the file at `path` opened into `file`; a directory or an
+/// unreadable path is an error naming it.
+std::istream& open_input(const std::string& path, std::ifstream& file, std::string_view command);
 
 /// The default server: $REDIS_URL, else redis://127.0.0.1:6379.
 std::string default_redis_url();
@@ -53,16 +97,5 @@ boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std:
 /// stopped. An exception that escapes a handler on any thread stops it on all (a thread of its
 /// own that it left would end the process); the first one is rethrown once every thread is back.
 void run_threads(boost::asio::io_context& ctx, std::size_t threads);
-
-int demo(const args& a);
-int worker_command(const args& a);
-int enqueue_command(const args& a);
-int stats(const args& a);
-int check(const args& a);
-int dlq(const args& a);
-int group(const args& a);
-int queue(const args& a);
-/// Hidden: a worker process of `jobrt demo --redis` (not in the usage).
-int demo_worker(const args& a);
 
 }  // namespace jobrt::cli

@@ -36,6 +36,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -564,84 +565,77 @@ asio::awaitable<void> stop_all(std::vector<std::unique_ptr<worker>>& workers, st
       .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
 }
 
-}  // namespace
-
-int demo(const args& a) {
+// What `jobrt demo` and `jobrt demo-worker` were given.
+struct demo_args {
   demo_options o;
-  bool workers_given = false, processes_given = false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto& arg = a[i];
-    if (arg == "--help" || arg == "-h") {
-      fmt::print(
-          "usage: jobrt demo [--jobs N] [--commodities N] [--workers N] [--concurrency N] [--threads N]\n"
-          "                  [--limit N] [--no-groups] [--redis URL [--processes N]]\n"
-          "Stock arrivals: each job reads a commodity's stock, yields, writes it back, and refuses to\n"
-          "exceed the limit. Grouped by commodity (the default), the final stock of every commodity is\n"
-          "exactly what a serial replay gives; --no-groups shows the lost updates grouping prevents.\n"
-          "Runs on the embedded backend unless --redis URL is given: then this process enqueues and\n"
-          "checks, and --processes worker processes (default 3), each with --workers workers (default\n"
-          "1) and --threads threads, run the jobs with the stock kept in Redis.\n");
-      return 0;
-    }
-    if (arg == "--no-groups")
-      o.groups = false;
-    else if (arg == "--jobs")
-      o.jobs = number_arg(a, i, 1, 10'000'000);
-    else if (arg == "--commodities")
-      o.commodities = number_arg(a, i, 1, 1'000'000);
-    else if (arg == "--workers") {
-      o.workers = number_arg(a, i, 1, 1000);
-      workers_given = true;
-    } else if (arg == "--concurrency")
-      o.concurrency = number_arg(a, i, 1, 100'000);
-    else if (arg == "--threads")
-      o.threads = number_arg(a, i, 1, 256);
-    else if (arg == "--limit")
-      o.limit = static_cast<std::int64_t>(number_arg(a, i, 1, 1'000'000'000'000));
-    else if (arg == "--redis")
-      o.redis_url = string_arg(a, i);
-    else if (arg == "--processes") {
-      o.processes = number_arg(a, i, 1, 64);
-      processes_given = true;
-    } else
-      throw usage_error(fmt::format("demo: unknown option '{}'", arg));
-  }
+  std::size_t limit = 600, parent = 0;
+  CLI::Option* workers = nullptr;
+  CLI::Option* processes = nullptr;
+};
+
+int run_demo_command(demo_args& a) {
+  auto& o = a.o;
+  o.limit = static_cast<std::int64_t>(a.limit);
   if (o.redis_url.empty()) {
-    if (processes_given) throw usage_error("demo: --processes needs --redis");
+    if (a.processes->count() > 0) throw usage_error("demo: --processes needs --redis");
     return run_demo(o);
   }
-  check_url(o.redis_url);  // a bad URL is a usage error (exit 2), named
-  if (!workers_given) o.workers = 1;
+  if (a.workers->count() == 0) o.workers = 1;
   return run_demo_processes(o);
 }
 
+int run_demo_worker(const demo_args& a);
+
+}  // namespace
+
+void add_demo(CLI::App& jobrt, action& chosen) {
+  auto a = std::make_shared<demo_args>();
+  auto* cmd = add_command(jobrt, chosen, "demo", "stock arrivals on the embedded backend (or --redis URL)",
+                          [a] { return run_demo_command(*a); });
+  auto& o = a->o;
+  number_option(*cmd, "--jobs", o.jobs, 1, 10'000'000, "arrivals (default 20000)");
+  number_option(*cmd, "--commodities", o.commodities, 1, 1'000'000, "commodities, one group each (default 300)");
+  a->workers = number_option(*cmd, "--workers", o.workers, 1, 1000,
+                             "workers (default 4; with --redis, in each process, default 1)");
+  number_option(*cmd, "--concurrency", o.concurrency, 1, 100'000, "jobs at once per worker (default 32)");
+  number_option(*cmd, "--threads", o.threads, 1, 256, "threads running the io_context (default 2)");
+  number_option(*cmd, "--limit", a->limit, 1, 1'000'000'000'000, "the most stock a commodity holds (default 600)");
+  cmd->add_flag(
+      "--no-groups", [&o](std::int64_t) { o.groups = false; },
+      "run ungrouped: concurrent read-modify-writes lose updates");
+  redis_option(*cmd, o.redis_url, "run on this server, with worker processes");
+  a->processes = number_option(*cmd, "--processes", o.processes, 1, 64, "worker processes with --redis (default 3)");
+  cmd->footer(
+      "Stock arrivals: each job reads a commodity's stock, yields, writes it back, and refuses to\n"
+      "exceed the limit. Grouped by commodity (the default), the final stock of every commodity is\n"
+      "exactly what a serial replay gives; --no-groups shows the lost updates grouping prevents.\n"
+      "Runs on the embedded backend unless --redis URL is given: then this process enqueues and\n"
+      "checks, and --processes worker processes, each with --workers workers and --threads\n"
+      "threads, run the jobs with the stock kept in Redis.");
+
+  // The worker processes of `jobrt demo --redis` (not in the help).
+  auto w = std::make_shared<demo_args>();
+  w->o.workers = 1;
+  cmd = add_command(jobrt, chosen, "demo-worker", "", [w] { return run_demo_worker(*w); })->group("");
+  redis_option(*cmd, w->o.redis_url, "")->required();
+  name_option(*cmd, "--queue", w->o.queue, "");
+  number_option(*cmd, "--workers", w->o.workers, 1, 1000, "");
+  number_option(*cmd, "--concurrency", w->o.concurrency, 1, 100'000, "");
+  number_option(*cmd, "--threads", w->o.threads, 1, 256, "");
+  number_option(*cmd, "--limit", w->limit, 1, 1'000'000'000'000, "");
+  number_option(*cmd, "--parent", w->parent, 0, std::numeric_limits<std::size_t>::max(), "");
+}
+
+namespace {
+
 // The hidden worker-process side of `jobrt demo --redis`: runs the stock_arrival handler on
 // Redis until SIGTERM (or SIGINT), then stops gracefully, reports its counters and exits 0.
-int demo_worker(const args& a) {
-  std::string url, queue = "demo";
-  std::size_t workers = 1, concurrency = 32, threads = 2;
-  std::int64_t limit = 600;
-  long parent = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto& arg = a[i];
-    if (arg == "--redis")
-      url = string_arg(a, i);
-    else if (arg == "--queue")
-      queue = string_arg(a, i);
-    else if (arg == "--workers")
-      workers = number_arg(a, i, 1, 1000);
-    else if (arg == "--concurrency")
-      concurrency = number_arg(a, i, 1, 100'000);
-    else if (arg == "--threads")
-      threads = number_arg(a, i, 1, 256);
-    else if (arg == "--limit")
-      limit = static_cast<std::int64_t>(number_arg(a, i, 1, 1'000'000'000'000));
-    else if (arg == "--parent")
-      parent = static_cast<long>(number_arg(a, i));
-    else
-      throw usage_error(fmt::format("demo-worker: unknown option '{}'", arg));
-  }
-  if (url.empty()) throw usage_error("demo-worker: --redis URL is required");
+int run_demo_worker(const demo_args& a) {
+  auto& url = a.o.redis_url;
+  auto& queue = a.o.queue;
+  auto workers = a.o.workers, concurrency = a.o.concurrency, threads = a.o.threads;
+  auto limit = static_cast<std::int64_t>(a.limit);
+  auto parent = static_cast<long>(a.parent);
   auto cfg = redis::config::from_url(url);
   if (parent != 0) {
     // Ends with the demo even when the demo cannot stop it (killed with SIGKILL).
@@ -701,4 +695,5 @@ int demo_worker(const args& a) {
   return 0;
 }
 
+}  // namespace
 }  // namespace jobrt::cli

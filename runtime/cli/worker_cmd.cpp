@@ -24,6 +24,7 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
 
 #include <unistd.h>
 
@@ -48,16 +49,6 @@ void remember_signal(int signal) { early_signal = signal; }
 
 const char* signal_name(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }
 
-// A file to read lines from; a directory or an unreadable path is an error naming it.
-std::ifstream open_file(const std::string& path, std::string_view command) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw std::runtime_error(fmt::format("{}: {} is a directory, not a file", command, path));
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(fmt::format("{}: cannot open {}", command, path));
-  return in;
-}
-
 // Threads running one io_context: more than a few per core only cost memory (and, by the
 // thousands, fail to start).
 constexpr std::size_t max_threads = 256;
@@ -76,146 +67,146 @@ void with_backend(const std::string& url, std::size_t threads, Body body) {
   if (failure) std::rethrow_exception(failure);
 }
 
-constexpr const char* worker_usage =
-    "usage: jobrt worker --plugin PATH [--plugin PATH ...] [options]\n"
-    "       jobrt worker --config FILE [--plugin PATH ...] [--redis URL] [--threads N] [--grace MS]\n"
-    "Runs the plugins' handlers on a queue (or on each queue of the config file, see\n"
-    "docs/CONFIG.md) until SIGTERM or SIGINT, then stops gracefully: no new claims, running jobs\n"
-    "get --grace to finish, the rest are handed back. A second SIGTERM or SIGINT forces the stop:\n"
-    "running jobs are cancelled at once and handed back (they run again, no attempt counted), and the\n"
-    "exit code is 128 + that signal: 130 for SIGINT, 143 for SIGTERM (0 after a graceful stop).\n"
-    "A server that is down or not ready is asked again every 10 s; one that refuses the user or\n"
-    "password (WRONGPASS, NOPERM), or a host name that does not exist, is an error at once (exit 1).\n"
-    "  --redis URL          the server (default: $REDIS_URL, else redis://127.0.0.1:6379)\n"
-    "  --queue NAME         (default: default); given more than once, a worker for each queue,\n"
-    "                       all with the options below\n"
-    "  --concurrency N      jobs at once, 1 to 100000 (default 10)\n"
-    "  --threads N          threads running the io_context, 1 to 256 (default 1)\n"
-    "  --id ID              worker id (default: <host>:<pid>:<random>)\n"
-    "  --lease-ttl MS       lease time-to-live, 100 to 86400000 (default 5000; renewed every\n"
-    "                       third of it)\n"
-    "  --burst N            jobs of one group in a row, 1 to 1000 (default 4)\n"
-    "  --follow POLICY      after-commit (default): a group's next job starts once its\n"
-    "                       predecessor's end is stored; pipelined: at once, the end stored on\n"
-    "                       the way (a lost lease may run a job again after its follower ran)\n"
-    "  --on-failure POLICY  hold, skip or halt: what a grouped job's failure does (default hold)\n"
-    "  --unhandled-delay MS a job of a type this worker has no handler for goes back, no attempt\n"
-    "                       counted, for a worker that has one, after MS (default 1000)\n"
-    "  --unhandled-limit MS ...and is dead-lettered once no worker has been able to run its type\n"
-    "                       for MS (default 900000: 15 minutes)\n"
-    "  --grace MS           how long running jobs may take to finish at stop (default 10000)\n"
-    "  --log-level LEVEL    debug, info (default), warn, error or off\n"
-    "  --log-json           log one JSON object per line\n"
-    "  --metrics ADDR       serve Prometheus metrics at http://ADDR/metrics (ADDR: [HOST]:PORT,\n"
-    "                       loopback when HOST is left out; PORT 0 picks one and prints it;\n"
-    "                       jobrt_queue_* series are queue-wide: aggregate them with max)\n";
+// What `jobrt worker` was given.
+struct worker_args {
+  std::string url = default_redis_url(), config_file, metrics_at, log_level, follow, on_failure;
+  std::vector<std::string> plugins, queues;
+  std::size_t concurrency = 10, threads = 1, burst = 4, lease_ttl_ms = 5000, grace_ms = 10000;
+  std::size_t unhandled_delay_ms = 1000, unhandled_limit_ms = 900'000;
+  std::string id;
+  bool log_json = false;
+  CLI::Option* url_option = nullptr;
+  std::vector<CLI::Option*> queue_options;  // options that only queues from the command line take
+};
+
+int run_worker(worker_args& a);
 
 }  // namespace
 
-int worker_command(const args& a) {
+void add_worker(CLI::App& jobrt, action& chosen) {
+  auto a = std::make_shared<worker_args>();
+  auto* cmd =
+      add_command(jobrt, chosen, "worker", "run handlers from plugins on a queue", [a] { return run_worker(*a); });
+  // Each option but --redis also comes from an environment variable: JOBRT_ and its name.
+  auto env = [](CLI::Option* o) {
+    auto name = o->get_name(false, false);  // --lease-ttl
+    std::string var = "JOBRT_";
+    for (char ch : name.substr(2)) var += ch == '-' ? '_' : static_cast<char>(std::toupper(ch));
+    return o->envname(var);
+  };
+  auto queue_option = [a](CLI::Option* o) {
+    a->queue_options.push_back(o);
+    return o;
+  };
+  a->url_option = redis_option(*cmd, a->url, "the server (default: $REDIS_URL, else redis://127.0.0.1:6379)");
+  env(cmd->add_option("-p,--plugin", a->plugins, "a plugin's .so; more than one may be given")
+          ->option_text("PATH")
+          ->delimiter(','));
+  env(cmd->add_option("-C,--config", a->config_file, "the queues and their options from FILE (docs/CONFIG.md)")
+          ->option_text("FILE"));
+  queue_option(env(cmd->add_option("-q,--queue", a->queues,
+                                   "the queue (default: default); given more than once (or as q1,q2),\n"
+                                   "a worker for each queue, all with the options below")
+                       ->check(not_empty("the queue's name"))
+                       ->option_text("NAME")
+                       ->delimiter(',')));
+  queue_option(env(number_option(*cmd, "-c,--concurrency", a->concurrency, 1, 100'000, "jobs at once (default 10)")));
+  env(number_option(*cmd, "--threads", a->threads, 1, max_threads, "threads running the io_context (default 1)"));
+  env(cmd->add_option("--id", a->id, "worker id (default: <host>:<pid>:<random>)")->option_text("ID"));
+  queue_option(env(number_option(*cmd, "--lease-ttl", a->lease_ttl_ms, 100, 86'400'000,
+                                 "lease time-to-live in ms (default 5000; renewed every third of it)")
+                       ->option_text("MS")));
+  queue_option(env(number_option(*cmd, "--burst", a->burst, 1, 1000, "jobs of one group in a row (default 4)")));
+  queue_option(env(word_option(*cmd, "--follow", a->follow,
+                               "after-commit (default): a group's next job starts once its\n"
+                               "predecessor's end is stored; pipelined: at once, the end stored on\n"
+                               "the way (a lost lease may run a job again after its follower ran)",
+                               [](const std::string& t) { parse_follow_policy(t); })
+                       ->option_text("POLICY")));
+  queue_option(env(word_option(*cmd, "--on-failure", a->on_failure,
+                               "hold, skip or halt: what a grouped job's failure does (default hold)",
+                               [](const std::string& t) { parse_failure_policy(t); })
+                       ->option_text("POLICY")));
+  queue_option(env(number_option(*cmd, "--unhandled-delay", a->unhandled_delay_ms, 0, 86'400'000,
+                                 "a job of a type this worker has no handler for goes back, no\n"
+                                 "attempt counted, for a worker that has one, after MS (default 1000)")
+                       ->option_text("MS")));
+  queue_option(env(number_option(*cmd, "--unhandled-limit", a->unhandled_limit_ms, 0, 86'400'000,
+                                 "...and is dead-lettered once no worker has been able to run its\n"
+                                 "type for MS (default 900000: 15 minutes)")
+                       ->option_text("MS")));
+  env(number_option(*cmd, "--grace", a->grace_ms, 0, 86'400'000,
+                    "how long running jobs may take to finish at stop (default 10000)")
+          ->option_text("MS"));
+  env(word_option(*cmd, "--log-level", a->log_level, "debug, info (default), warn, error or off",
+                  [](const std::string& t) { parse_log_level(t); })
+          ->option_text("LEVEL"));
+  env(cmd->add_flag("--log-json", a->log_json, "log one JSON object per line"));
+  env(cmd->add_option("--metrics", a->metrics_at,
+                      "serve Prometheus metrics at http://ADDR/metrics (ADDR: [HOST]:PORT,\n"
+                      "loopback when HOST is left out; PORT 0 picks one and prints it;\n"
+                      "jobrt_queue_* series are queue-wide: aggregate them with max)")
+          ->option_text("ADDR"));
+  cmd->footer(
+      "Runs the plugins' handlers on a queue (or on each queue of the config file) until SIGTERM or\n"
+      "SIGINT, then stops gracefully: no new claims, running jobs get --grace to finish, the rest\n"
+      "are handed back. A second SIGTERM or SIGINT forces the stop: running jobs are cancelled at\n"
+      "once and handed back (they run again, no attempt counted), and the exit code is 128 + that\n"
+      "signal: 130 for SIGINT, 143 for SIGTERM (0 after a graceful stop). A server that is down or\n"
+      "not ready is asked again every 10 s; one that refuses the user or password (WRONGPASS,\n"
+      "NOPERM), or a host name that does not exist, is an error at once (exit 1). With --config,\n"
+      "the queues' options come from the file: --queue, --concurrency and the other queue options\n"
+      "(or their environment variables) are an error.");
+}
+
+namespace {
+
+int run_worker(worker_args& a) {
   std::signal(SIGTERM, remember_signal);
   std::signal(SIGINT, remember_signal);
-  std::string url = default_redis_url();
-  bool url_given = false;
-  std::vector<std::string> plugins;
-  std::string config_file, metrics_at;
-  bool queue_options = false;  // options that only queues from the command line take
-  std::vector<std::string> queue_names;
+  auto url = a.url;
+  auto plugins = a.plugins;
   worker_options wo;
-  std::size_t threads = 1;
-  std::chrono::milliseconds grace{10000};
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto& arg = a[i];
-    if (arg == "--help" || arg == "-h") {
-      fmt::print("{}", worker_usage);
-      return 0;
-    } else if (arg == "--redis") {
-      url = string_arg(a, i);
-      url_given = true;
-    } else if (arg == "--config") {
-      config_file = string_arg(a, i);
-    } else if (arg == "--metrics") {
-      metrics_at = string_arg(a, i);
-    } else if (arg == "--log-level") {
-      try {
-        set_log_level(parse_log_level(string_arg(a, i)));
-      } catch (const std::invalid_argument& e) {
-        throw usage_error(fmt::format("worker: --log-level: {}", e.what()));
-      }
-    } else if (arg == "--log-json") {
-      set_log_json(true);
-    } else if (arg == "--queue") {
-      queue_names.push_back(string_arg(a, i));
-      queue_options = true;
-    } else if (arg == "--plugin") {
-      plugins.push_back(string_arg(a, i));
-    } else if (arg == "--concurrency") {
-      wo.concurrency = number_arg(a, i, 1, 100'000);
-      queue_options = true;
-    } else if (arg == "--threads") {
-      threads = number_arg(a, i, 1, max_threads);
-    } else if (arg == "--id") {
-      wo.id = string_arg(a, i);
-    } else if (arg == "--lease-ttl") {
-      wo.lease_ttl = std::chrono::milliseconds(number_arg(a, i, 100, 86'400'000));
-      queue_options = true;
-    } else if (arg == "--unhandled-delay") {
-      wo.unhandled_delay = std::chrono::milliseconds(number_arg(a, i, 0, 86'400'000));
-      queue_options = true;
-    } else if (arg == "--unhandled-limit") {
-      wo.unhandled_limit = std::chrono::milliseconds(number_arg(a, i, 0, 86'400'000));
-      queue_options = true;
-    } else if (arg == "--burst") {
-      wo.burst = number_arg(a, i, 1, 1000);
-      queue_options = true;
-    } else if (arg == "--follow") {
-      try {
-        wo.follow = parse_follow_policy(string_arg(a, i));
-      } catch (const std::invalid_argument& e) {
-        throw usage_error(fmt::format("worker: --follow: {}", e.what()));
-      }
-      queue_options = true;
-    } else if (arg == "--on-failure") {
-      try {
-        wo.on_failure = parse_failure_policy(string_arg(a, i));
-      } catch (const std::invalid_argument& e) {
-        throw usage_error(fmt::format("worker: --on-failure: {}", e.what()));
-      }
-      queue_options = true;
-    } else if (arg == "--grace") {
-      grace = std::chrono::milliseconds(number_arg(a, i, 0, 86'400'000));
-    } else {
-      throw usage_error(fmt::format("worker: unknown option '{}'", arg));
-    }
-  }
+  wo.concurrency = a.concurrency;
+  wo.id = a.id;
+  wo.lease_ttl = std::chrono::milliseconds(a.lease_ttl_ms);
+  wo.unhandled_delay = std::chrono::milliseconds(a.unhandled_delay_ms);
+  wo.unhandled_limit = std::chrono::milliseconds(a.unhandled_limit_ms);
+  wo.burst = a.burst;
+  if (!a.follow.empty()) wo.follow = parse_follow_policy(a.follow);
+  if (!a.on_failure.empty()) wo.on_failure = parse_failure_policy(a.on_failure);
+  if (!a.log_level.empty()) set_log_level(parse_log_level(a.log_level));
+  if (a.log_json) set_log_json(true);
+  auto threads = a.threads;
+  std::chrono::milliseconds grace(a.grace_ms);
   std::vector<worker_options> queues;
   std::map<std::string, backoff> type_backoffs;
-  if (!config_file.empty()) {
-    if (queue_options)
-      throw usage_error(
-          "worker: with --config, the queues' options come from the file (not --queue, --concurrency, ...)");
-    auto cfg = settings::from_file(config_file);  // std::invalid_argument names the field: exit 1
-    if (cfg.redis_url && !url_given) url = *cfg.redis_url;
+  if (!a.config_file.empty()) {
+    for (auto* o : a.queue_options)
+      if (o->count() > 0)
+        throw usage_error(fmt::format("worker: with --config, the queues' options come from the file, not {} (or ${})",
+                                      o->get_name(), o->get_envname()));
+    auto cfg = settings::from_file(a.config_file);  // std::invalid_argument names the field: exit 1
+    if (cfg.redis_url && a.url_option->count() == 0) url = *cfg.redis_url;
     plugins.insert(plugins.begin(), cfg.plugins.begin(), cfg.plugins.end());
     type_backoffs = cfg.type_backoffs;
     for (auto& q : cfg.queues) queues.push_back(q.worker);
-    if (queues.empty()) throw std::invalid_argument(fmt::format("config {}: no queues", config_file));
+    if (queues.empty()) throw std::invalid_argument(fmt::format("config {}: no queues", a.config_file));
   } else {
-    if (queue_names.empty()) queue_names.push_back(wo.queue);
-    for (auto& name : queue_names) {
-      if (name.empty()) throw usage_error("worker: --queue is empty");
-      if (std::count(queue_names.begin(), queue_names.end(), name) > 1)
+    auto names = a.queues;
+    if (names.empty()) names.push_back(wo.queue);
+    for (auto& name : names) {
+      if (std::count(names.begin(), names.end(), name) > 1)
         throw usage_error(fmt::format("worker: --queue {} is given twice", name));
       queues.push_back(wo);
       queues.back().queue = name;
     }
   }
   if (plugins.empty()) throw usage_error("worker: give at least one --plugin (or \"plugins\" in the config)");
-  check_url(url);
   std::optional<asio::ip::tcp::endpoint> metrics_endpoint;
-  if (!metrics_at.empty()) {
+  if (!a.metrics_at.empty()) {
     try {
-      metrics_endpoint = parse_listen_address(metrics_at);
+      metrics_endpoint = parse_listen_address(a.metrics_at);
     } catch (const std::invalid_argument& e) {
       throw usage_error(fmt::format("worker: --metrics: {}", e.what()));
     }
@@ -342,23 +333,6 @@ int worker_command(const args& a) {
   return forced_by == 0 ? 0 : 128 + forced_by;  // as a shell reports a process a signal ended
 }
 
-namespace {
-
-constexpr const char* enqueue_usage =
-    "usage: jobrt enqueue [options] --type TYPE [--payload JSON] [job options]   one job\n"
-    "       jobrt enqueue [options] --file FILE.jsonl                           one job per line\n"
-    "       jobrt enqueue [options] --count N --type TYPE [--groups G]           N generated jobs\n"
-    "  --redis URL, --queue NAME   as for jobrt worker\n"
-    "  --config FILE               the queue's grouping rules (and the server) from a worker config\n"
-    "job options (one job, and defaults for generated jobs):\n"
-    "  --group G  --id ID  --delay MS  --max-attempts N  --timeout MS  --on-failure POLICY\n"
-    "--groups G spreads generated jobs over groups g0..g(G-1); their payload gets \"n\": the\n"
-    "job's number. A JSON line: {\"type\", \"payload\", \"group\", \"id\", \"delay_ms\",\n"
-    "\"max_attempts\", \"timeout_ms\", \"on_failure\"}. --file - reads standard input. The whole\n"
-    "file is checked before any job is stored: an error names its line (FILE:LINE: ...) and\n"
-    "nothing is enqueued. A job may be at most 1 MiB (1048576 bytes) once encoded, payload\n"
-    "included. Prints the job's id, or a count.\n";
-
 // One line of an enqueue file; std::invalid_argument says what is wrong with it (the caller
 // names the line).
 job_spec spec_from_line(const std::string& line) {
@@ -397,75 +371,101 @@ job_spec spec_from_line(const std::string& line) {
   return s;
 }
 
+// What `jobrt enqueue` was given.
+struct enqueue_args {
+  std::string url = default_redis_url(), queue = "default", file, config_file, payload, on_failure;
+  job_spec base;
+  std::size_t count = 0, groups = 0, delay_ms = 0, timeout_ms = 0, max_attempts = 3;
+  std::string group;
+  bool json = false;
+  CLI::Option* url_option = nullptr;
+  CLI::Option* group_option = nullptr;
+  std::vector<CLI::Option*> job_options;  // one job's options, or the generated jobs'
+};
+
+int run_enqueue(enqueue_args& a);
+
 }  // namespace
 
-int enqueue_command(const args& a) {
-  std::string url = default_redis_url(), queue = "default", file, config_file;
-  bool url_given = false;
-  job_spec base;
-  bool has_payload = false, job_options = false;  // job options: one job's, or the generated jobs'
-  std::size_t count = 0, groups = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto& arg = a[i];
-    if (arg == "--help" || arg == "-h") {
-      fmt::print("{}", enqueue_usage);
-      return 0;
-    } else if (arg == "--redis") {
-      url = string_arg(a, i);
-      url_given = true;
-    } else if (arg == "--config") {
-      config_file = string_arg(a, i);
-    } else if (arg == "--queue") {
-      queue = string_arg(a, i);
-      if (queue.empty()) throw usage_error("enqueue: --queue is empty");
-    } else if (arg == "--type") {
-      job_options = true;
-      base.type = string_arg(a, i);
-    } else if (arg == "--payload") {
-      job_options = true;
-      try {
-        base.payload = producer::parse_payload(string_arg(a, i));
-      } catch (const std::invalid_argument& e) {
-        throw usage_error(fmt::format("enqueue: --payload: {}", e.what()));
-      }
-      has_payload = true;
-    } else if (arg == "--group") {
-      job_options = true;
-      base.group = string_arg(a, i);
-    } else if (arg == "--id") {
-      job_options = true;
-      base.id = string_arg(a, i);
-    } else if (arg == "--delay") {
-      job_options = true;
-      base.delay = std::chrono::milliseconds(number_arg(a, i, 0, 999'999'999'999'999));
-    } else if (arg == "--max-attempts") {
-      job_options = true;
-      base.max_attempts = static_cast<int>(number_arg(a, i, 1, 1'000'000));
-    } else if (arg == "--timeout") {
-      job_options = true;
-      base.timeout = std::chrono::milliseconds(number_arg(a, i, 0, 999'999'999'999'999));
-    } else if (arg == "--on-failure") {
-      job_options = true;
-      try {
-        base.on_failure = parse_failure_policy(string_arg(a, i));
-      } catch (const std::invalid_argument& e) {
-        throw usage_error(fmt::format("enqueue: --on-failure: {}", e.what()));
-      }
-    } else if (arg == "--file") {
-      file = string_arg(a, i);
-    } else if (arg == "--count") {
-      count = number_arg(a, i, 1, 100'000'000);
-    } else if (arg == "--groups") {
-      groups = number_arg(a, i, 1, 100'000'000);
-    } else {
-      throw usage_error(fmt::format("enqueue: unknown option '{}'", arg));
+void add_enqueue(CLI::App& jobrt, action& chosen) {
+  auto a = std::make_shared<enqueue_args>();
+  auto* cmd = add_command(jobrt, chosen, "enqueue", "put jobs on a queue: one, a JSON-lines file, or N generated",
+                          [a] { return run_enqueue(*a); });
+  a->url_option = redis_option(*cmd, a->url, "the server (default: $REDIS_URL, else redis://127.0.0.1:6379)");
+  name_option(*cmd, "-q,--queue", a->queue, "the queue (default: default)")->envname("JOBRT_QUEUE");
+  cmd->add_option("-C,--config", a->config_file, "the queue's grouping rules (and the server) from a worker config")
+      ->option_text("FILE");
+  cmd->add_option("-f,--file", a->file, "one job per line (JSON); - reads standard input")->option_text("FILE");
+  number_option(*cmd, "-n,--count", a->count, 1, 100'000'000, "N generated jobs");
+  number_option(*cmd, "--groups", a->groups, 1, 100'000'000, "spread the generated jobs over groups g0..g(G-1)")
+      ->option_text("G");
+  cmd->add_flag("--json", a->json, "print JSON: {\"id\", \"duplicate\"} for one job, else the counts");
+  auto job_option = [&](CLI::Option* o) {
+    a->job_options.push_back(o->group("job options (one job, and the generated jobs')"));
+    return o;
+  };
+  job_option(cmd->add_option("-t,--type", a->base.type, "the job's type (its handler)")->option_text("TYPE"));
+  job_option(cmd->add_option("--payload", a->payload, "the job's payload, JSON; - reads it from standard input")
+                 ->option_text("JSON"));
+  a->group_option =
+      job_option(cmd->add_option("-g,--group", a->group, "its group: one at a time, in order")->option_text("G"));
+  job_option(cmd->add_option("--id", a->base.id, "its id: a pending job with this id makes it a duplicate")
+                 ->option_text("ID"));
+  job_option(
+      number_option(*cmd, "--delay", a->delay_ms, 0, 999'999'999'999'999, "start it after MS")->option_text("MS"));
+  job_option(
+      number_option(*cmd, "--max-attempts", a->max_attempts, 1, 1'000'000, "runs before it is dead (default 3)"));
+  job_option(
+      number_option(*cmd, "--timeout", a->timeout_ms, 0, 999'999'999'999'999, "cancel a run after MS (default 0: none)")
+          ->option_text("MS"));
+  job_option(word_option(*cmd, "--on-failure", a->on_failure, "hold, skip or halt: what its failure does",
+                         [](const std::string& t) { parse_failure_policy(t); })
+                 ->option_text("POLICY"));
+  cmd->footer(
+      "Puts one job (--type), one per line of a JSON-lines file (--file), or N generated (--count N\n"
+      "--type TYPE) and prints the job's id, or a count. The generated jobs' payload gets \"n\": the\n"
+      "job's number. A JSON line: {\"type\", \"payload\", \"group\", \"id\", \"delay_ms\",\n"
+      "\"max_attempts\", \"timeout_ms\", \"on_failure\"}. The whole file is checked before any job is\n"
+      "stored: an error names its line (FILE:LINE: ...) and nothing is enqueued. A job may be at\n"
+      "most 1 MiB (1048576 bytes) once encoded, payload included.");
+}
+
+namespace {
+
+int run_enqueue(enqueue_args& a) {
+  auto url = a.url;
+  auto& queue = a.queue;
+  auto& file = a.file;
+  auto& config_file = a.config_file;
+  auto count = a.count, groups = a.groups;
+  job_spec base = a.base;
+  base.delay = std::chrono::milliseconds(a.delay_ms);
+  base.timeout = std::chrono::milliseconds(a.timeout_ms);
+  base.max_attempts = static_cast<int>(a.max_attempts);
+  if (!a.on_failure.empty()) base.on_failure = parse_failure_policy(a.on_failure);
+  if (a.group_option->count() > 0) base.group = a.group;
+  bool has_payload = !a.payload.empty();
+  if (has_payload) {
+    auto text = a.payload;
+    if (text == "-") {
+      std::ifstream unused;
+      auto& in = open_input("-", unused, "enqueue");
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    try {
+      base.payload = producer::parse_payload(text);
+    } catch (const std::invalid_argument& e) {
+      throw usage_error(fmt::format("enqueue: --payload: {}", e.what()));
     }
   }
+  bool job_options = false;
+  for (auto* o : a.job_options) job_options = job_options || o->count() > 0;
   if (!file.empty() && count > 0) throw usage_error("enqueue: give --file or --count, not both");
   if (file.empty() && base.type.empty()) throw usage_error("enqueue: --type is required");
   if (groups > 0 && count == 0) throw usage_error("enqueue: --groups needs --count");
   if (count > 0 && !base.id.empty()) throw usage_error("enqueue: --id names one job; it cannot go with --count");
   if (!file.empty() && job_options) throw usage_error("enqueue: with --file, each line gives its job's options");
+  if (file == "-" && a.payload == "-") throw usage_error("enqueue: --file - and --payload - both read standard input");
   if (file.empty()) {
     try {
       producer::check(base);  // what the job options say, before anything connects
@@ -476,7 +476,7 @@ int enqueue_command(const args& a) {
   producer_options po;
   if (!config_file.empty()) {
     auto cfg = settings::from_file(config_file);
-    if (cfg.redis_url && !url_given) url = *cfg.redis_url;
+    if (cfg.redis_url && a.url_option->count() == 0) url = *cfg.redis_url;
     std::string names;  // the queue's grouping rules are the reason for --config: it must be there
     bool found = false;
     for (auto& q : cfg.queues) {
@@ -490,15 +490,13 @@ int enqueue_command(const args& a) {
       throw usage_error(fmt::format("enqueue: queue {} is not in config {} (its queues: {}); give --queue", queue,
                                     config_file, names));
   }
-  check_url(url);
 
   // Every job is built and checked (its encoded size too) before anything is stored: the jobs go
   // in several calls, and one refused late would leave the earlier ones stored.
   std::vector<job_spec> specs;
   if (!file.empty()) {
     std::ifstream opened;
-    if (file != "-") opened = open_file(file, "enqueue");
-    std::istream& in = file == "-" ? std::cin : opened;
+    std::istream& in = open_input(file, opened, "enqueue");
     auto name = file == "-" ? std::string("stdin") : file;
     std::string line;
     for (std::size_t n = 1; std::getline(in, line); ++n) {
@@ -559,11 +557,18 @@ int enqueue_command(const args& a) {
   });
   std::size_t duplicates = 0;
   for (auto& r : results) duplicates += r.duplicate ? 1 : 0;
-  if (results.size() == 1)
+  if (a.json && results.size() == 1 && a.count == 0 && file.empty())
+    fmt::print("{}\n", boost::json::serialize(boost::json::object{
+                           {"queue", queue}, {"id", results[0].id}, {"duplicate", results[0].duplicate}}));
+  else if (a.json)
+    fmt::print("{}\n", boost::json::serialize(boost::json::object{
+                           {"queue", queue}, {"enqueued", results.size() - duplicates}, {"duplicates", duplicates}}));
+  else if (results.size() == 1)
     fmt::print("{}{}\n", results[0].id, results[0].duplicate ? " (duplicate: already pending)" : "");
   else
     fmt::print("enqueued {} jobs on {} ({} duplicates)\n", results.size() - duplicates, queue, duplicates);
   return 0;
 }
 
+}  // namespace
 }  // namespace jobrt::cli

@@ -276,27 +276,27 @@ TEST_CASE("jobrt refuses out-of-range options, empty names, stray arguments and 
     std::string says;
   };
   std::vector<refused> cases{
-      {{"worker", "--plugin", noop, "--lease-ttl", "1"}, 2, "option --lease-ttl: '1' is not a number from 100 to"},
-      {{"worker", "--plugin", noop, "--lease-ttl", "99999999999999"}, 2, "option --lease-ttl:"},
+      {{"worker", "--plugin", noop, "--lease-ttl", "1"}, 2, "worker: --lease-ttl: '1' is not a number from 100 to"},
+      {{"worker", "--plugin", noop, "--lease-ttl", "99999999999999"}, 2, "worker: --lease-ttl:"},
       {{"worker", "--plugin", noop, "--threads", "40000"},
        2,
-       "option --threads: '40000' is not a number from 1 to 256"},
-      {{"worker", "--plugin", noop, "--burst", "1001"}, 2, "option --burst: '1001' is not a number from 1 to 1000"},
+       "worker: --threads: '40000' is not a number from 1 to 256"},
+      {{"worker", "--plugin", noop, "--burst", "1001"}, 2, "worker: --burst: '1001' is not a number from 1 to 1000"},
       {{"worker", "--plugin", noop, "--config", dir}, 1, fmt::format("config {}: is a directory", dir)},
-      {{"enqueue", "--type", "noop", "--count", "0"}, 2, "option --count: '0' is not a number from 1"},
-      {{"enqueue", "--type", "noop", "--max-attempts", "0"}, 2, "option --max-attempts: '0' is not a number from 1"},
+      {{"enqueue", "--type", "noop", "--count", "0"}, 2, "enqueue: --count: '0' is not a number from 1"},
+      {{"enqueue", "--type", "noop", "--max-attempts", "0"}, 2, "enqueue: --max-attempts: '0' is not a number from 1"},
       {{"enqueue", "--type", "noop", "--id", "123"}, 2, "job id '123' is all digits"},
       {{"enqueue", "--type", "noop", "--group", ""}, 2, "job group is empty"},
-      {{"enqueue", "--type", "noop", "--queue", ""}, 2, "enqueue: --queue is empty"},
+      {{"enqueue", "--type", "noop", "--queue", ""}, 2, "enqueue: --queue: the name is empty"},
       {{"enqueue", "--file", dir}, 1, fmt::format("enqueue: {} is a directory, not a file", dir)},
       {{"enqueue", "--file", dir, "--type", "noop"}, 2, "with --file, each line gives its job's options"},
-      {{"stats", "extra"}, 2, "stats: unexpected argument 'extra'"},
-      {{"stats", "--queue", ""}, 2, "stats: --queue is empty"},
-      {{"dlq", "list", "--head"}, 2, "dlq list: no --head"},
-      {{"group", "pause", ""}, 2, "group pause: the group's name is empty"},
-      {{"demo", "--commodities", "99999999999"}, 2, "option --commodities: '99999999999' is not a number from 1"},
+      {{"stats", "q", "extra"}, 2, "stats: unexpected argument 'extra'"},
+      {{"stats", "--queue", ""}, 2, "stats: --queue: the name is empty"},
+      {{"dlq", "list", "--head"}, 2, "dlq list: unknown option '--head'"},
+      {{"group", "pause", ""}, 2, "group pause: GROUP: the group's name is empty"},
+      {{"demo", "--commodities", "99999999999"}, 2, "demo: --commodities: '99999999999' is not a number from 1"},
       {{"demo", "--redis", "http://x"}, 2, "invalid Redis URL 'http://x'"},
-      {{"version", "extra"}, 2, "version takes no arguments"},
+      {{"version", "extra"}, 2, "version: unexpected argument 'extra'"},
   };
   for (auto& c : cases) {
     auto args = c.args;
@@ -618,7 +618,7 @@ TEST_CASE("every jobrt command answers --help and version prints it and REDIS_UR
   CHECK(version.output == fmt::format("jobrt {}\n", jobrt::version()));
   auto version_help = jobrt_cli({"version", "--help"});  // every command takes --help
   CHECK(version_help.status == 0);
-  CHECK(version_help.output == "usage: jobrt version\nPrints jobrt's version.\n");
+  CHECK(version_help.output.starts_with("usage: jobrt version"));
 
   auto url = url_of(shared_redis());
   std::string queue = key_prefix() + "env";
@@ -932,10 +932,10 @@ TEST_CASE("jobrt dlq prints letters as JSON and requeues and purges every letter
     std::vector<std::string> args;
     std::string says;
   };
-  for (auto& r : std::vector<refused>{{{"list", "--type", "x"}, "dlq list: --all, --group, --type and --error are"},
+  for (auto& r : std::vector<refused>{{{"list", "--type", "x"}, "dlq list: unknown option '--type'"},
                                       {{"requeue", "a1", "--all"}, "dlq requeue: give the ids, or --all, or filters"},
                                       {{"purge"}, "dlq purge: give the ids, or --all, or filters"},
-                                      {{"purge", "--error", ""}, "dlq purge: --error is empty"}}) {
+                                      {{"purge", "--error", ""}, "dlq purge: --error: the text is empty"}}) {
     auto f = dlq(r.args);
     CAPTURE(f.output);
     CHECK(f.status == 2);
@@ -1067,4 +1067,78 @@ TEST_CASE("a second SIGTERM or SIGINT while jobrt worker stops forces the stop: 
     CHECK(counts.ready_lanes == 1);
     CHECK(jobrt_cli({"check", "--redis", url, "--queue", queue}).status == 0);
   }
+}
+
+TEST_CASE("the command line takes --opt=value, short options, environment variables, - for stdin and --json") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "habits";
+  auto json_of = [](const finished& f) {
+    CAPTURE(f.output);
+    return boost::json::parse(f.output).as_object();
+  };
+  auto payload = fmt::format("/tmp/jobrt-cli-payload-{}.json", ::getpid());
+  std::ofstream(payload) << R"({"from": "stdin"})"
+                         << "\n";
+  auto one =
+      jobrt_cli({"enqueue", "--redis=" + url, "--queue=" + queue, "-t", "noop", "-g", "g1", "--payload", "-", "--json"},
+                {}, payload);
+  std::remove(payload.c_str());
+  REQUIRE(one.status == 0);
+  auto enqueued = json_of(one);
+  CHECK(enqueued.at("queue") == queue.c_str());
+  CHECK(enqueued.at("duplicate") == false);
+  CHECK(!enqueued.at("id").as_string().empty());
+  CHECK(redis_cli(cfg, {"LRANGE", redis_backend::key_prefix(queue) + "g:g1", "0", "-1"}).find(R"("from":"stdin")") !=
+        std::string::npos);
+
+  // REDIS_URL and JOBRT_QUEUE stand in for --redis and --queue; the command line wins over them.
+  std::vector<std::string> env{"REDIS_URL=" + url, "JOBRT_QUEUE=" + queue};
+  auto second = jobrt_cli({"enqueue", "-t", "noop", "-g", "g1", "--json"}, env);
+  CHECK(json_of(second).at("queue") == queue.c_str());
+  auto stats = jobrt_cli({"stats", "--json"}, env);
+  CHECK(json_of(stats).at("enqueued") == 2);
+  CHECK(json_of(jobrt_cli({"stats", queue, "--json"}, {"REDIS_URL=" + url})).at("enqueued") == 2);  // an argument
+  CHECK(jobrt_cli({"stats", "-q", queue + "-other"}, env).status == 1);  // unknown: --queue won over JOBRT_QUEUE
+
+  auto paused = json_of(jobrt_cli({"group", "pause", "g1", "--json"}, env));
+  CHECK(paused.at("group") == "g1");
+  CHECK(paused.at("paused") == true);
+  CHECK(paused.at("changed") == true);
+  CHECK(json_of(jobrt_cli({"group", "resume", "g1", "--json"}, env)).at("paused") == false);
+
+  // Ids from standard input, one per line; those that are no dead letter are named.
+  auto ids = fmt::format("/tmp/jobrt-cli-ids-{}.txt", ::getpid());
+  std::ofstream(ids) << "nope-1\n\nnope-2 \n";
+  auto requeued = jobrt_cli({"dlq", "requeue", "-", "--json"}, env, ids);
+  std::remove(ids.c_str());
+  CHECK(requeued.status == 1);
+  auto report = json_of(finished{0, requeued.output.substr(requeued.output.rfind('{'))});
+  CHECK(report.at("requeued") == 0);
+  CHECK(report.at("of") == 2);
+  CHECK(report.at("not_requeued") == boost::json::array{"nope-1", "nope-2"});
+  auto purged = jobrt_cli({"dlq", "purge", "nope-3", "--json"}, env);
+  CHECK(purged.status == 1);
+  CHECK(purged.output.find(R"({"purged":0,"not_found":["nope-3"]})") != std::string::npos);
+
+  // Every worker option has its JOBRT_ variable, range-checked as the option is.
+  auto help = jobrt_cli({"worker", "--help"});
+  CHECK(help.output.find("[$JOBRT_CONCURRENCY]") != std::string::npos);
+  auto zero = jobrt_cli({"worker", "--plugin", JOBRT_HANDLERS "/jobrt_noop.so"}, {"JOBRT_CONCURRENCY=0"});
+  CHECK(zero.status == 2);
+  CHECK(zero.output.find("worker: --concurrency: '0' is not a number from 1 to 100000") != std::string::npos);
+  auto out = fmt::format("/tmp/jobrt-cli-habits-{}.out", ::getpid());
+  auto pid = start({"worker"}, out,
+                   {"REDIS_URL=" + url, "JOBRT_QUEUE=" + queue, "JOBRT_CONCURRENCY=3",
+                    "JOBRT_PLUGIN=" JOBRT_HANDLERS "/jobrt_noop.so"});
+  CHECK(wait_for_text(out, fmt::format("running noop on queue {} (concurrency 3)", queue), std::chrono::seconds(20)));
+  CHECK(wait_counts(cfg, queue, [](const queue_counts& c) { return c.completed == 2; }).completed == 2);
+  ::kill(pid, SIGTERM);
+  CHECK(wait_at_most(pid, out, std::chrono::seconds(20)).status == 0);
+
+  auto gone = json_of(jobrt_cli({"queue", "purge", queue, "--json"}, {"REDIS_URL=" + url}));
+  CHECK(gone.at("queue") == queue.c_str());
+  CHECK(gone.at("purged") == true);
+  CHECK(gone.at("keys").as_int64() > 0);
+  CHECK(json_of(jobrt_cli({"version", "--json"})).at("version").as_string() == jobrt::version());
 }

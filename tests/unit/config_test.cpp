@@ -61,3 +61,11 @@ TEST_CASE("a bad URL names the part that is wrong") {
   CHECK(error_of("unix:///s?foo=1").find("unknown parameter 'foo'") != std::string::npos);
   CHECK(error_of("not a url").find("not a URL") != std::string::npos);
 }
+
+TEST_CASE("a bad URL's error never shows its password") {
+  CHECK(error_of("redis://:hunter2@localhost:abc") ==
+        "invalid Redis URL 'redis://:***@localhost:abc': port 'abc' is not a number from 1 to 65535");
+  CHECK(error_of("redis://bob:hunter2@localhost/x1").find("'redis://bob:***@localhost/x1'") != std::string::npos);
+  CHECK(error_of("http://bob:hunter2@localhost").find("hunter2") == std::string::npos);
+  CHECK(error_of("redis://alice@localhost").find("'redis://alice@localhost'") != std::string::npos);  // no password
+}

@@ -10,8 +10,20 @@
 namespace jobrt::redis {
 namespace {
 
+// The URL as an error may show it: a password in it becomes ***.
+std::string without_password(std::string_view url) {
+  auto start = url.find("://");
+  if (start == std::string_view::npos) return std::string(url);
+  start += 3;
+  auto at = url.find('@', start);
+  auto colon = url.find(':', start);
+  if (at == std::string_view::npos || colon == std::string_view::npos || colon > at || url.find('/', start) < at)
+    return std::string(url);
+  return fmt::format("{}***{}", url.substr(0, colon + 1), url.substr(at));
+}
+
 [[noreturn]] void bad_url(std::string_view url, std::string_view why) {
-  throw std::invalid_argument(fmt::format("invalid Redis URL '{}': {}", url, why));
+  throw std::invalid_argument(fmt::format("invalid Redis URL '{}': {}", without_password(url), why));
 }
 
 int parse_db(std::string_view url, std::string_view text) {
