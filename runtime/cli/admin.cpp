@@ -534,6 +534,40 @@ int queue_purge(const purge_options& o) {
   return 0;
 }
 
+// What a producer in another language needs (docs/PROTOCOL.md), from this very jobrt: no server.
+void add_protocol(CLI::App& jobrt, action& chosen) {
+  auto* protocol =
+      jobrt.add_subcommand("protocol", "the enqueue script for producers in other languages")->group("commands");
+  protocol->require_subcommand(1);
+  protocol->set_help_flag("-h,--help", "print this help");
+  protocol->footer(
+      "docs/PROTOCOL.md says how to call the script. Installed, it is also in\n"
+      "<prefix>/share/jobrt/lua/enqueue.lua.");
+  add_command(*protocol, chosen, "script", "print enqueue.lua, as this jobrt runs it", [] {
+    fmt::print("{}", redis_backend::enqueue_script());
+    return 0;
+  });
+  add_command(*protocol, chosen, "sha", "print its SHA1, as EVALSHA takes it", [] {
+    fmt::print("{}\n", redis::script(std::string(redis_backend::enqueue_script())).sha1());
+    return 0;
+  });
+  struct keys_options {
+    std::string queue;
+    bool json = false;
+  };
+  auto keys = std::make_shared<keys_options>();
+  auto* cmd = add_command(*protocol, chosen, "keys", "print the keys it takes for a queue, in order", [keys] {
+    auto all = redis_backend::enqueue_keys(keys->queue);
+    if (keys->json)
+      fmt::print("{}\n", json::serialize(json::array(all.begin(), all.end())));
+    else
+      for (auto& k : all) fmt::print("{}\n", k);
+    return 0;
+  });
+  cmd->add_option("QUEUE", keys->queue, "the queue")->required()->check(not_empty("the queue's name"));
+  cmd->add_flag("--json", keys->json, "as a JSON array");
+}
+
 }  // namespace
 
 void add_admin(CLI::App& jobrt, action& chosen) {
@@ -569,6 +603,8 @@ void add_admin(CLI::App& jobrt, action& chosen) {
 
   add_dlq(jobrt, chosen);
   add_group(jobrt, chosen);
+
+  add_protocol(jobrt, chosen);
 
   auto* queue = jobrt.add_subcommand("queue", "a whole queue: purge")->group("commands");
   queue->require_subcommand(1);

@@ -16,17 +16,25 @@
 local ready, seq, ids, stats, delayed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = string.sub(ready, 1, -6)
 local n = tonumber(ARGV[1])
+if not n or n < 0 or n % 1 ~= 0 then
+  return redis.error_reply("job count '" .. ARGV[1] .. "' is not a whole number")
+end
+if #ARGV ~= 1 + n * 4 then
+  return redis.error_reply(string.format(
+    'a count of %d jobs needs %d arguments after it (id, group, body, due each); got %d', n, n * 4, #ARGV - 1))
+end
 
 -- One job due now, the usual call: what the general path below does for it, without its tables
 -- (a script's tables and closures cost microseconds when Redis runs it after an idle spell).
-if n == 1 and ARGV[5] == '' then
-  local id, group = ARGV[2], ARGV[3]
+-- Only a job that plainly passes the checks below takes it (an id with no '|', not all digits,
+-- no white space at its ends; a body without "max"); any other goes the general way.
+local id1 = ARGV[2]
+if n == 1 and ARGV[5] == '' and not string.find(ARGV[4], '"max"', 1, true) and
+    (id1 == '' or (not string.find(id1, '|', 1, true) and string.find(id1, '%D') and
+      not string.find(id1, '^%s') and not string.find(id1, '%s$'))) then
+  local id, group = id1, ARGV[3]
   if id == '' then
     id = string.format('%d', redis.call('INCRBY', seq, '1'))
-  elseif string.find(id, '|', 1, true) then
-    return redis.error_reply("job id '" .. id .. "' contains '|'")
-  elseif not string.find(id, '%D') then
-    return redis.error_reply("job id '" .. id .. "' is all digits, like the ids the queue assigns; give it a prefix")
   elseif redis.call('SADD', ids, id) == 0 then
     return {id, 1}
   end
@@ -51,15 +59,31 @@ end
 
 -- Everything is checked before anything is written: a script that fails halfway keeps what it
 -- wrote, and a producer's ids would stay taken by jobs never stored.
+local find, byte = string.find, string.byte
+local function spaced(id) -- white space (Lua's %s: 9 to 13, 32) at either end
+  local a, z = byte(id, 1), byte(id, -1)
+  return a == 32 or z == 32 or (a >= 9 and a <= 13) or (z >= 9 and z <= 13)
+end
 local missing, timed, timed_grouped = 0, false, 0
 for i = 0, n - 1 do
-  local id, due = ARGV[2 + i * 4], ARGV[5 + i * 4]
+  local id, body, due = ARGV[2 + i * 4], ARGV[4 + i * 4], ARGV[5 + i * 4]
   if id == '' then
     missing = missing + 1
-  elseif string.find(id, '|', 1, true) then
+  elseif find(id, '|', 1, true) then
     return redis.error_reply("job id '" .. id .. "' contains '|'")
-  elseif not string.find(id, '%D') then -- the ids this script assigns are all digits
+  elseif not find(id, '%D') then -- the ids this script assigns are all digits
     return redis.error_reply("job id '" .. id .. "' is all digits, like the ids the queue assigns; give it a prefix")
+  elseif spaced(id) then
+    return redis.error_reply("job id '" .. id .. "' starts or ends with white space")
+  end
+  -- A max below 1 would dead-letter the job unrun. Bodies are not decoded here (that costs
+  -- microseconds a job): only one whose text may hold such a max is, and its own field decides.
+  if find(body, '"max"', 1, true) and find(body, '"max"%s*:%s*[-0]') then
+    local ok, job = pcall(cjson.decode, body)
+    local max = ok and type(job) == 'table' and job.max
+    if type(max) == 'number' and (max < 1 or max ~= math.floor(max)) then
+      return redis.error_reply(string.format('job max_attempts is %.14g; it must be at least 1', max))
+    end
   end
   if due ~= '' then
     local digits = string.match(due, '^%+?(%d+)$') -- at most 15: a number Lua holds exactly
@@ -70,6 +94,7 @@ for i = 0, n - 1 do
     if ARGV[3 + i * 4] ~= '' then timed_grouped = timed_grouped + 1 end
   end
 end
+
 local next_id, next_order = 0, 0
 if missing + timed_grouped > 0 then
   next_id = redis.call('INCRBY', seq, missing + timed_grouped) - missing - timed_grouped

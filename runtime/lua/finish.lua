@@ -16,6 +16,9 @@
 --     look for the running job, and the requeued job runs after the burst (whose end takes the
 --     group out of jumped, however it ends). Groups not in jumped cost no such check.
 --   'f' dead-letter: the error.
+--   'g' give up: dead-letter a job that did not run (its earlier leases expired, it is malformed,
+--     no worker could run its type): as 'f', but its group, which has waited already, keeps its
+--     place: the lane goes to the head of ready, not its tail.
 --   'h' halt: the error. A grouped job stays at the head with its attempt counted and the group
 --     is paused until an operator resumes it (ungrouped: as 'f').
 --   'r' retry (one more attempt counted) and 'd' run again later (none counted): the delay in
@@ -240,7 +243,7 @@ for i = 1, n do
         completed = completed + 1
         started = started + 1
       end
-    elseif kind == 'a' or kind == 'f' then
+    elseif kind == 'a' or kind == 'f' or kind == 'g' then
       local unique_id, extra = ARGV[base + 2], ARGV[base + 3]
       local want = kind == 'a' and string.sub(extra, 1, 1) or '0'
       if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
@@ -260,11 +263,13 @@ for i = 1, n do
             if ahead ~= '0' then x[3] = redis.call('LRANGE', key, '1', ahead) end
             leased[i] = x
             nexts[#nexts + 1] = x
+          elseif kind == 'g' and not is_paused(string.sub(lane, 3)) then
+            front[#front + 1] = lane -- it has waited already: its place
           else
             send_back(lane, 0) -- round robin: the group waits behind every other lane
           end
         end
-      elseif kind == 'f' then
+      elseif kind ~= 'a' then
         record = string.sub(lane, 3) -- (an ack does not need the record: no copy)
       end
       if kind == 'a' then

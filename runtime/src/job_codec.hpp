@@ -47,4 +47,12 @@ std::string producer_id(std::string_view record);
 /// enqueue checked ids).
 bool assigned_id(std::string_view id) noexcept;
 
+/// What enqueue.lua refuses of a producer's id, in its words: a '|', all digits (see
+/// assigned_id), white space at either end. Throws std::invalid_argument; "" passes (assigned).
+void check_id(std::string_view id);
+
+/// What enqueue.lua refuses of a body: a "max" (attempts) below 1 or not whole. Throws
+/// std::invalid_argument in its words.
+void check_body(std::string_view body);
+
 }  // namespace jobrt::detail

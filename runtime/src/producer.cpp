@@ -27,11 +27,7 @@ boost::json::value producer::parse_payload(std::string_view text) {
 
 void producer::check(const job_spec& spec) {
   if (spec.type.empty()) throw std::invalid_argument("job type is empty");
-  if (spec.id.find('|') != std::string::npos)
-    throw std::invalid_argument(fmt::format("job id '{}' contains '|'", spec.id));
-  if (detail::assigned_id(spec.id))
-    throw std::invalid_argument(
-        fmt::format("job id '{}' is all digits, like the ids the queue assigns; give it a prefix", spec.id));
+  detail::check_id(spec.id);
   if (spec.max_attempts < 1)
     throw std::invalid_argument(fmt::format("job max_attempts is {}; it must be at least 1", spec.max_attempts));
   if (spec.timeout.count() < 0 || spec.timeout > max_job_timeout)

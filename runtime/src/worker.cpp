@@ -588,7 +588,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
                   std::string error) {
     finish_item item;
     item.token = std::move(token);
-    item.kind = kind;
+    item.kind = kind == finish_kind::fail ? finish_kind::give_up : kind;  // it never ran: its group keeps its place
     item.unique_id = std::move(unique_id);
     item.error = std::move(error);
     queue_finish(std::move(item),
@@ -765,7 +765,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     if (result.lease_held && item.kind == finish_kind::retry)
       jobrt::log(log_level::info, fields, source_, "job {} failed: {}; runs again in {} ms", job_id, item.error,
                  item.delay.count());
-    else if (result.lease_held && (item.kind == finish_kind::fail || item.kind == finish_kind::halt))
+    else if (result.lease_held &&
+             (item.kind == finish_kind::fail || item.kind == finish_kind::give_up || item.kind == finish_kind::halt))
       jobrt::log(log_level::warn, fields, source_, "job {} {}: {}", job_id,
                  item.kind == finish_kind::halt ? "halted its group" : "dead-lettered", item.error);
     if (!result.lease_held)

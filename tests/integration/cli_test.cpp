@@ -605,7 +605,7 @@ TEST_CASE("the example HTTP server enqueues a job per POST and runs them on its 
 }
 
 TEST_CASE("every jobrt command answers --help and version prints it and REDIS_URL is the default server") {
-  for (std::string command : {"worker", "enqueue", "stats", "check", "dlq", "group", "demo"}) {
+  for (std::string command : {"worker", "enqueue", "stats", "check", "dlq", "group", "queue", "protocol", "demo"}) {
     auto help = jobrt_cli({command, "--help"});
     CHECK_MESSAGE(help.status == 0, command);
     CHECK_MESSAGE(help.output.starts_with("usage: jobrt " + command), help.output);
@@ -1141,4 +1141,25 @@ TEST_CASE("the command line takes --opt=value, short options, environment variab
   CHECK(gone.at("purged") == true);
   CHECK(gone.at("keys").as_int64() > 0);
   CHECK(json_of(jobrt_cli({"version", "--json"})).at("version").as_string() == jobrt::version());
+}
+
+TEST_CASE("jobrt protocol prints the enqueue script this jobrt runs, its SHA1 as Redis has it, and a queue's keys") {
+  auto cfg = shared_redis();
+  std::ifstream in(JOBRT_LUA_DIR "/enqueue.lua");
+  std::string source(std::istreambuf_iterator<char>(in), {});
+  auto script = jobrt_cli({"protocol", "script"});
+  CHECK(script.status == 0);
+  CHECK(script.output == source);
+  auto sha = jobrt_cli({"protocol", "sha"});
+  CHECK(sha.status == 0);
+  auto loaded = redis_cli(cfg, {"SCRIPT", "LOAD", source});  // a raw reply: $40\r\n<sha>\r\n
+  CHECK(loaded.find(sha.output.substr(0, 40)) != std::string::npos);
+  CHECK(sha.output.size() == 41);
+  CHECK(jobrt_cli({"protocol", "keys", "imports"}).output ==
+        "jobrt:{imports}:ready\njobrt:{imports}:seq\njobrt:{imports}:ids\njobrt:{imports}:stats\n"
+        "jobrt:{imports}:delayed\n");
+  auto keys = boost::json::parse(jobrt_cli({"protocol", "keys", "imports", "--json"}).output).as_array();
+  CHECK(keys.size() == 5);
+  CHECK(keys[4] == "jobrt:{imports}:delayed");
+  CHECK(jobrt_cli({"protocol", "keys"}).status == 2);
 }

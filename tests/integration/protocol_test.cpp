@@ -2,6 +2,8 @@
 #include "support/redis_server.hpp"
 #include "support/run.hpp"
 
+#include <jobrt/memory_backend.hpp>
+#include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
 #include <jobrt/worker.hpp>
 
@@ -13,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -184,4 +187,85 @@ TEST_CASE("enqueue.lua refuses a bad due time or an all-digit id before it write
   CHECK(cli({"SISMEMBER", p + "ids", "plain-id"}) == "0\n");
   CHECK(cli({"SISMEMBER", p + "ids", "order-a"}) == "0\n");
   CHECK(enqueue({"plain-id", "", R"({"type":"import","payload":{"rows":3}})", ""}) == "plain-id\n0\n");
+}
+
+TEST_CASE("enqueue.lua, the C++ producer and both backends refuse the same ids, counts and max in the same words") {
+  auto cfg = shared_redis();
+  std::string queue = key_prefix() + "protocol-refused";
+  std::string p = fmt::format("jobrt:{{{}}}:", queue);
+  auto eval = [&](std::string count, std::vector<std::string> args) {
+    std::vector<std::string> all{
+        "-h",      cfg.host,    "-p",          cfg.port, "--eval", JOBRT_LUA_DIR "/enqueue.lua", p + "ready", p + "seq",
+        p + "ids", p + "stats", p + "delayed", ",",      count};
+    all.insert(all.end(), args.begin(), args.end());
+    return redis_cli_process(all);
+  };
+  // What each refuses, in order: the Lua script's reply holds the same words the C++ side throws.
+  struct bad {
+    std::string id, body, says;
+  };
+  std::vector<bad> cases{
+      {" 12", R"({"type":"t"})", "job id ' 12' starts or ends with white space"},
+      {"order-1 ", R"({"type":"t"})", "job id 'order-1 ' starts or ends with white space"},
+      {" ", R"({"type":"t"})", "job id ' ' starts or ends with white space"},
+      {"a|b", R"({"type":"t"})", "job id 'a|b' contains '|'"},
+      {"17", R"({"type":"t"})", "job id '17' is all digits"},
+      {"", R"({"type":"t","max":0})", "job max_attempts is 0; it must be at least 1"},
+      {"", R"({"type":"t","payload":{"max":5},"max": -2})", "job max_attempts is -2; it must be at least 1"},
+  };
+  for (auto& c : cases) {
+    CAPTURE(c.id);
+    CAPTURE(c.body);
+    // A good job first: nothing of the call is stored. One job alone takes the script's short path.
+    CHECK(eval("2", {"good", "", R"({"type":"t"})", "", c.id, "g", c.body, ""}).find(c.says) != std::string::npos);
+    CHECK(eval("1", {c.id, "g", c.body, ""}).find(c.says) != std::string::npos);
+    run([&](asio::io_context& ctx) -> awaitable<void> {
+      redis_backend store(ctx.get_executor(), cfg);
+      memory_backend memory(ctx.get_executor());
+      std::array<backend*, 2> both{&store, &memory};  // (no braced list in a coroutine: GCC 12)
+      for (backend* b : both) {
+        std::vector<encoded_job> jobs(1);
+        jobs[0].id = c.id;
+        jobs[0].group = "g";
+        jobs[0].body = c.body;
+        std::string error;
+        try {
+          co_await b->enqueue(queue, std::move(jobs));
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+        CHECK(error.find(c.says) != std::string::npos);
+      }
+    });
+  }
+  // The C++ producer checks its job_spec before it encodes it.
+  for (auto& c : cases) {
+    job_spec spec;
+    spec.type = "t";
+    spec.id = c.id;
+    if (c.body.find("max") != std::string::npos) spec.max_attempts = c.body.find("-2") != std::string::npos ? -2 : 0;
+    std::string error;
+    try {
+      producer::check(spec);
+    } catch (const std::invalid_argument& e) {
+      error = e.what();
+    }
+    CAPTURE(c.id);
+    CHECK(error.find(c.says) != std::string::npos);
+  }
+  CHECK(redis_cli_process({"-h", cfg.host, "-p", cfg.port, "EXISTS", p + "ids", p + "seq", p + "ready", p + "stats"}) ==
+        "0\n");
+
+  // A max that is 1 or more, or one in the payload only, is no error.
+  CHECK(eval("1", {"", "", R"({"type":"t","payload":{"max":0},"max":1})", ""}) == "1\n0\n");
+  // A count that is not a whole number, or that the arguments do not match (the C++ producer
+  // always sends the right one).
+  std::string body = R"({"type":"t"})";
+  CHECK(eval("abc", {"", "", body, ""}).find("job count 'abc' is not a whole number") != std::string::npos);
+  CHECK(eval("1.5", {"", "", body, ""}).find("job count '1.5' is not a whole number") != std::string::npos);
+  CHECK(eval("-1", {}).find("job count '-1' is not a whole number") != std::string::npos);
+  CHECK(eval("2", {"", "", body, ""})
+            .find("a count of 2 jobs needs 8 arguments after it (id, group, body, due each); got 4") !=
+        std::string::npos);
+  CHECK(eval("1", {"", "", body, "", "x"}).find("a count of 1 jobs needs 4 arguments after it") != std::string::npos);
 }

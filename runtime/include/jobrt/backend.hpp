@@ -64,7 +64,10 @@ enum class finish_kind {
   ack,        ///< done
   keep,       ///< done, and the worker runs the job's follower under the same lease (claimed_job::
               ///< ahead): the job leaves its group, the lease goes on (ungrouped: as ack)
-  fail,       ///< dead-lettered with `error`; a grouped job's group goes on
+  fail,       ///< dead-lettered with `error`; a grouped job's group goes on (to the ready list's tail)
+  give_up,    ///< dead-lettered with `error` without a run (its earlier leases expired, it is
+              ///< malformed, no worker could run its type): as fail, but the group, which has
+              ///< waited already, keeps its place: to the head of the ready list
   retry,      ///< one more attempt counted; runs again after `delay`, before anything of its group
   defer,      ///< as retry, with no attempt counted (the handler asked to run later)
   halt,       ///< attempt counted; the job stays at its group's head and the group is paused

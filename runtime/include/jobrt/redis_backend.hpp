@@ -6,6 +6,7 @@
 #include <jobrt/redis/connection.hpp>
 #include <jobrt/redis/script.hpp>
 
+#include <array>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,10 @@ class redis_backend final : public backend {
 
   /// The key prefix of a queue: "jobrt:{<queue>}:".
   static std::string key_prefix(std::string_view queue);
+  /// For producers in other languages (docs/PROTOCOL.md): the enqueue script's source
+  /// (runtime/lua/enqueue.lua), and the keys it takes for a queue, in order.
+  static std::string_view enqueue_script() noexcept;
+  static std::array<std::string, 5> enqueue_keys(std::string_view queue);
   /// The shared connection (for tools and tests).
   redis::connection& connection() noexcept { return conn_; }
 

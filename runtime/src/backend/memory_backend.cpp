@@ -231,11 +231,8 @@ asio::awaitable<std::vector<enqueue_result>> memory_backend::enqueue(std::string
 
   for (std::size_t i = 0; i < jobs.size(); ++i) {  // as enqueue.lua, before anything is stored
     const auto& job = jobs[i];
-    if (job.id.find('|') != std::string::npos)
-      throw std::invalid_argument(fmt::format("job id '{}' contains '|'", job.id));
-    if (detail::assigned_id(job.id))
-      throw std::invalid_argument(
-          fmt::format("job id '{}' is all digits, like the ids the queue assigns; give it a prefix", job.id));
+    detail::check_id(job.id);
+    detail::check_body(job.body);
     constexpr std::int64_t latest = 999'999'999'999'999;  // 15 digits
     if (job.delay_ms < 0 || job.delay_ms > latest || job.run_at_ms < 0 || job.run_at_ms > latest)
       throw std::invalid_argument(fmt::format("job {} due time is out of range (15 digits of ms at most)", i + 1));
@@ -496,7 +493,7 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
     } else if (kind == finish_kind::release) {  // as release(): to the head, no attempt counted
       front.push_back(std::move(lane));
       --started;
-    } else if (kind == finish_kind::ack || kind == finish_kind::fail) {
+    } else if (kind == finish_kind::ack || kind == finish_kind::fail || kind == finish_kind::give_up) {
       bool ack = kind == finish_kind::ack;
       if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
       std::optional<std::string> record;  // nullopt: LPOP of an empty group list (nil)
@@ -519,6 +516,8 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
             next.ahead.assign(list.begin() + 1, list.begin() + 1 + static_cast<std::ptrdiff_t>(followers));
             nexts.emplace_back(i, lane);
             out[i].next = std::move(next);
+          } else if (kind == finish_kind::give_up && !q.paused.contains(group->first)) {
+            front.push_back(lane);  // it has waited already: its place
           } else {
             send_back(lane, std::chrono::milliseconds(0));  // round robin: behind every other lane
           }

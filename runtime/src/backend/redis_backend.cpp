@@ -96,6 +96,13 @@ redis_backend::~redis_backend() {
 
 std::string redis_backend::key_prefix(std::string_view queue) { return fmt::format("jobrt:{{{}}}:", queue); }
 
+std::string_view redis_backend::enqueue_script() noexcept { return lua::enqueue; }
+
+std::array<std::string, 5> redis_backend::enqueue_keys(std::string_view queue) {
+  auto p = key_prefix(queue);
+  return {p + "ready", p + "seq", p + "ids", p + "stats", p + "delayed"};
+}
+
 asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string queue, std::vector<encoded_job> jobs) {
   if (jobs.empty()) co_return std::vector<enqueue_result>{};
   auto p = key_prefix(queue);
@@ -116,8 +123,7 @@ asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string 
     args.push_back(jobs[i].body);
     args.push_back(dues[i]);
   }
-  std::array<std::string, 5> keys{p + "ready", p + "seq", p + "ids", p + "stats", p + "delayed"};
-  reply r = co_await enqueue_.run(conn_, keys, args);
+  reply r = co_await enqueue_.run(conn_, enqueue_keys(queue), args);
   const auto& e = r.as_array();
   std::vector<enqueue_result> out;
   out.reserve(jobs.size());
@@ -324,6 +330,7 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
       }
       case finish_kind::keep: extras.push_back(it.id); break;
       case finish_kind::fail:
+      case finish_kind::give_up:
       case finish_kind::halt: extras.push_back(it.error); break;
       case finish_kind::retry:
       case finish_kind::defer:
@@ -338,6 +345,7 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
       case finish_kind::ack: args.push_back("a"); break;
       case finish_kind::keep: args.push_back("k"); break;
       case finish_kind::fail: args.push_back("f"); break;
+      case finish_kind::give_up: args.push_back("g"); break;
       case finish_kind::retry: args.push_back("r"); break;
       case finish_kind::defer: args.push_back("d"); break;
       case finish_kind::hand_back: args.push_back("u"); break;
