@@ -1,4 +1,4 @@
-// The design jobrt replaces, rebuilt as a baseline (docs/BENCHMARKS.md, "The hand-made design").
+// The design jobrt replaces, rebuilt as a baseline (docs/BENCHMARKS.md, "What is compared").
 //
 // A shared Redis list of jobs (producers LPUSH, so the oldest job is at the right); worker
 // threads, each with a blocking connection of its own, loop over rounds:

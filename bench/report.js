@@ -327,7 +327,7 @@ L.push('<!-- bench/run begin: everything down to "bench/run end" is written by b
 L.push('## The job runtime against the hand-made design and its peers');
 L.push('');
 L.push(
-  `Written by \`${args.command}\` (${Math.round(Number(args.seconds) / 60)} minutes) on ${fs.statSync(args.raw).mtime.toISOString().slice(0, 16).replace('T', ' ')} UTC, commit ${sh('git', ['-C', root, 'rev-parse', '--short', 'HEAD'])}. ` +
+  `Written by \`${args.command}\` (${Math.round(Number(args.seconds) / 60)} minutes) on ${fs.statSync(args.raw).mtime.toISOString().slice(0, 16).replace('T', ' ')} UTC. ` +
     `${runs.length} runs; every figure is the median of the runs with the range in brackets, and every ratio is taken ` +
     'within one run (both sides measured on the same server in the same run) before the median is taken.',
 );
