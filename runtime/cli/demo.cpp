@@ -8,6 +8,7 @@
 // `demo-worker` command) run the handlers, with the stock, the running count and the last seq of
 // every commodity kept in Redis, so the checks hold across processes.
 #include "cli.hpp"
+#include "processes.hpp"
 
 #include <jobrt/memory_backend.hpp>
 #include <jobrt/producer.hpp>
@@ -27,9 +28,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <signal.h>
-#include <spawn.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,8 +39,6 @@
 #include <memory>
 #include <mutex>
 #include <random>
-
-extern char** environ;
 
 namespace jobrt::cli {
 namespace {
@@ -311,100 +308,6 @@ int run_demo(const demo_options& o) {
 }
 
 // --- Redis: worker processes ---
-
-// The worker processes of a run: this binary again (/proc/self/exe) with the hidden demo-worker
-// command. SIGCHLD, through an asio::signal_set, tells when one ends (no polling). Whatever still
-// runs when this goes away (the run failed) is killed and reaped.
-class worker_processes {
- public:
-  // The signal set exists before the first child: no SIGCHLD is missed.
-  explicit worker_processes(asio::any_io_executor ex) : sigchld_(ex, SIGCHLD) {}
-  ~worker_processes() { kill_all(); }
-  worker_processes(const worker_processes&) = delete;
-  worker_processes& operator=(const worker_processes&) = delete;
-
-  void spawn(const args& a) {
-    args argv_text{"jobrt"};
-    argv_text.insert(argv_text.end(), a.begin(), a.end());
-    std::vector<char*> argv;
-    for (auto& s : argv_text) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    if (int rc = ::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ); rc != 0)
-      throw std::runtime_error(fmt::format("cannot start a worker process: {}", std::strerror(rc)));
-    children_.push_back({pid});
-  }
-
-  /// SIGTERM to those still running: they stop gracefully.
-  void terminate() {
-    for (auto& c : children_)
-      if (c.running) ::kill(c.pid, SIGTERM);
-  }
-
-  /// SIGKILL to those still running, and reaps them.
-  void kill_all() {
-    for (auto& c : children_) {
-      if (!c.running) continue;
-      ::kill(c.pid, SIGKILL);
-      ::waitpid(c.pid, &c.status, 0);
-      c.running = false;
-    }
-  }
-
-  /// Completes when a worker process ends that was not reported before; says which and how.
-  asio::awaitable<std::string> wait_exit() {
-    for (;;) {
-      reap();
-      for (auto& c : children_) {
-        if (c.running || c.reported) continue;
-        c.reported = true;
-        co_return fmt::format("worker process {} ended early ({})", c.pid, describe(c));
-      }
-      co_await sigchld_.async_wait(asio::use_awaitable);
-    }
-  }
-
-  /// Completes when every worker process has ended.
-  asio::awaitable<void> wait_all() {
-    for (;;) {
-      reap();
-      if (std::none_of(children_.begin(), children_.end(), [](const child& c) { return c.running; })) co_return;
-      co_await sigchld_.async_wait(asio::use_awaitable);
-    }
-  }
-
-  /// How those that did not exit 0 ended; empty when all did.
-  std::vector<std::string> failures() const {
-    std::vector<std::string> out;
-    for (auto& c : children_)
-      if (c.running || !WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0)
-        out.push_back(fmt::format("worker process {}: {}", c.pid, describe(c)));
-    return out;
-  }
-
- private:
-  struct child {
-    pid_t pid = -1;
-    bool running = true;
-    bool reported = false;  // by wait_exit
-    int status = 0;         // waitpid's, once it ended
-  };
-
-  void reap() {
-    for (auto& c : children_)
-      if (c.running && ::waitpid(c.pid, &c.status, WNOHANG) == c.pid) c.running = false;
-  }
-
-  static std::string describe(const child& c) {
-    if (c.running) return "still running";
-    if (WIFEXITED(c.status)) return fmt::format("exit status {}", WEXITSTATUS(c.status));
-    if (WIFSIGNALED(c.status)) return fmt::format("killed by signal {}", WTERMSIG(c.status));
-    return "ended";
-  }
-
-  asio::signal_set sigchld_;
-  std::vector<child> children_;
-};
 
 asio::awaitable<void> sleep_for(std::chrono::milliseconds d) {
   asio::steady_timer t(co_await asio::this_coro::executor);

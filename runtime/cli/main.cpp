@@ -2,128 +2,14 @@
 #include "cli.hpp"
 
 #include <jobrt/metrics.hpp>
-#include <jobrt/redis/config.hpp>
-#include <jobrt/redis/request.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <charconv>
-#include <cstdlib>
 #include <exception>
-#include <filesystem>
-#include <fstream>
-#include <iostream>
-#include <mutex>
-#include <stdexcept>
-#include <thread>
-
-namespace jobrt::cli {
-
-CLI::Option* number_option(CLI::App& cmd, const std::string& names, std::size_t& value, std::size_t min,
-                           std::size_t max, const std::string& what) {
-  auto check = [min, max](std::string& text) -> std::string {
-    std::size_t n = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-    if (ec != std::errc{} || end != text.data() + text.size() || n < min || n > max)
-      return fmt::format("'{}' is not a number from {} to {}", text, min, max);
-    return {};
-  };
-  return cmd.add_option(names, value, what)->check(CLI::Validator(check, ""))->option_text("N");
-}
-
-CLI::Validator not_empty(const std::string& what) {
-  auto check = [what](std::string& text) -> std::string { return text.empty() ? what + " is empty" : ""; };
-  return CLI::Validator(check, "");
-}
-
-CLI::Option* name_option(CLI::App& cmd, const std::string& names, std::string& value, const std::string& what) {
-  return cmd.add_option(names, value, what)->check(not_empty("the name"))->option_text("NAME");
-}
-
-CLI::Option* redis_option(CLI::App& cmd, std::string& url, const std::string& what) {
-  auto check = [](std::string& text) -> std::string {
-    try {
-      redis::config::from_url(text);
-      return {};
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    }
-  };
-  return cmd.add_option("-u,--redis", url, what)->check(CLI::Validator(check, ""))->option_text("URL");
-}
-
-std::istream& open_input(const std::string& path, std::ifstream& file, std::string_view command) {
-  if (path == "-") return std::cin;
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw std::runtime_error(fmt::format("{}: {} is a directory, not a file", command, path));
-  file.open(path);
-  if (!file) throw std::runtime_error(fmt::format("{}: cannot open {}", command, path));
-  return file;
-}
-
-boost::asio::awaitable<ping_result> ping_within(redis::connection& conn, std::chrono::milliseconds limit) {
-  redis::request ping("PING");
-  ping.options.timeout = limit;
-  ping_result r;
-  try {
-    co_await redis::exec(conn, std::move(ping));
-    r.answered = true;
-    co_return r;
-  } catch (const std::exception& e) {
-    // The connection's own account says why (refused, timed out, AUTH refused...); else the request's.
-    r.why = conn.last_error();
-    if (r.why.empty()) r.why = e.what();
-  }
-  r.failure = conn.last_failure();
-  co_return r;
-}
-
-bool final_failure(redis::connect_failure f) {
-  using redis::connect_failure;
-  return f == connect_failure::unresolved || f == connect_failure::refused || f == connect_failure::denied;
-}
-
-boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std::string& url) {
-  // A first look, short: a refused port or password fails its first attempt to connect at once.
-  // Only a server that is there and not ready yet is worth the longer wait.
-  constexpr std::chrono::milliseconds first_look{1000}, whole_wait{10000};
-  auto r = co_await ping_within(conn, first_look);
-  if (r.answered) co_return;
-  if (final_failure(r.failure)) throw std::runtime_error(r.why);  // it names the address, without password
-  auto address = redis::config::from_url(url).address();
-  fmt::print(stderr, "jobrt: redis at {} is not ready ({}); waiting up to {} s\n", address, r.why,
-             std::chrono::duration_cast<std::chrono::seconds>(whole_wait).count());
-  r = co_await ping_within(conn, whole_wait - first_look);
-  if (!r.answered) throw std::runtime_error(fmt::format("redis at {} does not answer: {}", address, r.why));
-}
-
-void run_threads(boost::asio::io_context& ctx, std::size_t threads) {
-  std::mutex mutex;
-  std::exception_ptr first;
-  auto run = [&] {
-    try {
-      ctx.run();
-    } catch (...) {
-      std::lock_guard lock(mutex);
-      if (!first) first = std::current_exception();
-      ctx.stop();
-    }
-  };
-  std::vector<std::thread> extra;
-  for (std::size_t t = 1; t < threads; ++t) extra.emplace_back(run);
-  run();
-  for (auto& t : extra) t.join();
-  if (first) std::rethrow_exception(first);
-}
-
-std::string default_redis_url() {
-  const char* url = std::getenv("REDIS_URL");
-  return url && *url ? url : "redis://127.0.0.1:6379";
-}
-
-}  // namespace jobrt::cli
+#include <string>
+#include <string_view>
+#include <vector>
 
 namespace {
 
