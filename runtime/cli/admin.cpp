@@ -33,13 +33,16 @@ struct common {
 
 void add_common(CLI::App& cmd, common& c) {
   redis_option(cmd, c.url, "the server (default: $REDIS_URL, else redis://127.0.0.1:6379)");
-  name_option(cmd, "-q,--queue", c.queue, "the queue (default: default)")->envname("JOBRT_QUEUE");
+  cmd.add_option("-q,--queue", c.queue, "the queue (default: default)")
+      ->envname("JOBRT_QUEUE")
+      ->check(queue_name())
+      ->option_text("NAME");
   cmd.add_flag("--json", c.json, "print JSON");
 }
 
 // A command whose subject is a queue takes it as an argument too: `jobrt check orders`.
 void add_queue_argument(CLI::App& cmd, std::string& queue) {
-  cmd.add_option("QUEUE", queue, "the queue, in place of --queue")->check(not_empty("the queue's name"));
+  cmd.add_option("QUEUE", queue, "the queue, in place of --queue")->check(queue_name());
 }
 
 // Whether anything was ever enqueued to the queue (or is in it: a job written by hand).
@@ -564,7 +567,7 @@ void add_protocol(CLI::App& jobrt, action& chosen) {
       for (auto& k : all) fmt::print("{}\n", k);
     return 0;
   });
-  cmd->add_option("QUEUE", keys->queue, "the queue")->required()->check(not_empty("the queue's name"));
+  cmd->add_option("QUEUE", keys->queue, "the queue")->required()->check(queue_name());
   cmd->add_flag("--json", keys->json, "as a JSON array");
 }
 

@@ -53,8 +53,8 @@ CLI::Option* number_option(CLI::App& cmd, const std::string& names, std::size_t&
                            std::size_t max, const std::string& what);
 /// Refuses an empty text: "<what> is empty".
 CLI::Validator not_empty(const std::string& what);
-/// A text that may not be empty.
-CLI::Option* name_option(CLI::App& cmd, const std::string& names, std::string& value, const std::string& what);
+/// Refuses what cannot name a queue (check_queue_name).
+CLI::Validator queue_name();
 /// --redis URL: checked as a Redis URL (an error names what is wrong, never the password).
 CLI::Option* redis_option(CLI::App& cmd, std::string& url, const std::string& what);
 /// One of some words (a policy, a log level): `parse` checks it, throwing std::invalid_argument

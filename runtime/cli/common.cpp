@@ -1,6 +1,7 @@
 // The jobrt command: what its commands share (option helpers, reaching the server, threads).
 #include "cli.hpp"
 
+#include <jobrt/backend.hpp>
 #include <jobrt/redis/config.hpp>
 #include <jobrt/redis/request.hpp>
 
@@ -35,8 +36,16 @@ CLI::Validator not_empty(const std::string& what) {
   return CLI::Validator(check, "");
 }
 
-CLI::Option* name_option(CLI::App& cmd, const std::string& names, std::string& value, const std::string& what) {
-  return cmd.add_option(names, value, what)->check(not_empty("the name"))->option_text("NAME");
+CLI::Validator queue_name() {
+  auto check = [](std::string& text) -> std::string {
+    try {
+      check_queue_name(text);
+      return {};
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+  };
+  return CLI::Validator(check, "");
 }
 
 CLI::Option* redis_option(CLI::App& cmd, std::string& url, const std::string& what) {

@@ -521,7 +521,7 @@ void add_demo(CLI::App& jobrt, action& chosen) {
   w->o.workers = 1;
   cmd = add_command(jobrt, chosen, "demo-worker", "", [w] { return run_demo_worker(*w); })->group("");
   redis_option(*cmd, w->o.redis_url, "")->required();
-  name_option(*cmd, "--queue", w->o.queue, "");
+  cmd->add_option("--queue", w->o.queue, "")->check(queue_name());
   number_option(*cmd, "--workers", w->o.workers, 1, 1000, "");
   number_option(*cmd, "--concurrency", w->o.concurrency, 1, 100'000, "");
   number_option(*cmd, "--threads", w->o.threads, 1, 256, "");

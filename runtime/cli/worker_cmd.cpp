@@ -107,7 +107,7 @@ void add_worker(CLI::App& jobrt, action& chosen) {
   queue_option(env(cmd->add_option("-q,--queue", a->queues,
                                    "the queue (default: default); given more than once (or as q1,q2),\n"
                                    "a worker for each queue, all with the options below")
-                       ->check(not_empty("the queue's name"))
+                       ->check(queue_name())
                        ->option_text("NAME")
                        ->delimiter(',')));
   queue_option(env(number_option(*cmd, "-c,--concurrency", a->concurrency, 1, 100'000, "jobs at once (default 10)")));
@@ -392,7 +392,10 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
   auto* cmd = add_command(jobrt, chosen, "enqueue", "put jobs on a queue: one, a JSON-lines file, or N generated",
                           [a] { return run_enqueue(*a); });
   a->url_option = redis_option(*cmd, a->url, "the server (default: $REDIS_URL, else redis://127.0.0.1:6379)");
-  name_option(*cmd, "-q,--queue", a->queue, "the queue (default: default)")->envname("JOBRT_QUEUE");
+  cmd->add_option("-q,--queue", a->queue, "the queue (default: default)")
+      ->envname("JOBRT_QUEUE")
+      ->check(queue_name())
+      ->option_text("NAME");
   cmd->add_option("-C,--config", a->config_file, "the queue's grouping rules (and the server) from a worker config")
       ->option_text("FILE");
   cmd->add_option("-f,--file", a->file, "one job per line (JSON); - reads standard input")->option_text("FILE");

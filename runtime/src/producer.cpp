@@ -12,9 +12,16 @@
 
 namespace jobrt {
 
+void check_queue_name(std::string_view queue) {
+  if (queue.empty()) throw std::invalid_argument("queue name is empty");
+  if (queue.find_first_of("{}") != std::string_view::npos)
+    throw std::invalid_argument(
+        fmt::format("queue name '{}' holds '{{' or '}}', which would break its keys' hash tag", queue));
+}
+
 producer::producer(backend& b, std::string queue, producer_options opts)
     : backend_(&b), queue_(std::move(queue)), opts_(std::move(opts)) {
-  if (queue_.empty()) throw std::invalid_argument("queue name is empty");
+  check_queue_name(queue_);
   if (opts_.batch == 0) throw std::invalid_argument("producer batch size is 0");
 }
 

@@ -62,6 +62,8 @@ backoff backoff_at(const json::value& v, std::string_view where) {
   if (auto* f = o.if_contains("factor")) b.factor = number_at(*f, field("factor"), 1.0, 100.0);
   if (auto* f = o.if_contains("max_ms")) b.max = std::chrono::milliseconds(count_at(*f, field("max_ms"), 0));
   if (auto* f = o.if_contains("jitter")) b.jitter = number_at(*f, field("jitter"), 0.0, 1.0);
+  if (b.max < b.initial)  // every wait would be max_ms: a typo, most likely
+    bad(field("max_ms"), fmt::format("is below initial_ms ({})", b.initial.count()));
   return b;
 }
 
@@ -83,6 +85,8 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
   auto* name = o.if_contains("name");
   if (!name) bad(where, "has no \"name\"");
   q.worker.queue = text_at(*name, field("name"));
+  if (q.worker.queue.find_first_of("{}") != std::string::npos)
+    bad(field("name"), fmt::format("\"{}\" holds '{{' or '}}', which would break its keys' hash tag", q.worker.queue));
   if (auto* f = o.if_contains("concurrency"))
     q.worker.concurrency = static_cast<std::size_t>(count_at(*f, field("concurrency"), 1, 100'000));
   if (auto* f = o.if_contains("lease_ttl_ms"))

@@ -149,6 +149,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         stopped_timer_(strand_, clock::time_point::max()) {
     if (opts_.id.empty()) opts_.id = make_worker_id();
     source_ = "worker " + opts_.id;
+    check_queue_name(opts_.queue);
     if (opts_.concurrency == 0) throw std::invalid_argument("worker concurrency is 0");
     // Past a day, times made from these (TTL / 3 in the steady clock's nanoseconds) overflow.
     constexpr std::chrono::milliseconds day = std::chrono::hours(24);

@@ -1,5 +1,7 @@
 // The memory backend against the semantics of the Lua scripts (runtime/lua/), without a server.
 #include <jobrt/memory_backend.hpp>
+#include <jobrt/producer.hpp>
+#include <jobrt/worker.hpp>
 
 #include "support/run.hpp"
 
@@ -568,4 +570,18 @@ TEST_CASE("memory backend - claim_wait and finish from several threads") {
   CHECK(s.duplicates == 0);
   CHECK(s.in_order);
   jobrt::test::run([&](asio::io_context&) { return check_stress_counts(b); });
+}
+
+TEST_CASE("a queue's name may not be empty or hold a brace: producers and workers refuse it, naming it") {
+  boost::asio::io_context ctx;
+  jobrt::memory_backend b(ctx.get_executor());
+  CHECK_THROWS_WITH_AS(jobrt::producer(b, ""), "queue name is empty", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(jobrt::producer(b, "a}:b"),
+                       "queue name 'a}:b' holds '{' or '}', which would break its keys' hash tag",
+                       std::invalid_argument);
+  jobrt::worker_options o;
+  o.queue = "{x";
+  CHECK_THROWS_WITH_AS(jobrt::worker(ctx.get_executor(), b, o),
+                       "queue name '{x' holds '{' or '}', which would break its keys' hash tag", std::invalid_argument);
+  CHECK_NOTHROW(jobrt::producer(b, "orders:eu|1 x"));  // anything else goes
 }

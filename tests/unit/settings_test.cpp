@@ -96,6 +96,10 @@ TEST_CASE("settings - a bad file is refused naming the field") {
   CHECK(refusal(R"({"queues": [{"name": "a", "grouping": {"rules": [{"key": "{t}", "on_faliure": "halt"}]}}]})") ==
         "config.queues[0].grouping: grouping rules[0]: unknown field \"on_faliure\" (known: match, key, on_failure)");
   CHECK(refusal(R"({"plugins": "a.so"})") == "config.plugins: is not an array");
+  CHECK(refusal(R"({"queues": [{"name": "a", "retry": {"initial_ms": 5000, "max_ms": 4000}}]})") ==
+        "config.queues[0].retry.max_ms: is below initial_ms (5000)");
+  CHECK(refusal(R"({"queues": [{"name": "a}:b"}]})") ==
+        "config.queues[0].name: \"a}:b\" holds '{' or '}', which would break its keys' hash tag");
 }
 
 TEST_CASE("settings - from_file names the file") {

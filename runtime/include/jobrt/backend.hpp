@@ -16,9 +16,15 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace jobrt {
+
+/// Throws std::invalid_argument when `queue` cannot name a queue: empty, or holding '{' or '}'.
+/// A queue's keys share the hash tag "{<queue>}"; a brace in a name would end the tag early, and
+/// the keys of queue "a}:b" would start with those of queue "a" (a purge of "a" would take them).
+void check_queue_name(std::string_view queue);
 
 /// A job ready to store: body is the encoded job (see job_codec), group "" for none,
 /// id "" to have the backend assign one.
