@@ -1,6 +1,7 @@
 #include <jobrt/log.hpp>
 #include <jobrt/redis/connection.hpp>
 
+#include "redis/handshake.hpp"
 #include "redis/multiplexer.hpp"
 #include "strand.hpp"
 
@@ -556,35 +557,13 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
 #endif
     }
 
-    // AUTH, SELECT and CLIENT SETNAME in one write, before any queued request.
-    request hello;
-    std::vector<std::string_view> names;
-    if (!cfg_.password.empty()) {
-      if (cfg_.username.empty())
-        hello.push("AUTH", cfg_.password);
-      else
-        hello.push("AUTH", cfg_.username, cfg_.password);
-      names.push_back("AUTH");
-    }
-    if (cfg_.database != 0) {
-      hello.push("SELECT", cfg_.database);
-      names.push_back("SELECT");
-    }
-    if (!cfg_.client_name.empty()) {
-      hello.push("CLIENT", "SETNAME", cfg_.client_name);
-      names.push_back("CLIENT SETNAME");
-    }
-    hello.push("CLIENT", "ID");
-    names.push_back("CLIENT ID");
-    // A server still loading its dataset accepts the lines above but refuses every other command
-    // with LOADING: the connection is not ready until PING answers.
-    hello.push("PING");
-    names.push_back("PING");
-    co_await asio::async_write(socket_, asio::buffer(hello.payload()), asio::use_awaitable);
+    // The handshake in one write, before any queued request (handshake.hpp).
+    handshake hello(cfg_);
+    co_await asio::async_write(socket_, asio::buffer(hello.commands().payload()), asio::use_awaitable);
 
     resp_parser parser;
     std::vector<reply> replies;
-    while (replies.size() < names.size()) {
+    while (replies.size() < hello.replies()) {
       reply r;
       auto res = parser.next(r);
       if (res == resp_parser::result::reply) {
@@ -596,18 +575,9 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         parser.feed(read_buffer_.data(), n);
       }
     }
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      if (!replies[i].is_error()) continue;
-      auto message = replies[i].error_message();
-      if (names[i] == "PING" && message.starts_with("LOADING"))
-        throw attempt_error(connect_failure::not_ready, "the server is still loading its dataset (LOADING)");
-      // AUTH, SELECT and CLIENT are refused for who we are (or the database we ask for), and
-      // so is a PING with NOPERM; another PING refusal (BUSY, MASTERDOWN) is the server's state.
-      bool denied = names[i] != "PING" || message.starts_with("NOPERM");
-      throw attempt_error(denied ? connect_failure::denied : connect_failure::not_ready,
-                          fmt::format("{} refused: {}", names[i], message));
-    }
-    client_id_ = replies[replies.size() - 2].as_integer();
+    auto said = hello.check(replies);
+    if (said.failure != connect_failure::none) throw attempt_error(said.failure, said.why);
+    client_id_ = said.client_id;
     last_read_ = clock::now();
   }
 
