@@ -71,17 +71,6 @@ class backends {
   std::vector<std::unique_ptr<backend>> made_;
 };
 
-// Waits until cond() holds, checking every few ms (test code: the runtime itself never polls).
-template <class Cond>
-awaitable<bool> eventually(Cond cond, std::chrono::milliseconds limit = std::chrono::seconds(30)) {
-  auto end = std::chrono::steady_clock::now() + limit;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > end) co_return false;
-    co_await sleep_for(std::chrono::milliseconds(5));
-  }
-  co_return true;
-}
-
 job_spec make_job(std::string type, boost::json::value payload, std::optional<std::string> group = {}) {
   job_spec s;
   s.type = std::move(type);

@@ -165,7 +165,7 @@ LOCK_CONFORMANCE("a waiter wakes within milliseconds of the release") {
     co_await sleep_for(std::chrono::milliseconds(100));  // the waiter sleeps on its 10 s backstop by now
     released = std::chrono::steady_clock::now();
     co_await held.unlock();
-    for (int i = 0; i < 200 && !finished; ++i) co_await sleep_for(std::chrono::milliseconds(1));
+    co_await eventually([&] { return finished; }, std::chrono::milliseconds(200));
     REQUIRE(fence > held.fence());
     auto handoff = std::chrono::duration_cast<std::chrono::microseconds>(taken - released);
     MESSAGE("hand-off " << handoff.count() << " us");
@@ -241,7 +241,7 @@ LOCK_CONFORMANCE("20 coroutines on 2 services: no lost update and fences in hold
           },
           asio::detached);
     }
-    for (int i = 0; i < 3000 && done < 20; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually([&] { return done >= 20; }, std::chrono::milliseconds(15000));
     REQUIRE(done == 20);
     CHECK(counter == 200);
     CHECK(max_holders == 1);
@@ -296,7 +296,7 @@ awaitable<fifo_run> fifo_waiters(asio::io_context& ctx, services& s, const std::
   if (gap.count() == 0) co_await sleep_for(std::chrono::milliseconds(50));  // all queued
   auto t0 = std::chrono::steady_clock::now();
   co_await held.unlock();
-  for (int i = 0; i < 400 && done < count; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+  co_await eventually([&] { return done >= count; }, std::chrono::milliseconds(2000));
   run.took = since(t0);
   REQUIRE(done == count);
   co_return run;
@@ -393,7 +393,7 @@ LOCK_CONFORMANCE("fifo: a waiter cancelled while its batch is open leaves no tic
     CHECK(aborted);
     auto t0 = std::chrono::steady_clock::now();
     co_await held.unlock();
-    for (int i = 0; i < 400 && !got; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually([&] { return got; }, std::chrono::milliseconds(2000));
     REQUIRE(got);
     CHECK(since(t0) < std::chrono::milliseconds(1000));
   });
@@ -424,7 +424,7 @@ LOCK_CONFORMANCE("fifo: a waiter that gives up leaves the queue") {
     co_await sleep_for(std::chrono::milliseconds(50));
     auto t0 = std::chrono::steady_clock::now();
     co_await held.unlock();
-    for (int i = 0; i < 200 && !got; ++i) co_await sleep_for(std::chrono::milliseconds(1));
+    co_await eventually([&] { return got; }, std::chrono::milliseconds(200));
     REQUIRE(got);
     CHECK(got_at - t0 < std::chrono::milliseconds(100));
   });
@@ -540,7 +540,7 @@ LOCK_CONFORMANCE("a burst of waiters behind a holder that dies gets the lock at 
     // One leaves early: those queued behind it without asking must not be stranded.
     lock_options impatient = opts(std::chrono::milliseconds(300), std::chrono::milliseconds(50));
     CHECK(co_await error_of(b.lock(name, impatient)) == lock_error::timeout);
-    for (int i = 0; i < 200 && unlocked < 5; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually([&] { return unlocked >= 5; }, std::chrono::milliseconds(1000));
     REQUIRE(unlocked == 5);
     CHECK(taken.front() >= std::chrono::milliseconds(250));
     CHECK(taken.back() < std::chrono::milliseconds(700));
@@ -576,7 +576,7 @@ LOCK_CONFORMANCE("local hand-offs do not starve a waiter of another service") {
     auto l = co_await b.lock(name, opts(std::chrono::seconds(5)));
     a_holds_before_b = a_holds;
     co_await l.unlock();
-    for (int i = 0; i < 1000 && a_done < coroutines; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually([&] { return a_done >= coroutines; }, std::chrono::milliseconds(5000));
     REQUIRE(a_done == coroutines);
     MESSAGE("service b got the lock after " << a_holds_before_b << " of " << coroutines * rounds << " holds by a, "
                                             << a_holds_before_b - a_holds_when_b_asked << " of them after b asked");

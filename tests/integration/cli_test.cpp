@@ -96,14 +96,12 @@ finished jobrt_cli(const std::vector<std::string>& args, const std::vector<std::
 
 // Waits (bounded) until the file has `text`.
 bool wait_for_text(const std::string& file, std::string_view text, std::chrono::seconds limit) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  for (;;) {
-    std::ifstream in(file);
-    std::string all(std::istreambuf_iterator<char>(in), {});
-    if (all.find(text) != std::string::npos) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  return eventually_here(
+      [&] {
+        std::ifstream in(file);
+        return std::string(std::istreambuf_iterator<char>(in), {}).find(text) != std::string::npos;
+      },
+      limit);
 }
 
 // Waits (bounded) until the queue's counts satisfy `done`; returns the last counts read.
@@ -112,12 +110,10 @@ queue_counts wait_counts(const redis::config& cfg, const std::string& queue, Don
   queue_counts counts;
   run([&](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), cfg);
-    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    for (;;) {
+    co_await eventually([&]() -> awaitable<bool> {
       counts = co_await store.counts(queue);
-      if (done(counts) || std::chrono::steady_clock::now() > end) break;
-      co_await sleep_for(std::chrono::milliseconds(20));
-    }
+      co_return done(counts);
+    });
   });
   return counts;
 }
@@ -126,15 +122,10 @@ std::string url_of(const redis::config& cfg) { return fmt::format("redis://{}:{}
 
 // wait_for, bounded: a process still running after `limit` is killed (status -1).
 finished wait_at_most(pid_t pid, const std::string& out, std::chrono::seconds limit) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
   int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!eventually_here([&] { return ::waitpid(pid, &status, WNOHANG) != 0; }, limit)) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
   }
   return ended(status, out);
 }
@@ -371,10 +362,12 @@ TEST_CASE("a mixed fleet: a worker without a job's handler hands it back and eve
   run(
       [&](asio::io_context& ctx) -> awaitable<void> {
         redis_backend store(ctx.get_executor(), cfg);
-        for (int i = 0; i < 3000 && counts.completed + counts.dead < 1000; ++i) {
-          counts = co_await store.counts(queue);
-          co_await sleep_for(std::chrono::milliseconds(20));
-        }
+        co_await eventually(
+            [&]() -> awaitable<bool> {
+              counts = co_await store.counts(queue);
+              co_return counts.completed + counts.dead >= 1000;
+            },
+            60s);
       },
       std::chrono::seconds(90));
   ::kill(noop, SIGTERM);
@@ -408,10 +401,10 @@ TEST_CASE("jobrt worker logs a dead letter with its job's id, grouped or not, an
   std::vector<dead_letter> letters;
   run([&](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), cfg);
-    for (int i = 0; i < 500 && letters.size() < 3; ++i) {
+    co_await eventually([&]() -> awaitable<bool> {
       letters = co_await store.dead_letters(queue, 0, 10);
-      if (letters.size() < 3) co_await sleep_for(std::chrono::milliseconds(10));
-    }
+      co_return letters.size() >= 3;
+    });
   });
   ::kill(pid, SIGTERM);
   CHECK(wait_for(pid, out).status == 0);
@@ -485,20 +478,19 @@ TEST_CASE("jobrt worker serves Prometheus metrics on loopback") {
   run([&](asio::io_context& ctx) -> awaitable<void> {
     // The worker prints where it listens (port 0 picked one).
     unsigned short port = 0;
-    for (int i = 0; i < 500 && port == 0; ++i) {
-      co_await sleep_for(std::chrono::milliseconds(10));
+    co_await eventually([&] {
       std::ifstream in(out);
       std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
       auto at = text.find("metrics at http://127.0.0.1:");
       if (at != std::string::npos) port = static_cast<unsigned short>(std::stoi(text.substr(at + 28)));
-    }
+      return port != 0;
+    });
     REQUIRE(port != 0);
     redis_backend store(ctx.get_executor(), cfg);
-    for (int i = 0; i < 500; ++i) {  // both finished: the 25 noops and the failing sleep
+    co_await eventually([&]() -> awaitable<bool> {  // both finished: the 25 noops and the failing sleep
       auto c = co_await store.counts(queue);
-      if (c.completed == 25 && c.dead == 1 && c.running == 0) break;
-      co_await sleep_for(std::chrono::milliseconds(10));
-    }
+      co_return c.completed == 25 && c.dead == 1 && c.running == 0;
+    });
     auto get = [&](std::string target) -> awaitable<std::string> {
       asio::ip::tcp::socket s(ctx);
       co_await s.async_connect({asio::ip::make_address("127.0.0.1"), port}, asio::use_awaitable);
@@ -554,17 +546,17 @@ TEST_CASE("the example HTTP server enqueues a job per POST and runs them on its 
   std::string stats;
   run([&](asio::io_context& ctx) -> awaitable<void> {
     unsigned short port = 0;
-    for (int i = 0; i < 500 && port == 0; ++i) {
-      co_await sleep_for(std::chrono::milliseconds(10));
+    co_await eventually([&] {
       std::ifstream in(out);
       std::string line;
       // "listening on PORT\n", read only once the whole line is there (the file is being written).
-      if (!std::getline(in, line) || in.eof()) continue;
+      if (!std::getline(in, line) || in.eof()) return false;
       std::istringstream words(line);
       std::string word;
-      if (words >> word >> word >> port) break;
+      if (words >> word >> word >> port) return true;
       port = 0;
-    }
+      return false;
+    });
     REQUIRE(port != 0);
     auto call = [&](std::string method, std::string target, std::string body) -> awaitable<std::string> {
       asio::ip::tcp::socket s(ctx);
@@ -583,13 +575,11 @@ TEST_CASE("the example HTTP server enqueues a job per POST and runs them on its 
           "POST", "/jobs", fmt::format(R"({{"type":"greet","payload":{{"i":{}}},"group":"g{}"}})", i, i % 3)));
     answers.push_back(co_await call("POST", "/jobs", "{not json"));
     answers.push_back(co_await call("POST", "/jobs", R"({"payload":{}})"));
-    for (int i = 0; i < 500; ++i) {
+    co_await eventually([&]() -> awaitable<bool> {
       stats = co_await call("GET", "/stats", "");
       // A handler is done before its finish reaches the queue's counters: wait for both.
-      if (stats.find(R"("done":20)") != std::string::npos && stats.find(R"("completed":20)") != std::string::npos)
-        break;
-      co_await sleep_for(std::chrono::milliseconds(10));
-    }
+      co_return stats.find(R"("done":20)") != std::string::npos&& stats.find(R"("completed":20)") != std::string::npos;
+    });
   });
   ::kill(pid, SIGTERM);
   int status = 0;

@@ -84,35 +84,37 @@ class processes {
 
   /// Waits (bounded) for every process to end; their exit codes, -1 for one still running.
   awaitable<std::vector<int>> wait_all(std::chrono::milliseconds limit) {
-    auto end = std::chrono::steady_clock::now() + limit;
     std::vector<int> codes(pids_.size(), -1);
-    for (;;) {
-      bool running = false;
-      for (std::size_t i = 0; i < pids_.size(); ++i) {
-        if (pids_[i] <= 0) continue;
-        int status = 0;
-        if (::waitpid(pids_[i], &status, WNOHANG) == pids_[i]) {
-          codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-          pids_[i] = -1;
-        } else {
-          running = true;
-        }
-      }
-      if (!running || std::chrono::steady_clock::now() > end) co_return codes;
-      co_await sleep_for(std::chrono::milliseconds(20));
-    }
+    co_await eventually(
+        [&] {
+          bool running = false;
+          for (std::size_t i = 0; i < pids_.size(); ++i) {
+            if (pids_[i] <= 0) continue;
+            int status = 0;
+            if (::waitpid(pids_[i], &status, WNOHANG) == pids_[i]) {
+              codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+              pids_[i] = -1;
+            } else {
+              running = true;
+            }
+          }
+          return !running;
+        },
+        limit);
+    co_return codes;
   }
 
   /// Waits (bounded) until the file exists and is not empty; its text.
   static awaitable<std::string> file(const std::string& p, std::chrono::milliseconds limit) {
-    auto end = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < end) {
+    std::string text;
+    auto whole = [&] {
       std::ifstream in(p);
-      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      if (!text.empty() && text.back() == '\n') co_return text;
-      co_await sleep_for(std::chrono::milliseconds(5));
-    }
-    co_return std::string();
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      return !text.empty() && text.back() == '\n';
+    };
+    bool written = co_await eventually(whole, limit);  // (not in a ?: GCC 12 mishandles co_await there)
+    if (!written) text.clear();
+    co_return text;
   }
 
  private:
@@ -236,7 +238,7 @@ TEST_CASE("redis lock: a streak of local hand-offs yields to another service onc
     };
     asio::co_spawn(ctx, turns(), asio::detached);
     asio::co_spawn(ctx, turns(), asio::detached);
-    for (int i = 0; i < 2000 && done < 2; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually([&] { return done >= 2; }, std::chrono::milliseconds(10000));
     REQUIRE(done == 2);
     // Once per mark, at the first release after it (the streak was past 8 both times).
     REQUIRE(reserved.size() == 2);
@@ -269,11 +271,14 @@ TEST_CASE("redis lock: a service's mark goes with its last release, not left to 
     asio::co_spawn(
         ctx, [&]() -> awaitable<void> { second = co_await locks.lock(name, opts(std::chrono::seconds(5))); },
         asio::detached);
-    for (int i = 0; i < 200 && redis_cli(cfg, {"EXISTS", key + ":ws"}) != ":1\r\n"; ++i)
-      co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually(
+        [&] {
+          return redis_cli(cfg, {"EXISTS", key + ":ws"}) == ":1\r\n";
+        },
+        std::chrono::milliseconds(1000));
     REQUIRE(redis_cli(cfg, {"HLEN", key + ":ws"}) == ":1\r\n");
     CHECK(co_await first.unlock());  // handed to the second, in the script
-    for (int i = 0; i < 200 && !second; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually([&] { return second.has_value(); }, std::chrono::milliseconds(1000));
     REQUIRE(second);
     CHECK(co_await second->unlock());  // nobody of its own left: its mark goes
     CHECK(redis_cli(cfg, {"EXISTS", key + ":ws"}) == ":0\r\n");
@@ -295,8 +300,8 @@ TEST_CASE("redis lock: the key deleted by an operator fires the holder's signal 
     co_await sleep_for(std::chrono::milliseconds(50));
     auto deleted = std::chrono::steady_clock::now();
     CHECK(redis_cli(cfg, {"DEL", "jobrt:lock:{" + name + "}"}) == ":1\r\n");
-    for (int i = 0; i < 100 && fired == std::chrono::steady_clock::time_point{}; ++i)
-      co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually([&] { return fired != std::chrono::steady_clock::time_point{}; },
+                        std::chrono::milliseconds(500));
     REQUIRE(held.lost());
     auto after = std::chrono::duration_cast<std::chrono::milliseconds>(fired - deleted);
     MESSAGE("signalled " << after.count() << " ms after the DEL (watchdog period 200 ms)");
@@ -338,7 +343,7 @@ TEST_CASE("redis lock: a FIFO waiter that learns late that it was handed the loc
     // The release script's hand-off, with no message.
     CHECK(redis_cli(cfg, {"SET", key, token, "PX", "3000"}) == "+OK\r\n");
     redis_cli(cfg, {"ZREM", key + ":fq", token});
-    for (int i = 0; i < 300 && !got; ++i) co_await sleep_for(std::chrono::milliseconds(10));
+    co_await eventually([&] { return got.has_value(); }, std::chrono::milliseconds(3000));
     REQUIRE(got);
     auto pttl = std::stol(redis_cli(cfg, {"PTTL", key}).substr(1));
     MESSAGE("the key's ttl when the waiter took the lock: " << pttl << " ms of 3000");
@@ -403,7 +408,7 @@ TEST_CASE("redis lock: redis-server restart while locks are held and waiters wai
         server.stop(true);
         co_await sleep_for(std::chrono::milliseconds(300));
         server.start();  // no persistence: the lock is gone
-        for (int i = 0; i < 1000 && taken < 5; ++i) co_await sleep_for(std::chrono::milliseconds(10));
+        co_await eventually([&] { return taken >= 5; }, std::chrono::milliseconds(10000));
         CHECK(taken == 5);
         CHECK(held.lost());
         CHECK(signalled);

@@ -131,13 +131,12 @@ class worker_processes {
 
   /// Waits (bounded) until every worker has ended; false on timeout.
   awaitable<bool> wait_all(std::chrono::milliseconds limit) {
-    auto end = std::chrono::steady_clock::now() + limit;
-    for (;;) {
-      ended();
-      if (std::none_of(pids_.begin(), pids_.end(), [](pid_t p) { return p > 0; })) co_return true;
-      if (std::chrono::steady_clock::now() > end) co_return false;
-      co_await sleep_for(std::chrono::milliseconds(10));
-    }
+    co_return co_await eventually(
+        [&] {
+          ended();
+          return std::none_of(pids_.begin(), pids_.end(), [](pid_t p) { return p > 0; });
+        },
+        limit);
   }
 
   bool exited_cleanly(std::size_t i) const {

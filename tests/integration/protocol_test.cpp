@@ -108,8 +108,7 @@ TEST_CASE("jobs enqueued with redis-cli by the protocol document run on a C++ wo
       co_return;
     });
     w.start();
-    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (ran.size() < 5 && std::chrono::steady_clock::now() < end) co_await sleep_for(std::chrono::milliseconds(10));
+    CHECK(co_await eventually([&] { return ran.size() == 5; }, 10s));
     co_await w.stop(std::chrono::seconds(5));
     REQUIRE(ran.size() == 5);
     // The group's jobs in their order: the delayed order-3, enqueued first, joined the group when
@@ -178,9 +177,8 @@ TEST_CASE("enqueue.lua refuses a bad due time or an all-digit id before it write
       co_return;
     });
     w.start();
-    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while ((co_await store.counts(queue)).completed < 3 && std::chrono::steady_clock::now() < end)
-      co_await sleep_for(std::chrono::milliseconds(10));
+    CHECK(co_await eventually([&]() -> awaitable<bool> { co_return (co_await store.counts(queue)).completed == 3; },
+                              10s));
     co_await w.stop(std::chrono::seconds(5));
     CHECK(ran == 3);  // "u":true is a flag too, not a malformed job
   });

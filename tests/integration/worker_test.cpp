@@ -245,15 +245,33 @@ TEST_CASE("a worker whose BLMOVE the server refuses backs off instead of asking 
     job_spec s;
     s.type = "t";
     co_await prod.enqueue(s);
-    for (int i = 0; i < 1000 && ran == 0; ++i) co_await sleep_for(std::chrono::milliseconds(10));
+    co_await eventually([&] { return ran != 0; }, std::chrono::milliseconds(10000));
     CHECK(ran == 1);  // a claim without BLMOVE takes it
     co_await w.stop(std::chrono::seconds(1));
   });
 }
 
+namespace {
+
+// Whether a client named `name` is blocked in BLMOVE on the server right now (CLIENT LIST:
+// cmd=blmove, flags with b): a worker idle in its blocking claim, seen from the server.
+awaitable<bool> blocked_in_blmove(redis::connection& conn, std::string name) {
+  auto list = co_await redis::exec(conn, redis::request("CLIENT", "LIST"));
+  std::istringstream lines{std::string(list.as_string())};
+  for (std::string line; std::getline(lines, line);)
+    if (line.find(fmt::format(" name={} ", name)) != std::string::npos &&
+        line.find(" cmd=blmove") != std::string::npos && line.find(" flags=b") != std::string::npos)
+      co_return true;
+  co_return false;
+}
+
+}  // namespace
+
 TEST_CASE("stop ends an idle worker's blocking claim at once - the claim behind it answers, and its lease goes back") {
   run([](asio::io_context& ctx) -> awaitable<void> {
-    redis_backend store(ctx.get_executor(), shared_redis());
+    auto cfg = shared_redis();
+    cfg.client_name = key_prefix() + "unblock";  // its blocking connection: <name>:blocking
+    redis_backend store(ctx.get_executor(), cfg);
     std::string queue = key_prefix() + "q";
     auto p = redis_backend::key_prefix(queue);
     worker_options o;
@@ -267,7 +285,7 @@ TEST_CASE("stop ends an idle worker's blocking claim at once - the claim behind 
       co_return;
     });
     w.start();
-    co_await sleep_for(std::chrono::milliseconds(300));  // idle: BLMOVE waits on ready
+    CHECK(co_await eventually([&] { return blocked_in_blmove(store.connection(), cfg.client_name + ":blocking"); }));
     // A lane in the worker's claimed list, which BLMOVE does not watch and the claim behind it
     // takes first: as if BLMOVE had returned it just as the stop came. Abandoned, that claim
     // never ran (the connection was dropped under BLMOVE), or its lease was left to expire.
@@ -298,7 +316,9 @@ TEST_CASE("stop ends an idle worker's blocking claim soon also where CLIENT UNBL
     worker w(ctx.get_executor(), store, o);
     w.add_handler("t", [](job_context&) -> awaitable<void> { co_return; });
     w.start();
-    co_await sleep_for(std::chrono::milliseconds(300));  // idle: BLMOVE waits on ready
+    redis::connection admin(ctx.get_executor(), server.config());
+    admin.start();
+    CHECK(co_await eventually([&] { return blocked_in_blmove(admin, "jobrt:blocking"); }));
     auto took = co_await timed_stop(w, std::chrono::seconds(1));
     CHECK(took < std::chrono::milliseconds(2000));  // not the 5 s of claim_wait
   });
@@ -351,7 +371,7 @@ TEST_CASE("malformed jobs written by another producer are dead-lettered and the 
     good.type = "ok";
     producer p(store, queue);
     co_await p.enqueue(good);
-    for (int i = 0; i < 400 && ran == 0; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually([&] { return ran != 0; }, std::chrono::milliseconds(2000));
     CHECK(ran == 1);
     co_await w.stop(std::chrono::seconds(1));  // its finishes are all in, then
     auto counts = co_await store.counts(queue);
@@ -420,8 +440,7 @@ TEST_CASE("malformed records inside a group are dead-lettered and the rest of th
       for (auto& [g, list] : ran) n += list.size();
       return n;
     };
-    for (int i = 0; i < 1000 && (total() < 6 || w.counters().failed < 2); ++i)
-      co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually([&] { return total() >= 6 && w.counters().failed >= 2; }, std::chrono::milliseconds(5000));
     co_await w.stop(std::chrono::seconds(1));  // its finishes are all in, then
     CHECK(ran["bad"] == std::vector<std::int64_t>{1, 2, 3});
     CHECK(ran["fine"] == std::vector<std::int64_t>{1, 2});
@@ -485,7 +504,7 @@ TEST_CASE("lanes a dead worker took with BLMOVE but never started go back to the
       co_return;
     });
     w.start();
-    for (int i = 0; i < 400 && ran == 0; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually([&] { return ran != 0; }, std::chrono::milliseconds(2000));
     CHECK(ran == 1);
     auto left = co_await redis::exec(store.connection(), redis::request("EXISTS", p + "claimed:dead-worker"));
     CHECK(left.as_integer() == 0);
@@ -826,7 +845,7 @@ TEST_CASE("a keep whose answer comes during stop's grace hands its follower back
     specs[1].group = specs[2].group = "g";
     auto ids = co_await p.enqueue_bulk(std::move(specs));
     w.start();
-    for (int i = 0; i < 2000 && !first_done; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually([&] { return first_done; }, std::chrono::milliseconds(10000));
     REQUIRE(first_done);
     auto begun = std::chrono::steady_clock::now();
     co_await w.stop(std::chrono::milliseconds(2500));
@@ -844,7 +863,7 @@ TEST_CASE("a keep whose answer comes during stop's grace hands its follower back
     });
     next.add_handler("slow", [&](job_context&) -> awaitable<void> { co_return; });
     next.start();
-    for (int i = 0; i < 2000 && attempt == 0; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually([&] { return attempt != 0; }, std::chrono::milliseconds(10000));
     CHECK(attempt == 1);
     co_await next.stop(std::chrono::seconds(5));
   });
@@ -878,7 +897,7 @@ TEST_CASE("a keep answered after its lease's local end hands the follower back: 
     job_spec first;
     first.type = "k";
     co_await p.enqueue(first);
-    for (int i = 0; i < 1000 && w.counters().completed == 0; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually([&] { return w.counters().completed != 0; }, std::chrono::milliseconds(5000));
     std::vector<job_spec> specs(2);
     for (auto& s : specs) {
       s.type = "k";
@@ -886,12 +905,12 @@ TEST_CASE("a keep answered after its lease's local end hands the follower back: 
     }
     specs[1].max_attempts = 1;  // an attempt counted for a run that never happened: dead-lettered
     auto ids = co_await p.enqueue_bulk(std::move(specs));
-    for (int i = 0; i < 1000 && runs.size() < 2; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually([&] { return runs.size() >= 2; }, std::chrono::milliseconds(5000));
     REQUIRE(runs.size() == 2);
     // Longer than the TTL, shorter than two health intervals (the connection is not given up).
     co_await sleep_for(std::chrono::milliseconds(900));
     relay.hold(false);
-    for (int i = 0; i < 1000 && runs.size() < 3; ++i) co_await sleep_for(std::chrono::milliseconds(5));
+    co_await eventually([&] { return runs.size() >= 3; }, std::chrono::milliseconds(5000));
     REQUIRE(runs.size() == 3);
     CHECK(runs[1].first == ids[0].id);
     CHECK(runs[2].first == ids[1].id);
@@ -1053,16 +1072,6 @@ TEST_CASE("check reports a job in two places and a lease on a group with no jobs
 
 namespace {
 
-template <class Cond>
-awaitable<bool> wait_until(Cond cond, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
-  auto end = std::chrono::steady_clock::now() + limit;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > end) co_return false;
-    co_await sleep_for(std::chrono::milliseconds(5));
-  }
-  co_return true;
-}
-
 // The ids of the clients whose name starts with `name` (a backend's blocking and subscriber
 // connections are named <name>:blocking and <name>:wakeups).
 std::vector<std::string> clients_named(const redis::config& cfg, std::string_view name) {
@@ -1102,18 +1111,18 @@ TEST_CASE("a worker survives CLIENT KILL of each of its connections") {
     s.type = "t";
     s.group = "g";
     co_await p.enqueue(s);
-    CHECK(co_await wait_until([&] { return done == 1; }));
+    CHECK(co_await eventually([&] { return done == 1; }));
     // Shared, blocking and subscriber connections all carry the name: kill them all, three times.
     for (int round = 0; round < 3; ++round) {
       // All three back (a reconnect may still be in its backoff after the last round).
       std::vector<std::string> victims;
-      CHECK(co_await wait_until([&] { return (victims = clients_named(server.config(), "victim")).size() == 3; }));
+      CHECK(co_await eventually([&] { return (victims = clients_named(server.config(), "victim")).size() == 3; }));
       for (auto& id : victims) redis_cli(server.config(), {"CLIENT", "KILL", "ID", id});
       co_await p.enqueue(s);  // an idle worker wakes for it...
       auto later = s;
       later.delay = std::chrono::milliseconds(300);  // ...and its promoter for this one
       co_await p.enqueue(later);
-      CHECK(co_await wait_until([&] { return done == 3 + 2 * round; }));
+      CHECK(co_await eventually([&] { return done == 3 + 2 * round; }));
     }
     co_await w.stop(std::chrono::seconds(5));
     CHECK(w.counters().leases_lost == 0);
@@ -1142,12 +1151,12 @@ TEST_CASE("a lease held across a redis-server restart is renewed and its job run
     s.type = "t";
     s.group = "g";
     co_await p.enqueue(s);
-    CHECK(co_await wait_until([&] { return starts == 1; }));
+    CHECK(co_await eventually([&] { return starts == 1; }));
     co_await sleep_for(std::chrono::milliseconds(300));
     server.stop(true);  // SIGKILL: the append-only file has every acknowledged write
     co_await sleep_for(std::chrono::milliseconds(200));
     server.start();
-    CHECK(co_await wait_until([&] { return w.counters().completed == 1; }));
+    CHECK(co_await eventually([&] { return w.counters().completed == 1; }));
     co_await sleep_for(std::chrono::milliseconds(1000));  // a second run would start by now
     co_await w.stop(std::chrono::seconds(5));
     CHECK(starts == 1);
@@ -1184,12 +1193,12 @@ TEST_CASE(
       cancelled_at = std::chrono::steady_clock::now();
     });
     w->start();
-    CHECK(co_await wait_until([&] { return w->in_flight() == 1; }));
+    CHECK(co_await eventually([&] { return w->in_flight() == 1; }));
     server.stop(true);
     down = std::chrono::steady_clock::now();
     // No renewal can reach the server: within the TTL and a watchdog period the lease is
     // given up here, as the server will find it expired.
-    CHECK(co_await wait_until([&] { return cancelled; }));
+    CHECK(co_await eventually([&] { return cancelled; }));
     CHECK(cancelled_at - down <= lease_ttl + lease_ttl / 3 + std::chrono::milliseconds(300));
     CHECK(w->counters().leases_lost == 1);
     auto stop_began = std::chrono::steady_clock::now();
@@ -1205,7 +1214,7 @@ TEST_CASE(
       co_return;
     });
     again.start();
-    CHECK(co_await wait_until([&] { return again.counters().completed == 1; }));
+    CHECK(co_await eventually([&] { return again.counters().completed == 1; }));
     co_await again.stop(std::chrono::seconds(5));
     CHECK(attempt == 2);
   });

@@ -1,4 +1,5 @@
 #include "support/redis_server.hpp"
+#include "support/run.hpp"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -104,12 +105,11 @@ void redis_server::start() {
   if (::posix_spawnp(&pid_, "redis-server", nullptr, nullptr, argv.data(), environ) != 0)
     throw std::runtime_error("cannot start redis-server (is it installed?)");
   // Wait until it answers (bounded).
-  std::string ping_reply;
-  for (int i = 0; i < 500; ++i) {
+  auto answers = [&] {
     std::string r = raw_command(port_, {"PING"}, std::chrono::milliseconds(200));
-    if (r.starts_with("+PONG") || r.starts_with("-NOAUTH")) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+    return r.starts_with("+PONG") || r.starts_with("-NOAUTH");
+  };
+  if (eventually_here(answers, std::chrono::seconds(10))) return;
   throw std::runtime_error(fmt::format("redis-server on port {} did not come up", port_));
 }
 

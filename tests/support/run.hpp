@@ -12,6 +12,8 @@
 #include <chrono>
 #include <exception>
 #include <functional>
+#include <thread>
+#include <type_traits>
 
 namespace jobrt::test {
 
@@ -39,6 +41,36 @@ inline boost::asio::awaitable<void> sleep_for(std::chrono::milliseconds d) {
   boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
   t.expires_after(d);
   co_await t.async_wait(boost::asio::use_awaitable);
+}
+
+/// Waits until `ready()` holds, asking every 5 ms, for at most `limit`; returns its last answer.
+/// `ready` returns bool, or awaitable<bool> (a question to a backend or a server). What a test
+/// waits for is a condition (a count reached, a client blocked, a file written), never a time.
+template <class Ready>
+boost::asio::awaitable<bool> eventually(Ready ready, std::chrono::milliseconds limit = 30s) {
+  auto ask = [&]() -> boost::asio::awaitable<bool> {
+    if constexpr (std::is_same_v<decltype(ready()), boost::asio::awaitable<bool>>)
+      co_return co_await ready();
+    else
+      co_return static_cast<bool>(ready());
+  };
+  auto end = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    if (co_await ask()) co_return true;
+    if (std::chrono::steady_clock::now() > end) co_return false;
+    co_await sleep_for(5ms);
+  }
+}
+
+/// The same for a test body that is not a coroutine (a thread of its own).
+template <class Ready>
+bool eventually_here(Ready ready, std::chrono::milliseconds limit = 30s) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    if (ready()) return true;
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(5ms);
+  }
 }
 
 }  // namespace jobrt::test
