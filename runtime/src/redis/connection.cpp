@@ -3,6 +3,7 @@
 
 #include "redis/handshake.hpp"
 #include "redis/multiplexer.hpp"
+#include "redis/subscriptions.hpp"
 #include "strand.hpp"
 
 #include <fmt/format.h>
@@ -217,17 +218,13 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
 
   void change_subscriptions(std::vector<std::string> names, bool pattern, bool add) {
     asio::post(strand_, [self = shared_from_this(), names = std::move(names), pattern, add]() mutable {
-      auto& set = pattern ? self->patterns_ : self->channels_;
-      std::vector<std::string> changed;
-      for (auto& n : names)
-        if (add ? set.insert(n).second : set.erase(n) > 0) changed.push_back(std::move(n));
-      if (changed.empty() || !self->connected_) return;  // (re)connecting sends the whole set
-      const char* command = add ? (pattern ? "PSUBSCRIBE" : "SUBSCRIBE") : (pattern ? "PUNSUBSCRIBE" : "UNSUBSCRIBE");
-      auto confirmed = [self = self.get(), add, pattern, command, names = changed](error_code ec, reply& r) {
+      auto command = self->subs_.change(std::move(names), pattern, add);
+      if (!command || !self->connected_) return;  // (re)connecting sends the whole set
+      auto confirmed = [self = self.get(), add, c = *command](error_code ec, reply& r) {
         if (!ec && add) self->deliver(message{{}, {}, {}, true});
-        if (ec == error::server_error && add) self->refused(command, r, names, pattern);
+        if (ec == error::server_error && add) self->refused(c.name, r, c.names, c.pattern);
       };
-      self->send_internal(request(command, changed), changed.size(), confirmed);
+      self->send_internal(request(command->name, command->names), command->names.size(), confirmed);
     });
   }
 
@@ -254,10 +251,9 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     asio::dispatch(strand_, [self = shared_from_this(), op = std::move(op)]() mutable {
       if (self->closed_)
         post_completion(std::move(op->handler), self->ex_, error_code(error::closed), message{});
-      else if (!self->messages_.empty()) {
-        post_completion(std::move(op->handler), self->ex_, error_code(), std::move(self->messages_.front()));
-        self->messages_.pop_front();
-      } else
+      else if (auto m = self->subs_.next())
+        post_completion(std::move(op->handler), self->ex_, error_code(), std::move(*m));
+      else
         self->receivers_.push_back(std::move(op));
     });
   }
@@ -345,29 +341,21 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   // --- pub/sub ---
 
   bool on_push(reply& r) {
-    if (r.kind() != reply_kind::array) return false;
-    auto& e = r.as_array();
-    if (e.empty() || e[0].kind() != reply_kind::string) return false;
-    const std::string& kind = e[0].as_string();
-    // The reply is ours and dropped after this: its strings move into the message.
-    auto take = [](reply& part) { return std::move(const_cast<std::string&>(part.as_string())); };
-    if (kind == "message" && e.size() == 3 && e[1].kind() == reply_kind::string && e[2].kind() == reply_kind::string)
-      deliver(message{take(e[1]), take(e[2]), {}, false});
-    else if (kind == "pmessage" && e.size() == 4 && e[2].kind() == reply_kind::string &&
-             e[3].kind() == reply_kind::string)
-      deliver(message{take(e[2]), take(e[3]), take(e[1]), false});
-    else
-      return false;
-    return true;
+    auto m = subscriptions::from_push(r);
+    if (m) deliver(std::move(*m));
+    return m.has_value();
   }
 
   void deliver(message m) {
     if (receivers_.empty()) {
-      if (messages_.size() >= std::max<std::size_t>(cfg_.max_queued_messages, 1) && !m.confirmation) {
-        overflow();
-        return;
+      // Nobody receives as fast as messages come: rather than grow without end, the queue is
+      // replaced by a notice, which tells receivers that messages were missed.
+      if (auto dropped = subs_.queue(std::move(m), cfg_.max_queued_messages)) {
+        auto text = fmt::format("subscriber to {}: {} messages queued and none received; dropped for a notice",
+                                cfg_.address(), dropped);
+        jobrt::log(log_level::warn, "redis", "{}", text);
+        set_last_error(std::move(text));
       }
-      messages_.push_back(std::move(m));
       return;
     }
     auto op = std::move(receivers_.front());
@@ -378,44 +366,29 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     complete_handler(true, std::move(op->handler), ex_, error_code(), std::move(m));
   }
 
-  // Nobody receives as fast as messages come: rather than grow without end, the queue is
-  // replaced by a notice, which tells receivers that messages were missed.
-  void overflow() {
-    auto text = fmt::format("subscriber to {}: {} messages queued and none received; dropped for a notice",
-                            cfg_.address(), messages_.size() + 1);
-    messages_.clear();
-    messages_.push_back(message{{}, {}, {}, true});
-    jobrt::log(log_level::warn, "redis", "{}", text);
-    set_last_error(std::move(text));
-  }
-
   // A subscription the server refused (an ACL user without the channel, say): the server answers
   // the whole command with one error. It is dropped (asking again at each reconnect would only be
   // refused again), logged, and kept as the connection's last error: nothing else would tell.
   void refused(const char* command, const reply& r, const std::vector<std::string>& names, bool pattern) {
-    auto& set = pattern ? patterns_ : channels_;
-    for (const auto& n : names) set.erase(n);
+    subs_.forget(names, pattern);
     auto text = fmt::format("{} {} refused by {}: {}", command, fmt::join(names, " "), cfg_.address(),
                             r.is_error() ? r.error_message() : std::string_view("no reason given"));
     jobrt::log(log_level::warn, "redis", "{} (no messages will come from it)", text);
     set_last_error(std::move(text));
   }
 
+  // After a (re)connect: everything held, and one confirmation notice once all of it is in place.
   void resubscribe() {
-    std::size_t pending_confirmations = channels_.size() + patterns_.size();
-    if (pending_confirmations == 0) return;
-    auto remaining = std::make_shared<std::size_t>(0);
-    auto send = [&](const char* command, const std::set<std::string>& set, bool pattern) {
-      ++*remaining;
-      std::vector<std::string> names(set.begin(), set.end());
-      auto confirmed = [this, remaining, command, names, pattern](error_code ec, reply& r) {
-        if (ec == error::server_error) refused(command, r, names, pattern);
+    auto commands = subs_.resubscribe();
+    if (commands.empty()) return;
+    auto remaining = std::make_shared<std::size_t>(commands.size());
+    for (auto& c : commands) {
+      auto confirmed = [this, remaining, c](error_code ec, reply& r) {
+        if (ec == error::server_error) refused(c.name, r, c.names, c.pattern);
         if ((!ec || ec == error::server_error) && --*remaining == 0) deliver(message{{}, {}, {}, true});
       };
-      send_internal(request(command, names), names.size(), confirmed);
-    };
-    if (!channels_.empty()) send("SUBSCRIBE", channels_, false);
-    if (!patterns_.empty()) send("PSUBSCRIBE", patterns_, true);
+      send_internal(request(c.name, c.names), c.names.size(), confirmed);
+    }
   }
 
   // --- the loops ---
@@ -694,9 +667,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   std::string last_error_;
   connect_failure last_failure_ = connect_failure::none;
   // subscriber
-  std::set<std::string> channels_;
-  std::set<std::string> patterns_;
-  std::deque<message> messages_;
+  subscriptions subs_;
   std::deque<std::shared_ptr<receive_op>> receivers_;
 };
 
