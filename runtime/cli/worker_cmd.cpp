@@ -10,6 +10,7 @@
 #include <jobrt/worker.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -214,6 +215,16 @@ int run_worker(worker_args& a) {
 
   std::vector<std::unique_ptr<plugin>> loaded;
   for (auto& path : plugins) loaded.push_back(load_plugin(path));
+  // The config's settings of a type that no plugin registers would never apply: a typo, most
+  // likely, so it is an error that names the types there are.
+  std::set<std::string> registered;
+  for (auto& p : loaded)
+    for (auto& e : p->handlers()) registered.insert(e.type);
+  for (auto& [type, b] : type_backoffs)
+    if (!registered.contains(type))
+      throw std::invalid_argument(
+          fmt::format("config {}: handlers.{}: no loaded plugin registers type '{}' (they register: {})", a.config_file,
+                      type, type, fmt::join(registered, ", ")));
   auto base_id = wo.id.empty() ? make_worker_id() : wo.id;
   for (std::size_t i = 0; i < queues.size(); ++i)
     queues[i].id = queues.size() == 1 ? base_id : fmt::format("{}:{}", base_id, queues[i].queue);

@@ -459,6 +459,15 @@ TEST_CASE("jobrt worker and enqueue take a config file with several queues and g
   auto bad = jobrt_cli({"worker", "--config", file});
   CHECK(bad.status == 1);
   CHECK(bad.output.find("config.queues[0].concurrency: is not an integer from 1 to 100000") != std::string::npos);
+  std::ofstream(file) << fmt::format(
+      R"({{"redis": "redis://127.0.0.1:1", "plugins": ["{}/jobrt_noop.so"], "handlers": {{"nop": {{"retry": {{}}}}}},
+          "queues": [{{"name": "x"}}]}})",
+      JOBRT_HANDLERS);
+  auto typo = jobrt_cli({"worker", "--config", file});  // refused before it connects
+  CHECK(typo.status == 1);
+  CHECK(typo.output.find(fmt::format(
+            "config {}: handlers.nop: no loaded plugin registers type 'nop' (they register: noop)", file)) !=
+        std::string::npos);
   std::remove(file.c_str());
 }
 
