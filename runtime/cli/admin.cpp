@@ -32,7 +32,7 @@ struct common {
 };
 
 void add_common(CLI::App& cmd, common& c) {
-  redis_option(cmd, c.url, "the server (default: $REDIS_URL, else redis://127.0.0.1:6379)");
+  redis_option(cmd, c.url, "the server (default: redis://127.0.0.1:6379)");
   cmd.add_option("-q,--queue", c.queue, "the queue (default: default)")
       ->envname("JOBRT_QUEUE")
       ->check(queue_name())
@@ -410,7 +410,7 @@ void add_dlq(CLI::App& jobrt, action& chosen) {
                           [list] { return dlq_list(list->c, list->offset, list->limit); });
   add_common(*cmd, list->c);
   number_option(*cmd, "--offset", list->offset, 0, 1'000'000'000, "skip the first N (default 0)");
-  number_option(*cmd, "-n,--limit", list->limit, 1, 1'000'000'000, "at most N (default 100)");
+  number_option(*cmd, "-n,--limit", list->limit, 0, 1'000'000'000, "at most N (default 100)");
 
   struct show_options {
     common c;
@@ -428,13 +428,17 @@ void add_dlq(CLI::App& jobrt, action& chosen) {
   add_common(*cmd, requeue->c);
   add_selection(*cmd, *requeue);
   cmd->add_flag("--head", requeue->head, "to the head of their group: they run next");
-  cmd->footer("Give the ids, or --all, or filters (--group, --type, --error) that a letter must all match.");
+  cmd->footer(
+      "Give the ids, or --all, or filters (--group, --type, --error) that a letter must all match.\n"
+      "Ids that start with '-' go after --.");
 
   auto purge = std::make_shared<letters_options>();
   cmd = add_command(*dlq, chosen, "purge", "remove dead letters", [purge] { return dlq_purge(*purge); });
   add_common(*cmd, purge->c);
   add_selection(*cmd, *purge);
-  cmd->footer("Give the ids, or --all, or filters (--group, --type, --error) that a letter must all match.");
+  cmd->footer(
+      "Give the ids, or --all, or filters (--group, --type, --error) that a letter must all match.\n"
+      "Ids that start with '-' go after --.");
 }
 
 struct group_options {
@@ -489,7 +493,9 @@ void add_group(CLI::App& jobrt, action& chosen) {
   auto* group = jobrt.add_subcommand("group", "paused and halted groups: show, pause, resume")->group("commands");
   group->require_subcommand(1);
   group->set_help_flag("-h,--help", "print this help");
-  group->footer("Each command takes --help. An unknown queue is an error (exit 1).");
+  group->footer(
+      "Each command takes --help. An unknown queue is an error (exit 1). A group whose name starts\n"
+      "with '-' goes after --: jobrt group pause -- -g.");
 
   auto show = std::make_shared<common>();
   auto* cmd = add_command(*group, chosen, "show", "paused and halted groups", [show] { return group_show(*show); });
@@ -579,8 +585,8 @@ void add_admin(CLI::App& jobrt, action& chosen) {
       add_command(jobrt, chosen, "stats", "a queue's counts and counters", [stats_o] { return stats(*stats_o); });
   add_common(*cmd, stats_o->c);
   add_queue_argument(*cmd, stats_o->queue);
-  number_option(*cmd, "-w,--watch", stats_o->watch, 1, 86'400,
-                "print them again every N seconds, with the completion rate, until interrupted");
+  number_option(*cmd, "-w,--watch", stats_o->watch, 0, 86'400,
+                "print them again every N seconds (0: once), with the completion rate, until interrupted");
   cmd->footer(
       "The counts: ready lanes, running, delayed, paused groups, dead letters; the counters:\n"
       "enqueued, started, completed, failed, retried, deferred, halted, recovered, and unhandled\n"

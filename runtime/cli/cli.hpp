@@ -43,11 +43,13 @@ CLI::App* add_command(CLI::App& parent, action& chosen, const std::string& name,
   auto* cmd = parent.add_subcommand(name, summary)->group("commands");
   cmd->set_help_flag("-h,--help", "print this help");  // in the group "options", as the parent's
   cmd->footer("");                                     // not the parent's
-  cmd->callback([&chosen, run] { chosen = run; });
+  // Called once this command's part of the line is parsed. With it, CLI11 reads this command's
+  // environment variables and checks its options only when the line chose it.
+  cmd->parse_complete_callback([&chosen, run] { chosen = run; });
   return cmd;
 }
 
-// Options as every command spells them (docs/CLI.md).
+// Options as every command spells them (README.md, "The command line").
 /// A whole number from min to max; the error names the range.
 CLI::Option* number_option(CLI::App& cmd, const std::string& names, std::size_t& value, std::size_t min,
                            std::size_t max, const std::string& what);
@@ -55,8 +57,9 @@ CLI::Option* number_option(CLI::App& cmd, const std::string& names, std::size_t&
 CLI::Validator not_empty(const std::string& what);
 /// Refuses what cannot name a queue (check_queue_name).
 CLI::Validator queue_name();
-/// --redis URL: checked as a Redis URL (an error names what is wrong, never the password).
-CLI::Option* redis_option(CLI::App& cmd, std::string& url, const std::string& what);
+/// -u/--redis URL: checked as a Redis URL (an error names what is wrong, never the password);
+/// $REDIS_URL stands in for it unless `env` is false.
+CLI::Option* redis_option(CLI::App& cmd, std::string& url, const std::string& what, bool env = true);
 /// One of some words (a policy, a log level): `parse` checks it, throwing std::invalid_argument
 /// that names the words it knows.
 template <class Parse>
@@ -78,8 +81,10 @@ std::istream& open_input(const std::string& path, std::ifstream& file, std::stri
 
 /// The default server: $REDIS_URL, else redis://127.0.0.1:6379.
 std::string default_redis_url();
-/// Throws usage_error naming what is wrong with a Redis URL.
-void check_url(const std::string& url);
+/// Keeps the command line, for given_on_command_line.
+void remember_command_line(int argc, char** argv);
+/// Whether the command line itself gave the option (not its environment variable).
+bool given_on_command_line(const CLI::Option* option);
 /// What a PING with a time limit found: answered, or why not (the connection's account).
 struct ping_result {
   bool answered = false;

@@ -48,7 +48,7 @@ CLI::Validator queue_name() {
   return CLI::Validator(check, "");
 }
 
-CLI::Option* redis_option(CLI::App& cmd, std::string& url, const std::string& what) {
+CLI::Option* redis_option(CLI::App& cmd, std::string& url, const std::string& what, bool env) {
   auto check = [](std::string& text) -> std::string {
     try {
       redis::config::from_url(text);
@@ -57,7 +57,8 @@ CLI::Option* redis_option(CLI::App& cmd, std::string& url, const std::string& wh
       return e.what();
     }
   };
-  return cmd.add_option("-u,--redis", url, what)->check(CLI::Validator(check, ""))->option_text("URL");
+  auto* option = cmd.add_option("-u,--redis", url, what)->check(CLI::Validator(check, ""))->option_text("URL");
+  return env ? option->envname("REDIS_URL") : option;
 }
 
 std::istream& open_input(const std::string& path, std::ifstream& file, std::string_view command) {
@@ -123,6 +124,27 @@ void run_threads(boost::asio::io_context& ctx, std::size_t threads) {
   run();
   for (auto& t : extra) t.join();
   if (first) std::rethrow_exception(first);
+}
+
+namespace {
+std::vector<std::string>& command_line() {
+  static std::vector<std::string> words;
+  return words;
+}
+}  // namespace
+
+void remember_command_line(int argc, char** argv) { command_line().assign(argv + 1, argv + argc); }
+
+bool given_on_command_line(const CLI::Option* option) {
+  if (option->count() == 0) return false;
+  for (const auto& word : command_line()) {
+    if (word == "--") return false;  // arguments only from here on
+    for (const auto& name : option->get_lnames())
+      if (word == "--" + name || word.starts_with("--" + name + "=")) return true;
+    for (const auto& name : option->get_snames())
+      if (word.starts_with("-" + name)) return true;
+  }
+  return false;
 }
 
 std::string default_redis_url() {

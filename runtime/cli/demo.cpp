@@ -506,7 +506,7 @@ void add_demo(CLI::App& jobrt, action& chosen) {
   cmd->add_flag(
       "--no-groups", [&o](std::int64_t) { o.groups = false; },
       "run ungrouped: concurrent read-modify-writes lose updates");
-  redis_option(*cmd, o.redis_url, "run on this server, with worker processes");
+  redis_option(*cmd, o.redis_url, "run on this server, with worker processes", false);
   a->processes = number_option(*cmd, "--processes", o.processes, 1, 64, "worker processes with --redis (default 3)");
   cmd->footer(
       "Stock arrivals: each job reads a commodity's stock, yields, writes it back, and refuses to\n"
@@ -520,7 +520,7 @@ void add_demo(CLI::App& jobrt, action& chosen) {
   auto w = std::make_shared<demo_args>();
   w->o.workers = 1;
   cmd = add_command(jobrt, chosen, "demo-worker", "", [w] { return run_demo_worker(*w); })->group("");
-  redis_option(*cmd, w->o.redis_url, "")->required();
+  redis_option(*cmd, w->o.redis_url, "", false)->required();
   cmd->add_option("--queue", w->o.queue, "")->check(queue_name());
   number_option(*cmd, "--workers", w->o.workers, 1, 1000, "");
   number_option(*cmd, "--concurrency", w->o.concurrency, 1, 100'000, "");

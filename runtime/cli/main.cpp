@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
   app.footer(
       "Each command takes --help. The server is --redis URL, else $REDIS_URL, else\n"
       "redis://127.0.0.1:6379. Options take their value as --opt VALUE or --opt=VALUE.");
-  app.option_defaults()->group("options");  // commands made from here on take these defaults
+  // Commands made from here on take these defaults; an option given twice: the last wins.
+  app.option_defaults()->group("options")->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.set_help_flag("-h,--help", "print this help");
   bool version_flag = false;
   app.add_flag("--version", version_flag, "print the version");
@@ -113,10 +114,15 @@ int main(int argc, char** argv) {
   auto named = [&](CLI::App& parent, std::string_view word) {
     return !parent.get_subcommands([&](const CLI::App* sub) { return sub->get_name() == word; }).empty();
   };
+  if (argc == 2 && std::string_view(argv[1]) == "help") {  // as --help
+    fmt::print("{}", app.help());
+    return 0;
+  }
   if (argc >= 2 && argv[1][0] != '-' && !named(app, argv[1])) {
     fmt::print(stderr, "jobrt: unknown command '{}'\n{}", argv[1], app.help());
     return 2;
   }
+  remember_command_line(argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -126,6 +132,7 @@ int main(int argc, char** argv) {
     std::string what = e.what();
     if (dynamic_cast<const CLI::ExtrasError*>(&e)) {  // in jobrt's words, naming the first
       auto extra = what.substr(what.find(": ") + 2);  // listed last to first
+      while (extra.ends_with(" --")) extra.resize(extra.size() - 3);
       extra = extra.substr(extra.rfind(' ') + 1);
       what = fmt::format("{} '{}'", extra.starts_with("-") ? "unknown option" : "unexpected argument", extra);
     }

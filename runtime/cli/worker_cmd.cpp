@@ -99,18 +99,18 @@ void add_worker(CLI::App& jobrt, action& chosen) {
     a->queue_options.push_back(o);
     return o;
   };
-  a->url_option = redis_option(*cmd, a->url, "the server (default: $REDIS_URL, else redis://127.0.0.1:6379)");
-  env(cmd->add_option("-p,--plugin", a->plugins, "a plugin's .so; more than one may be given")
+  a->url_option = redis_option(*cmd, a->url, "the server (default: redis://127.0.0.1:6379)");
+  env(cmd->add_option("-p,--plugin", a->plugins, "a plugin's .so; give it again for another")
           ->option_text("PATH")
-          ->delimiter(','));
+          ->allow_extra_args(false));
   env(cmd->add_option("-C,--config", a->config_file, "the queues and their options from FILE (docs/CONFIG.md)")
           ->option_text("FILE"));
   queue_option(env(cmd->add_option("-q,--queue", a->queues,
-                                   "the queue (default: default); given more than once (or as q1,q2),\n"
-                                   "a worker for each queue, all with the options below")
+                                   "the queue (default: default); given more than once, a worker for\n"
+                                   "each queue, all with the options below")
                        ->check(queue_name())
                        ->option_text("NAME")
-                       ->delimiter(',')));
+                       ->allow_extra_args(false)));
   queue_option(env(number_option(*cmd, "-c,--concurrency", a->concurrency, 1, 100'000, "jobs at once (default 10)")));
   env(number_option(*cmd, "--threads", a->threads, 1, max_threads, "threads running the io_context (default 1)"));
   env(cmd->add_option("--id", a->id, "worker id (default: <host>:<pid>:<random>)")->option_text("ID"));
@@ -157,7 +157,8 @@ void add_worker(CLI::App& jobrt, action& chosen) {
       "not ready is asked again every 10 s; one that refuses the user or password (WRONGPASS,\n"
       "NOPERM), or a host name that does not exist, is an error at once (exit 1). With --config,\n"
       "the queues' options come from the file: --queue, --concurrency and the other queue options\n"
-      "(or their environment variables) are an error.");
+      "are an error there and their environment variables are ignored; the file's \"redis\" wins\n"
+      "over $REDIS_URL, and --redis over both.");
 }
 
 namespace {
@@ -183,12 +184,12 @@ int run_worker(worker_args& a) {
   std::vector<worker_options> queues;
   std::map<std::string, backoff> type_backoffs;
   if (!a.config_file.empty()) {
-    for (auto* o : a.queue_options)
-      if (o->count() > 0)
-        throw usage_error(fmt::format("worker: with --config, the queues' options come from the file, not {} (or ${})",
-                                      o->get_name(), o->get_envname()));
+    for (auto* o : a.queue_options)  // (their environment variables give way to the file)
+      if (given_on_command_line(o))
+        throw usage_error(
+            fmt::format("worker: with --config, the queues' options come from the file, not {}", o->get_name()));
     auto cfg = settings::from_file(a.config_file);  // std::invalid_argument names the field: exit 1
-    if (cfg.redis_url && a.url_option->count() == 0) url = *cfg.redis_url;
+    if (cfg.redis_url && !given_on_command_line(a.url_option)) url = *cfg.redis_url;  // the file over $REDIS_URL
     plugins.insert(plugins.begin(), cfg.plugins.begin(), cfg.plugins.end());
     type_backoffs = cfg.type_backoffs;
     for (auto& q : cfg.queues) queues.push_back(q.worker);
@@ -391,6 +392,7 @@ struct enqueue_args {
   bool json = false;
   CLI::Option* url_option = nullptr;
   CLI::Option* group_option = nullptr;
+  CLI::Option* payload_option = nullptr;
   std::vector<CLI::Option*> job_options;  // one job's options, or the generated jobs'
 };
 
@@ -402,7 +404,7 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
   auto a = std::make_shared<enqueue_args>();
   auto* cmd = add_command(jobrt, chosen, "enqueue", "put jobs on a queue: one, a JSON-lines file, or N generated",
                           [a] { return run_enqueue(*a); });
-  a->url_option = redis_option(*cmd, a->url, "the server (default: $REDIS_URL, else redis://127.0.0.1:6379)");
+  a->url_option = redis_option(*cmd, a->url, "the server (default: redis://127.0.0.1:6379)");
   cmd->add_option("-q,--queue", a->queue, "the queue (default: default)")
       ->envname("JOBRT_QUEUE")
       ->check(queue_name())
@@ -419,8 +421,9 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
     return o;
   };
   job_option(cmd->add_option("-t,--type", a->base.type, "the job's type (its handler)")->option_text("TYPE"));
-  job_option(cmd->add_option("--payload", a->payload, "the job's payload, JSON; - reads it from standard input")
-                 ->option_text("JSON"));
+  a->payload_option =
+      job_option(cmd->add_option("--payload", a->payload, "the job's payload, JSON; - reads it from standard input")
+                     ->option_text("JSON"));
   a->group_option =
       job_option(cmd->add_option("-g,--group", a->group, "its group: one at a time, in order")->option_text("G"));
   job_option(cmd->add_option("--id", a->base.id, "its id: a pending job with this id makes it a duplicate")
@@ -458,7 +461,7 @@ int run_enqueue(enqueue_args& a) {
   base.max_attempts = static_cast<int>(a.max_attempts);
   if (!a.on_failure.empty()) base.on_failure = parse_failure_policy(a.on_failure);
   if (a.group_option->count() > 0) base.group = a.group;
-  bool has_payload = !a.payload.empty();
+  bool has_payload = a.payload_option->count() > 0;
   if (has_payload) {
     auto text = a.payload;
     if (text == "-") {
@@ -490,7 +493,7 @@ int run_enqueue(enqueue_args& a) {
   producer_options po;
   if (!config_file.empty()) {
     auto cfg = settings::from_file(config_file);
-    if (cfg.redis_url && a.url_option->count() == 0) url = *cfg.redis_url;
+    if (cfg.redis_url && !given_on_command_line(a.url_option)) url = *cfg.redis_url;  // the file over $REDIS_URL
     std::string names;  // the queue's grouping rules are the reason for --config: it must be there
     bool found = false;
     for (auto& q : cfg.queues) {

@@ -1122,6 +1122,11 @@ TEST_CASE("the command line takes --opt=value, short options, environment variab
   CHECK(purged.status == 1);
   CHECK(purged.output.find(R"({"purged":0,"not_found":["nope-3"]})") != std::string::npos);
 
+  // Only the chosen command reads its variables; an option given twice takes its last value.
+  CHECK(jobrt_cli({"version"}, {"JOBRT_CONCURRENCY=0", "JOBRT_QUEUE=a{b"}).status == 0);
+  CHECK(json_of(jobrt_cli({"stats", "-q", "nope", "--queue", queue, "--json"}, env)).at("queue") == queue.c_str());
+  CHECK(jobrt_cli({"help"}).status == 0);
+
   // Every worker option has its JOBRT_ variable, range-checked as the option is.
   auto help = jobrt_cli({"worker", "--help"});
   CHECK(help.output.find("[$JOBRT_CONCURRENCY]") != std::string::npos);
