@@ -1,6 +1,6 @@
 #include <jobrt/producer.hpp>
 
-#include "job_codec.hpp"
+#include "backend/job_codec.hpp"
 
 #include <fmt/format.h>
 #include <boost/json/parse.hpp>

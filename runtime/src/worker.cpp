@@ -1,6 +1,6 @@
 #include <jobrt/worker.hpp>
 
-#include "job_codec.hpp"
+#include "backend/job_codec.hpp"
 #include "strand.hpp"
 
 #include <jobrt/log.hpp>
@@ -237,7 +237,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     asio::any_io_executor executor;  // where the handler runs (its group's strand)
     asio::steady_timer deadline;     // the job's timeout, on the worker's strand
     std::string unique_id;
-    std::vector<std::string> ahead;  // its followers, run next under the same lease
+    std::vector<job_record> ahead;  // its followers, run next under the same lease
     job_state state = job_state::running;
     bool timed_out = false;
     // A job of this lease ran before (a crash or a lost lease replays it): its followers wait for
@@ -345,18 +345,18 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     std::string token = c.token;
     job j;
     try {
-      j = detail::decode_record(c.record, c.group);
+      j = detail::decode(c.job, c.group);
     } catch (const std::exception& e) {
       // A record a buggy producer wrote: it fails with the reason; nothing else is touched. Its
       // id is released only when the body, as far as it reads, says the producer gave it.
-      finish_now(token, c.record, finish_kind::fail, detail::producer_id(c.record),
+      finish_now(token, c.job.id, finish_kind::fail, detail::producer_id(c.job),
                  fmt::format("malformed job: {}", e.what()));
       free_slot();
       return;
     }
     if (j.attempt > j.max_attempts) {  // its leases expired that often: a poison job, not a loop
       bool halt = !j.group.empty() && j.on_failure.value_or(opts_.on_failure) == failure_policy::halt;
-      finish_now(token, c.record, halt ? finish_kind::halt : finish_kind::fail, j.unique_id ? j.id : std::string(),
+      finish_now(token, c.job.id, halt ? finish_kind::halt : finish_kind::fail, j.unique_id ? j.id : std::string(),
                  fmt::format("gave up: attempt {} of at most {} (earlier attempts lost their leases)", j.attempt,
                              j.max_attempts));
       free_slot();
@@ -364,7 +364,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     auto h = handlers_.find(j.type);
     if (h == handlers_.end()) {
-      no_handler(std::move(token), c.record, j);
+      no_handler(std::move(token), j);
       free_slot();
       return;
     }
@@ -413,7 +413,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // with no attempt counted, for a worker that has one. Dead-lettered only once no worker has
   // said it can run the type for unhandled_limit (or since the job was enqueued, if later), as
   // the maintenance loop last heard from the backend; until it has asked, the job goes back.
-  void no_handler(std::string token, std::string_view record, const job& j) {
+  void no_handler(std::string token, const job& j) {
     auto& type = unhandled_types_[j.type];
     auto now = clock::now();
     type.met = now;
@@ -431,7 +431,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       }
     }
     if (waited && *waited >= opts_.unhandled_limit) {
-      finish_now(std::move(token), record, finish_kind::fail, j.unique_id ? j.id : std::string(),
+      finish_now(std::move(token), j.id, finish_kind::fail, j.unique_id ? j.id : std::string(),
                  fmt::format("no handler for type {}: no worker has been able to run it for {} s", j.type,
                              std::chrono::duration_cast<std::chrono::seconds>(*waited).count()));
       return;
@@ -450,7 +450,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     item.token = std::move(token);
     item.kind = finish_kind::hand_back;
     item.delay = opts_.unhandled_delay;
-    queue_finish(std::move(item), {j.type, std::string(detail::record_id(record))});
+    queue_finish(std::move(item), {j.type, j.id});
   }
 
   asio::any_io_executor acquire_strand(const std::string& group) {
@@ -513,7 +513,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     if (item.kind == finish_kind::ack && !r->ahead.empty() && !stopping_ &&
         r->valid_until - clock::now() > opts_.lease_ttl / 2) {
       item.kind = finish_kind::keep;
-      item.id = detail::script_id(r->ahead.front());
+      auto& next = r->ahead.front();
+      item.id = next.malformed.empty() ? next.id : std::string();  // as the script reads a record
       // Pipelined, the follower starts now, in this job's slot, and the keep travels behind it
       // (the finisher keeps a token's items in order); the job counts as held until the keep
       // lands. Not under a lease that replays (a job of it has attempt > 1: a lease was lost or
@@ -585,15 +586,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   // --- finishing, batched: one backend call carries every result that came in meanwhile ---
 
-  void finish_now(std::string token, std::string_view record, finish_kind kind, std::string unique_id,
-                  std::string error) {
+  void finish_now(std::string token, std::string_view id, finish_kind kind, std::string unique_id, std::string error) {
     finish_item item;
     item.token = std::move(token);
     item.kind = kind == finish_kind::fail ? finish_kind::give_up : kind;  // it never ran: its group keeps its place
     item.unique_id = std::move(unique_id);
     item.error = std::move(error);
-    queue_finish(std::move(item),
-                 {"(not started)", std::string(detail::record_id(record))});  // failed before its handler ran
+    queue_finish(std::move(item), {"(not started)", std::string(id)});  // failed before its handler ran
   }
 
   void queue_finish(finish_item item, item_note note) {

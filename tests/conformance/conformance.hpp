@@ -2,6 +2,7 @@
 // case on both backends, and small helpers.
 #pragma once
 
+#include "support/records.hpp"
 #include "support/redis_server.hpp"
 #include "support/run.hpp"
 

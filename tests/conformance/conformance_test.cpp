@@ -846,7 +846,6 @@ finish_item item(const std::string& token, finish_kind kind, std::string produce
   f.id = std::move(next);
   return f;
 }
-std::string id_in(const std::string& record) { return record.substr(2, record.find('|', 2) - 2); }
 }  // namespace
 
 CONFORMANCE("a burst: followers come with the lease, each keep finishes one, and the last ack hands on the next") {
@@ -862,10 +861,10 @@ CONFORMANCE("a burst: followers come with the lease, each keep finishes one, and
     auto claimed = co_await store.claim(b.queue(), co);
     REQUIRE(claimed.size() == 2);
     auto& g = claimed[0];
-    CHECK(id_in(g.record) == "a");
+    CHECK(g.job.id == "a");
     REQUIRE(g.ahead.size() == 2);
-    CHECK(id_in(g.ahead[0]) == "b");
-    CHECK(id_in(g.ahead[1]) == "c");
+    CHECK(g.ahead[0].id == "b");
+    CHECK(g.ahead[1].id == "c");
     CHECK(claimed[1].ahead.empty());         // a group of one job has no followers
     CHECK(claimed[1].fence == g.fence + 3);  // after the fences of g's followers
     auto counts = co_await store.counts(b.queue());
@@ -882,9 +881,9 @@ CONFORMANCE("a burst: followers come with the lease, each keep finishes one, and
     CHECK_FALSE(done[0].next);
     REQUIRE(done[2].next);
     auto next = *done[2].next;
-    CHECK(id_in(next.record) == "d");
+    CHECK(next.job.id == "d");
     REQUIRE(next.ahead.size() == 2);
-    CHECK(id_in(next.ahead[1]) == "f");
+    CHECK(next.ahead[1].id == "f");
     CHECK(next.fence > claimed[1].fence);
     counts = co_await store.counts(b.queue());
     CHECK(counts.completed == 3);
@@ -924,7 +923,7 @@ CONFORMANCE("jobs handed back unstarted go to the head of the ready list, in ord
     REQUIRE(claimed.size() == 2);
     auto& g = claimed[0];
     REQUIRE(g.ahead.size() == 1);
-    CHECK(id_in(claimed[1].record) == "z");
+    CHECK(claimed[1].job.id == "z");
     // a is done and its follower b handed back with z, as a worker does when their leases' local
     // ends came first: both go back in front of y, in this order, and leave the started count.
     std::vector<finish_item> items{item(g.token, finish_kind::keep, "a", "b"), item(g.token, finish_kind::release, "b"),
@@ -945,9 +944,9 @@ CONFORMANCE("jobs handed back unstarted go to the head of the ready list, in ord
     claim_options all{"w", 10, std::chrono::seconds(30), 0};
     auto next = co_await store.claim(b.queue(), all);
     REQUIRE(next.size() == 3);
-    CHECK(next[0].record.starts_with("0|b|"));  // no attempt counted
-    CHECK(next[1].record.starts_with("0|z|"));
-    CHECK(id_in(next[2].record) == "y");
+    CHECK(text(next[0].job).starts_with("0|b|"));  // no attempt counted
+    CHECK(text(next[1].job).starts_with("0|z|"));
+    CHECK(next[2].job.id == "y");
   });
 }
 
@@ -971,8 +970,8 @@ CONFORMANCE("a burst does not go on \"if nobody waits\" past a job handed back i
     CHECK_FALSE(done[1].next);  // z waits: g's lane goes back behind it
     auto next = co_await store.claim(b.queue(), all);
     REQUIRE(next.size() == 2);
-    CHECK(id_in(next[0].record) == "z");
-    CHECK(id_in(next[1].record) == "b");
+    CHECK(next[0].job.id == "z");
+    CHECK(next[1].job.id == "b");
   });
 }
 
@@ -1013,8 +1012,8 @@ CONFORMANCE("a job requeued to its group's head during a burst runs right after 
     for (int i = 0; i < 5; ++i) {
       auto got = co_await store.claim(b.queue(), one);
       if (got.empty()) break;
-      order.push_back(id_in(got[0].record) + "#" + got[0].record.substr(0, 1));
-      std::vector<finish_item> ack{item(got[0].token, finish_kind::ack, id_in(got[0].record))};
+      order.push_back(got[0].job.id + "#" + std::to_string(got[0].job.attempts));
+      std::vector<finish_item> ack{item(got[0].token, finish_kind::ack, got[0].job.id)};
       co_await store.finish(b.queue(), "w", ack, std::chrono::seconds(30));
     }
     CHECK(order == std::vector<std::string>{"c#1", "x#0", "d#0"});
@@ -1044,7 +1043,7 @@ CONFORMANCE("a burst's follower behind more than 1,000 jobs requeued to its grou
     for (int i = 0; i < requeued; ++i) {  // all dead-lettered, one at a time (one group)
       auto got = co_await store.claim(b.queue(), one);
       REQUIRE(got.size() == 1);
-      std::vector<finish_item> fail{item(got[0].token, finish_kind::fail, id_in(got[0].record))};
+      std::vector<finish_item> fail{item(got[0].token, finish_kind::fail, got[0].job.id)};
       co_await store.finish(b.queue(), "w", fail, std::chrono::seconds(30));
     }
     std::vector<job_spec> burst{with_id("a", "g"), with_id("b", "g")};
@@ -1060,7 +1059,7 @@ CONFORMANCE("a burst's follower behind more than 1,000 jobs requeued to its grou
     for (auto& d : co_await store.finish(b.queue(), "w", items, std::chrono::seconds(30))) CHECK(d.lease_held);
     auto next = co_await store.claim(b.queue(), one);
     REQUIRE(next.size() == 1);
-    CHECK_MESSAGE(id_in(next[0].record) == "x0", next[0].record);
+    CHECK_MESSAGE(next[0].job.id == "x0", text(next[0].job));
     auto counts = co_await store.counts(b.queue());
     CHECK(counts.completed == 2);
     auto report = co_await store.check(b.queue(), false);
@@ -1578,7 +1577,7 @@ CONFORMANCE(
     co_await p.enqueue_bulk(std::move(specs));
     claim_options one{"w", 1, std::chrono::seconds(30), 0};
     auto end = [&](const claimed_job& c, finish_kind how) -> awaitable<void> {
-      std::vector<finish_item> items(1, item(c.token, how, id_in(c.record)));
+      std::vector<finish_item> items(1, item(c.token, how, c.job.id));
       items[0].error = "no run";
       auto done = co_await store.finish(b.queue(), "w", std::move(items), std::chrono::seconds(30));
       CHECK(done.at(0).lease_held);
@@ -1589,15 +1588,15 @@ CONFORMANCE(
       co_return got[0];
     };
     auto a1 = co_await next();
-    CHECK(id_in(a1.record) == "a1");
+    CHECK(a1.job.id == "a1");
     co_await end(a1, finish_kind::give_up);  // ready: a, b, c
     auto a2 = co_await next();
-    CHECK(id_in(a2.record) == "a2");
+    CHECK(a2.job.id == "a2");
     co_await end(a2, finish_kind::ack);  // ready: b, c
     auto b1 = co_await next();
-    CHECK(id_in(b1.record) == "b1");
+    CHECK(b1.job.id == "b1");
     co_await end(b1, finish_kind::fail);  // ready: c, b
-    CHECK(id_in((co_await next()).record) == "c1");
+    CHECK((co_await next()).job.id == "c1");
     CHECK((co_await store.counts(b.queue())).dead == 2);
   });
 }

@@ -452,7 +452,7 @@ CONFORMANCE("a dead letter never replaces another: a producer-given id that fail
     CHECK((co_await store.requeue(b.queue(), first, false)).empty());  // its id is taken
     auto claimed = co_await store.claim(b.queue(), co);
     REQUIRE(claimed.size() == 1);
-    CHECK(claimed[0].record.find("run1") != std::string::npos);
+    CHECK(claimed[0].job.body.find("run1") != std::string::npos);
     CHECK((co_await store.dead_letters(b.queue(), 0, 10)).size() == 1);
   });
 }
@@ -479,7 +479,7 @@ CONFORMANCE("dead letters: list, show, requeue to the tail or the head, purge, r
         f.token = j.token;
         f.kind = finish_kind::fail;
         f.error = "e";
-        f.unique_id = std::string(j.record.substr(2, 2));
+        f.unique_id = j.job.id;
         std::vector<finish_item> items(1, f);
         auto done = co_await store.finish(b.queue(), "w", std::move(items), std::chrono::seconds(30));
         CHECK(done.at(0).lease_held);
@@ -512,7 +512,7 @@ CONFORMANCE("dead letters: list, show, requeue to the tail or the head, purge, r
       auto got = co_await store.claim(b.queue(), one_at_a_time);
       if (got.empty()) break;
       auto job = got[0];
-      order.push_back(job.group + ":" + std::string(job.record.substr(0, job.record.find('|', 2))));
+      order.push_back(fmt::format("{}:{}|{}", job.group, job.job.attempts, job.job.id));
       std::vector<finish_item> ack(1);
       ack[0].token = job.token;
       co_await store.finish(b.queue(), "w", std::move(ack), std::chrono::seconds(30));
@@ -555,7 +555,7 @@ CONFORMANCE("a dead letter never overwrites another, even one whose id looks lik
       fail[0].token = got[0].token;
       fail[0].kind = finish_kind::fail;
       fail[0].error = "e";
-      fail[0].unique_id = got[0].record.substr(2, got[0].record.find('|', 2) - 2);  // its id
+      fail[0].unique_id = got[0].job.id;
       co_await store.finish(b.queue(), "w", std::move(fail), std::chrono::seconds(30));
       co_return got[0].fence;
     };
@@ -598,7 +598,7 @@ CONFORMANCE("dead letters requeued to the head together run in the order given, 
         fail[0].token = j.token;
         fail[0].kind = finish_kind::fail;
         fail[0].error = "e";
-        fail[0].unique_id = std::string(j.record.substr(2, 2));
+        fail[0].unique_id = j.job.id;
         co_await store.finish(b.queue(), "w", std::move(fail), std::chrono::seconds(30));
       }
     }
@@ -612,7 +612,7 @@ CONFORMANCE("dead letters requeued to the head together run in the order given, 
     for (int i = 0; i < 7; ++i) {
       auto got = co_await store.claim(b.queue(), one_at_a_time);
       if (got.empty()) break;
-      auto& record = got[0].record;  // its body's payload is {"name": ...}
+      auto& record = got[0].job.body;  // its payload is {"name": ...}
       auto name = record.find("\"name\":\"") + 8;
       order.push_back(record.substr(name, record.find('"', name) - name));
       std::vector<finish_item> ack(1);
@@ -779,7 +779,7 @@ CONFORMANCE("a retry whose group is paused meanwhile keeps its backoff when the 
     co_await store.promote(b.queue(), 100);
     auto again = co_await store.claim(b.queue(), co);
     REQUIRE(again.size() == 1);
-    CHECK(again[0].record.starts_with("1|"));  // its second attempt
+    CHECK(again[0].job.attempts == 1);  // its second attempt
 
     // Paused while its retry waits, and due meanwhile: promote parks the lane.
     co_await retry(again[0], milliseconds(50));

@@ -1,4 +1,5 @@
 // The worker on Redis: what only a real server can show.
+#include "support/records.hpp"
 #include "support/redis_server.hpp"
 #include "support/run.hpp"
 
@@ -6,8 +7,8 @@
 #include <jobrt/redis_backend.hpp>
 #include <jobrt/worker.hpp>
 
+#include "backend/job_codec.hpp"
 #include "backend/lua_scripts.hpp"
-#include "job_codec.hpp"
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
@@ -557,7 +558,7 @@ TEST_CASE("a group leaves jumped when its lease ends, however it ends, and when 
     auto lease_h_and_requeue = [&](std::string id, claim_options o) -> awaitable<std::string> {
       auto got = co_await store.claim(queue, o);
       REQUIRE(got.size() == 1);
-      CHECK(name_of(got[0].record) == "h");
+      CHECK(name_of(got[0].job.body) == "h");
       std::vector<std::string> ids{id};
       CHECK(co_await store.requeue(queue, ids, true) == ids);
       CHECK(co_await jumped());
@@ -589,7 +590,7 @@ TEST_CASE("a group leaves jumped when its lease ends, however it ends, and when 
     for (int i = 0; i < 6; ++i) {
       auto next = co_await store.claim(queue, one);
       if (next.empty()) break;
-      order.push_back(name_of(next[0].record));
+      order.push_back(name_of(next[0].job.body));
       co_await end(next[0].token, finish_kind::ack);
     }
     CHECK(fmt::format("{}", fmt::join(order, " ")) == "h d4 d3 d2 d1");
@@ -608,10 +609,8 @@ TEST_CASE("finish sent twice: a pipelined burst's keeps and its end in one call 
     auto keys = finish_keys(p, "w1");
     // Two keeps (their followers' ids), then the ack that ends the lease and wants nothing next.
     const auto& t = lease.token;
-    std::vector<std::string> args{"30000", "3", "call-p", "",
-                                  t,       "k", "",       std::string(detail::script_id(lease.ahead[0])),
-                                  t,       "k", "",       std::string(detail::script_id(lease.ahead[1])),
-                                  t,       "a", "",       "00"};
+    std::vector<std::string> args{"30000", "3", "call-p",          "", t,   "k", "",  lease.ahead[0].id, t,
+                                  "k",     "",  lease.ahead[1].id, t,  "a", "",  "00"};
     auto first = co_await finish.run(store.connection(), keys, args);
     auto again = co_await finish.run(store.connection(), keys, args);  // its reply was lost
     REQUIRE(first.as_array().size() == 3);
@@ -635,8 +634,7 @@ TEST_CASE("a keep sent again after its call's record expired takes no second job
     auto lease = co_await claim_three_grouped(store, queue, 2);
     redis::script finish(jobrt::lua::finish);
     auto keys = finish_keys(p, "w1");
-    std::vector<std::string> args{"30000",     "1", "call-k", "",
-                                  lease.token, "k", "",       std::string(detail::script_id(lease.ahead[0]))};
+    std::vector<std::string> args{"30000", "1", "call-k", "", lease.token, "k", "", lease.ahead[0].id};
     auto first = co_await finish.run(store.connection(), keys, args);
     CHECK(first.as_array().at(0).as_integer() == 1);
     // The reply was lost, and the worker could not reach the server for longer than the call's
@@ -646,7 +644,7 @@ TEST_CASE("a keep sent again after its call's record expired takes no second job
     CHECK(again.as_array().at(0).as_integer() == 1);  // the lease goes on
     auto left = co_await redis::exec(store.connection(), redis::request("LRANGE", p + "g:g", "0", "-1"));
     REQUIRE(left.as_array().size() == 2);  // the follower and the one behind it: nothing lost
-    CHECK(detail::script_id(std::string(left.as_array()[0].as_string())) == detail::script_id(lease.ahead[0]));
+    CHECK(detail::script_id(std::string(left.as_array()[0].as_string())) == lease.ahead[0].id);
     auto counts = co_await store.counts(queue);
     CHECK(counts.completed == 1);
   });
@@ -783,7 +781,7 @@ TEST_CASE("a finish batch of more than 1,000 items goes in parts, each answer in
         finish_item keep;
         keep.token = burst->token;
         keep.kind = finish_kind::keep;
-        keep.id = std::string(detail::script_id(burst->ahead.front()));
+        keep.id = burst->ahead.front().id;
         items.push_back(keep);
         finish_item end;
         end.token = burst->token;
@@ -1064,7 +1062,7 @@ TEST_CASE("check reports a job in two places and a lease on a group with no jobs
     auto claimed = co_await store.claim(queue, co);
     REQUIRE(claimed.size() == 2);
     std::set<std::string> got;
-    for (auto& j : claimed) got.insert(j.group + ":" + j.record);
+    for (auto& j : claimed) got.insert(j.group + ":" + text(j.job));
     CHECK(got == std::set<std::string>{"dup:" + record, ":" + loose_lane.substr(2)});
     CHECK((co_await store.claim(queue, co)).empty());
   });

@@ -3,6 +3,7 @@
 #include <jobrt/producer.hpp>
 #include <jobrt/worker.hpp>
 
+#include "support/records.hpp"
 #include "support/run.hpp"
 
 #include <doctest/doctest.h>
@@ -30,6 +31,7 @@ using jobrt::encoded_job;
 using jobrt::finish_item;
 using jobrt::finish_kind;
 using jobrt::memory_backend;
+using jobrt::test::text;
 
 namespace {
 
@@ -66,7 +68,7 @@ finish_item fail(std::string token, std::string error, std::string unique_id = "
 
 std::vector<std::string> records(const std::vector<claimed_job>& jobs) {
   std::vector<std::string> out;
-  for (auto& j : jobs) out.push_back(j.record);
+  for (auto& j : jobs) out.push_back(text(j.job));
   return out;
 }
 
@@ -155,7 +157,7 @@ TEST_CASE("memory backend - a producer-given id is a duplicate while pending or 
 
     auto jobs = co_await b.claim("q", opts(1));
     REQUIRE(jobs.size() == 1);
-    CHECK(jobs[0].record == "0|x|one");
+    CHECK(text(jobs[0].job) == "0|x|one");
     std::vector<encoded_job> while_running{job("x", "", "five")};
     CHECK((co_await b.enqueue("q", std::move(while_running))).at(0).duplicate);
 
@@ -197,7 +199,7 @@ TEST_CASE("memory backend - jobs of a group are claimed one at a time and in ord
       CHECK((co_await ack_one(b, "q", token)));
       auto claimed = co_await b.claim("q", opts(10));
       REQUIRE(claimed.size() == 1);
-      CHECK(claimed[0].record == next);
+      CHECK(text(claimed[0].job) == next);
       CHECK(claimed[0].group == "A");
       CHECK((co_await b.claim("q", opts(10))).empty());
       token = claimed[0].token;
@@ -245,7 +247,7 @@ TEST_CASE("memory backend - want_next leases the next job of the group in the sa
     REQUIRE(out.size() == 2);
     CHECK(out[0].lease_held);
     REQUIRE(out[0].next.has_value());
-    CHECK(out[0].next->record == "0|2|a2");
+    CHECK(text(out[0].next->job) == "0|2|a2");
     CHECK(out[0].next->group == "A");
     CHECK(out[0].next->fence == 3);
     CHECK(out[0].next->token == "3|g:A");
@@ -260,7 +262,7 @@ TEST_CASE("memory backend - want_next leases the next job of the group in the sa
     std::vector<finish_item> second{ack(out[0].next->token, true)};
     out = co_await b.finish("q", "w1", std::move(second), ttl);
     REQUIRE(out.at(0).next.has_value());
-    CHECK(out[0].next->record == "0|3|a3");
+    CHECK(text(out[0].next->job) == "0|3|a3");
     std::vector<finish_item> last{ack(out[0].next->token, true)};
     out = co_await b.finish("q", "w1", std::move(last), ttl);
     CHECK(out.at(0).lease_held);
@@ -418,7 +420,7 @@ TEST_CASE("memory backend - claim_wait wakes within milliseconds when another co
     auto jobs = co_await (b.claim_wait("q", opts(5), 10s) && produce(b, enqueued_at));
     auto woke = std::chrono::steady_clock::now();
     REQUIRE(jobs.size() == 1);
-    CHECK(jobs[0].record == "0|1|late");
+    CHECK(text(jobs[0].job) == "0|1|late");
     CHECK(woke - start >= 50ms);
     CHECK(woke - enqueued_at < 200ms);
     MESSAGE("woken " << std::chrono::duration_cast<std::chrono::microseconds>(woke - enqueued_at).count()
@@ -505,7 +507,7 @@ asio::awaitable<void> stress_claimer(memory_backend& b, stress_state& s, std::st
     for (auto& j : jobs) {
       {
         std::lock_guard lock(s.mutex);
-        auto id = j.record.substr(2, j.record.find('|', 2) - 2);
+        auto id = j.job.id;
         if (!s.seen.insert(id).second) ++s.duplicates;
         if (!j.group.empty()) {
           long n = std::stol(id);

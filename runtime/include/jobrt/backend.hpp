@@ -44,18 +44,28 @@ struct enqueue_result {
   bool duplicate = false;  ///< a job with this id was already pending or running: nothing stored
 };
 
+/// A stored job as a backend hands it out: its record (docs/PROTOCOL.md) split into its parts.
+struct job_record {
+  std::string id;             ///< "" when the record has none
+  std::int64_t attempts = 0;  ///< attempts counted before this run (failed runs, expired leases)
+  std::string body;           ///< the encoded job, a JSON object (see job_codec)
+  /// Why the record could not be split, when it could not (a producer elsewhere wrote it wrong;
+  /// id and body then hold what could be read): the worker dead-letters the job with this.
+  std::string malformed;
+};
+
 /// A job a worker holds under a lease.
 struct claimed_job {
   std::string token;  ///< names the lease in finish/extend/release
   std::int64_t fence = 0;
-  std::string group;   ///< "" when ungrouped
-  std::string record;  ///< "<attempts before>|<id>|<body>"
+  std::string group;  ///< "" when ungrouped
+  job_record job;
   /// A grouped job's followers in its group, handed over under the same lease (claim_options::
   /// ahead): the worker may run them one after another with no claim in between, each job but
   /// the last finished with finish_kind::keep, and each started only once its predecessor's
   /// keep has landed (order). The i-th one's fence is fence + 1 + i.
   /// They stay in the group's list until finished, so a lease that expires sends them back.
-  std::vector<std::string> ahead;
+  std::vector<job_record> ahead;
 };
 
 struct claim_options {
@@ -88,7 +98,7 @@ enum class finish_kind {
 struct finish_item {
   std::string token;
   finish_kind kind = finish_kind::ack;
-  /// For a keep: the id, as its record has it, of the follower that starts next. The backend
+  /// For a keep: the id of the follower that starts next ("" for a malformed one). The backend
   /// makes that follower its group's head: a job requeued to the head during the burst (see
   /// requeue) went in front of it and goes behind it, so the running job is always the head.
   std::string id;

@@ -1,6 +1,6 @@
 #include "backend/check_walk.hpp"
 
-#include "job_codec.hpp"
+#include "backend/job_codec.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

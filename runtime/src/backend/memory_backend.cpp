@@ -4,8 +4,8 @@
 #include <jobrt/memory_backend.hpp>
 
 #include "backend/check_walk.hpp"
+#include "backend/job_codec.hpp"
 #include "backend/wakeups.hpp"
-#include "job_codec.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -85,6 +85,14 @@ std::string uncounted(const std::string& record) {
 // Attempts reset to 0 (resume.lua, requeue.lua).
 std::string reset(const std::string& record) {
   return with_attempts(record, [](long long) { return 0LL; });
+}
+
+// The records after a group's head, `n` of them, split.
+std::vector<job_record> split_all(const std::deque<std::string>& list, std::size_t n) {
+  std::vector<job_record> out;
+  out.reserve(n);
+  for (std::size_t i = 1; i <= n; ++i) out.push_back(detail::split_record(list[i]));
+  return out;
 }
 
 // reap.lua's string.match(record, '"type":"([^"]*)"') or '(unknown)'.
@@ -354,12 +362,12 @@ std::vector<claimed_job> memory_backend::claim_locked(queue_state& q, const clai
     job.token = make_token(fence, lane);
     if (list) {
       job.group = lane.substr(2);
-      job.record = list->front();
+      job.job = detail::split_record(list->front());
       auto followers = std::min(list->size() - 1, opts.ahead);
-      job.ahead.assign(list->begin() + 1, list->begin() + 1 + static_cast<std::ptrdiff_t>(followers));
+      job.ahead = split_all(*list, followers);
       fence += static_cast<std::int64_t>(followers);
     } else {
-      job.record = lane.substr(2);
+      job.job = detail::split_record(std::string_view(lane).substr(2));
     }
     q.active[job.token] = deadline;
     out.push_back(std::move(job));
@@ -511,9 +519,8 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
                        front.empty()))) {
             claimed_job next;
             next.group = group->first;
-            next.record = list.front();
-            auto followers = std::min(list.size() - 1, item.ahead);
-            next.ahead.assign(list.begin() + 1, list.begin() + 1 + static_cast<std::ptrdiff_t>(followers));
+            next.job = detail::split_record(list.front());
+            next.ahead = split_all(list, std::min(list.size() - 1, item.ahead));
             nexts.emplace_back(i, lane);
             out[i].next = std::move(next);
           } else if (kind == finish_kind::give_up && !q.paused.contains(group->first)) {

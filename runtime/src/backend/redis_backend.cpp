@@ -3,9 +3,9 @@
 
 #include "backend/check_walk.hpp"
 #include "backend/finish_parts.hpp"
+#include "backend/job_codec.hpp"
 #include "backend/lua_scripts.hpp"
 #include "backend/wakeups.hpp"
-#include "job_codec.hpp"
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
@@ -39,14 +39,14 @@ claimed_job from_token(std::string token, const reply& record, const std::vector
   std::string_view lane = std::string_view(token).substr(bar + 1);
   if (lane.starts_with("g:")) {
     out.group = std::string(lane.substr(2));
-    out.record = record.as_string();
+    out.job = detail::split_record(record.as_string());
   } else {
-    out.record = std::string(lane.substr(2));
+    out.job = detail::split_record(lane.substr(2));
   }
   out.token = std::move(token);
   auto followers = static_cast<std::size_t>(e.at(at++).as_integer());
   out.ahead.reserve(followers);
-  for (std::size_t i = 0; i < followers; ++i) out.ahead.push_back(e.at(at++).as_string());
+  for (std::size_t i = 0; i < followers; ++i) out.ahead.push_back(detail::split_record(e.at(at++).as_string()));
   return out;
 }
 

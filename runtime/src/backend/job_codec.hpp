@@ -1,9 +1,11 @@
-// How a job is stored: the record '<attempts before>|<id>|<body>', where body is a JSON object
+// How a job is stored, known to the backends only: the record '<attempts before>|<id>|<body>',
+// split into a job_record when a backend hands a job out. The body is a JSON object
 // {"type", "payload", and when not default "max" (3), "timeout", "u" (the producer gave the id),
 // "backoff" ([initial ms, factor, max ms, jitter]), "policy" ("hold", "skip", "halt")} plus "at"
 // (enqueue time, ms since the epoch). docs/PROTOCOL.md describes it for other languages.
 #pragma once
 
+#include <jobrt/backend.hpp>
 #include <jobrt/job.hpp>
 
 #include <optional>
@@ -21,6 +23,12 @@ class bad_record : public std::runtime_error {
 
 /// The body of a job (without the record's header); `policy` is the failure policy it carries.
 std::string encode_body(const job_spec& spec, std::int64_t now_ms, std::optional<failure_policy> policy);
+
+/// A record split into its parts; a record without a readable header says why in `malformed`.
+job_record split_record(std::string_view record);
+
+/// Decodes a well-formed job of the given group ("" for none). Throws bad_record.
+job decode(const job_record& r, std::string_view group);
 
 /// Decodes a record of the given group ("" for none). Throws bad_record.
 job decode_record(std::string_view record, std::string_view group);
@@ -41,6 +49,7 @@ std::string_view script_id(std::string_view record) noexcept;
 /// The id in a record when the producer gave it, else "": what a failure releases from the
 /// queue's set of ids, read as far as a record that does not decode allows. See assigned_id.
 std::string producer_id(std::string_view record);
+std::string producer_id(const job_record& r);
 
 /// Whether `id` is one the queue assigns: all digits (enqueue refuses such ids from producers).
 /// Any other id is the producer's, and so is one whose body says "u" (records written before

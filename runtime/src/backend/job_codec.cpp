@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cmath>
 #include <iterator>
+#include <limits>
 
 namespace jobrt {
 
@@ -132,16 +133,34 @@ void check_body(std::string_view body) {
     throw std::invalid_argument(fmt::format("job max_attempts is {:.14g}; it must be at least 1", m));
 }
 
-std::string producer_id(std::string_view record) {
-  auto id = record_id(record);
-  if (id.empty()) return {};
-  if (!assigned_id(id)) return std::string(id);
+std::string producer_id(const job_record& r) {
+  if (r.id.empty()) return {};
+  if (!assigned_id(r.id)) return r.id;
   boost::system::error_code ec;
-  auto body = boost::json::parse(record.substr(record.find('|', record.find('|') + 1) + 1), ec);
+  auto body = boost::json::parse(r.body, ec);
   if (ec || !body.is_object()) return {};
   auto* u = body.as_object().if_contains("u");
   bool given = u && ((u->is_int64() && u->as_int64() != 0) || (u->is_bool() && u->as_bool()));
-  return given ? std::string(id) : std::string();
+  return given ? r.id : std::string();
+}
+
+std::string producer_id(std::string_view record) { return producer_id(split_record(record)); }
+
+job_record split_record(std::string_view record) {
+  job_record r;
+  auto first = record.find('|');
+  auto second = first == std::string_view::npos ? first : record.find('|', first + 1);
+  if (second == std::string_view::npos) {
+    r.malformed = fmt::format("job record '{:.60}' is not '<attempts>|<id>|<body>'", record);
+    return r;
+  }
+  r.id = std::string(record.substr(first + 1, second - first - 1));
+  r.body = std::string(record.substr(second + 1));
+  auto attempts = record.substr(0, first);
+  auto [end, ec] = std::from_chars(attempts.data(), attempts.data() + attempts.size(), r.attempts);
+  if (ec != std::errc{} || end != attempts.data() + attempts.size() || r.attempts < 0)
+    r.malformed = fmt::format("job record attempts '{}' is not a number", attempts);
+  return r;
 }
 
 namespace {
@@ -156,22 +175,18 @@ T number_field(const boost::json::object& body, std::string_view name, T fallbac
 
 }  // namespace
 
-job decode_record(std::string_view record, std::string_view group) {
-  auto first = record.find('|');
-  auto second = first == std::string_view::npos ? first : record.find('|', first + 1);
-  if (second == std::string_view::npos)
-    throw bad_record(fmt::format("job record '{:.60}' is not '<attempts>|<id>|<body>'", record));
+job decode_record(std::string_view record, std::string_view group) { return decode(split_record(record), group); }
+
+job decode(const job_record& r, std::string_view group) {
+  if (!r.malformed.empty()) throw bad_record(r.malformed);
+  if (r.attempts >= std::numeric_limits<int>::max())  // job::attempt is an int
+    throw bad_record(fmt::format("job record attempts '{}' is not a number", r.attempts));
   job j;
-  auto attempts = record.substr(0, first);
-  int before = 0;
-  auto [end, ec] = std::from_chars(attempts.data(), attempts.data() + attempts.size(), before);
-  if (ec != std::errc{} || end != attempts.data() + attempts.size() || before < 0)
-    throw bad_record(fmt::format("job record attempts '{}' is not a number", attempts));
-  j.attempt = before + 1;
-  j.id = std::string(record.substr(first + 1, second - first - 1));
+  j.attempt = static_cast<int>(r.attempts) + 1;
+  j.id = r.id;
   j.group = std::string(group);
   boost::system::error_code jec;
-  boost::json::value body = boost::json::parse(record.substr(second + 1), jec);
+  boost::json::value body = boost::json::parse(r.body, jec);
   if (jec) throw bad_record(fmt::format("job {} body is not JSON: {}", j.id, jec.message()));
   if (!body.is_object()) throw bad_record(fmt::format("job {} body is not a JSON object", j.id));
   auto& obj = body.as_object();
