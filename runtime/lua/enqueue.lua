@@ -17,11 +17,11 @@ local ready, seq, ids, stats, delayed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS
 local prefix = string.sub(ready, 1, -6)
 local n = tonumber(ARGV[1])
 if not n or n < 0 or n % 1 ~= 0 then
-  return redis.error_reply("job count '" .. ARGV[1] .. "' is not a whole number")
+  return redis.error_reply("JOBRT:20 job count '" .. ARGV[1] .. "' is not a whole number")
 end
 if #ARGV ~= 1 + n * 4 then
   return redis.error_reply(string.format(
-    'a count of %d jobs needs %d arguments after it (id, group, body, due each); got %d', n, n * 4, #ARGV - 1))
+    'JOBRT:20 a count of %d jobs needs %d arguments after it (id, group, body, due each); got %d', n, n * 4, #ARGV - 1))
 end
 
 -- One job due now, the usual call: what the general path below does for it, without its tables
@@ -70,11 +70,11 @@ for i = 0, n - 1 do
   if id == '' then
     missing = missing + 1
   elseif find(id, '|', 1, true) then
-    return redis.error_reply("job id '" .. id .. "' contains '|'")
+    return redis.error_reply("JOBRT:21 job id '" .. id .. "' contains '|'")
   elseif not find(id, '%D') then -- the ids this script assigns are all digits
-    return redis.error_reply("job id '" .. id .. "' is all digits, like the ids the queue assigns; give it a prefix")
+    return redis.error_reply("JOBRT:21 job id '" .. id .. "' is all digits, like the ids the queue assigns; give it a prefix")
   elseif spaced(id) then
-    return redis.error_reply("job id '" .. id .. "' starts or ends with white space")
+    return redis.error_reply("JOBRT:21 job id '" .. id .. "' starts or ends with white space")
   end
   -- A max below 1 would dead-letter the job unrun. Bodies are not decoded here (that costs
   -- microseconds a job): only one whose text may hold such a max is, and its own field decides.
@@ -82,13 +82,13 @@ for i = 0, n - 1 do
     local ok, job = pcall(cjson.decode, body)
     local max = ok and type(job) == 'table' and job.max
     if type(max) == 'number' and (max < 1 or max ~= math.floor(max)) then
-      return redis.error_reply(string.format('job max_attempts is %.14g; it must be at least 1', max))
+      return redis.error_reply(string.format('JOBRT:22 job max_attempts is %.14g; it must be at least 1', max))
     end
   end
   if due ~= '' then
     local digits = string.match(due, '^%+?(%d+)$') -- at most 15: a number Lua holds exactly
     if not digits or #digits > 15 then
-      return redis.error_reply("job " .. (i + 1) .. " due '" .. due .. "' is not '', '+<ms>' or '<ms since the epoch>'")
+      return redis.error_reply("JOBRT:23 job " .. (i + 1) .. " due '" .. due .. "' is not '', '+<ms>' or '<ms since the epoch>'")
     end
     timed = true
     if ARGV[3 + i * 4] ~= '' then timed_grouped = timed_grouped + 1 end

@@ -13,7 +13,7 @@ if not state then return 0 end
 local key = prefix .. 'g:' .. group
 local is_parked = redis.call('SISMEMBER', parked, group) == 1
 if mode == 'skip' and not is_parked then
-  return redis.error_reply("group '" .. group .. "' is running or waiting to run; pause it and let it stop first")
+  return redis.error_reply("JOBRT:24 group '" .. group .. "' is running or waiting to run; pause it and let it stop first")
 end
 redis.call('HDEL', paused, group)
 if not is_parked then return 1 end -- its lane is in ready, running or waiting for a retry: it goes on

@@ -10,22 +10,27 @@ class category final : public boost::system::error_category {
   const char* name() const noexcept override { return "jobrt"; }
 
   std::string message(int ev) const override {
-    switch (static_cast<error>(ev)) {
-      case error::not_connected: return "not connected to the Redis server";
-      case error::connection_lost: return "connection lost after the request was written; it may or may not have run";
-      case error::timeout: return "request timed out";
-      case error::closed: return "connection closed";
-      case error::protocol_error:
+    switch (static_cast<errc>(ev)) {
+      case errc::not_connected: return "not connected to the Redis server";
+      case errc::connection_lost: return "connection lost after the request was written; it may or may not have run";
+      case errc::timeout: return "request timed out";
+      case errc::closed: return "connection closed";
+      case errc::protocol_error:
         return "the server sent a reply this client cannot read (not RESP, or arrays nested over 7 deep)";
-      case error::server_error: return "the server answered with an error reply";
-      case error::blocking_command_on_shared_connection:
+      case errc::server_error: return "the server answered with an error reply";
+      case errc::blocking_command_on_shared_connection:
         return "blocking command on the shared connection; use a blocking_connection";
-      case error::health_check_failed: return "nothing read from the server for two health intervals";
-      case error::handshake_failed: return "the server refused the connection handshake";
-      case error::invalid_request:
+      case errc::health_check_failed: return "nothing read from the server for two health intervals";
+      case errc::handshake_failed: return "the server refused the connection handshake";
+      case errc::invalid_request:
         return "empty request, a pub/sub command on a connection that is not a subscriber, a MULTI without its "
                "EXEC or DISCARD in the same request, or a command that changes the connection (HELLO, AUTH, "
                "SELECT, RESET, QUIT, CLIENT REPLY; set user, password and database in the config)";
+      case errc::bad_batch: return "the job count does not match the arguments";
+      case errc::bad_job_id: return "job id refused";
+      case errc::bad_max_attempts: return "job max_attempts refused";
+      case errc::bad_due: return "job due time refused";
+      case errc::group_busy: return "the group is running or waiting to run";
     }
     return "unknown jobrt error";
   }

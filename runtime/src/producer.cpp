@@ -34,7 +34,7 @@ boost::json::value producer::parse_payload(std::string_view text) {
 
 void producer::check(const job_spec& spec) {
   if (spec.type.empty()) throw std::invalid_argument("job type is empty");
-  detail::check_id(spec.id);
+  if (auto problem = detail::id_refusal(spec.id); !problem.empty()) throw std::invalid_argument(problem);
   if (spec.max_attempts < 1)
     throw std::invalid_argument(fmt::format("job max_attempts is {}; it must be at least 1", spec.max_attempts));
   if (spec.timeout.count() < 0 || spec.timeout > max_job_timeout)

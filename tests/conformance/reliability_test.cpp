@@ -655,6 +655,38 @@ CONFORMANCE("pause and resume a group: nothing of it starts while paused") {
   });
 }
 
+CONFORMANCE("resume with skip while the group's head job runs is refused with errc::group_busy") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    std::vector<job_spec> specs{named("a"), named("b")};
+    co_await p.enqueue_bulk(std::move(specs));
+    claim_options co{"w", 1, std::chrono::seconds(30)};
+    auto running = co_await store.claim(b.queue(), co);
+    REQUIRE(running.size() == 1);
+    CHECK(co_await store.pause(b.queue(), "g"));
+    boost::system::error_code code;
+    std::string what;
+    try {
+      co_await store.resume(b.queue(), "g", resume_mode::skip);
+    } catch (const boost::system::system_error& e) {
+      code = e.code();
+      what = e.what();
+    }
+    CHECK(code == errc::group_busy);
+    CHECK_MESSAGE(what.starts_with("group 'g' is running or waiting to run"), what);
+    CHECK((co_await store.paused_groups(b.queue())).size() == 1);  // nothing changed
+    std::vector<finish_item> ack(1);
+    ack[0].token = running[0].token;
+    CHECK((co_await store.finish(b.queue(), "w", std::move(ack), std::chrono::seconds(30))).at(0).lease_held);
+    CHECK(co_await store.resume(b.queue(), "g", resume_mode::skip));  // parked now: b is skipped
+    auto dead = co_await store.dead_letters(b.queue(), 0, 10);
+    REQUIRE(dead.size() == 1);
+    CHECK(dead[0].error == "skipped by an operator");
+  });
+}
+
 CONFORMANCE("resume with skip of a paused group: its dead letter counts the runs its job had, none since") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

@@ -82,7 +82,7 @@ TEST_CASE("Redis error replies surface as errors with their message") {
     std::string key = key_prefix() + "list";
     co_await exec(conn, request("RPUSH", key, "x"));
     auto [ec, r] = co_await conn.async_exec(request("INCR", key), use_tuple);
-    CHECK(ec == error::server_error);
+    CHECK(ec == errc::server_error);
     CHECK(r.error_message().starts_with("WRONGTYPE"));
     std::string what;
     try {
@@ -122,9 +122,9 @@ TEST_CASE("the shared connection refuses blocking commands") {
     connection conn(ctx.get_executor(), shared_redis());
     conn.start();
     auto [ec, r] = co_await conn.async_exec(request("BLMOVE", "a", "b", "LEFT", "RIGHT", 0), use_tuple);
-    CHECK(ec == error::blocking_command_on_shared_connection);
+    CHECK(ec == errc::blocking_command_on_shared_connection);
     auto [ec2, r2] = co_await conn.async_exec(request("SUBSCRIBE", "ch"), use_tuple);
-    CHECK(ec2 == error::blocking_command_on_shared_connection);
+    CHECK(ec2 == errc::blocking_command_on_shared_connection);
   });
 }
 
@@ -246,7 +246,7 @@ TEST_CASE("AUTH - SELECT and CLIENT SETNAME on connect - a wrong password is a c
     request ping("PING");
     ping.options.timeout = std::chrono::milliseconds(300);
     auto [ec, r] = co_await refused.async_exec(std::move(ping), use_tuple);
-    CHECK(ec == error::not_connected);
+    CHECK(ec == errc::not_connected);
     MESSAGE(refused.last_error());
     CHECK(refused.last_error().find("AUTH refused: WRONGPASS") != std::string::npos);
   });
@@ -311,12 +311,12 @@ TEST_CASE("an unreachable server: waiting requests time out with not_connected -
     request ping("PING");
     ping.options.timeout = std::chrono::milliseconds(200);
     auto [ec, r] = co_await conn.async_exec(std::move(ping), use_tuple);
-    CHECK(ec == error::not_connected);
+    CHECK(ec == errc::not_connected);
     CHECK(conn.last_error().find("connect to redis://127.0.0.1:1/0: Connection refused") != std::string::npos);
   });
 }
 
-TEST_CASE("closing completes everything with error::closed") {
+TEST_CASE("closing completes everything with errc::closed") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     connection conn(ctx.get_executor(), config::from_url("redis://127.0.0.1:1"));
     conn.start();
@@ -326,7 +326,7 @@ TEST_CASE("closing completes everything with error::closed") {
     auto waiter = conn.async_exec(request("PING"), use_tuple);
     conn.close();
     auto [ec, r] = co_await std::move(waiter);
-    CHECK(ec == error::closed);
+    CHECK(ec == errc::closed);
   });
 }
 
@@ -337,23 +337,23 @@ TEST_CASE("empty requests, pub/sub commands off a subscriber and commands that c
     conn.start();
     blocking.start();
     auto [ec1, r1] = co_await conn.async_exec(request(), use_tuple);
-    CHECK(ec1 == error::invalid_request);
+    CHECK(ec1 == errc::invalid_request);
     auto [ec2, r2] = co_await conn.async_exec(request("UNSUBSCRIBE", "a", "b"), use_tuple);
-    CHECK(ec2 == error::invalid_request);
+    CHECK(ec2 == errc::invalid_request);
     auto [ec3, r3] = co_await blocking.async_exec(request("SUBSCRIBE", "a"), use_tuple);
-    CHECK(ec3 == error::invalid_request);
+    CHECK(ec3 == errc::invalid_request);
     CHECK((co_await exec(conn, request("PING"))).as_string() == "PONG");
     // A MULTI whose EXEC would come in a later request: other coroutines' commands would join the
     // transaction. In one request it runs.
     auto [ec4, r4] = co_await conn.async_exec(request("MULTI"), use_tuple);
-    CHECK(ec4 == error::invalid_request);
+    CHECK(ec4 == errc::invalid_request);
     auto [ec5, r5] = co_await conn.async_exec(request("HELLO", "3"), use_tuple);
-    CHECK(ec5 == error::invalid_request);
+    CHECK(ec5 == errc::invalid_request);
     // Replies out of step for every request after it, or a state a reconnect silently undoes.
     auto [ec6, r6] = co_await conn.async_exec(request("CLIENT", "REPLY", "OFF"), use_tuple);
-    CHECK(ec6 == error::invalid_request);
+    CHECK(ec6 == errc::invalid_request);
     auto [ec7, r7] = co_await blocking.async_exec(request("SELECT", "1"), use_tuple);
-    CHECK(ec7 == error::invalid_request);
+    CHECK(ec7 == errc::invalid_request);
     std::string probe = key_prefix() + "probe";
     co_await exec(conn, request("SET", probe, "here"));
     CHECK((co_await exec(conn, request("GET", probe))).as_string() == "here");      // replies in step
@@ -395,7 +395,7 @@ TEST_CASE("a reply the parser cannot read fails its request - also one safe to r
       request r("EVAL", deep, "0");
       r.options.resend_safe = resend_safe;
       auto [ec, reply] = co_await conn.async_exec(std::move(r), use_tuple);
-      CHECK(ec == error::protocol_error);
+      CHECK(ec == errc::protocol_error);
       CHECK((co_await exec(conn, request("PING"))).as_string() == "PONG");
     }
     CHECK(conn.last_error().find("nested") != std::string::npos);

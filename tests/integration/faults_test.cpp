@@ -58,7 +58,7 @@ TEST_CASE("CLIENT KILL under load: the connection comes back and no reply reache
         req.push("SET", key, value).push("GET", key);
         auto [ec, r] = co_await conn.async_exec(std::move(req), use_tuple);
         if (ec) {
-          CHECK(ec == error::connection_lost);
+          CHECK(ec == errc::connection_lost);
           ++lost;
           continue;
         }
@@ -196,7 +196,7 @@ TEST_CASE("cancellation and timeout of a request in each state") {
     request timed("GET", "k");
     timed.options.timeout = std::chrono::milliseconds(50);
     auto [ec2, r2] = co_await conn.async_exec(std::move(timed), use_tuple);
-    CHECK(ec2 == error::timeout);
+    CHECK(ec2 == errc::timeout);
 
     // After the busy script, the next request gets its own reply, not an abandoned one's.
     co_await exec(conn, request("SET", "k", "other"));
@@ -208,7 +208,7 @@ TEST_CASE("cancellation and timeout of a request in each state") {
     request waiting("GET", "k");
     waiting.options.timeout = std::chrono::milliseconds(100);
     auto [ec3, r3] = co_await conn.async_exec(std::move(waiting), use_tuple);
-    CHECK(ec3 == error::not_connected);
+    CHECK(ec3 == errc::not_connected);
     asio::cancellation_signal signal2;
     auto cancelled2 = conn.async_exec(request("GET", "k"), asio::bind_cancellation_slot(signal2.slot(), use_tuple));
     asio::co_spawn(
@@ -262,7 +262,7 @@ TEST_CASE("written requests fail on a lost connection unless marked safe to rese
     server.stop(true);
     co_await sleep_for(std::chrono::milliseconds(100));
     CHECK(done == 1);
-    CHECK(unsafe_ec == error::connection_lost);
+    CHECK(unsafe_ec == errc::connection_lost);
     server.start();
     while (done < 2) co_await sleep_for(std::chrono::milliseconds(5));
     CHECK_FALSE(safe_ec);

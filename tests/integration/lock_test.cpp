@@ -432,7 +432,7 @@ TEST_CASE("redis lock: an unreachable server fails with a clear error") {
       FAIL("locked on an unreachable server");
     } catch (const system_error& e) {
       MESSAGE(std::string(e.what()));
-      CHECK(e.code() == error::not_connected);
+      CHECK(e.code() == errc::not_connected);
       CHECK(std::string(e.what()).find("lock 'x'") != std::string::npos);
       CHECK(std::string(e.what()).find("127.0.0.1:1") != std::string::npos);
     }

@@ -67,7 +67,7 @@ TEST_CASE_FIXTURE(fixture, "waiting requests are coalesced into one write and an
   CHECK_FALSE(b->completed);
   CHECK_FALSE(feed("\nB\r\n-ERR no\r\n"));
   CHECK(b->value.as_string() == "B");
-  CHECK(c->ec == jobrt::error::server_error);
+  CHECK(c->ec == jobrt::errc::server_error);
   CHECK(c->value.error_message() == "ERR no");
   CHECK(mux.size() == 0);
 }
@@ -114,7 +114,7 @@ TEST_CASE_FIXTURE(fixture, "connection lost: written requests fail unless resend
   mux.prepare_write();
   auto c = add(request("GET", "c"));
   mux.on_connection_lost();
-  CHECK(a->ec == jobrt::error::connection_lost);
+  CHECK(a->ec == jobrt::errc::connection_lost);
   CHECK_FALSE(b->completed);
   CHECK_FALSE(c->completed);
   // b goes again, ahead of c.
@@ -133,8 +133,8 @@ TEST_CASE_FIXTURE(fixture, "expired requests time out - the next deadline is rep
   auto b = add(slow);
   auto none = add(request("GET", "c"));
   mux.prepare_write();
-  auto result = mux.expire(clock::now() + std::chrono::milliseconds(20), jobrt::error::timeout);
-  CHECK(a->ec == jobrt::error::timeout);
+  auto result = mux.expire(clock::now() + std::chrono::milliseconds(20), jobrt::errc::timeout);
+  CHECK(a->ec == jobrt::errc::timeout);
   CHECK(result.abandoned_written);
   CHECK_FALSE(b->completed);
   CHECK(result.next == ops[1]->deadline());
@@ -144,13 +144,13 @@ TEST_CASE_FIXTURE(fixture, "expired requests time out - the next deadline is rep
 }
 
 TEST_CASE_FIXTURE(fixture, "garbage and unsolicited replies are protocol errors") {
-  CHECK(feed(":1\r\n") == jobrt::error::protocol_error);  // nobody asked
+  CHECK(feed(":1\r\n") == jobrt::errc::protocol_error);  // nobody asked
   fixture other;
   other.add(request("PING"));
   other.mux.prepare_write();
-  CHECK(other.feed("?what\r\n") == jobrt::error::protocol_error);
+  CHECK(other.feed("?what\r\n") == jobrt::errc::protocol_error);
   CHECK_FALSE(other.mux.last_protocol_error().empty());
-  other.mux.fail_all(jobrt::error::closed);
+  other.mux.fail_all(jobrt::errc::closed);
   CHECK(other.mux.size() == 0);
 }
 
@@ -189,8 +189,8 @@ TEST_CASE_FIXTURE(fixture, "an abandoned pipeline still owns the rest of its rep
   auto next = add(request("GET", "d"));
   mux.prepare_write();
   CHECK_FALSE(feed(":1\r\n:2\r\n"));
-  CHECK(mux.cancel(*ops[0], jobrt::error::timeout));
-  CHECK(p->ec == jobrt::error::timeout);
+  CHECK(mux.cancel(*ops[0], jobrt::errc::timeout));
+  CHECK(p->ec == jobrt::errc::timeout);
   CHECK_FALSE(feed(":3\r\n:4\r\n"));
   CHECK(next->value.as_integer() == 4);
   CHECK(mux.size() == 0);

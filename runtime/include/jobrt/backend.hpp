@@ -201,7 +201,8 @@ class backend {
   virtual ~backend() = default;
 
   /// Stores jobs, in order. Throws on failure (a batch is one script: it fails before storing
-  /// anything unless the server itself fails mid-script, e.g. out of memory).
+  /// anything unless the server itself fails mid-script, e.g. out of memory); a job it refuses
+  /// as boost::system::system_error with errc::bad_job_id, bad_max_attempts or bad_due.
   virtual boost::asio::awaitable<std::vector<enqueue_result>> enqueue(std::string queue,
                                                                       std::vector<encoded_job> jobs) = 0;
   /// Leases up to opts.max jobs at once; an empty result means nothing is ready.
@@ -278,8 +279,9 @@ class backend {
   /// burst), nothing more of it starts until resume().
   /// Returns false when it already was paused or halted.
   virtual boost::asio::awaitable<bool> pause(std::string queue, std::string group) = 0;
-  /// Returns false when the group was not paused. Throws when `skip` is asked while the group's
-  /// head job runs or waits in the ready list.
+  /// Returns false when the group was not paused. Throws boost::system::system_error with
+  /// errc::group_busy when `skip` is asked while the group's head job runs or waits in the
+  /// ready list.
   virtual boost::asio::awaitable<bool> resume(std::string queue, std::string group, resume_mode mode) = 0;
   virtual boost::asio::awaitable<std::vector<paused_group>> paused_groups(std::string queue) = 0;
   /// Removes everything of a queue: its jobs, leases, dead letters, counters, worker records and

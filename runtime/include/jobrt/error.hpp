@@ -1,5 +1,8 @@
-// jobrt's error codes. Expected failures (network, timeouts, server replies) travel as
-// boost::system::error_code; exceptions are kept for the user-facing boundary.
+// jobrt's error codes, one enum for the connection and both backends. Expected failures
+// (network, timeouts, server replies) travel as boost::system::error_code; exceptions are kept
+// for the user-facing boundary. A queue's refusals are thrown as boost::system::system_error
+// with the same code by both backends; on Redis the Lua scripts send them as the error reply
+// 'JOBRT:<number> <message>' (docs/PROTOCOL.md), the number being the errc value.
 #pragma once
 
 #include <boost/system/error_code.hpp>
@@ -8,7 +11,7 @@
 
 namespace jobrt {
 
-enum class error {
+enum class errc {
   /// The request was not sent: no connection to the server yet (see connection::last_error()).
   not_connected = 1,
   /// The connection dropped after the request was written; it may or may not have run.
@@ -31,14 +34,28 @@ enum class error {
   /// The request is empty, holds pub/sub commands and the connection is not a subscriber, or
   /// would disturb every other request on the connection (request::disturbs_connection).
   invalid_request,
+
+  // --- a queue's refusals (nothing was stored or changed) ---
+
+  /// An enqueue's job count is not a whole number, or does not match its arguments.
+  bad_batch = 20,
+  /// A producer's job id holds '|', is all digits (as the ids the queue assigns), or starts or
+  /// ends with white space.
+  bad_job_id = 21,
+  /// A job's "max" (attempts) is below 1 or not whole.
+  bad_max_attempts = 22,
+  /// A job's due time is not '', '+<ms>' or at most 15 digits of ms since the epoch.
+  bad_due = 23,
+  /// resume(skip) while the group's head job runs or waits in the ready list.
+  group_busy = 24,
 };
 
-/// The category of jobrt::error.
+/// The category of jobrt::errc.
 const boost::system::error_category& error_category() noexcept;
 
-inline boost::system::error_code make_error_code(error e) noexcept { return {static_cast<int>(e), error_category()}; }
+inline boost::system::error_code make_error_code(errc e) noexcept { return {static_cast<int>(e), error_category()}; }
 
 }  // namespace jobrt
 
 template <>
-struct boost::system::is_error_code_enum<jobrt::error> : std::true_type {};
+struct boost::system::is_error_code_enum<jobrt::errc> : std::true_type {};

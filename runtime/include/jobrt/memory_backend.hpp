@@ -24,8 +24,10 @@ class wakeups;
 
 /// Keeps any number of named queues in memory. Every operation runs in one critical section, so
 /// the object may be used from any number of threads and coroutines at once; none of them
-/// suspends except claim_wait while it waits. The only exception an operation throws besides
-/// std::bad_alloc (which may leave a batch half stored) is claim_wait's when it is cancelled.
+/// suspends except claim_wait while it waits. Besides the refusals backend.hpp names (as
+/// Redis: boost::system::system_error with a jobrt::errc, nothing changed), the only exceptions
+/// an operation throws are std::bad_alloc (which may leave a batch half stored) and claim_wait's
+/// when it is cancelled.
 /// The object must outlive every operation on it, including a claim_wait still waiting.
 ///
 /// Lease deadlines are system_clock milliseconds, as the Lua scripts use the server's TIME. As

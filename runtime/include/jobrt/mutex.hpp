@@ -29,7 +29,7 @@
 
 namespace jobrt {
 
-/// Errors of the lock (besides jobrt::error for the connection's failures).
+/// Errors of the lock (besides jobrt::errc for the connection's failures).
 enum class lock_error {
   /// lock() waited lock_options::wait and did not get the lock.
   timeout = 1,
@@ -137,7 +137,7 @@ class lock_service {
   lock_service& operator=(const lock_service&) = delete;
 
   /// Takes the lock, waiting up to o.wait. Throws boost::system::system_error: lock_error::timeout
-  /// when the wait ran out, lock_error::empty_name / invalid_ttl for bad input, jobrt::error
+  /// when the wait ran out, lock_error::empty_name / invalid_ttl for bad input, jobrt::errc
   /// codes when Redis cannot be reached (the message says why), operation_aborted when the
   /// awaiting coroutine is cancelled (nothing is left held).
   boost::asio::awaitable<lock_lease> lock(std::string name, lock_options o = {});

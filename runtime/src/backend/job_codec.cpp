@@ -97,17 +97,17 @@ bool assigned_id(std::string_view id) noexcept {
   return !id.empty() && std::all_of(id.begin(), id.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-void check_id(std::string_view id) {
-  if (id.find('|') != std::string_view::npos) throw std::invalid_argument(fmt::format("job id '{}' contains '|'", id));
+std::string id_refusal(std::string_view id) {
+  if (id.find('|') != std::string_view::npos) return fmt::format("job id '{}' contains '|'", id);
   if (assigned_id(id))
-    throw std::invalid_argument(
-        fmt::format("job id '{}' is all digits, like the ids the queue assigns; give it a prefix", id));
+    return fmt::format("job id '{}' is all digits, like the ids the queue assigns; give it a prefix", id);
   auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };  // Lua's %s
   if (!id.empty() && (space(id.front()) || space(id.back())))
-    throw std::invalid_argument(fmt::format("job id '{}' starts or ends with white space", id));
+    return fmt::format("job id '{}' starts or ends with white space", id);
+  return {};
 }
 
-void check_body(std::string_view body) {
+std::string body_refusal(std::string_view body) {
   // As enqueue.lua: only a body whose text may hold a max below 1 ('"max"', ':', then '-' or
   // '0', spaces between) is decoded, and its own "max" decides.
   auto may_hold = [&] {
@@ -123,14 +123,14 @@ void check_body(std::string_view body) {
     }
     return false;
   };
-  if (!may_hold()) return;
+  if (!may_hold()) return {};
   boost::system::error_code ec;
   auto v = boost::json::parse(body, ec);
   const auto* max = !ec && v.is_object() ? v.as_object().if_contains("max") : nullptr;
-  if (!max || !max->is_number()) return;
+  if (!max || !max->is_number()) return {};
   auto m = max->to_number<double>();
-  if (m < 1 || m != std::floor(m))
-    throw std::invalid_argument(fmt::format("job max_attempts is {:.14g}; it must be at least 1", m));
+  if (m < 1 || m != std::floor(m)) return fmt::format("job max_attempts is {:.14g}; it must be at least 1", m);
+  return {};
 }
 
 std::string producer_id(const job_record& r) {

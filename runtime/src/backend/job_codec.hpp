@@ -57,11 +57,11 @@ std::string producer_id(const job_record& r);
 bool assigned_id(std::string_view id) noexcept;
 
 /// What enqueue.lua refuses of a producer's id, in its words: a '|', all digits (see
-/// assigned_id), white space at either end. Throws std::invalid_argument; "" passes (assigned).
-void check_id(std::string_view id);
+/// assigned_id), white space at either end. "" when the id passes ("" itself does: assigned).
+std::string id_refusal(std::string_view id);
 
-/// What enqueue.lua refuses of a body: a "max" (attempts) below 1 or not whole. Throws
-/// std::invalid_argument in its words.
-void check_body(std::string_view body);
+/// What enqueue.lua refuses of a body, in its words: a "max" (attempts) below 1 or not whole.
+/// "" when the body passes.
+std::string body_refusal(std::string_view body);
 
 }  // namespace jobrt::detail

@@ -3,6 +3,8 @@
 // command a step stands for where the correspondence is not obvious.
 #include <jobrt/memory_backend.hpp>
 
+#include <jobrt/error.hpp>
+
 #include "backend/check_walk.hpp"
 #include "backend/job_codec.hpp"
 #include "backend/wakeups.hpp"
@@ -94,6 +96,9 @@ std::vector<job_record> split_all(const std::deque<std::string>& list, std::size
   for (std::size_t i = 1; i <= n; ++i) out.push_back(detail::split_record(list[i]));
   return out;
 }
+
+// A refusal, as the scripts make it (JOBRT:<code> on Redis): nothing was changed.
+[[noreturn]] void refuse(errc code, const std::string& message) { throw boost::system::system_error(code, message); }
 
 // reap.lua's string.match(record, '"type":"([^"]*)"') or '(unknown)'.
 std::string type_in(std::string_view record) {
@@ -239,11 +244,11 @@ asio::awaitable<std::vector<enqueue_result>> memory_backend::enqueue(std::string
 
   for (std::size_t i = 0; i < jobs.size(); ++i) {  // as enqueue.lua, before anything is stored
     const auto& job = jobs[i];
-    detail::check_id(job.id);
-    detail::check_body(job.body);
+    if (auto problem = detail::id_refusal(job.id); !problem.empty()) refuse(errc::bad_job_id, problem);
+    if (auto problem = detail::body_refusal(job.body); !problem.empty()) refuse(errc::bad_max_attempts, problem);
     constexpr std::int64_t latest = 999'999'999'999'999;  // 15 digits
     if (job.delay_ms < 0 || job.delay_ms > latest || job.run_at_ms < 0 || job.run_at_ms > latest)
-      throw std::invalid_argument(fmt::format("job {} due time is out of range (15 digits of ms at most)", i + 1));
+      refuse(errc::bad_due, fmt::format("job {} due time is out of range (15 digits of ms at most)", i + 1));
   }
   auto missing = std::count_if(jobs.begin(), jobs.end(), [](const encoded_job& j) { return j.id.empty(); });
   auto timed_grouped = std::count_if(jobs.begin(), jobs.end(), [](const encoded_job& j) {
@@ -910,8 +915,8 @@ asio::awaitable<bool> memory_backend::resume(std::string queue, std::string grou
   if (state == q.paused.end()) co_return false;
   bool is_parked = q.parked.contains(group);
   if (mode == resume_mode::skip && !is_parked)
-    throw std::invalid_argument(
-        fmt::format("group '{}' is running or waiting to run; pause it and let it stop first", group));
+    refuse(errc::group_busy,
+           fmt::format("group '{}' is running or waiting to run; pause it and let it stop first", group));
   bool halted = state->second.halted;
   std::string why = "skipped by an operator";
   if (halted) why += " after it halted its group: " + state->second.error;

@@ -221,7 +221,7 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
   const auto& claimed = r.as_array().at(1);
   if (claimed.is_error()) {  // NOSCRIPT on that connection's server: claim the usual way, which loads it
     if (!claimed.error_message().starts_with("NOSCRIPT"))
-      throw boost::system::system_error(error::server_error, std::string(claimed.error_message()));
+      throw boost::system::system_error(errc::server_error, std::string(claimed.error_message()));
     co_return co_await claim(std::move(queue), std::move(opts));
   }
   auto jobs = parse_claimed(claimed);
@@ -229,7 +229,7 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
   // commands) returns at once: taken for an empty wait, the worker would ask again and again.
   // The claim behind it still ran; its jobs come first, and the next call fails.
   if (const auto& moved = r.as_array().at(0); moved.is_error() && jobs.empty())
-    throw boost::system::system_error(error::server_error,
+    throw boost::system::system_error(errc::server_error,
                                       fmt::format("BLMOVE on {} refused: {}", cfg_.address(), moved.error_message()));
   if (jobs.size() < std::min(opts.max, max_batch)) set_idle_mark(opts.worker);
   co_return jobs;
@@ -239,7 +239,7 @@ void redis_backend::unblock(std::int64_t client_id) {
   if (client_id == 0) return;  // not connected: the request waits, and the cancellation removes it
   conn_.async_exec(request("CLIENT", "UNBLOCK", client_id),
                    [address = cfg_.address()](boost::system::error_code ec, reply r) {
-                     if (ec == error::server_error)
+                     if (ec == errc::server_error)
                        jobrt::log(log_level::warn, "redis",
                                   "CLIENT UNBLOCK refused by {}: {}; a stopping worker drops its blocking connection "
                                   "after {} ms instead",

@@ -341,7 +341,7 @@ asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std
         r = co_await acquire(name, w.token, o, wait, std::max(remaining, 0ms), 0ms);
       } catch (const system_error& e) {
         // Never written (no connection): it cannot have taken anything.
-        if (e.code() == error::not_connected) guard.needs_release = queue && w.attempted_once;
+        if (e.code() == errc::not_connected) guard.needs_release = queue && w.attempted_once;
         failure = std::current_exception();
       }
       if (failure) std::rethrow_exception(failure);

@@ -174,7 +174,7 @@ class redis_lock_core final : public lock_core {
     auto [ec, r] = co_await conn_.async_exec(std::move(req), asio::as_tuple(asio::use_awaitable));
     // One command's reply comes alone, a pipeline's as an array: make both an array.
     auto as_list = [n = items.size()](boost::system::error_code& code, redis::reply& rep) {
-      if (n == 1 && (!code || code == error::server_error)) {
+      if (n == 1 && (!code || code == errc::server_error)) {
         code = {};
         std::vector<redis::reply> one;
         one.push_back(std::move(rep));
@@ -193,10 +193,10 @@ class redis_lock_core final : public lock_core {
         all.erase(all.begin());
       }
     }
-    if (ec) throw system_error(ec, ec == error::not_connected ? conn_.last_error() : std::string());
+    if (ec) throw system_error(ec, ec == errc::not_connected ? conn_.last_error() : std::string());
     std::vector<bool> out;
     for (auto& e : r.as_array()) {
-      if (e.is_error()) throw system_error(error::server_error, std::string(e.error_message()));
+      if (e.is_error()) throw system_error(errc::server_error, std::string(e.error_message()));
       out.push_back(e.as_integer() == 1);
     }
     co_return out;
@@ -221,7 +221,7 @@ class redis_lock_core final : public lock_core {
   // NOSCRIPT, SCRIPT LOAD and the same EVALSHA in one round trip), but inline in their own
   // coroutine and without keeping a copy of every request for the rare reload: they build it again.
   static bool needs_reload(const boost::system::error_code& ec, const redis::reply& r) {
-    return ec == error::server_error && r.error_message().starts_with("NOSCRIPT");
+    return ec == errc::server_error && r.error_message().starts_with("NOSCRIPT");
   }
 
   static redis::request with_load(const redis::script& s, redis::request evalsha) {
@@ -237,7 +237,7 @@ class redis_lock_core final : public lock_core {
     auto& both = r.as_array();
     redis::reply answer = std::move(both.at(both.at(0).is_error() ? 0 : 1));
     r = std::move(answer);
-    if (r.is_error()) ec = error::server_error;
+    if (r.is_error()) ec = errc::server_error;
   }
 
   // Throws for a failed call, with the connection's own words on why (e.g. "connect to
@@ -245,7 +245,7 @@ class redis_lock_core final : public lock_core {
   void check(const boost::system::error_code& ec, const redis::reply& r, const std::string& name) const {
     if (!ec) return;
     std::string failure = r.is_error() ? std::string(r.error_message()) : std::string();
-    if (ec == error::not_connected) failure = conn_.last_error();
+    if (ec == errc::not_connected) failure = conn_.last_error();
     throw system_error(ec, fmt::format("lock '{}'", name) + (failure.empty() ? "" : ": " + failure));
   }
 

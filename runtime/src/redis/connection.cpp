@@ -222,7 +222,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       if (!command || !self->connected_) return;  // (re)connecting sends the whole set
       auto confirmed = [self = self.get(), add, c = *command](error_code ec, reply& r) {
         if (!ec && add) self->deliver(message{{}, {}, {}, true});
-        if (ec == error::server_error && add) self->refused(c.name, r, c.names, c.pattern);
+        if (ec == errc::server_error && add) self->refused(c.name, r, c.names, c.pattern);
       };
       self->send_internal(request(command->name, command->names), command->names.size(), confirmed);
     });
@@ -250,7 +250,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     // from here: post_completion.
     asio::dispatch(strand_, [self = shared_from_this(), op = std::move(op)]() mutable {
       if (self->closed_)
-        post_completion(std::move(op->handler), self->ex_, error_code(error::closed), message{});
+        post_completion(std::move(op->handler), self->ex_, error_code(errc::closed), message{});
       else if (auto m = self->subs_.next())
         post_completion(std::move(op->handler), self->ex_, error_code(), std::move(*m));
       else
@@ -263,15 +263,15 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
 
   void enqueue(std::shared_ptr<exec_op> op) {
     if (closed_) {
-      mux_.cancel(*op, error::closed);
+      mux_.cancel(*op, errc::closed);
       return;
     }
     if (role_ == connection_role::shared && op->blocking()) {
-      mux_.cancel(*op, error::blocking_command_on_shared_connection);
+      mux_.cancel(*op, errc::blocking_command_on_shared_connection);
       return;
     }
     if (op->unmatchable()) {
-      mux_.cancel(*op, error::invalid_request);
+      mux_.cancel(*op, errc::invalid_request);
       return;
     }
     auto deadline = op->deadline();
@@ -327,8 +327,8 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     backoff_timer_.cancel();
     connect_timer_.cancel();
     resolver_.cancel();
-    mux_.fail_all(error::closed);
-    for (auto& r : receivers_) post_completion(std::move(r->handler), ex_, error_code(error::closed), message{});
+    mux_.fail_all(errc::closed);
+    for (auto& r : receivers_) post_completion(std::move(r->handler), ex_, error_code(errc::closed), message{});
     receivers_.clear();
   }
 
@@ -384,8 +384,8 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     auto remaining = std::make_shared<std::size_t>(commands.size());
     for (auto& c : commands) {
       auto confirmed = [this, remaining, c](error_code ec, reply& r) {
-        if (ec == error::server_error) refused(c.name, r, c.names, c.pattern);
-        if ((!ec || ec == error::server_error) && --*remaining == 0) deliver(message{{}, {}, {}, true});
+        if (ec == errc::server_error) refused(c.name, r, c.names, c.pattern);
+        if ((!ec || ec == errc::server_error) && --*remaining == 0) deliver(message{{}, {}, {}, true});
       };
       send_internal(request(c.name, c.names), c.names.size(), confirmed);
     }
@@ -400,7 +400,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       if (self->closed_) break;
       // A request that times out while there is no connection says so: the cause is the
       // connection, and last_error() tells why.
-      error_code ec = self->connected_ ? error_code(error::timeout) : error_code(error::not_connected);
+      error_code ec = self->connected_ ? error_code(errc::timeout) : error_code(errc::not_connected);
       // Completions run inline may queue requests with deadlines of their own: they lower
       // armed_deadline_ from max, and the result is the earlier of theirs and the rest.
       self->armed_deadline_ = clock::time_point::max();
@@ -631,7 +631,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       // Silence: since the last read, or since requests were written to an idle connection.
       auto idle = clock::now() - std::max(last_read_, waiting_since_);
       if (mux_.in_flight() > 0 && idle >= 2 * interval) {
-        lost(fmt::format("{} (no reply for {} ms)", error_code(error::health_check_failed).message(),
+        lost(fmt::format("{} (no reply for {} ms)", error_code(errc::health_check_failed).message(),
                          std::chrono::duration_cast<std::chrono::milliseconds>(idle).count()));
         co_return;
       }
@@ -715,7 +715,7 @@ boost::asio::awaitable<reply> exec_or_throw(Connection& c, request req) {
   auto [ec, r] = co_await c.async_exec(std::move(req), boost::asio::as_tuple(boost::asio::use_awaitable));
   if (ec) {
     std::string what = r.is_error() ? std::string(r.error_message()) : std::string();
-    if (ec == error::not_connected) what = c.last_error();
+    if (ec == errc::not_connected) what = c.last_error();
     // (With an empty what_arg, what() would read ": <message>".)
     if (what.empty()) throw boost::system::system_error(ec);
     throw boost::system::system_error(ec, what);

@@ -62,14 +62,14 @@ boost::system::error_code multiplexer::drain(std::size_t max_replies, bool& more
           std::shared_ptr<pending> p = std::move(queue_.front());
           queue_.pop_front();
           --sent_;
-          p->complete(error::protocol_error, {});
+          p->complete(errc::protocol_error, {});
         }
-        return error::protocol_error;
+        return errc::protocol_error;
       case resp_parser::result::reply:
         if (push_filter && push_filter(r)) break;
         if (sent_ == 0) {
           protocol_error_ = "a reply arrived that no request waits for";
-          return error::protocol_error;
+          return errc::protocol_error;
         }
         deliver(std::move(r));
         break;
@@ -91,7 +91,7 @@ void multiplexer::deliver(reply r) {
   queue_.pop_front();
   --sent_;
   boost::system::error_code ec;
-  if ((p->expected_ == 1 || p->one_command_) && r.is_error()) ec = error::server_error;
+  if ((p->expected_ == 1 || p->one_command_) && r.is_error()) ec = errc::server_error;
   p->complete(ec, std::move(r));
 }
 
@@ -116,7 +116,7 @@ void multiplexer::on_connection_lost() {
   sent_ = 0;
   write_buffer_.clear();
   parser_.reset();
-  for (auto& p : failed) p->complete(error::connection_lost, {});
+  for (auto& p : failed) p->complete(errc::connection_lost, {});
 }
 
 bool multiplexer::cancel(pending& p, boost::system::error_code ec) {

@@ -85,7 +85,7 @@ class multiplexer {
   void commit_write() noexcept { write_buffer_.clear(); }
 
   /// Feeds bytes read from the server and completes every request whose replies are complete.
-  /// Returns error::protocol_error when the bytes are not RESP or answer no request.
+  /// Returns errc::protocol_error when the bytes are not RESP or answer no request.
   boost::system::error_code on_data(const char* data, std::size_t size);
 
   /// The same in two steps: feed() the bytes, then drain() up to max_replies at a time, so the
@@ -96,7 +96,7 @@ class multiplexer {
   /// Why on_data failed.
   const std::string& last_protocol_error() const noexcept { return protocol_error_; }
 
-  /// The connection dropped: written requests fail with error::connection_lost, except the
+  /// The connection dropped: written requests fail with errc::connection_lost, except the
   /// resend-safe ones, which wait again (in their order, ahead of the others).
   void on_connection_lost();
 

@@ -61,7 +61,7 @@ class basic_connection {
 
   basic_connection(const basic_connection&) = delete;
   basic_connection& operator=(const basic_connection&) = delete;
-  /// Closes the connection: every request still waiting or in flight completes with error::closed.
+  /// Closes the connection: every request still waiting or in flight completes with errc::closed.
   ~basic_connection();
 
   /// Starts connecting, and reconnecting after each loss, until close(). Idempotent.
@@ -105,10 +105,10 @@ class connection : public basic_connection {
   connection(executor_type ex, config cfg) : basic_connection(std::move(ex), std::move(cfg), connection_role::shared) {}
 
   /// Sends req and completes with its reply: for a single command, its reply (an error reply
-  /// completes with error::server_error and the reply holding the message); for a pipeline, an
+  /// completes with errc::server_error and the reply holding the message); for a pipeline, an
   /// array of their replies. Waits while disconnected; see request_options for timeouts and
   /// resending. Cancellation: a waiting request is removed; a written one is abandoned (its reply
-  /// is dropped). Blocking commands complete with error::blocking_command_on_shared_connection.
+  /// is dropped). Blocking commands complete with errc::blocking_command_on_shared_connection.
   /// Thread-safe.
   template <class CompletionToken>
   auto async_exec(request req, CompletionToken&& token) {
@@ -144,7 +144,7 @@ class subscriber : public basic_connection {
   void unsubscribe(std::vector<std::string> channels);
   void punsubscribe(std::vector<std::string> patterns);
 
-  /// Completes with the next message (messages are queued until received), or error::closed.
+  /// Completes with the next message (messages are queued until received), or errc::closed.
   /// Thread-safe; concurrent receivers are served in order.
   template <class CompletionToken>
   auto async_receive(CompletionToken&& token) {

@@ -26,7 +26,8 @@ class script {
 
   /// Runs the request made by make_request: EVALSHA, and on NOSCRIPT, SCRIPT LOAD and EVALSHA
   /// again in one round trip. Returns the script's reply; throws boost::system::system_error on
-  /// failure (a script error's what() holds Redis' message).
+  /// failure (a script error's what() holds Redis' message; an error reply 'JOBRT:<n> <message>',
+  /// a refusal of jobrt's own scripts, comes as errc n with what() holding the message).
   boost::asio::awaitable<reply> run(connection& c, request evalsha) const;
 
   template <class Keys, class Args>
