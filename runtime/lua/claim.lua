@@ -19,39 +19,42 @@ local max, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- Redis's of a number argument) prints it as a float, which costs microseconds.
 local ahead = ARGV[3] or '0'
 
-local lanes = redis.call('LPOP', claimed, ARGV[1]) or {}
-if #lanes < max then
-  local more = redis.call('LPOP', ready, string.format('%d', max - #lanes))
-  if more then
-    for _, lane in ipairs(more) do lanes[#lanes + 1] = lane end
-  end
-end
-if #lanes == 0 then return {} end
-
+-- The lanes this worker's blocking claim moved come first, then lanes from ready. A lane parked
+-- or dropped on the way is replaced by the next one, up to 100 of them a call (bounded work).
 local taken, records_of, fences = {}, {}, 0 -- records_of[i]: the records of a grouped taken[i]
 local any_paused = nil -- EXISTS paused, asked once, at the first grouped lane that has jobs
-for _, lane in ipairs(lanes) do
-  if string.sub(lane, 1, 2) == 'g:' then
-    local records = redis.call('LRANGE', prefix .. lane, '0', ahead)
-    if #records == 0 then
-      -- a stale lane of an emptied group is dropped
-    else
-      if any_paused == nil then any_paused = redis.call('EXISTS', paused) == 1 end
-      if any_paused and redis.call('HEXISTS', paused, string.sub(lane, 3)) == 1 then
-        redis.call('SADD', parked, string.sub(lane, 3))
+local lanes = redis.call('LPOP', claimed, ARGV[1]) or {}
+local passed, asked = 0, 0 -- asked: how many lanes the last LPOP of ready asked for
+while true do
+  for _, lane in ipairs(lanes) do
+    if string.sub(lane, 1, 2) == 'g:' then
+      local records = redis.call('LRANGE', prefix .. lane, '0', ahead)
+      if #records == 0 then
+        passed = passed + 1 -- a stale lane of an emptied group is dropped
       else
-        taken[#taken + 1] = lane
-        records_of[#taken] = records
-        fences = fences + #records
+        if any_paused == nil then any_paused = redis.call('EXISTS', paused) == 1 end
+        if any_paused and redis.call('HEXISTS', paused, string.sub(lane, 3)) == 1 then
+          redis.call('SADD', parked, string.sub(lane, 3))
+          passed = passed + 1
+        else
+          taken[#taken + 1] = lane
+          records_of[#taken] = records
+          fences = fences + #records
+        end
       end
+    else
+      -- (a lane that is neither, written by hand, is taken as a job's record, kept whole: the
+      -- worker dead-letters it as malformed)
+      if string.sub(lane, 1, 2) ~= 'j:' then lane = 'j:' .. lane end
+      taken[#taken + 1] = lane
+      fences = fences + 1
     end
-  else
-    -- (a lane that is neither, written by hand, is taken as a job's record, kept whole: the
-    -- worker dead-letters it as malformed)
-    if string.sub(lane, 1, 2) ~= 'j:' then lane = 'j:' .. lane end
-    taken[#taken + 1] = lane
-    fences = fences + 1
   end
+  local need = max - #taken
+  if need <= 0 or passed >= 100 or #lanes < asked then break end
+  asked = need
+  lanes = redis.call('LPOP', ready, string.format('%d', need))
+  if not lanes then break end
 end
 if #taken == 0 then return {} end
 

@@ -15,6 +15,7 @@
 // hours, or a few milliseconds ("short"): a short entry is promoted only once the wall clock is
 // surely past it on both backends (same machine: Redis TIME and system_clock agree), and short
 // entries are made so that their order is the same on both (see pending_short).
+#include "support/records.hpp"
 #include "support/redis_server.hpp"
 #include "support/run.hpp"
 
@@ -24,6 +25,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <boost/core/demangle.hpp>
+#include <boost/system/system_error.hpp>
 
 #include <algorithm>
 #include <array>
@@ -49,73 +51,6 @@ using namespace std::chrono_literals;
 using asio::awaitable;
 
 namespace {
-
-// --- findings: differences between the backends that the test would stop at ---------------------
-// Each flag hides one known difference so that the run goes on to find others; set it to false
-// once the backend is fixed.
-
-// FINDING 1: resume(skip) refused (the group's head runs or waits in the ready list) throws
-// std::invalid_argument on memory (memory_backend.cpp, resume) and boost::system::system_error
-// (the script's error reply, resume.lua) on Redis. backend.hpp says only "Throws". The test
-// compares "threw" alone; the types are printed in the operation's description.
-constexpr bool finding_1_exception_types_differ = true;
-
-// FINDING 2: the same for enqueue's refusals (a producer id with '|' or all digits, a body's "max"
-// below 1): std::invalid_argument on memory (memory_backend.cpp, enqueue: detail::check_id and
-// check_body), boost::system::system_error on Redis (enqueue.lua's error replies). The messages
-// agree. memory_backend.hpp even says that claim_wait's cancellation is the only exception it
-// throws, which both refusals contradict.
-constexpr bool finding_2_enqueue_exception_types_differ = true;
-
-// FINDING 3: claim_wait with max 0. Memory returns nothing at once (memory_backend.hpp says so) and
-// changes nothing. Redis (redis_backend.cpp, claim_wait) has no such check: its first claim leases
-// nothing, so it goes on to BLMOVE, which moves the head lane of ready to claimed:<worker>; the
-// claim.lua behind it takes 0 lanes (LPOP claimed 0), and the lane stays in claimed:<worker>:
-// out of ready (counts().ready_lanes one lower), taken by that worker's next claim (out of
-// order) or put back only by its release() or by reap once its heartbeat has expired (never, if
-// it never called extend). Shortest: enqueue one job; claim_wait(w, max 0, 1 ms) -> [] on both;
-// then counts(): ready_lanes 1 on memory, 0 on Redis; claim(w2, max 1): the job on memory,
-// nothing on Redis. (The worker never asks for 0.) While set, claim_wait asks for 1 at least.
-constexpr bool finding_3_claim_wait_max_0 = true;
-
-// FINDING 4: enqueue of a job with a negative delay_ms or run_at_ms. Memory (memory_backend.cpp,
-// enqueue's first loop) refuses the batch: std::invalid_argument "job 1 due time is out of range
-// (15 digits of ms at most)". Redis stores the job as due now: redis_backend.cpp (enqueue) turns
-// any value <= 0 into the due '' before enqueue.lua sees it. Shortest: enqueue one job with
-// delay_ms -5 (or run_at_ms -5) -> memory throws, Redis answers its id. backend.hpp does not say
-// what a negative means (run_at_ms "if set"); the producer never sends one (it refuses a negative
-// delay and makes a run_at before the epoch 1). While set, the test sends no negative.
-constexpr bool finding_4_negative_due = true;
-
-// FINDING 5: claim with ahead = SIZE_MAX ("every follower"). Memory (memory_backend.cpp,
-// claim_locked: min(group size, opts.ahead + 1)) wraps ahead + 1 to 0 and reserves no fence for
-// the job and its followers: the next claim gives out the same fence again. Redis refuses the call
-// (claim.lua's LRANGE 0 18446744073709551615: "ERR value is not an integer or out of range").
-// Shortest: enqueue 3 jobs of group g and 1 of group h; claim(max 1, ahead SIZE_MAX) -> fence 1,
-// 2 followers; claim(max 1, ahead 0) -> fence 1 again on memory (Redis threw at the first claim).
-// Fences must never repeat, so memory is wrong; Redis's refusal is at least safe. (finish's
-// item.ahead = SIZE_MAX, by reading: memory takes every follower; on Redis finish.lua's LRANGE
-// fails mid-script, after its earlier writes.) The worker caps its burst at 1000, so only other
-// callers get here. While set, the test asks for ahead 0 to 2 only.
-constexpr bool finding_5_ahead_overflow = true;
-
-// FINDING 6: claim_wait when the lanes at the head of ready are parked on the way (a paused
-// group's lane, put back at the head by a release, which does not look at pauses) and more lanes
-// are ready behind them. Memory (memory_backend.cpp, claim_wait) claims, gets nothing, and waits
-// the whole `wait` (nobody wakes it: no lane is made ready), then claims again and gets the next
-// lane: a ready job held back for the whole wait (2 s in a scratch run with wait 2000 ms). Redis
-// (redis_backend.cpp, claim_wait), for a worker whose last claim_wait got fewer jobs than it asked
-// for (its "idle mark", the usual case), skips the first claim: BLMOVE moves exactly one lane, the
-// paused one, claim.lua parks it and the call returns nothing at once, though a job is ready
-// (the worker asks again: no job lost, one round trip more). Without the mark Redis claims, then
-// BLMOVEs the next lane and returns that job at once. Shortest (one worker w2 for both
-// claim_waits): claim_wait(w2, max 1, 1 ms) on an empty queue -> [] (sets w2's mark); enqueue
-// A (group g1), B (group g2); claim(w, max 1) -> A; pause(g1); finish(w, [A release]) -> g:g1 back
-// at the head of ready; claim_wait(w2, max 1, 1 ms) -> memory [B] after the whole wait, Redis [].
-// backend.hpp: "waits ... for work when nothing is ready": B was ready, so both are off the spec
-// (memory's wait is the worse part). While set, every claim_wait comes from a worker name of its
-// own (no mark on Redis), whose path agrees with memory's result.
-constexpr bool finding_6_claim_wait_behind_parked_lane = true;
 
 // --- small helpers ------------------------------------------------------------------------------
 
@@ -184,8 +119,9 @@ std::string show_group(const std::string& g) { return g.empty() ? "-" : g; }
 
 std::string show(const claimed_job& j) {
   std::string ahead;
-  for (auto& r : j.ahead) ahead += (ahead.empty() ? "" : " ; ") + r;
-  return fmt::format("fence={} group={} record={} ahead=[{}]", j.fence, show_group(j.group), j.record, ahead);
+  for (auto& r : j.ahead) ahead += (ahead.empty() ? "" : " ; ") + jobrt::test::text(r);
+  return fmt::format("fence={} group={} record={} ahead=[{}]", j.fence, show_group(j.group), jobrt::test::text(j.job),
+                     ahead);
 }
 
 std::string show(const queue_counts& c) {
@@ -197,11 +133,13 @@ std::string show(const queue_counts& c) {
 }
 
 std::string show_error(const std::exception& e) {
-  return fmt::format("threw {}: {}", boost::core::demangle(typeid(e).name()), e.what());
+  std::string code;
+  if (auto* s = dynamic_cast<const boost::system::system_error*>(&e)) code = fmt::format(" ({})", s->code().value());
+  return fmt::format("threw {}{}: {}", boost::core::demangle(typeid(e).name()), code, e.what());
 }
 
-// "threw <type>" of an error shown by show_error: what is compared once the findings on exception
-// types are fixed (the messages are each backend's own).
+// "threw <type> (<code>)" of an error shown by show_error: what both backends must agree on (the
+// messages are each backend's own).
 std::string thrown_type(const std::string& error) { return error.substr(0, error.find(':')); }
 
 // What one backend answered: its value, or the exception it threw.
@@ -448,8 +386,8 @@ class differential {
     l.worker = worker;
     l.token = {m.token, r.token};
     l.group = m.group;
-    l.record = m.record;
-    l.followers.assign(m.ahead.begin(), m.ahead.end());
+    l.record = jobrt::test::text(m.job);
+    for (auto& f : m.ahead) l.followers.push_back(jobrt::test::text(f));
     int h = next_handle_++;
     leases_.emplace(h, std::move(l));
     return h;
@@ -558,7 +496,7 @@ class differential {
       } else if (due < 88) {
         j.run_at_ms = wall_ms() + hours_ms;
         when = "run_at in 3h";
-      } else if (due < 89 && !finding_4_negative_due) {
+      } else if (due < 89) {
         // not a due time: below zero
         if (rng_.chance(50))
           j.delay_ms = -5;
@@ -587,8 +525,8 @@ class differential {
     };
     auto mt = text(m, show_results), rt = text(r, show_results);
     if (!m.error.empty() && !r.error.empty()) {
-      // Both refused the batch (a bad id or max). FINDING 2: with exceptions of different types.
-      if (!finding_2_enqueue_exception_types_differ && !same(what, thrown_type(mt), thrown_type(rt))) co_return;
+      // Both refused the batch (a bad id, max or due time): with the same errc.
+      if (!same(what, thrown_type(mt), thrown_type(rt))) co_return;
       note(fmt::format("{} -> both threw (memory {} / redis {})", what, mt, rt));
       co_return;
     }
@@ -607,11 +545,9 @@ class differential {
     ++tally_[wait ? "claim_wait" : "claim"];
     claim_options o;
     o.worker = rng_.pick(worker_names);
-    if (wait && finding_6_claim_wait_behind_parked_lane) o.worker = fmt::format("cw{}", ++fresh_workers_);
     o.max = rng_.chance(3) ? 0 : 1 + rng_.below(4);
-    if (wait && finding_3_claim_wait_max_0 && o.max == 0) o.max = 1;
     o.ahead = rng_.chance(40) ? 0 : 1 + rng_.below(2);
-    if (!finding_5_ahead_overflow && rng_.chance(2)) o.ahead = std::numeric_limits<std::size_t>::max();
+    if (rng_.chance(2)) o.ahead = std::numeric_limits<std::size_t>::max();
     o.lease_ttl = lease_ttl;
     std::string what =
         fmt::format("{} {} max={} ahead={}", wait ? "claim_wait 1ms" : "claim", o.worker, o.max, o.ahead);
@@ -993,9 +929,8 @@ class differential {
     auto mt = text(m, show_bool), rt = text(r, show_bool);
     if (!m.error.empty() && !r.error.empty()) {
       ++tally_["resume refused"];
-      // A refused skip: both must throw. FINDING 1: with what type differs, so only "threw" is
-      // compared while the flag is set.
-      if (!finding_1_exception_types_differ && !same(what, thrown_type(mt), thrown_type(rt))) co_return;
+      // A refused skip: both must throw errc::group_busy.
+      if (!same(what, thrown_type(mt), thrown_type(rt))) co_return;
       note(fmt::format("{} -> both threw (memory {} / redis {})", what, mt, rt));
       co_return;
     }
@@ -1156,7 +1091,6 @@ class differential {
   std::vector<due_range> pending_short_;
   bool reap_next_ = false;
   std::int64_t ready_lanes_ = 0;  // as the last comparison saw them
-  int fresh_workers_ = 0;
 };
 
 }  // namespace

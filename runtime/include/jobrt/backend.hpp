@@ -33,7 +33,8 @@ struct encoded_job {
   std::string group;
   std::string body;
   /// When it may run: at run_at_ms (milliseconds since the epoch, by the backend's clock) if
-  /// set, else delay_ms after it is stored. Until then it waits in the delayed set; a grouped
+  /// set, else delay_ms after it is stored. Each is 0 or positive, of 15 digits at most (else
+  /// enqueue refuses the batch with errc::bad_due). Until then it waits in the delayed set; a grouped
   /// job joins its group's tail when it is due.
   std::int64_t delay_ms = 0;
   std::int64_t run_at_ms = 0;
@@ -68,9 +69,15 @@ struct claimed_job {
   std::vector<job_record> ahead;
 };
 
+/// The most jobs one claim leases: a larger claim_options::max is taken as this.
+inline constexpr std::size_t max_claim = 1000;
+/// The most followers one lease carries: a larger claim_options::ahead or finish_item::ahead is
+/// taken as this (so a script reads a bounded part of a group).
+inline constexpr std::size_t max_ahead = 999;
+
 struct claim_options {
   std::string worker;
-  std::size_t max = 1;
+  std::size_t max = 1;  ///< 0: nothing is leased, claim_wait does not wait
   std::chrono::milliseconds lease_ttl{30000};
   std::size_t ahead = 0;  ///< followers of a grouped job to hand over with it, at most
 };

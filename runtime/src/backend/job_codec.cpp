@@ -107,6 +107,13 @@ std::string id_refusal(std::string_view id) {
   return {};
 }
 
+std::string due_refusal(const encoded_job& job, std::size_t i) {
+  constexpr std::int64_t latest = 999'999'999'999'999;  // 15 digits
+  if (job.delay_ms < 0 || job.delay_ms > latest || job.run_at_ms < 0 || job.run_at_ms > latest)
+    return fmt::format("job {} due time is out of range (15 digits of ms at most)", i + 1);
+  return {};
+}
+
 std::string body_refusal(std::string_view body) {
   // As enqueue.lua: only a body whose text may hold a max below 1 ('"max"', ':', then '-' or
   // '0', spaces between) is decoded, and its own "max" decides.

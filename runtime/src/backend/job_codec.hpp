@@ -60,6 +60,10 @@ bool assigned_id(std::string_view id) noexcept;
 /// assigned_id), white space at either end. "" when the id passes ("" itself does: assigned).
 std::string id_refusal(std::string_view id);
 
+/// What enqueue refuses of the i-th job's due time (counted from 0): a negative delay_ms or
+/// run_at_ms, or one of over 15 digits (the most Lua holds exactly). "" when it passes.
+std::string due_refusal(const encoded_job& job, std::size_t i);
+
 /// What enqueue.lua refuses of a body, in its words: a "max" (attempts) below 1 or not whole.
 /// "" when the body passes.
 std::string body_refusal(std::string_view body);

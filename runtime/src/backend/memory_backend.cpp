@@ -97,6 +97,9 @@ std::vector<job_record> split_all(const std::deque<std::string>& list, std::size
   return out;
 }
 
+// How many parked or stale lanes one claim passes over, taking the next lane for each (claim.lua).
+constexpr std::size_t claim_passes = 100;
+
 // A refusal, as the scripts make it (JOBRT:<code> on Redis): nothing was changed.
 [[noreturn]] void refuse(errc code, const std::string& message) { throw boost::system::system_error(code, message); }
 
@@ -246,9 +249,7 @@ asio::awaitable<std::vector<enqueue_result>> memory_backend::enqueue(std::string
     const auto& job = jobs[i];
     if (auto problem = detail::id_refusal(job.id); !problem.empty()) refuse(errc::bad_job_id, problem);
     if (auto problem = detail::body_refusal(job.body); !problem.empty()) refuse(errc::bad_max_attempts, problem);
-    constexpr std::int64_t latest = 999'999'999'999'999;  // 15 digits
-    if (job.delay_ms < 0 || job.delay_ms > latest || job.run_at_ms < 0 || job.run_at_ms > latest)
-      refuse(errc::bad_due, fmt::format("job {} due time is out of range (15 digits of ms at most)", i + 1));
+    if (auto problem = detail::due_refusal(job, i); !problem.empty()) refuse(errc::bad_due, problem);
   }
   auto missing = std::count_if(jobs.begin(), jobs.end(), [](const encoded_job& j) { return j.id.empty(); });
   auto timed_grouped = std::count_if(jobs.begin(), jobs.end(), [](const encoded_job& j) {
@@ -322,39 +323,52 @@ asio::awaitable<std::vector<enqueue_result>> memory_backend::enqueue(std::string
 
 std::vector<claimed_job> memory_backend::claim_locked(queue_state& q, const claim_options& opts) {
   std::vector<claimed_job> out;
-  if (opts.max == 0) return out;
-  std::vector<std::string> lanes;
+  auto max = std::min(opts.max, max_claim), ahead = std::min(opts.ahead, max_ahead);
+  if (max == 0) return out;
+  // The lanes the worker's blocking claim moved first (LPOP claimed max), then from ready. A lane
+  // parked or dropped on the way is replaced by the next, up to claim_passes of them (claim.lua).
+  std::vector<std::string> batch;
   if (auto mine = q.claimed.find(opts.worker); mine != q.claimed.end()) {
     auto& list = mine->second;
-    while (lanes.size() < opts.max && !list.empty()) {
-      lanes.push_back(std::move(list.front()));
+    while (batch.size() < max && !list.empty()) {
+      batch.push_back(std::move(list.front()));
       list.pop_front();
     }
     if (list.empty()) q.claimed.erase(mine);
   }
-  while (lanes.size() < opts.max && !q.ready.empty()) {
-    lanes.push_back(std::move(q.ready.front()));
-    q.ready.pop_front();
-  }
-  if (lanes.empty()) return out;
-
   // Which lanes are live and how many fences they take, then one INCRBY, as in claim.lua.
   std::vector<std::pair<std::string, std::deque<std::string>*>> taken;
   std::int64_t fences = 0;
-  for (auto& lane : lanes) {
-    if (!is_group_lane(lane)) {
-      taken.emplace_back(std::move(lane), nullptr);
-      ++fences;
-      continue;
+  std::size_t passed = 0, asked = 0;  // asked: how many lanes the last pop from ready asked for
+  for (;;) {
+    for (auto& lane : batch) {
+      if (!is_group_lane(lane)) {
+        taken.emplace_back(std::move(lane), nullptr);
+        ++fences;
+        continue;
+      }
+      auto group = q.groups.find(lane.substr(2));
+      if (group == q.groups.end()) {  // a stale lane of an emptied group is dropped
+        ++passed;
+        continue;
+      }
+      if (q.paused.contains(group->first)) {
+        q.parked.insert(group->first);
+        ++passed;
+        continue;
+      }
+      fences += static_cast<std::int64_t>(std::min(group->second.size() - 1, ahead) + 1);
+      taken.emplace_back(std::move(lane), &group->second);
     }
-    auto group = q.groups.find(lane.substr(2));
-    if (group == q.groups.end()) continue;  // a stale lane of an emptied group is dropped
-    if (q.paused.contains(group->first)) {
-      q.parked.insert(group->first);
-      continue;
+    auto need = max - taken.size();
+    if (need == 0 || passed >= claim_passes || batch.size() < asked) break;
+    batch.clear();
+    asked = need;
+    while (batch.size() < need && !q.ready.empty()) {  // LPOP ready need
+      batch.push_back(std::move(q.ready.front()));
+      q.ready.pop_front();
     }
-    fences += static_cast<std::int64_t>(std::min(group->second.size(), opts.ahead + 1));
-    taken.emplace_back(std::move(lane), &group->second);
+    if (batch.empty()) break;
   }
   if (taken.empty()) return out;
   std::int64_t deadline = now_ms() + opts.lease_ttl.count();
@@ -368,7 +382,7 @@ std::vector<claimed_job> memory_backend::claim_locked(queue_state& q, const clai
     if (list) {
       job.group = lane.substr(2);
       job.job = detail::split_record(list->front());
-      auto followers = std::min(list->size() - 1, opts.ahead);
+      auto followers = std::min(list->size() - 1, ahead);
       job.ahead = split_all(*list, followers);
       fence += static_cast<std::int64_t>(followers);
     } else {
@@ -403,7 +417,7 @@ asio::awaitable<std::vector<claimed_job>> memory_backend::claim_wait(std::string
       throw boost::system::system_error(asio::error::operation_aborted, "claim_wait");
     }
     std::vector<claimed_job> jobs;
-    bool waiting = false;
+    bool waiting = false, again = false;
     {
       std::lock_guard lock(mutex_);
       queue_state& q = *w.queue;
@@ -411,13 +425,16 @@ asio::awaitable<std::vector<claimed_job>> memory_backend::claim_wait(std::string
       jobs = claim_locked(q, opts);
       // This wake may have stood for more lanes than this claim took.
       if (woken && !q.ready.empty()) wake_locked(q, 1);
-      waiting = jobs.empty() && opts.max > 0 && std::chrono::steady_clock::now() < deadline;
+      // Nothing, though lanes are ready: the claim passed over claim_passes parked ones. Again.
+      again = jobs.empty() && opts.max > 0 && !q.ready.empty();
+      waiting = jobs.empty() && !again && opts.max > 0 && std::chrono::steady_clock::now() < deadline;
       if (waiting) {
         w.timer.expires_at(deadline);
         w.pos = q.waiters.insert(q.waiters.end(), &w);
         w.listed = true;
       }
     }
+    if (again) continue;
     if (!waiting) co_return jobs;
 
     boost::system::error_code ec;  // operation_aborted when woken too; the loop finds out why
@@ -525,7 +542,7 @@ asio::awaitable<std::vector<finish_result>> memory_backend::finish(std::string q
             claimed_job next;
             next.group = group->first;
             next.job = detail::split_record(list.front());
-            next.ahead = split_all(list, std::min(list.size() - 1, item.ahead));
+            next.ahead = split_all(list, std::min({list.size() - 1, item.ahead, max_ahead}));
             nexts.emplace_back(i, lane);
             out[i].next = std::move(next);
           } else if (kind == finish_kind::give_up && !q.paused.contains(group->first)) {

@@ -105,6 +105,9 @@ std::array<std::string, 5> redis_backend::enqueue_keys(std::string_view queue) {
 
 asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string queue, std::vector<encoded_job> jobs) {
   if (jobs.empty()) co_return std::vector<enqueue_result>{};
+  for (std::size_t i = 0; i < jobs.size(); ++i)
+    if (auto problem = detail::due_refusal(jobs[i], i); !problem.empty())
+      throw boost::system::system_error(errc::bad_due, problem);
   auto p = key_prefix(queue);
   std::vector<std::string_view> args;
   args.reserve(1 + jobs.size() * 4);
@@ -136,13 +139,15 @@ constexpr std::chrono::milliseconds unblock_wait{500};
 
 // Lua's unpack() takes a few thousand values at most, and a script that fails halfway does not
 // roll back: calls stay below that.
+
+// The most items of one finish, promote or requeue call.
 constexpr std::size_t max_batch = 1000;
 
 request redis_backend::claim_request(const std::string& p, const claim_options& opts) const {
   std::array<std::string, 7> keys{p + "ready",  p + "active", p + "fence", p + "stats", p + "claimed:" + opts.worker,
                                   p + "paused", p + "parked"};
-  std::array<std::string, 3> args{std::to_string(std::min(opts.max, max_batch)), std::to_string(opts.lease_ttl.count()),
-                                  std::to_string(opts.ahead)};
+  std::array<std::string, 3> args{std::to_string(std::min(opts.max, max_claim)), std::to_string(opts.lease_ttl.count()),
+                                  std::to_string(std::min(opts.ahead, max_ahead))};
   auto req = claim_.make_request(keys, args);
   // Cut short after it was written, it could lease jobs that nobody would run until their
   // leases expire: once written, the caller gets its reply.
@@ -169,6 +174,7 @@ redis::blocking_connection& redis_backend::blocking_for(const std::string& worke
 
 asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string queue, claim_options opts,
                                                                     std::chrono::milliseconds wait) {
+  if (opts.max == 0) co_return std::vector<claimed_job>{};  // (BLMOVE would take a lane for nobody)
   // Right after a claim that drained the queue (it got fewer jobs than it asked for), the claim
   // below would find nothing either: whatever arrived since makes BLMOVE return at once. So a
   // worker woken for a few jobs goes back to waiting with no claim in between.
@@ -177,7 +183,7 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
     auto jobs = co_await claim(queue, opts);
     auto cs = co_await asio::this_coro::cancellation_state;
     if (!jobs.empty() || wait.count() <= 0 || cs.cancelled() != asio::cancellation_type::none) {
-      if (jobs.size() < std::min(opts.max, max_batch) && wait.count() > 0) set_idle_mark(opts.worker);
+      if (jobs.size() < std::min(opts.max, max_claim) && wait.count() > 0) set_idle_mark(opts.worker);
       co_return jobs;  // (BLMOVE with timeout 0 would block forever)
     }
   }
@@ -231,7 +237,7 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
   if (const auto& moved = r.as_array().at(0); moved.is_error() && jobs.empty())
     throw boost::system::system_error(errc::server_error,
                                       fmt::format("BLMOVE on {} refused: {}", cfg_.address(), moved.error_message()));
-  if (jobs.size() < std::min(opts.max, max_batch)) set_idle_mark(opts.worker);
+  if (jobs.size() < std::min(opts.max, max_claim)) set_idle_mark(opts.worker);
   co_return jobs;
 }
 
@@ -325,7 +331,7 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
         char want = it.want_next == finish_item::next_policy::yes               ? '1'
                     : it.want_next == finish_item::next_policy::if_nobody_waits ? '2'
                                                                                 : '0';
-        extras.push_back(want + std::to_string(it.ahead));
+        extras.push_back(want + std::to_string(std::min(it.ahead, max_ahead)));
         break;
       }
       case finish_kind::keep: extras.push_back(it.id); break;
