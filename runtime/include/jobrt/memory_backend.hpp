@@ -1,6 +1,8 @@
 // The in-process backend: queue state in memory, for one process without Redis (embedding, tests,
-// the demo). It mirrors the Redis scripts in runtime/lua/ operation by operation, so the two
-// backends agree on every result, counter, fence and order; see backend.hpp for the data model.
+// the demo). Each queue is a detail::queue_model (runtime/src/backend/queue_model.hpp), which
+// mirrors the Redis scripts in runtime/lua/ operation by operation, so the two backends agree on
+// every result, counter, fence and order; this class adds the lock and claim_wait's waiters. See
+// backend.hpp for the data model.
 #pragma once
 
 #include <jobrt/backend.hpp>
@@ -105,11 +107,16 @@ class memory_backend final : public backend {
   struct wait_guard;
 
   queue_state& queue_locked(const std::string& name);
-  std::vector<claimed_job> claim_locked(queue_state& q, const claim_options& opts);
+  const queue_state* find_locked(const std::string& name) const;
+  // Runs `op` on the queue's model under the lock, then wakes whom its effects ask for.
+  template <class Op>
+  auto change(const std::string& queue, Op op);
+  // Runs `op` on the queue's model under the lock; `fallback` for a queue never used.
+  template <class Op, class T>
+  T read(const std::string& queue, Op op, T fallback) const;
+  void settle_locked(const std::string& queue, queue_state& q);
   void wake_locked(queue_state& q, std::size_t lanes);
   bool leave_locked(waiter& w);
-  void delay_locked(const std::string& queue, queue_state& q,
-                    std::vector<std::pair<std::int64_t, std::string>> entries);
 
   boost::asio::any_io_executor executor_;
   std::shared_ptr<detail::wakeups> delayed_wakeups_;

@@ -1,0 +1,976 @@
+// Each operation mirrors its Lua script (runtime/lua/) step by step, including the scripts' edge
+// cases, so that the model can be checked against Redis. Comments name the Redis command a step
+// stands for where the correspondence is not obvious.
+#include "backend/queue_model.hpp"
+
+#include <jobrt/error.hpp>
+
+#include "backend/check_walk.hpp"
+#include "backend/job_codec.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <boost/json/parse.hpp>
+#include <boost/system/system_error.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <deque>
+#include <iterator>
+#include <map>
+#include <set>
+#include <string_view>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+namespace jobrt::detail {
+
+namespace {
+
+bool is_group_lane(std::string_view lane) { return lane.starts_with("g:"); }
+
+// A lease token is '<fence>|<lane>'. Only tokens found in `active` are parsed, and those were
+// all made by claim or finish, so the separator is there.
+std::string lane_of(const std::string& token) { return token.substr(token.find('|') + 1); }
+
+std::string make_token(std::int64_t fence, const std::string& lane) {
+  std::string token = std::to_string(fence);
+  token += '|';
+  token += lane;
+  return token;
+}
+
+// finish.lua: string.match(record, '^%d+|([^|]*)|') or ''.
+std::string id_in(std::string_view record) { return std::string(script_id(record)); }
+
+// The record with the attempts in its header changed by `change`; a malformed record is left as
+// it is (the worker dead-letters it when it runs).
+template <class Change>
+std::string with_attempts(const std::string& record, Change change) {
+  std::size_t digits = 0;
+  while (digits < record.size() && record[digits] >= '0' && record[digits] <= '9') ++digits;
+  if (digits == 0 || digits == record.size() || record[digits] != '|') return record;
+  return std::to_string(change(std::stoll(record.substr(0, digits)))) + record.substr(digits);
+}
+
+// One more attempt (reap.lua's `counted`).
+std::string counted(const std::string& record) {
+  return with_attempts(record, [](long long n) { return n + 1; });
+}
+
+// One fewer, not below 0 (resume.lua's skip of a halted job).
+std::string uncounted(const std::string& record) {
+  return with_attempts(record, [](long long n) { return n > 0 ? n - 1 : n; });
+}
+
+// Attempts reset to 0 (resume.lua, requeue.lua).
+std::string reset(const std::string& record) {
+  return with_attempts(record, [](long long) { return 0LL; });
+}
+
+// The records after a group's head, `n` of them, split.
+std::vector<job_record> split_all(const std::deque<std::string>& list, std::size_t n) {
+  std::vector<job_record> out;
+  out.reserve(n);
+  for (std::size_t i = 1; i <= n; ++i) out.push_back(split_record(list[i]));
+  return out;
+}
+
+// How many parked or stale lanes one claim passes over, taking the next lane for each (claim.lua).
+constexpr std::size_t claim_passes = 100;
+
+// A refusal, as the scripts make it (JOBRT:<code> on Redis): nothing was changed.
+[[noreturn]] void refuse(errc code, const std::string& message) { throw boost::system::system_error(code, message); }
+
+// reap.lua's string.match(record, '"type":"([^"]*)"') or '(unknown)'.
+std::string type_in(std::string_view record) {
+  auto at = record.find("\"type\":\"");
+  if (at == std::string_view::npos) return "(unknown)";
+  auto begin = at + 8;
+  auto end = record.find('"', begin);
+  if (end == std::string_view::npos) return "(unknown)";
+  return std::string(record.substr(begin, end - begin));
+}
+
+// Whether a record's id was given by the producer: it is not all digits, or (a record written
+// before enqueue checked ids) the body's "u" flag says so.
+bool unique_of(std::string_view record) {
+  auto first = record.find('|');
+  auto second = first == std::string_view::npos ? first : record.find('|', first + 1);
+  if (second == std::string_view::npos) return false;
+  auto id = script_id(record);
+  if (!id.empty() && !assigned_id(id)) return true;
+  boost::system::error_code ec;
+  auto body = boost::json::parse(record.substr(second + 1), ec);
+  if (ec || !body.is_object()) return false;
+  auto* u = body.as_object().if_contains("u");
+  return u && !(u->is_bool() && !u->as_bool());  // Lua's truth: all but nil and false
+}
+
+}  // namespace
+
+// One queue: what the Redis backend keeps under jobrt:{<queue>}:.
+struct queue_model::queue_state {
+  std::deque<std::string> ready;  // lanes: 'j:<record>' or 'g:<group>'
+  // g:<group>: pending records; the running job stays at the head. Erased when empty, as Redis
+  // deletes an empty list, so that "no entry" and "empty" mean the same thing.
+  std::unordered_map<std::string, std::deque<std::string>> groups;
+  std::unordered_map<std::string, std::int64_t> active;  // token -> lease deadline (ms)
+  // claimed:<worker>. On Redis only BLMOVE fills it; memory has no BLMOVE, so nothing ever does,
+  // but claim and release read it as the scripts do.
+  std::unordered_map<std::string, std::deque<std::string>> claimed;
+  std::unordered_map<std::string, std::int64_t> workers;                // heartbeat deadlines (ms)
+  std::unordered_map<std::string, std::vector<std::string>> leases_of;  // leases:<worker>
+  std::unordered_set<std::string> ids;                                  // producer-given ids pending or running
+  std::unordered_map<std::string, dead_letter> dead;
+  // delayed: (due ms, member) in the zset's order; members as in Redis: 'j:<record>', 'g:<group>',
+  // 'd:<order>:<length of group>:<group><record>'.
+  std::set<std::pair<std::int64_t, std::string>> delayed;
+  std::map<std::string, paused_group> paused;
+  std::unordered_set<std::string> parked;  // paused groups whose lane is nowhere else
+  std::int64_t seq = 0;
+  std::int64_t recovered = 0;
+  std::int64_t fence = 0;
+  std::int64_t enqueued = 0;
+  std::int64_t started = 0;
+  std::int64_t completed = 0;
+  std::int64_t failed = 0;
+  std::int64_t retried = 0;
+  std::int64_t deferred = 0;
+  std::int64_t unhandled = 0;
+  std::int64_t halted = 0;
+  std::unordered_map<std::string, std::int64_t> types;  // job types workers can run -> until when (ms)
+};
+
+std::int64_t queue_model::system_now() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+queue_model::queue_model(clock now) : now_(now), s_(std::make_unique<queue_state>()) {}
+queue_model::~queue_model() = default;
+queue_model::queue_model(queue_model&&) noexcept = default;
+queue_model& queue_model::operator=(queue_model&&) noexcept = default;
+
+queue_model::effects queue_model::take_effects() noexcept { return std::exchange(effects_, {}); }
+
+bool queue_model::has_ready() const noexcept { return !s_->ready.empty(); }
+
+void queue_model::delay(std::vector<std::pair<std::int64_t, std::string>> entries) {
+  auto& q = *s_;
+  if (entries.empty()) return;
+  bool earlier = q.delayed.empty();
+  for (auto& e : entries) {
+    if (!q.delayed.empty() && e.first < q.delayed.begin()->first) earlier = true;
+  }
+  for (auto& e : entries) q.delayed.insert(std::move(e));
+  if (earlier) effects_.earlier_due = true;
+}
+
+std::vector<enqueue_result> queue_model::enqueue(std::vector<encoded_job> jobs) {
+  std::vector<enqueue_result> out;
+  out.reserve(jobs.size());
+  auto& q = *s_;
+
+  for (std::size_t i = 0; i < jobs.size(); ++i) {  // as enqueue.lua, before anything is stored
+    const auto& job = jobs[i];
+    if (auto problem = id_refusal(job.id); !problem.empty()) refuse(errc::bad_job_id, problem);
+    if (auto problem = body_refusal(job.body); !problem.empty()) refuse(errc::bad_max_attempts, problem);
+    if (auto problem = due_refusal(job, i); !problem.empty()) refuse(errc::bad_due, problem);
+  }
+  auto missing = std::count_if(jobs.begin(), jobs.end(), [](const encoded_job& j) { return j.id.empty(); });
+  auto timed_grouped = std::count_if(jobs.begin(), jobs.end(), [](const encoded_job& j) {
+    return (j.run_at_ms > 0 || j.delay_ms > 0) && !j.group.empty();
+  });
+  std::int64_t next_id = q.seq, next_order = q.seq + missing;
+  q.seq += static_cast<std::int64_t>(missing + timed_grouped);
+
+  // The batch's lanes in order; a group's lane takes the place of its first job and is filled in
+  // only if the group turns out to be idle.
+  std::vector<std::optional<std::string>> lanes;
+  struct batch_group {
+    std::string name;
+    std::vector<std::string> records;
+    std::size_t slot = 0;
+  };
+  std::vector<batch_group> groups;
+  std::unordered_map<std::string_view, std::size_t> group_index;
+  std::vector<std::pair<std::int64_t, std::string>> later;
+  std::int64_t stored = 0;
+  std::int64_t now = now_();
+  for (auto& job : jobs) {
+    std::string id = job.id;
+    bool duplicate = false;
+    if (id.empty()) {
+      id = std::to_string(++next_id);
+    } else if (!q.ids.insert(id).second) {
+      duplicate = true;
+    }
+    out.push_back({id, duplicate});
+    if (duplicate) continue;
+    ++stored;
+    std::string record = "0|" + id + '|' + job.body;
+    std::int64_t due = job.run_at_ms > 0 ? job.run_at_ms : job.delay_ms > 0 ? now + job.delay_ms : 0;
+    if (due > now) {
+      later.emplace_back(due, job.group.empty()
+                                  ? "j:" + std::move(record)
+                                  : fmt::format("d:{:016}:{}:{}{}", ++next_order, job.group.size(), job.group, record));
+      continue;
+    }
+    if (job.group.empty()) {
+      lanes.emplace_back("j:" + std::move(record));
+      continue;
+    }
+    auto [it, added] = group_index.try_emplace(job.group, groups.size());
+    if (added) {
+      lanes.emplace_back();
+      groups.push_back({job.group, {}, lanes.size() - 1});
+    }
+    groups[it->second].records.push_back(std::move(record));
+  }
+
+  for (auto& g : groups) {
+    auto& list = q.groups[g.name];
+    // RPUSH returned the batch's own length: the group had no pending or running job.
+    bool idle = list.empty();
+    std::move(g.records.begin(), g.records.end(), std::back_inserter(list));
+    if (idle) lanes[g.slot] = "g:" + g.name;
+  }
+  std::size_t made_ready = 0;
+  for (auto& lane : lanes) {
+    if (!lane) continue;
+    q.ready.push_back(std::move(*lane));
+    ++made_ready;
+  }
+  q.enqueued += stored;
+  effects_.made_ready += made_ready;
+  delay(std::move(later));
+  return out;
+}
+
+std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
+  auto& q = *s_;
+  std::vector<claimed_job> out;
+  auto max = std::min(opts.max, max_claim), ahead = std::min(opts.ahead, max_ahead);
+  if (max == 0) return out;
+  // The lanes the worker's blocking claim moved first (LPOP claimed max), then from ready. A lane
+  // parked or dropped on the way is replaced by the next, up to claim_passes of them (claim.lua).
+  std::vector<std::string> batch;
+  if (auto mine = q.claimed.find(opts.worker); mine != q.claimed.end()) {
+    auto& list = mine->second;
+    while (batch.size() < max && !list.empty()) {
+      batch.push_back(std::move(list.front()));
+      list.pop_front();
+    }
+    if (list.empty()) q.claimed.erase(mine);
+  }
+  // Which lanes are live and how many fences they take, then one INCRBY, as in claim.lua.
+  std::vector<std::pair<std::string, std::deque<std::string>*>> taken;
+  std::int64_t fences = 0;
+  std::size_t passed = 0, asked = 0;  // asked: how many lanes the last pop from ready asked for
+  for (;;) {
+    for (auto& lane : batch) {
+      if (!is_group_lane(lane)) {
+        taken.emplace_back(std::move(lane), nullptr);
+        ++fences;
+        continue;
+      }
+      auto group = q.groups.find(lane.substr(2));
+      if (group == q.groups.end()) {  // a stale lane of an emptied group is dropped
+        ++passed;
+        continue;
+      }
+      if (q.paused.contains(group->first)) {
+        q.parked.insert(group->first);
+        ++passed;
+        continue;
+      }
+      fences += static_cast<std::int64_t>(std::min(group->second.size() - 1, ahead) + 1);
+      taken.emplace_back(std::move(lane), &group->second);
+    }
+    auto need = max - taken.size();
+    if (need == 0 || passed >= claim_passes || batch.size() < asked) break;
+    batch.clear();
+    asked = need;
+    while (batch.size() < need && !q.ready.empty()) {  // LPOP ready need
+      batch.push_back(std::move(q.ready.front()));
+      q.ready.pop_front();
+    }
+    if (batch.empty()) break;
+  }
+  if (taken.empty()) return out;
+  std::int64_t deadline = now_() + opts.lease_ttl.count();
+  q.fence += fences;
+  std::int64_t fence = q.fence - fences;
+  out.reserve(taken.size());
+  for (auto& [lane, list] : taken) {
+    claimed_job job;
+    job.fence = ++fence;
+    job.token = make_token(fence, lane);
+    if (list) {
+      job.group = lane.substr(2);
+      job.job = split_record(list->front());
+      auto followers = std::min(list->size() - 1, ahead);
+      job.ahead = split_all(*list, followers);
+      fence += static_cast<std::int64_t>(followers);
+    } else {
+      job.job = split_record(std::string_view(lane).substr(2));
+    }
+    q.active[job.token] = deadline;
+    out.push_back(std::move(job));
+  }
+  q.started += static_cast<std::int64_t>(out.size());
+  return out;
+}
+
+std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, std::chrono::milliseconds lease_ttl) {
+  std::vector<finish_result> out(items.size());
+  auto& q = *s_;
+
+  // Every token is looked up before anything changes. Items are taken in order: a token is held
+  // until an item that is not a keep ends its lease (as in finish.lua).
+  std::vector<bool> held(items.size());
+  std::unordered_set<std::string_view> gone;
+  bool any = false;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const auto& token = items[i].token;
+    held[i] = q.active.contains(token) && !gone.contains(token);
+    if (!held[i]) continue;
+    any = true;
+    if (items[i].kind != finish_kind::keep || !is_group_lane(lane_of(token))) gone.insert(token);
+  }
+  if (!any) return out;
+  for (auto token : gone) q.active.erase(std::string(token));
+
+  std::int64_t now = now_();
+  std::vector<std::string> back, front;
+  std::vector<std::pair<std::int64_t, std::string>> later;
+  std::vector<std::pair<std::size_t, std::string>> nexts;  // item, lane: leased after the loop
+  std::int64_t completed = 0, failed = 0, retried = 0, deferred = 0, halted = 0, started = 0, unhandled = 0;
+  // finish.lua's to_front: after a keep, the follower `id` becomes its group's head.
+  auto to_front = [](std::deque<std::string>& list, const std::string& id) {
+    if (list.empty() || id.empty() || id_in(list.front()) == id) return;
+    for (std::size_t i = 1; i < list.size(); ++i) {
+      if (id_in(list[i]) != id) continue;
+      auto record = std::move(list[i]);
+      list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));  // LREM, LPUSH
+      list.push_front(std::move(record));
+      return;
+    }
+  };
+  // Keyed as finish.lua does: the id, or '<id>#<fence>' when that is taken or there is no id.
+  auto dead_letter_of = [&](const std::optional<std::string>& record, std::string group, std::string error,
+                            std::string_view token) {
+    std::string key = id_in(record.value_or(""));
+    while (key.empty() || q.dead.contains(key)) {
+      key += '#';
+      key += token.substr(0, token.find('|'));
+    }
+    auto runs = attempts_before(record.value_or("")) + 1;
+    q.dead[key] = dead_letter{key, std::move(group), record.value_or(""), std::move(error), now, runs};
+    ++failed;
+  };
+  // A lane that goes back: later (a paused group keeps its backoff: promote parks the lane when
+  // it is due), parked when its group is paused, or to the tail of ready.
+  auto send_back = [&](std::string lane, std::chrono::milliseconds delay) {
+    if (delay.count() > 0)
+      later.emplace_back(now + delay.count(), std::move(lane));
+    else if (is_group_lane(lane) && q.paused.contains(lane.substr(2)))
+      q.parked.insert(lane.substr(2));
+    else
+      back.push_back(std::move(lane));
+  };
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (!held[i]) continue;
+    const finish_item& item = items[i];
+    out[i].lease_held = true;
+    std::string lane = lane_of(item.token);
+    bool grouped = is_group_lane(lane);
+    finish_kind kind = item.kind;
+    if (kind == finish_kind::halt && !grouped) kind = finish_kind::fail;
+    if (kind == finish_kind::keep && !grouped) kind = finish_kind::ack;
+    if (kind == finish_kind::keep) {
+      if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
+      if (auto group = q.groups.find(lane.substr(2)); group != q.groups.end()) {
+        group->second.pop_front();
+        to_front(group->second, item.id);
+        if (group->second.empty()) q.groups.erase(group);  // drift: its follower is gone (check reports it)
+      }
+      ++completed;
+      ++started;
+    } else if (kind == finish_kind::release) {  // as release(): to the head, no attempt counted
+      front.push_back(std::move(lane));
+      --started;
+    } else if (kind == finish_kind::ack || kind == finish_kind::fail || kind == finish_kind::give_up) {
+      bool ack = kind == finish_kind::ack;
+      if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
+      std::optional<std::string> record;  // nullopt: LPOP of an empty group list (nil)
+      if (grouped) {
+        auto group = q.groups.find(lane.substr(2));
+        if (group != q.groups.end()) {
+          auto& list = group->second;
+          record = std::move(list.front());
+          list.pop_front();
+          if (list.empty()) {
+            q.groups.erase(group);
+          } else if (ack && !q.paused.contains(group->first) &&
+                     (item.want_next == finish_item::next_policy::yes ||
+                      (item.want_next == finish_item::next_policy::if_nobody_waits && q.ready.empty() && back.empty() &&
+                       front.empty()))) {
+            claimed_job next;
+            next.group = group->first;
+            next.job = split_record(list.front());
+            next.ahead = split_all(list, std::min({list.size() - 1, item.ahead, max_ahead}));
+            nexts.emplace_back(i, lane);
+            out[i].next = std::move(next);
+          } else if (kind == finish_kind::give_up && !q.paused.contains(group->first)) {
+            front.push_back(lane);  // it has waited already: its place
+          } else {
+            send_back(lane, std::chrono::milliseconds(0));  // round robin: behind every other lane
+          }
+        }
+      } else {
+        record = lane.substr(2);
+      }
+      if (ack)
+        ++completed;
+      else
+        dead_letter_of(record, grouped ? lane.substr(2) : std::string(), item.error, item.token);
+    } else if (grouped) {  // retry, defer, hand back or halt: the job stays at its group's head
+      auto group = q.groups.find(lane.substr(2));
+      if (group != q.groups.end()) {
+        auto& head = group->second.front();
+        if (kind == finish_kind::retry || kind == finish_kind::halt) head = counted(head);
+        if (kind == finish_kind::halt) {
+          q.paused[group->first] = paused_group{group->first, true, item.error, now};
+          q.parked.insert(group->first);
+          ++halted;
+        } else {
+          send_back(lane, item.delay);
+        }
+      }
+      if (kind == finish_kind::retry) ++retried;
+      if (kind == finish_kind::defer) ++deferred;
+      if (kind == finish_kind::hand_back) {
+        ++unhandled;
+        --started;
+      }
+    } else {  // retry, defer or hand back, ungrouped: the lane carries the record
+      std::string record = lane.substr(2);
+      if (kind == finish_kind::retry) {
+        record = counted(record);
+        ++retried;
+      } else if (kind == finish_kind::defer) {
+        ++deferred;
+      } else {
+        ++unhandled;
+        --started;
+      }
+      send_back("j:" + record, item.delay);
+    }
+  }
+  for (auto& lane : back) q.ready.push_back(std::move(lane));
+  q.ready.insert(q.ready.begin(), std::make_move_iterator(front.begin()), std::make_move_iterator(front.end()));
+  // Fences and leases after the loop, in item order (one INCRBY in finish.lua); a lease given
+  // here replaces nothing that the loop looked at.
+  for (auto& [i, lane] : nexts) {
+    auto& next = *out[i].next;
+    next.fence = ++q.fence;
+    next.token = make_token(next.fence, lane);
+    q.fence += static_cast<std::int64_t>(next.ahead.size());
+    q.active[next.token] = now + lease_ttl.count();
+  }
+  started += static_cast<std::int64_t>(nexts.size());
+  q.started += started;
+  q.completed += completed;
+  q.failed += failed;
+  q.retried += retried;
+  q.deferred += deferred;
+  q.unhandled += unhandled;
+  q.halted += halted;
+  effects_.made_ready += back.size() + front.size();
+  delay(std::move(later));
+  return out;
+}
+
+std::vector<bool> queue_model::extend(const std::string& worker, std::vector<std::string> tokens,
+                                      std::chrono::milliseconds lease_ttl) {
+  std::vector<bool> out;
+  out.reserve(tokens.size());
+  auto& q = *s_;
+  std::int64_t deadline = now_() + lease_ttl.count();
+  q.workers[worker] = deadline;
+  std::vector<std::string> held;
+  for (auto& token : tokens) {
+    auto lease = q.active.find(token);
+    out.push_back(lease != q.active.end());
+    if (lease == q.active.end()) continue;
+    lease->second = deadline;  // ZADD XX
+    held.push_back(token);
+  }
+  if (held.empty())
+    q.leases_of.erase(worker);
+  else
+    q.leases_of[worker] = std::move(held);
+  return out;
+}
+
+void queue_model::advertise(std::vector<std::string> types, std::chrono::milliseconds ttl) {
+  auto& known = s_->types;
+  auto until = now_() + ttl.count();
+  for (auto& t : types) known[t] = std::max(known[t], until);  // ZADD GT
+  return;
+}
+
+std::chrono::milliseconds queue_model::unrunnable_for(const std::string& type) const {
+  const auto& known = s_->types;
+  auto it = known.find(type);
+  if (it == known.end()) return std::chrono::milliseconds::max();
+  return std::chrono::milliseconds(std::max<std::int64_t>(0, now_() - it->second));
+}
+
+std::int64_t queue_model::expire_own(const std::string& worker) {
+  auto& q = *s_;
+  auto found = q.leases_of.find(worker);
+  if (found == q.leases_of.end()) return 0;
+  std::int64_t n = 0;
+  for (auto& token : found->second) {
+    if (auto lease = q.active.find(token); lease != q.active.end()) {
+      lease->second = 0;
+      ++n;
+    }
+  }
+  q.leases_of.erase(found);
+  return n;
+}
+
+void queue_model::release(const std::string& worker, std::vector<std::string> tokens) {
+  auto& q = *s_;
+  std::vector<std::string> lanes;
+  std::int64_t released = 0;
+  for (auto& token : tokens) {
+    if (q.active.erase(token) == 0) continue;
+    lanes.push_back(lane_of(token));
+    ++released;
+  }
+  if (auto mine = q.claimed.find(worker); mine != q.claimed.end()) {
+    std::move(mine->second.begin(), mine->second.end(), std::back_inserter(lanes));
+    q.claimed.erase(mine);
+  }
+  q.ready.insert(q.ready.begin(), std::make_move_iterator(lanes.begin()), std::make_move_iterator(lanes.end()));
+  q.started -= released;
+  effects_.made_ready += lanes.size();
+  return;
+}
+
+reap_result queue_model::reap(reap_options opts) {
+  const std::size_t max = opts.max;
+  reap_result result;
+  auto& q = *s_;
+  std::int64_t now = now_();
+  // ZRANGEBYSCORE -inf now LIMIT 0 max: by deadline, then by name.
+  auto due = [&](const std::unordered_map<std::string, std::int64_t>& scored) {
+    std::vector<std::pair<std::int64_t, std::string>> out;
+    for (const auto& [name, deadline] : scored)
+      if (deadline <= now) out.emplace_back(deadline, name);
+    std::sort(out.begin(), out.end());
+    if (out.size() > max) out.resize(max);
+    return out;
+  };
+  std::vector<std::string> lanes;
+  for (auto& [deadline, token] : due(q.active)) {
+    q.active.erase(token);
+    ++result.leases;
+    std::string lane = lane_of(token);
+    if (is_group_lane(lane)) {
+      auto group = q.groups.find(lane.substr(2));
+      if (group == q.groups.end() || group->second.empty()) continue;
+      result.recovered_types.push_back(type_in(group->second.front()));
+      group->second.front() = counted(group->second.front());
+      if (q.paused.contains(group->first))
+        q.parked.insert(group->first);
+      else
+        lanes.push_back(std::move(lane));
+    } else {
+      result.recovered_types.push_back(type_in(lane));
+      lanes.push_back("j:" + counted(lane.substr(2)));
+    }
+  }
+  for (auto& [deadline, worker] : due(q.workers)) {
+    if (auto mine = q.claimed.find(worker); mine != q.claimed.end()) {
+      result.lanes += static_cast<std::int64_t>(mine->second.size());
+      std::move(mine->second.begin(), mine->second.end(), std::back_inserter(lanes));
+      q.claimed.erase(mine);
+    }
+    q.workers.erase(worker);
+    ++result.workers;
+  }
+  q.ready.insert(q.ready.begin(), std::make_move_iterator(lanes.begin()), std::make_move_iterator(lanes.end()));
+  q.recovered += result.leases;
+  effects_.made_ready += lanes.size();
+
+  // Dead-letter retention: the oldest go first (by time, then id, as the zset orders them).
+  std::vector<std::pair<std::int64_t, std::string>> dead;
+  for (const auto& [id, letter] : q.dead) dead.emplace_back(letter.at_ms, id);
+  std::sort(dead.begin(), dead.end());
+  std::size_t expired = 0;
+  if (opts.dead_max_age.count() > 0)
+    while (expired < dead.size() && expired < max && dead[expired].first <= now - opts.dead_max_age.count()) ++expired;
+  if (opts.dead_max_count > 0 && expired < max && dead.size() - expired > opts.dead_max_count)
+    expired += std::min(dead.size() - expired - opts.dead_max_count, max - expired);
+  for (std::size_t i = 0; i < expired; ++i) q.dead.erase(dead[i].second);
+  result.dead_removed = static_cast<std::int64_t>(expired);
+  return result;
+}
+
+queue_counts queue_model::counts() const {
+  queue_counts c;
+  const auto& q = *s_;
+  c.ready_lanes = static_cast<std::int64_t>(q.ready.size());
+  c.running = static_cast<std::int64_t>(q.active.size());
+  c.delayed = static_cast<std::int64_t>(q.delayed.size());
+  c.paused = static_cast<std::int64_t>(q.paused.size());
+  c.groups = static_cast<std::int64_t>(q.groups.size());
+  c.dead = static_cast<std::int64_t>(q.dead.size());
+  c.enqueued = q.enqueued;
+  c.started = q.started;
+  c.completed = q.completed;
+  c.failed = q.failed;
+  c.retried = q.retried;
+  c.deferred = q.deferred;
+  c.unhandled = q.unhandled;
+  c.halted = q.halted;
+  c.recovered = q.recovered;
+  if (!q.ready.empty()) {  // (the head's record: inline, or its group's head)
+    const auto& head = q.ready.front();
+    auto group = is_group_lane(head) ? q.groups.find(head.substr(2)) : q.groups.end();
+    if (!is_group_lane(head))
+      c.next_enqueued_ms = enqueued_at(head);
+    else if (group != q.groups.end() && !group->second.empty())
+      c.next_enqueued_ms = enqueued_at(group->second.front());
+  }
+  return c;
+}
+
+promote_result queue_model::promote(std::size_t max) {
+  promote_result result;
+  auto& q = *s_;
+  std::int64_t now = now_();
+  std::vector<std::string> lanes;
+  auto lane_of_group = [&](const std::string& group) {
+    if (q.paused.contains(group))
+      q.parked.insert(group);
+    else
+      lanes.push_back("g:" + group);
+  };
+  while (!q.delayed.empty() && q.delayed.begin()->first <= now && static_cast<std::size_t>(result.moved) < max) {
+    std::string member = std::move(q.delayed.extract(q.delayed.begin()).value().second);
+    ++result.moved;
+    if (member.starts_with("d:")) {  // 'd:<order>:<n>:<group><record>'
+      auto start = member.find(':', 2) + 1, colon = member.find(':', start);
+      auto n = std::stoul(member.substr(start, colon - start));
+      std::string group = member.substr(colon + 1, n);
+      auto& list = q.groups[group];
+      list.push_back(member.substr(colon + 1 + n));
+      if (list.size() == 1) lane_of_group(group);
+    } else if (is_group_lane(member)) {
+      if (q.groups.contains(member.substr(2))) lane_of_group(member.substr(2));
+    } else {
+      lanes.push_back(std::move(member));
+    }
+  }
+  for (auto& lane : lanes) q.ready.push_back(std::move(lane));
+  effects_.made_ready += lanes.size();
+  if (!q.delayed.empty())
+    result.next_due = std::chrono::milliseconds(std::max<std::int64_t>(0, q.delayed.begin()->first - now));
+  return result;
+}
+
+std::vector<dead_letter> queue_model::dead_letters(std::size_t offset, std::size_t limit) const {
+  std::vector<dead_letter> out;
+  for (auto& [id, letter] : s_->dead) out.push_back(letter);
+  std::sort(out.begin(), out.end(), [](const dead_letter& a, const dead_letter& b) {
+    return std::tie(a.at_ms, a.id) < std::tie(b.at_ms, b.id);
+  });
+  out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(std::min(offset, out.size())));
+  if (out.size() > limit) out.resize(limit);
+  return out;
+}
+
+std::optional<dead_letter> queue_model::dead_letter_of(const std::string& id) const {
+  auto letter = s_->dead.find(id);
+  if (letter == s_->dead.end()) return std::nullopt;
+  return letter->second;
+}
+
+std::vector<std::string> queue_model::requeue(std::vector<std::string> ids, bool at_head) {
+  std::vector<std::string> out;
+  auto& q = *s_;
+  std::size_t made_ready = 0;
+  // Several jobs to a head go there in the order given (as requeue.lua): behind the ones before.
+  std::size_t in_front = 0;
+  std::map<std::string, std::size_t, std::less<>> behind_head;
+  for (auto& id : ids) {
+    auto found = q.dead.find(id);
+    if (found == q.dead.end()) continue;
+    std::string record = reset(found->second.record);
+    if (unique_of(record) && !q.ids.insert(id_in(record)).second) continue;  // a pending job has it
+    const std::string& group = found->second.group;
+    if (group.empty()) {
+      if (at_head)
+        q.ready.insert(q.ready.begin() + static_cast<std::ptrdiff_t>(in_front++), "j:" + record);
+      else
+        q.ready.push_back("j:" + record);
+      ++made_ready;
+    } else {
+      auto& list = q.groups[group];
+      bool had_jobs = !list.empty();
+      auto& behind = behind_head[group];  // (0 for a group that had none: its first is the head)
+      if (had_jobs && at_head) {
+        list.insert(list.begin() + 1 + static_cast<std::ptrdiff_t>(behind++), std::move(record));  // LINSERT AFTER
+      } else {
+        list.push_back(std::move(record));
+        if (list.size() == 1) {
+          if (q.paused.contains(group)) {
+            q.parked.insert(group);
+          } else {
+            q.ready.push_back("g:" + group);
+            ++made_ready;
+          }
+        }
+      }
+    }
+    q.dead.erase(found);
+    out.push_back(id);
+  }
+  effects_.made_ready += made_ready;
+  return out;
+}
+
+std::int64_t queue_model::purge(std::vector<std::string> ids) {
+  auto& q = *s_;
+  std::int64_t n = 0;
+  if (ids.empty()) {
+    n = static_cast<std::int64_t>(q.dead.size());
+    q.dead.clear();
+  } else {
+    for (auto& id : ids) n += static_cast<std::int64_t>(q.dead.erase(id));
+  }
+  return n;
+}
+
+bool queue_model::pause(const std::string& group) {
+  auto& q = *s_;
+  if (!q.paused.try_emplace(group, paused_group{group, false, {}, now_()}).second) return false;
+  // As pause.lua: a lane in ready is parked now; one waiting in delayed, as it comes due.
+  auto in_ready = std::find(q.ready.begin(), q.ready.end(), "g:" + group);  // LREM ready 1 lane
+  if (in_ready != q.ready.end()) {
+    q.ready.erase(in_ready);
+    q.parked.insert(group);
+  }
+  return true;
+}
+
+bool queue_model::resume(const std::string& group, resume_mode mode) {
+  auto& q = *s_;
+  auto state = q.paused.find(group);
+  if (state == q.paused.end()) return false;
+  bool is_parked = q.parked.contains(group);
+  if (mode == resume_mode::skip && !is_parked)
+    refuse(errc::group_busy,
+           fmt::format("group '{}' is running or waiting to run; pause it and let it stop first", group));
+  bool halted = state->second.halted;
+  std::string why = "skipped by an operator";
+  if (halted) why += " after it halted its group: " + state->second.error;
+  q.paused.erase(state);
+  if (!is_parked) return true;
+  q.parked.erase(group);
+  auto list = q.groups.find(group);
+  if (list != q.groups.end() && mode == resume_mode::skip) {
+    std::string head = std::move(list->second.front());
+    list->second.pop_front();
+    // As resume.lua: it did not run again, so its runs are the header's (a halt counted its last);
+    // a halted job's record is kept as its last run saw it.
+    auto runs = std::max<std::int64_t>(attempts_before(head), 0);
+    if (halted) head = uncounted(head);
+    std::string id = id_in(head);
+    if (unique_of(head)) q.ids.erase(id);
+    std::string key = id;  // as resume.lua: a key of its own when the id is taken or missing
+    while (key.empty() || q.dead.contains(key)) key += "#" + std::to_string(++q.fence);
+    q.dead[key] = dead_letter{key, group, std::move(head), std::move(why), now_(), runs};
+    ++q.failed;
+    if (list->second.empty()) q.groups.erase(list);
+  } else if (list != q.groups.end() && halted) {
+    list->second.front() = reset(list->second.front());
+  }
+  if (q.groups.contains(group)) {
+    q.ready.push_back("g:" + group);
+    effects_.made_ready += 1;
+  }
+  return true;
+}
+
+std::vector<paused_group> queue_model::paused_groups() const {
+  std::vector<paused_group> out;
+  for (auto& [name, state] : s_->paused) out.push_back(state);
+  return out;
+}
+
+void queue_model::purge_queue() {
+  // The fence and id counters stay, as on Redis (a token given out before must never match a
+  // new lease, an id never be given twice).
+  auto fence = s_->fence, seq = s_->seq;
+  *s_ = queue_state{};
+  s_->fence = fence;
+  s_->seq = seq;
+}
+
+std::int64_t queue_model::group_size(const std::string& group) const {
+  auto g = s_->groups.find(group);
+  return g == s_->groups.end() ? 0 : static_cast<std::int64_t>(g->second.size());
+}
+
+check_report queue_model::check(bool repair) {
+  check_report out;
+  auto& q = *s_;
+  queue_walk walk;
+  walk.ready.assign(q.ready.begin(), q.ready.end());
+  for (auto& [worker, lanes] : q.claimed)
+    walk.claimed.emplace_back(worker, std::vector<std::string>(lanes.begin(), lanes.end()));
+  for (auto& [due, member] : q.delayed) walk.delayed.push_back(member);
+  for (auto& [token, deadline] : q.active) walk.active.push_back(token);
+  walk.parked.assign(q.parked.begin(), q.parked.end());
+  for (auto& [group, state] : q.paused) walk.paused.insert(group);
+  for (auto& [worker, deadline] : q.workers) walk.workers.insert(worker);
+  for (auto& [group, records] : q.groups)
+    walk.groups.emplace_back(group, std::vector<std::string>(records.begin(), records.end()));
+  walk.ids.assign(q.ids.begin(), q.ids.end());
+  walk.calls = 1;
+  auto suspects = analyse(walk, out);
+  out.calls = walk.calls;
+
+  // check_fix.lua's confirmations, step by step.
+  auto erase_first = [](auto& list, const std::string& value) {
+    if (auto it = std::find(list.begin(), list.end(), value); it != list.end()) list.erase(it);
+  };
+  for (auto& group : suspects.groups) {
+    std::string lane = "g:" + group;
+    struct holder {
+      std::string where;
+      std::function<void()> remove;
+      bool lease = false;
+    };
+    std::vector<holder> holders;
+    for (auto& l : q.ready)
+      if (l == lane) holders.push_back({"ready", [&] { erase_first(q.ready, lane); }});
+    for (auto& [worker, lanes] : q.claimed)
+      for (auto& l : lanes)
+        if (l == lane) holders.push_back({"claimed:" + worker, [&, w = worker] { erase_first(q.claimed[w], lane); }});
+    auto delayed = std::find_if(q.delayed.begin(), q.delayed.end(), [&](const auto& e) { return e.second == lane; });
+    if (delayed != q.delayed.end()) holders.push_back({"delayed", [&q, delayed] { q.delayed.erase(delayed); }});
+    for (auto& [token, deadline] : q.active)
+      if (lane_of(token) == lane) holders.push_back({"a lease", [&q, t = token] { q.active.erase(t); }, true});
+    if (q.parked.contains(group)) holders.push_back({"parked", [&] { q.parked.erase(group); }});
+    auto records = q.groups.find(group);
+    bool is_paused = q.paused.contains(group);
+    if (records != q.groups.end() && !records->second.empty()) {
+      if (holders.empty()) {
+        ++out.stuck_groups;
+        out.problems.push_back(stuck_problem(group, static_cast<std::int64_t>(records->second.size())));
+        if (repair) {
+          if (is_paused)
+            q.parked.insert(group);
+          else
+            q.ready.push_back(lane);
+          ++out.repaired;
+        }
+      } else if (holders.size() > 1) {
+        std::vector<std::string> where;
+        for (auto& h : holders) where.push_back(h.where);
+        out.problems.push_back(lanes_problem(group, where));
+        if (repair) {  // keep a lease if there is one (it cannot be dropped), else the first holder
+          std::size_t keep = 0;
+          for (std::size_t i = 0; i < holders.size(); ++i)
+            if (holders[i].lease) keep = i;
+          for (std::size_t i = 0; i < holders.size(); ++i)
+            if (i != keep && !holders[i].lease) holders[i].remove();
+          ++out.repaired;
+        }
+      }
+      if (!holders.empty() && holders.front().where == "parked" && !is_paused) {
+        out.problems.push_back(parked_problem(group));
+        if (repair) {
+          q.parked.erase(group);
+          q.ready.push_back(lane);
+          ++out.repaired;
+        }
+      }
+    } else {
+      for (auto& h : holders) {
+        if (h.where != "parked") out.problems.push_back(empty_group_problem(group, h.where));
+        if (repair) {
+          h.remove();
+          if (h.where != "parked") ++out.repaired;
+        }
+      }
+    }
+  }
+  for (auto& c : suspects.copies) {
+    // Whether a copy is where the walk saw it, and what drops it. `nth` 2: the second copy is
+    // the same entry as the first (one list, one text, read twice as the list moved): there only
+    // when the list holds it twice. (A zset holds a member once.)
+    auto find = [&](const job_place& p, std::size_t nth) -> std::function<void()> {
+      using kind = job_place::kind;
+      auto in = [&](auto& list) -> std::function<void()> {
+        if (static_cast<std::size_t>(std::count(list.begin(), list.end(), p.member)) < nth) return {};
+        return [&list, &erase_first, m = p.member] { erase_first(list, m); };
+      };
+      switch (p.where) {
+        case kind::ready: return in(q.ready);
+        case kind::claimed: return q.claimed.contains(p.key) ? in(q.claimed[p.key]) : nullptr;
+        case kind::group: return q.groups.contains(p.key) ? in(q.groups[p.key]) : nullptr;
+        case kind::lease: return nth == 1 && q.active.contains(p.member) ? [] {} : std::function<void()>{};
+        case kind::delayed: {
+          auto it =
+              std::find_if(q.delayed.begin(), q.delayed.end(), [&](const auto& e) { return e.second == p.member; });
+          if (nth != 1 || it == q.delayed.end()) return {};
+          return [&q, it] { q.delayed.erase(it); };
+        }
+      }
+      return {};
+    };
+    bool same = c.first.where == c.second.where && c.first.key == c.second.key && c.first.member == c.second.member;
+    auto first = find(c.first, 1), second = find(c.second, same ? 2 : 1);
+    if (!first || !second) continue;
+    out.problems.push_back(copy_problem(c.id, c.first, c.second));
+    if (repair && (c.second.droppable() || c.first.droppable())) {
+      (c.second.droppable() ? second : first)();
+      ++out.repaired;
+    }
+  }
+  for (auto& worker : suspects.dead_workers) {
+    auto found = q.claimed.find(worker);
+    if (found == q.claimed.end() || found->second.empty() || q.workers.contains(worker)) continue;
+    out.problems.push_back(dead_worker_problem(worker, found->second.size()));
+    if (repair) {
+      q.ready.insert(q.ready.begin(), found->second.begin(), found->second.end());
+      q.claimed.erase(found);
+      ++out.repaired;
+    }
+  }
+  // (No second walk for ids, as Redis has: this one was at one instant.)
+  for (auto& id : suspects.ids) {
+    if (!q.ids.contains(id)) continue;
+    out.problems.push_back(id_problem(id));
+    if (repair) {
+      q.ids.erase(id);
+      ++out.repaired;
+    }
+  }
+  if (out.repaired > 0) effects_.made_ready += q.ready.size();  // lanes made ready: waiting claims take them
+  return out;
+}
+
+}  // namespace jobrt::detail

@@ -1,0 +1,74 @@
+// The queue model without I/O: time is a variable the test moves, so leases expire and delayed
+// jobs come due exactly when the test says.
+#include "backend/queue_model.hpp"
+
+#include <jobrt/error.hpp>
+
+#include <doctest/doctest.h>
+#include <boost/system/system_error.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+using namespace std::chrono_literals;
+using jobrt::detail::queue_model;
+
+namespace {
+
+std::int64_t now_ms = 1'000'000;
+std::int64_t test_clock() { return now_ms; }
+
+std::vector<jobrt::encoded_job> one(std::string id, std::string group, std::int64_t delay_ms = 0) {
+  std::vector<jobrt::encoded_job> jobs(1);
+  jobs[0].id = std::move(id);
+  jobs[0].group = std::move(group);
+  jobs[0].body = R"({"type":"t"})";
+  jobs[0].delay_ms = delay_ms;
+  return jobs;
+}
+
+}  // namespace
+
+TEST_CASE("queue model: a delayed job comes due, and an expired lease is recovered, on the model's clock") {
+  now_ms = 1'000'000;
+  queue_model m(test_clock);
+  m.enqueue(one("later", "g", 500));
+  CHECK(m.take_effects().earlier_due);  // the promoters are woken
+  CHECK(m.promote(10).moved == 0);
+  CHECK(m.promote(10).next_due == 500ms);
+  now_ms += 500;
+  CHECK(m.promote(10).moved == 1);
+  CHECK(m.take_effects().made_ready == 1);  // one waiting claim is woken
+
+  jobrt::claim_options co{"w", 1, 100ms};
+  auto claimed = m.claim(co);
+  REQUIRE(claimed.size() == 1);
+  CHECK(claimed[0].job.id == "later");
+  CHECK(claimed[0].job.attempts == 0);
+  now_ms += 99;  // a millisecond before its deadline: still held
+  CHECK(m.reap({}).leases == 0);
+  now_ms += 1;  // at its deadline, as ZRANGEBYSCORE active -inf <now> finds it
+  CHECK(m.reap({}).leases == 1);
+  CHECK(m.take_effects().made_ready == 1);
+  auto again = m.claim(co);
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].job.attempts == 1);  // the lost run counts
+  CHECK(again[0].fence > claimed[0].fence);
+}
+
+TEST_CASE("queue model: a refusal changes nothing and names its errc") {
+  queue_model m(test_clock);
+  auto jobs = one("ok", "");
+  auto bad = one("1|2", "");
+  jobs.push_back(bad[0]);
+  try {
+    m.enqueue(jobs);
+    FAIL("accepted");
+  } catch (const boost::system::system_error& e) {
+    CHECK(e.code() == jobrt::errc::bad_job_id);
+  }
+  CHECK(m.counts().enqueued == 0);
+  CHECK_FALSE(m.has_ready());
+  CHECK(m.take_effects().made_ready == 0);
+}
