@@ -40,7 +40,8 @@ void add_common(CLI::App& cmd, common& c) {
   cmd.add_flag("--json", c.json, "print JSON");
 }
 
-// A command whose subject is a queue takes it as an argument too: `jobrt check orders`.
+// A command whose subject is a queue takes it as an argument too: `jobrt check orders`. Declared
+// after --queue, into the same string: given both, the argument wins.
 void add_queue_argument(CLI::App& cmd, std::string& queue) {
   cmd.add_option("QUEUE", queue, "the queue, in place of --queue")->check(queue_name());
 }
@@ -159,13 +160,11 @@ constexpr std::size_t keys_per_call = 500;
 
 struct stats_options {
   common c;
-  std::string queue;  // the argument, when given
   std::size_t watch = 0;
 };
 
 int stats(const stats_options& o) {
   auto c = o.c;
-  if (!o.queue.empty()) c.queue = o.queue;
   auto watch = o.watch;
   with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
     std::int64_t last_completed = -1;
@@ -202,13 +201,11 @@ int stats(const stats_options& o) {
 
 struct check_options {
   common c;
-  std::string queue;
   bool repair = false;
 };
 
 int check(const check_options& o) {
   auto c = o.c;
-  if (!o.queue.empty()) c.queue = o.queue;
   check_report r;
   with_store(c, [&](redis_backend& store) -> asio::awaitable<void> { r = co_await store.check(c.queue, o.repair); });
   auto oldest_age = r.oldest_enqueued_ms > 0 ? now_ms() - r.oldest_enqueued_ms : 0;
@@ -521,13 +518,11 @@ void add_group(CLI::App& jobrt, action& chosen) {
 
 struct purge_options {
   common c;
-  std::string queue;
   bool force = false;
 };
 
 int queue_purge(const purge_options& o) {
   auto c = o.c;
-  if (!o.queue.empty()) c.queue = o.queue;
   with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
     auto q = co_await store.counts(c.queue);
     if (q.running > 0 && !o.force)
@@ -584,7 +579,7 @@ void add_admin(CLI::App& jobrt, action& chosen) {
   auto* cmd =
       add_command(jobrt, chosen, "stats", "a queue's counts and counters", [stats_o] { return stats(*stats_o); });
   add_common(*cmd, stats_o->c);
-  add_queue_argument(*cmd, stats_o->queue);
+  add_queue_argument(*cmd, stats_o->c.queue);
   number_option(*cmd, "-w,--watch", stats_o->watch, 0, 86'400,
                 "print them again every N seconds (0: once), with the completion rate, until interrupted");
   cmd->footer(
@@ -599,7 +594,7 @@ void add_admin(CLI::App& jobrt, action& chosen) {
   cmd = add_command(jobrt, chosen, "check", "verify a queue's invariants (--repair fixes what it finds)",
                     [check_o] { return check(*check_o); });
   add_common(*cmd, check_o->c);
-  add_queue_argument(*cmd, check_o->queue);
+  add_queue_argument(*cmd, check_o->c.queue);
   cmd->add_flag("--repair", check_o->repair, "fix what it confirms");
   cmd->footer(
       "Verifies the queue's invariants: every group with jobs has exactly one lane, lease or\n"
@@ -622,7 +617,7 @@ void add_admin(CLI::App& jobrt, action& chosen) {
   cmd =
       add_command(*queue, chosen, "purge", "remove everything of a queue", [purge_o] { return queue_purge(*purge_o); });
   add_common(*cmd, purge_o->c);
-  add_queue_argument(*cmd, purge_o->queue);
+  add_queue_argument(*cmd, purge_o->c.queue);
   cmd->add_flag("--force", purge_o->force, "even while jobs run (their workers lose their leases)");
   cmd->footer(
       "Removes the queue's jobs, dead letters, counters and worker records, in small steps (SCAN\n"
