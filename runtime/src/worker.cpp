@@ -2,6 +2,8 @@
 
 #include "backend/job_codec.hpp"
 #include "strand.hpp"
+#include "worker/loops.hpp"
+#include "worker/maintenance.hpp"
 
 #include <jobrt/log.hpp>
 
@@ -10,9 +12,7 @@
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/deferred.hpp>
 #include <boost/asio/detached.hpp>
-#include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
@@ -64,20 +64,15 @@ std::string make_worker_id() {
 
 namespace {
 
-constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+using detail::bounded;
+using detail::stoppable;
+using detail::use_tuple;
+using detail::wait_on;
+using detail::what;
+
 // Finish calls on their way at once: the backend runs one while the worker handles another's
 // answer (bench: about 1.6x the jobs/s over 1,000 groups than one call at a time).
 constexpr std::size_t finish_calls_max = 2;
-
-std::string what(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    return ex.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
 
 bool is_permanent(const std::exception_ptr& e) {
   try {
@@ -87,47 +82,6 @@ bool is_permanent(const std::exception_ptr& e) {
   } catch (...) {
     return false;
   }
-}
-
-// A timer parked at time_point::max() serves as a condition variable with one waiter.
-asio::awaitable<void> wait_on(asio::steady_timer& t, clock::time_point until = clock::time_point::max()) {
-  t.expires_at(until);
-  co_await t.async_wait(use_tuple);
-}
-
-// A backend call with a time limit: past it the call is cancelled and this throws. For calls
-// that must not hold up a loop, or stop(), while the backend is unreachable.
-template <class T>
-asio::awaitable<T> bounded(asio::any_io_executor ex, asio::awaitable<T> call, clock::duration limit,
-                           std::string_view what) {
-  asio::steady_timer timer(ex, limit);
-  auto [order, error, value, timer_ec] =
-      co_await asio::experimental::make_parallel_group(asio::co_spawn(ex, std::move(call), asio::deferred),
-                                                       timer.async_wait(asio::deferred))
-          .async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
-  (void)timer_ec;
-  if (order[0] == 1)
-    throw std::runtime_error(fmt::format("{} got no answer within {} ms", what,
-                                         std::chrono::duration_cast<std::chrono::milliseconds>(limit).count()));
-  if (error) std::rethrow_exception(error);
-  co_return std::move(value);
-}
-
-asio::awaitable<void> bounded(asio::any_io_executor ex, asio::awaitable<void> call, clock::duration limit,
-                              std::string_view what) {
-  auto wrapped = [](asio::awaitable<void> c) -> asio::awaitable<bool> {
-    co_await std::move(c);
-    co_return true;
-  };
-  co_await bounded(std::move(ex), wrapped(std::move(call)), limit, what);
-}
-
-// A call that `stop` ends (it throws then): a loop's call in flight when the worker stops, which
-// would otherwise hold stop() up for as long as its bound while the backend does not answer.
-template <class T>
-asio::awaitable<T> stoppable(asio::cancellation_signal& stop, asio::any_io_executor ex, asio::awaitable<T> call) {
-  co_return co_await asio::co_spawn(std::move(ex), std::move(call),
-                                    asio::bind_cancellation_slot(stop.slot(), asio::use_awaitable));
 }
 
 }  // namespace
@@ -143,8 +97,6 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         idle_timer_(strand_),
         claim_pause_(strand_),
         watchdog_timer_(strand_),
-        reap_timer_(strand_),
-        retry_timer_(strand_),
         flush_timer_(strand_),
         stopped_timer_(strand_, clock::time_point::max()) {
     if (opts_.id.empty()) opts_.id = make_worker_id();
@@ -179,6 +131,15 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       throw std::invalid_argument(fmt::format("worker burst is {}; the largest is 1000", opts_.burst));
     if (opts_.watchdog_period.count() <= 0) opts_.watchdog_period = opts_.lease_ttl / 3;
     if (opts_.reap_period.count() <= 0) opts_.reap_period = opts_.watchdog_period;
+    detail::maintenance_options mo;
+    mo.queue = opts_.queue;
+    mo.lease_ttl = opts_.lease_ttl;
+    mo.reap_period = opts_.reap_period;
+    mo.dead_max_count = opts_.dead_max_count;
+    mo.dead_max_age = opts_.dead_max_age;
+    mo.promote_backstop = opts_.promote_backstop;
+    maintenance_ =
+        std::make_shared<detail::maintenance>(strand_, backend_, std::move(mo), source_, maintenance_hooks());
   }
 
   const worker_options& options() const noexcept { return opts_; }
@@ -199,27 +160,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     asio::post(strand_, [self = shared_from_this()] {
       if (self->started_) return;
       self->started_ = true;
-      // A loop catches what its backend throws; anything else that escapes one is a bug. It is
-      // logged (the thread running the io_context may not say it) and rethrown from run(): the
-      // worker cannot go on without that loop, so whoever runs the io_context learns of it.
-      auto rethrow = [source = self->source_](const char* loop) {
-        return [source, loop](std::exception_ptr e) {
-          if (!e) return;
-          try {
-            std::rethrow_exception(e);
-          } catch (const std::exception& x) {
-            jobrt::log(log_level::error, source, "{} loop died: {}", loop, x.what());
-          } catch (...) {
-            jobrt::log(log_level::error, source, "{} loop died", loop);
-          }
-          std::rethrow_exception(e);
-        };
-      };
-      asio::co_spawn(self->strand_, claim_loop(self), rethrow("claim"));
-      asio::co_spawn(self->strand_, watchdog_loop(self), rethrow("watchdog"));
-      asio::co_spawn(self->strand_, reap_loop(self), rethrow("reaper"));
-      asio::co_spawn(self->strand_, promote_loop(self), rethrow("promoter"));
-      asio::co_spawn(self->strand_, flush_loop(self), rethrow("finish"));
+      // (A loop that dies: detail::rethrow_if_died.)
+      asio::co_spawn(self->strand_, claim_loop(self), detail::rethrow_if_died(self->source_, "claim"));
+      asio::co_spawn(self->strand_, watchdog_loop(self), detail::rethrow_if_died(self->source_, "watchdog"));
+      std::vector<std::string> types;
+      for (auto& [type, h] : self->handlers_) types.push_back(type);
+      self->maintenance_->start(std::move(types));  // the reaper and the promoter
+      asio::co_spawn(self->strand_, flush_loop(self), detail::rethrow_if_died(self->source_, "finish"));
     });
   }
 
@@ -276,8 +223,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
                                      self->opts_.lease_ttl, "expiring this worker's previous leases"));
       if (expired > 0) {
         jobrt::log(log_level::info, self->source_, "{} leases of this worker's previous run expired", expired);
-        self->reap_now_ = true;  // seen by the reaper even if it is in a call now
-        self->reap_timer_.cancel();
+        self->maintenance_->reap_now();
       }
     } catch (const std::exception& e) {
       if (!self->stopping_)
@@ -979,107 +925,36 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     self->idle_timer_.cancel();
   }
 
-  // Recovery is every live worker's job, on a timer: what a crashed worker held goes back within
-  // one lease TTL plus one period. The reap script is atomic and idempotent, so workers racing
-  // each other only find less to do.
-  static asio::awaitable<void> reap_loop(std::shared_ptr<impl> self) {
-    constexpr std::size_t batch = 100;
-    reap_options ro{batch, self->opts_.dead_max_count, self->opts_.dead_max_age};
-    while (!self->stopped_) {
-      reap_result r;
-      std::string failure;
-      try {
-        r = co_await stoppable(
-            self->reap_stop_, self->strand_,
-            bounded(self->strand_, self->backend_.reap(self->opts_.queue, ro), self->opts_.lease_ttl, "reaping"));
-      } catch (const std::exception& e) {
-        failure = e.what();
-      }
-      if (!failure.empty() && !self->stopped_)
-        jobrt::log(log_level::warn, self->source_, "reaping failed: {}", failure);
-      if (r.leases > 0 || r.lanes > 0) {
-        jobrt::log(log_level::info, self->source_, "recovered {} expired leases and {} lanes of {} dead workers",
-                   r.leases, r.lanes, r.workers);
-        std::lock_guard lock(self->counters_mutex_);
-        self->counters_.recovered += static_cast<std::uint64_t>(r.leases);
-        for (auto& type : r.recovered_types) ++self->by_type_[type].recovered;
-      }
-      if (r.leases == static_cast<std::int64_t>(batch) || r.workers == static_cast<std::int64_t>(batch) ||
-          r.dead_removed == static_cast<std::int64_t>(batch))
-        continue;  // more to do: at once
-      if (std::exchange(self->reap_now_, false)) continue;
-      co_await self->about_types();
-      if (self->stopped_) break;  // (stop's cancel of the timer came while about_types was in a call)
-      co_await wait_on(self->reap_timer_, clock::now() + self->opts_.reap_period);
-    }
-    self->reaping_ = false;
-    self->idle_timer_.cancel();
-  }
+  // --- maintenance: the reaper and the promoter (worker/maintenance.hpp) ---
 
-  // Says which job types this worker runs (every ten seconds or reaper period, whichever is
-  // longer, for three of those: unhandled_limit is minutes), and asks the backend about the types
-  // met here without a handler (no_handler). Types not met for ten minutes are forgotten. Each
-  // call starts only while the worker runs: stop cancels the one on its way (reap_stop_).
-  asio::awaitable<void> about_types() {
-    auto now = clock::now();
-    auto period = std::max<std::chrono::milliseconds>(opts_.reap_period, std::chrono::seconds(10));
-    try {
-      if (now - advertised_ >= period && !handlers_.empty() && !stopped_) {
-        std::vector<std::string> types;
-        for (auto& [type, h] : handlers_) types.push_back(type);
-        co_await stoppable(reap_stop_, strand_,
-                           bounded(strand_, backend_.advertise(opts_.queue, std::move(types), 3 * period),
-                                   opts_.lease_ttl, "saying which job types this worker runs"));
-        advertised_ = now;
-      }
+  // What they tell the worker, on its strand. They call these only while their loops run,
+  // between start() and the end of their stop(), which do_stop awaits with the impl held; until
+  // do_stop the claim loop holds it: `this` outlives every call.
+  detail::maintenance_hooks maintenance_hooks() {
+    detail::maintenance_hooks h;
+    h.recovered = [this](const reap_result& r) {
+      std::lock_guard lock(counters_mutex_);
+      counters_.recovered += static_cast<std::uint64_t>(r.leases);
+      for (auto& type : r.recovered_types) ++by_type_[type].recovered;
+    };
+    h.promoted = [this](std::int64_t moved) {
+      std::lock_guard lock(counters_mutex_);
+      counters_.promoted += static_cast<std::uint64_t>(moved);
+    };
+    // The types met here without a handler (no_handler); those not met for ten minutes are
+    // forgotten.
+    h.unhandled_types = [this](clock::time_point now) {
       std::erase_if(unhandled_types_, [&](const auto& t) { return now - t.second.met > std::chrono::minutes(10); });
       std::vector<std::string> names;
       for (auto& [type, seen] : unhandled_types_) names.push_back(type);
-      for (auto& type : names) {
-        if (stopped_) break;
-        auto none_for = co_await stoppable(
-            reap_stop_, strand_,
-            bounded(strand_, backend_.unrunnable_for(opts_.queue, type), opts_.lease_ttl, "asking who runs a type"));
-        auto& seen = unhandled_types_[type];
-        seen.unrunnable = none_for;
-        seen.asked = clock::now();
-      }
-    } catch (const std::exception& e) {
-      if (!stopped_) jobrt::log(log_level::warn, source_, "job types: {}", e.what());
-    }
-  }
-
-  // Delayed jobs and retries waiting for their backoff: moved when due, by a timer armed for the
-  // earliest due time; the backend wakes it early when an earlier entry arrives (from any
-  // process). Every live worker runs it; the promote script is atomic, so they only share work.
-  static asio::awaitable<void> promote_loop(std::shared_ptr<impl> self) {
-    constexpr std::size_t batch = 1000;
-    auto backoff = std::chrono::milliseconds(100);
-    // Both steps are cancelled by stop() (promote_stop_), which waits for this loop to end.
-    auto stoppable = asio::bind_cancellation_slot(self->promote_stop_.slot(), use_tuple);
-    while (!self->stopped_) {
-      auto seen = self->backend_.delayed_version(self->opts_.queue);
-      auto [error, r] =
-          co_await asio::co_spawn(self->strand_, self->backend_.promote(self->opts_.queue, batch), stoppable);
-      if (self->stopped_) break;
-      if (error) {
-        jobrt::log(log_level::warn, self->source_, "promoting delayed jobs failed: {} (retrying in {} ms)", what(error),
-                   backoff.count());
-        co_await wait_on(self->retry_timer_, clock::now() + backoff);
-        backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
-        continue;
-      }
-      backoff = std::chrono::milliseconds(100);
-      if (r.moved > 0) {
-        std::lock_guard lock(self->counters_mutex_);
-        self->counters_.promoted += static_cast<std::uint64_t>(r.moved);
-      }
-      if (r.moved == static_cast<std::int64_t>(batch)) continue;  // more are due: at once
-      auto wait = std::min(r.next_due.value_or(self->opts_.promote_backstop), self->opts_.promote_backstop);
-      co_await asio::co_spawn(self->strand_, self->backend_.wait_delayed(self->opts_.queue, seen, wait), stoppable);
-    }
-    self->promoting_ = false;
-    self->idle_timer_.cancel();
+      return names;
+    };
+    h.unrunnable = [this](const std::string& type, std::chrono::milliseconds none_for) {
+      auto& seen = unhandled_types_[type];
+      seen.unrunnable = none_for;
+      seen.asked = clock::now();
+    };
+    return h;
   }
 
   void lease_lost(const std::string& token, std::string_view why) {
@@ -1145,13 +1020,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     stopped_ = true;
     watchdog_timer_.cancel();
     watch_stop_.emit(asio::cancellation_type::terminal);
-    reap_timer_.cancel();
-    reap_stop_.emit(asio::cancellation_type::terminal);
-    retry_timer_.cancel();
+    maintenance_->request_stop();  // the reaper and the promoter
     flush_timer_.cancel();
     for (auto& call : finish_calls_) call.stop.emit(asio::cancellation_type::terminal);
-    promote_stop_.emit(asio::cancellation_type::terminal);
-    while (started_ && (promoting_ || watching_ || reaping_ || flushing_)) co_await wait_on(idle_timer_);
+    while (started_ && (watching_ || flushing_)) co_await wait_on(idle_timer_);
+    co_await maintenance_->stop();
     co_await release_all();  // a late finish may have leased us a burst's next job
     stop_done_ = true;
     stopped_timer_.cancel();
@@ -1208,10 +1081,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     bool warned = false;
   };
   std::unordered_map<std::string, unhandled_type> unhandled_types_;
-  clock::time_point advertised_{};                   // when this worker last said which types it runs
-  clock::time_point grace_until_{};                  // the end of stop's grace under way
-  std::chrono::milliseconds grace_{0};               // the shortest grace a stop() asked for
-  std::minstd_rand random_{std::random_device{}()};  // backoff jitter
+  clock::time_point grace_until_{};                                        // the end of stop's grace under way
+  std::chrono::milliseconds grace_{0};                                     // the shortest grace a stop() asked for
+  std::minstd_rand random_{std::random_device{}()};                        // backoff jitter
   std::unordered_map<std::string, std::shared_ptr<running_job>> running_;  // by token
   std::unordered_map<std::string, group_strand> strands_;
   // Leased jobs that wait for a slot (see start_or_wait); their leases are renewed with the
@@ -1233,11 +1105,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   asio::steady_timer claim_pause_;        // the claim loop's pause after a failure
   asio::steady_timer watchdog_timer_;
   asio::cancellation_signal watch_stop_;  // ends a renewal on its way, once stop has released all
-  asio::steady_timer reap_timer_;
-  asio::cancellation_signal reap_stop_;     // ends a reap on its way
-  asio::steady_timer retry_timer_;          // the promoter's pause after a failure
-  asio::steady_timer flush_timer_;          // the finisher's pause after a failure
-  asio::cancellation_signal promote_stop_;  // ends the promoter's wait
+  asio::steady_timer flush_timer_;        // the finisher's pause after a failure
+  // The reaper (with what it asks about job types) and the promoter: they run from start() to
+  // stop() on this strand; what they learn comes back through maintenance_hooks().
+  std::shared_ptr<detail::maintenance> maintenance_;
   struct finish_call_state {
     asio::cancellation_signal stop;   // stop() ends the call
     std::vector<std::string> tokens;  // its items' (in in_calls_ while it is on its way)
@@ -1250,10 +1121,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   std::atomic<std::size_t> held_count_{0};
   bool started_ = false;
   bool claiming_ = true;
-  bool promoting_ = true;
   bool watching_ = true;
-  bool reaping_ = true;
-  bool reap_now_ = false;  // expire_own made leases reapable: reap again at once
   bool stop_started_ = false;
   bool stopping_ = false;
   bool stopped_ = false;
