@@ -189,7 +189,7 @@ TEST_CASE("an idle worker sends only its blocking claim and its timers' calls an
     worker w(ctx.get_executor(), store, o);
     w.add_handler("t", [](job_context&) -> awaitable<void> { co_return; });
     w.start();
-    co_await sleep_for(std::chrono::milliseconds(300));
+    co_await sleep_for(std::chrono::milliseconds(300));  // the calls of its start (subscribe, advertise, ...) are done
     co_await redis::exec(admin, redis::request("CONFIG", "RESETSTAT"));
     auto cpu_before = cpu_used();
     co_await sleep_for(std::chrono::milliseconds(3000));
@@ -831,7 +831,7 @@ TEST_CASE("a keep whose answer comes during stop's grace hands its follower back
     });
     w.add_handler("k", [&](job_context& c) -> awaitable<void> {
       runs.push_back(c.id());
-      while (slow_started == 0) co_await sleep_for(std::chrono::milliseconds(5));
+      co_await eventually([&] { return slow_started > 0; });
       // The keep goes out now and waits in the server until stop has begun.
       co_await redis::exec(admin, redis::request("CLIENT", "PAUSE", 400, "WRITE"));
       first_done = true;
