@@ -2,6 +2,7 @@
 
 #include "backend/job_codec.hpp"
 #include "strand.hpp"
+#include "worker/lease_keeper.hpp"
 #include "worker/loops.hpp"
 #include "worker/maintenance.hpp"
 
@@ -96,7 +97,6 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         slot_timer_(strand_),
         idle_timer_(strand_),
         claim_pause_(strand_),
-        watchdog_timer_(strand_),
         flush_timer_(strand_),
         stopped_timer_(strand_, clock::time_point::max()) {
     if (opts_.id.empty()) opts_.id = make_worker_id();
@@ -140,6 +140,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     mo.promote_backstop = opts_.promote_backstop;
     maintenance_ =
         std::make_shared<detail::maintenance>(strand_, backend_, std::move(mo), source_, maintenance_hooks());
+    detail::lease_keeper_options lo;
+    lo.queue = opts_.queue;
+    lo.worker = opts_.id;
+    lo.lease_ttl = opts_.lease_ttl;
+    lo.period = opts_.watchdog_period;
+    lease_keeper_ =
+        std::make_shared<detail::lease_keeper>(strand_, backend_, std::move(lo), source_, lease_keeper_hooks());
   }
 
   const worker_options& options() const noexcept { return opts_; }
@@ -162,7 +169,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       self->started_ = true;
       // (A loop that dies: detail::rethrow_if_died.)
       asio::co_spawn(self->strand_, claim_loop(self), detail::rethrow_if_died(self->source_, "claim"));
-      asio::co_spawn(self->strand_, watchdog_loop(self), detail::rethrow_if_died(self->source_, "watchdog"));
+      self->lease_keeper_->start();  // the watchdog
       std::vector<std::string> types;
       for (auto& [type, h] : self->handlers_) types.push_back(type);
       self->maintenance_->start(std::move(types));  // the reaper and the promoter
@@ -852,77 +859,67 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   // --- leases ---
 
-  // Every period, one call renews every lease. A call gets one period to answer; while none
-  // does, the leases run out here as they do in the backend, and their handlers are cancelled.
-  static asio::awaitable<void> watchdog_loop(std::shared_ptr<impl> self) {
-    auto period = self->opts_.watchdog_period;
-    auto tick = clock::now();
-    while (!self->stopped_) {
-      tick = std::max(tick + period, clock::now());
-      co_await wait_on(self->watchdog_timer_, tick);
-      if (self->stopped_) break;
+  // The watchdog (worker/lease_keeper.hpp) renews every lease each period. What it asks and
+  // tells the worker, on its strand; it calls these only while its loop runs, between start()
+  // and the end of its stop(), which do_stop awaits with the impl held (as maintenance_hooks).
+  detail::lease_keeper_hooks lease_keeper_hooks() {
+    detail::lease_keeper_hooks h;
+    h.tokens = [this] {
       std::vector<std::string> tokens;
-      for (auto& [token, r] : self->running_)
+      for (auto& [token, r] : running_)
         if (r->state != job_state::lost) tokens.push_back(token);  // finishing too: a finish may be retrying
-      for (auto& w : self->waiting_) tokens.push_back(w.job.token);
-      tokens.insert(tokens.end(), self->giving_back_.begin(), self->giving_back_.end());
+      for (auto& w : waiting_) tokens.push_back(w.job.token);
+      tokens.insert(tokens.end(), giving_back_.begin(), giving_back_.end());
       // A lease is ours until its last result lands: one whose job no longer runs here (a
       // follower that failed at launch, its predecessor's keep still on its way) is renewed too,
       // or a finish call that keeps failing would let the reaper charge a job that succeeded.
       // (Reserved first: the views in `listed` point into the strings of `tokens`.)
-      tokens.reserve(tokens.size() + self->in_calls_.size() + self->pending_finish_.size());
+      tokens.reserve(tokens.size() + in_calls_.size() + pending_finish_.size());
       std::unordered_set<std::string_view> listed(tokens.begin(), tokens.end());
       auto add = [&](const std::string& token) {
         if (listed.insert(token).second) tokens.push_back(token);
       };
-      for (const auto& token : self->in_calls_) add(token);
-      for (const auto& item : self->pending_finish_) add(item.token);
-      auto sent = clock::now();
-      try {
-        auto held = co_await stoppable(
-            self->watch_stop_, self->strand_,
-            bounded(self->strand_,
-                    self->backend_.extend(self->opts_.queue, self->opts_.id, tokens, self->opts_.lease_ttl), period,
-                    "lease renewal"));
-        {
-          std::lock_guard lock(self->counters_mutex_);
-          ++self->counters_.renewals;
-        }
-        for (std::size_t i = 0; i < tokens.size() && i < held.size(); ++i) {
-          if (auto it = self->running_.find(tokens[i]); it != self->running_.end()) {
-            if (!held[i])
-              self->lease_lost(tokens[i], "lost");
-            else
-              it->second->valid_until = std::max(it->second->valid_until, sent + self->opts_.lease_ttl);
-            continue;
-          }
-          // A job that waits for a slot (or no longer does: it started, or stop sent it back).
-          auto w = std::find_if(self->waiting_.begin(), self->waiting_.end(),
-                                [&](const waiting_job& j) { return j.job.token == tokens[i]; });
-          if (w == self->waiting_.end()) continue;
-          if (held[i]) {
-            w->valid_until = std::max(w->valid_until, sent + self->opts_.lease_ttl);
-          } else {
-            {
-              std::lock_guard lock(self->counters_mutex_);
-              ++self->counters_.leases_lost;
-            }
-            jobrt::log(log_level::warn, self->source_, "lease {} was lost; its job is left to whoever gets it next",
-                       w->job.token);
-            self->waiting_.erase(w);
-          }
-        }
-      } catch (const std::exception& e) {
-        // Said out loud: a renewal that did not happen is how leases get lost.
-        if (!self->stopped_) jobrt::log(log_level::warn, self->source_, "lease renewal failed: {}", e.what());
+      for (const auto& token : in_calls_) add(token);
+      for (const auto& item : pending_finish_) add(item.token);
+      return tokens;
+    };
+    h.answered = [this] {
+      std::lock_guard lock(counters_mutex_);
+      ++counters_.renewals;
+    };
+    h.held = [this](const std::string& token, clock::time_point valid_until) {
+      if (auto it = running_.find(token); it != running_.end()) {
+        it->second->valid_until = std::max(it->second->valid_until, valid_until);
+        return;
       }
+      // A job that waits for a slot (or no longer does: it started, or stop sent it back).
+      auto w =
+          std::find_if(waiting_.begin(), waiting_.end(), [&](const waiting_job& j) { return j.job.token == token; });
+      if (w != waiting_.end()) w->valid_until = std::max(w->valid_until, valid_until);
+    };
+    h.lost = [this](const std::string& token) {
+      if (running_.contains(token)) {
+        lease_lost(token, "lost");
+        return;
+      }
+      auto w =
+          std::find_if(waiting_.begin(), waiting_.end(), [&](const waiting_job& j) { return j.job.token == token; });
+      if (w == waiting_.end()) return;
+      {
+        std::lock_guard lock(counters_mutex_);
+        ++counters_.leases_lost;
+      }
+      jobrt::log(log_level::warn, source_, "lease {} was lost; its job is left to whoever gets it next", w->job.token);
+      waiting_.erase(w);
+    };
+    // A lease no renewal's answer has reached for a whole TTL is gone, or about to go.
+    h.overdue = [this] {
       std::vector<std::string> expired;
-      for (auto& [token, r] : self->running_)
+      for (auto& [token, r] : running_)
         if (r->state == job_state::running && r->valid_until <= clock::now()) expired.push_back(token);
-      for (auto& token : expired) self->lease_lost(token, "not renewed for a whole lease TTL");
-    }
-    self->watching_ = false;
-    self->idle_timer_.cancel();
+      for (auto& token : expired) lease_lost(token, "not renewed for a whole lease TTL");
+    };
+    return h;
   }
 
   // --- maintenance: the reaper and the promoter (worker/maintenance.hpp) ---
@@ -1018,12 +1015,12 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // The loops end, and stop() waits for them: none touches the backend after it returns.
     // Their calls are bounded, so this ends even when the backend is unreachable.
     stopped_ = true;
-    watchdog_timer_.cancel();
-    watch_stop_.emit(asio::cancellation_type::terminal);
-    maintenance_->request_stop();  // the reaper and the promoter
+    lease_keeper_->request_stop();  // the watchdog
+    maintenance_->request_stop();   // the reaper and the promoter
     flush_timer_.cancel();
     for (auto& call : finish_calls_) call.stop.emit(asio::cancellation_type::terminal);
-    while (started_ && (watching_ || flushing_)) co_await wait_on(idle_timer_);
+    co_await lease_keeper_->stop();
+    while (started_ && flushing_) co_await wait_on(idle_timer_);
     co_await maintenance_->stop();
     co_await release_all();  // a late finish may have leased us a burst's next job
     stop_done_ = true;
@@ -1103,12 +1100,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   asio::steady_timer idle_timer_;         // stop waits here for handlers to finish
   asio::cancellation_signal stop_claim_;  // cuts a blocking claim short (and the calls before the first)
   asio::steady_timer claim_pause_;        // the claim loop's pause after a failure
-  asio::steady_timer watchdog_timer_;
-  asio::cancellation_signal watch_stop_;  // ends a renewal on its way, once stop has released all
   asio::steady_timer flush_timer_;        // the finisher's pause after a failure
   // The reaper (with what it asks about job types) and the promoter: they run from start() to
   // stop() on this strand; what they learn comes back through maintenance_hooks().
   std::shared_ptr<detail::maintenance> maintenance_;
+  // The watchdog: renews the leases from start() to stop() on this strand; which leases, and what
+  // becomes of one found lost or renewed, go through lease_keeper_hooks().
+  std::shared_ptr<detail::lease_keeper> lease_keeper_;
   struct finish_call_state {
     asio::cancellation_signal stop;   // stop() ends the call
     std::vector<std::string> tokens;  // its items' (in in_calls_ while it is on its way)
@@ -1121,7 +1119,6 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   std::atomic<std::size_t> held_count_{0};
   bool started_ = false;
   bool claiming_ = true;
-  bool watching_ = true;
   bool stop_started_ = false;
   bool stopping_ = false;
   bool stopped_ = false;

@@ -1,6 +1,6 @@
-// What the worker's loops share, in worker.cpp and in its parts (worker/maintenance.cpp): a timer
-// as a condition variable, backend calls bounded in time and cut short by a stop, and how a loop
-// that dies is told.
+// What the worker's loops share, in worker.cpp and in its parts (worker/maintenance.cpp,
+// worker/lease_keeper.cpp): a timer as a condition variable, backend calls bounded in time and
+// cut short by a stop, and how a loop that dies is told.
 #pragma once
 
 #include <jobrt/log.hpp>

@@ -1,0 +1,177 @@
+// Test support: a backend that passes every call on to a memory backend, counts the calls the
+// worker's loops make (its parts: maintenance, the lease keeper), and holds reaps or lease
+// renewals at a gate while it is shut: a backend that does not answer them.
+#pragma once
+
+#include <jobrt/memory_backend.hpp>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/system/system_error.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace jobrt::test {
+
+// Passes every call on to a memory backend. Counts the calls of the kinds the worker's parts
+// make (reap, advertise, unrunnable_for, promote, delayed_version, wait_delayed, extend), and
+// those of them still on their way; holds reaps, or extends, at a gate while it is shut: a call
+// the backend does not answer, which only cancellation ends. Everything runs on one thread.
+class counting_backend final : public jobrt::backend {
+ public:
+  explicit counting_backend(boost::asio::any_io_executor ex) : inner_(ex), reaps_(ex), extends_(ex) {}
+
+  memory_backend& inner() { return inner_; }
+  void shut_reaps() { reaps_.open = false; }
+  void shut_extends() { extends_.open = false; }
+  std::size_t reaps_held() const { return reaps_.held; }
+  std::size_t extends_held() const { return extends_.held; }
+  std::size_t extends() const { return extends_.calls; }        // extend calls, so far
+  std::size_t calls() const { return calls_; }                  // of the counted kinds, so far
+  std::size_t in_flight() const { return in_flight_; }          // of those, still on their way
+  std::size_t delayed_waits() const { return delayed_waits_; }  // wait_delayed calls on their way
+
+  boost::asio::awaitable<jobrt::reap_result> reap(std::string q, jobrt::reap_options o) override {
+    flight f(*this);
+    co_await pass(reaps_);
+    co_return co_await inner_.reap(std::move(q), o);
+  }
+  boost::asio::awaitable<std::vector<bool>> extend(std::string q, std::string w, std::vector<std::string> tokens,
+                                                   std::chrono::milliseconds ttl) override {
+    flight f(*this);
+    ++extends_.calls;
+    co_await pass(extends_);
+    co_return co_await inner_.extend(std::move(q), std::move(w), std::move(tokens), ttl);
+  }
+  boost::asio::awaitable<void> advertise(std::string q, std::vector<std::string> types,
+                                         std::chrono::milliseconds ttl) override {
+    flight f(*this);
+    co_await inner_.advertise(std::move(q), std::move(types), ttl);
+  }
+  boost::asio::awaitable<std::chrono::milliseconds> unrunnable_for(std::string q, std::string type) override {
+    flight f(*this);
+    co_return co_await inner_.unrunnable_for(std::move(q), std::move(type));
+  }
+  boost::asio::awaitable<jobrt::promote_result> promote(std::string q, std::size_t max) override {
+    flight f(*this);
+    co_return co_await inner_.promote(std::move(q), max);
+  }
+  std::uint64_t delayed_version(const std::string& q) override {
+    ++calls_;
+    return inner_.delayed_version(q);
+  }
+  boost::asio::awaitable<void> wait_delayed(std::string q, std::uint64_t seen,
+                                            std::chrono::milliseconds timeout) override {
+    flight f(*this);
+    ++delayed_waits_;
+    co_await inner_.wait_delayed(std::move(q), seen, timeout);
+    --delayed_waits_;
+  }
+
+  // Not of the counted kinds: passed on uncounted.
+  boost::asio::awaitable<std::vector<jobrt::enqueue_result>> enqueue(std::string q,
+                                                                     std::vector<jobrt::encoded_job> jobs) override {
+    return inner_.enqueue(std::move(q), std::move(jobs));
+  }
+  boost::asio::awaitable<std::vector<jobrt::claimed_job>> claim(std::string q, jobrt::claim_options o) override {
+    return inner_.claim(std::move(q), std::move(o));
+  }
+  boost::asio::awaitable<std::vector<jobrt::claimed_job>> claim_wait(std::string q, jobrt::claim_options o,
+                                                                     std::chrono::milliseconds wait) override {
+    return inner_.claim_wait(std::move(q), std::move(o), wait);
+  }
+  boost::asio::awaitable<std::vector<jobrt::finish_result>> finish(std::string q, std::string w,
+                                                                   std::vector<jobrt::finish_item> items,
+                                                                   std::chrono::milliseconds ttl) override {
+    return inner_.finish(std::move(q), std::move(w), std::move(items), ttl);
+  }
+  boost::asio::awaitable<std::int64_t> expire_own(std::string q, std::string w) override {
+    return inner_.expire_own(std::move(q), std::move(w));
+  }
+  boost::asio::awaitable<void> release(std::string q, std::string w, std::vector<std::string> tokens) override {
+    return inner_.release(std::move(q), std::move(w), std::move(tokens));
+  }
+  boost::asio::awaitable<jobrt::queue_counts> counts(std::string q) override { return inner_.counts(std::move(q)); }
+  boost::asio::awaitable<std::vector<jobrt::dead_letter>> dead_letters(std::string q, std::size_t offset,
+                                                                       std::size_t limit) override {
+    return inner_.dead_letters(std::move(q), offset, limit);
+  }
+  boost::asio::awaitable<std::optional<jobrt::dead_letter>> dead_letter_of(std::string q, std::string id) override {
+    return inner_.dead_letter_of(std::move(q), std::move(id));
+  }
+  boost::asio::awaitable<std::vector<std::string>> requeue(std::string q, std::vector<std::string> ids,
+                                                           bool at_head) override {
+    return inner_.requeue(std::move(q), std::move(ids), at_head);
+  }
+  boost::asio::awaitable<std::int64_t> purge(std::string q, std::vector<std::string> ids) override {
+    return inner_.purge(std::move(q), std::move(ids));
+  }
+  boost::asio::awaitable<bool> pause(std::string q, std::string g) override {
+    return inner_.pause(std::move(q), std::move(g));
+  }
+  boost::asio::awaitable<bool> resume(std::string q, std::string g, jobrt::resume_mode mode) override {
+    return inner_.resume(std::move(q), std::move(g), mode);
+  }
+  boost::asio::awaitable<std::vector<jobrt::paused_group>> paused_groups(std::string q) override {
+    return inner_.paused_groups(std::move(q));
+  }
+  boost::asio::awaitable<std::int64_t> purge_queue(std::string q) override { return inner_.purge_queue(std::move(q)); }
+  boost::asio::awaitable<std::int64_t> group_size(std::string q, std::string g) override {
+    return inner_.group_size(std::move(q), std::move(g));
+  }
+  boost::asio::awaitable<jobrt::check_report> check(std::string q, bool repair) override {
+    return inner_.check(std::move(q), repair);
+  }
+
+ private:
+  struct flight {
+    explicit flight(counting_backend& b) : owner(b) {
+      ++owner.calls_;
+      ++owner.in_flight_;
+    }
+    ~flight() { --owner.in_flight_; }
+    flight(const flight&) = delete;
+    flight& operator=(const flight&) = delete;
+    counting_backend& owner;
+  };
+
+  struct gate {
+    explicit gate(boost::asio::any_io_executor ex) : opened(ex) {}
+    bool open = true;
+    std::size_t held = 0;              // calls waiting at it now
+    std::size_t calls = 0;             // (extend's: every call)
+    boost::asio::steady_timer opened;  // parked at time_point::max(): a call waits here while the gate is shut
+  };
+
+  // Waits while the gate is shut; cancelled, it throws (as a backend call ended by cancellation).
+  static boost::asio::awaitable<void> pass(gate& g) {
+    while (!g.open) {
+      ++g.held;
+      g.opened.expires_at(std::chrono::steady_clock::time_point::max());
+      co_await g.opened.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+      --g.held;
+      auto state = co_await boost::asio::this_coro::cancellation_state;  // (g++ 12: not inside the condition)
+      if (state.cancelled() != boost::asio::cancellation_type::none)
+        throw boost::system::system_error(boost::asio::error::operation_aborted);
+    }
+  }
+
+  memory_backend inner_;
+  gate reaps_;
+  gate extends_;
+  std::size_t calls_ = 0;
+  std::size_t in_flight_ = 0;
+  std::size_t delayed_waits_ = 0;
+};
+
+}  // namespace jobrt::test
