@@ -157,6 +157,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   }
 
   std::size_t in_flight() const noexcept { return held_count_.load(std::memory_order_relaxed); }
+  worker_state state() const noexcept { return state_.load(std::memory_order_relaxed); }
+  // Stop has begun: nothing more is claimed or started.
+  bool stopping() const noexcept { return state() >= worker_state::draining; }
+  // The handlers are done: the loops end, and no finish call starts.
+  bool closing() const noexcept { return state() >= worker_state::closing; }
 
   void add_handler(std::string type, handler h, std::optional<backoff> b) {
     handlers_[type] = std::move(h);
@@ -165,8 +170,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   void start() {
     asio::post(strand_, [self = shared_from_this()] {
-      if (self->started_) return;
-      self->started_ = true;
+      if (self->state_ != worker_state::created) return;  // (a stop came first: nothing starts)
+      self->state_ = worker_state::running;
+      self->claiming_ = self->flushing_ = true;
       // (A loop that dies: detail::rethrow_if_died.)
       asio::co_spawn(self->strand_, claim_loop(self), detail::rethrow_if_died(self->source_, "claim"));
       self->lease_keeper_->start();  // the watchdog
@@ -233,7 +239,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         self->maintenance_->reap_now();
       }
     } catch (const std::exception& e) {
-      if (!self->stopping_)
+      if (!self->stopping())
         jobrt::log(log_level::warn, self->source_, "expiring this worker's previous leases failed: {}", e.what());
     }
     try {
@@ -244,9 +250,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
                   self->backend_.extend(self->opts_.queue, self->opts_.id, std::move(none), self->opts_.lease_ttl),
                   self->opts_.lease_ttl, "the first heartbeat"));
     } catch (const std::exception& e) {
-      if (!self->stopping_) jobrt::log(log_level::warn, self->source_, "first heartbeat failed: {}", e.what());
+      if (!self->stopping()) jobrt::log(log_level::warn, self->source_, "first heartbeat failed: {}", e.what());
     }
-    while (!self->stopping_) {
+    while (!self->stopping()) {
       std::size_t free = self->opts_.concurrency > self->busy_ ? self->opts_.concurrency - self->busy_ : 0;
       if (free == 0) {
         co_await wait_on(self->slot_timer_);
@@ -268,13 +274,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
             self->strand_, self->backend_.claim_wait(self->opts_.queue, co, self->opts_.claim_wait),
             asio::bind_cancellation_slot(self->stop_claim_.slot(), asio::as_tuple(asio::use_awaitable)));
         jobs = std::move(claimed);
-        if (claim_error && !self->stopping_) std::rethrow_exception(claim_error);
+        if (claim_error && !self->stopping()) std::rethrow_exception(claim_error);
         backoff = std::chrono::milliseconds(100);
       } catch (const std::exception& e) {
         failure = e.what();
       }
       if (!failure.empty()) {
-        if (self->stopping_) break;
+        if (self->stopping()) break;
         jobrt::log(log_level::warn, self->source_, "claim failed: {} (retrying in {} ms)", failure, backoff.count());
         // A timer, not a poll: the backend is failing, and hammering it helps nobody. (Stop
         // cuts it short.)
@@ -463,7 +469,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // The rest of the burst: its followers came with the lease and run one after another, while
     // the lease has at least half its TTL left when the job ends (so that, renewed as usual, it
     // outlives the keep's trip and the follower's start).
-    if (item.kind == finish_kind::ack && !r->ahead.empty() && !stopping_ &&
+    if (item.kind == finish_kind::ack && !r->ahead.empty() && !stopping() &&
         r->valid_until - clock::now() > opts_.lease_ttl / 2) {
       item.kind = finish_kind::keep;
       auto& next = r->ahead.front();
@@ -496,7 +502,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     // After a burst, the group's next job (and its followers) in the finish's answer, only when
     // nothing else was ready at the last claim (the script also checks that nobody waits).
-    if (item.kind == finish_kind::ack && !stopping_ && !r->ctx->group().empty() && queue_drained_) {
+    if (item.kind == finish_kind::ack && !stopping() && !r->ctx->group().empty() && queue_drained_) {
       item.want_next = finish_item::next_policy::if_nobody_waits;
       item.ahead = opts_.burst - 1;
     }
@@ -549,7 +555,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   }
 
   void queue_finish(finish_item item, item_note note) {
-    if (stopped_) {  // the backend may be gone: the lease expires and the job runs again
+    if (closing()) {  // the backend may be gone: the lease expires and the job runs again
       jobrt::log(log_level::warn, source_, "lease {} ended after stop; not finished", item.token);
       return;
     }
@@ -566,7 +572,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // order even when a call fails and is sent again after another went through.
   static asio::awaitable<void> flush_loop(std::shared_ptr<impl> self) {
     for (;;) {
-      if (self->stopped_ && !self->pending_finish_.empty()) {  // stop ended the calls; no new one starts
+      if (self->closing() && !self->pending_finish_.empty()) {  // stop ended the calls; no new one starts
         jobrt::log(log_level::error, self->source_,
                    "{} results came too late to finish before stop; their leases expire and they run again",
                    self->pending_finish_.size());
@@ -577,7 +583,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       std::vector<item_note> notes;
       if (self->finish_calls_.size() < finish_calls_max) self->take_sendable(items, notes);
       if (items.empty()) {
-        if (self->stopped_ && self->finish_calls_.empty()) break;
+        if (self->closing() && self->finish_calls_.empty()) break;
         self->flush_idle_ = true;
         co_await wait_on(self->flush_timer_);  // until queue_finish, a call's end or stop
         self->flush_idle_ = false;
@@ -649,7 +655,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
           self->on_finished(items[i], notes[i], results[i]);
         co_return;
       }
-      if (self->stopped_) {
+      if (self->closing()) {
         jobrt::log(log_level::error, self->source_,
                    "finishing {} jobs failed after stop: {}; their leases expire and they run again", items.size(),
                    failure);
@@ -660,7 +666,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       jobrt::log(log_level::warn, self->source_, "finishing {} jobs failed: {} (retrying in {} ms)", items.size(),
                  failure, backoff.count());
       co_await wait_on(pause, clock::now() + backoff);  // stop cuts it short through the call's signal
-      if (self->stopped_) {
+      if (self->closing()) {
         jobrt::log(log_level::error, self->source_,
                    "finishing {} jobs stopped with the worker; their leases expire and they run again", items.size());
         co_return;
@@ -726,7 +732,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       jobrt::log(log_level::warn, source_, "lease {} was lost before it finished; not acked", item.token);
     drop_held();
     if (!result.next) return;
-    if (stopping_) {  // leased to us as we stop: hand it back (stop does), do not start it
+    if (stopping()) {  // leased to us as we stop: hand it back (stop does), do not start it
       to_release_.push_back(result.next->token);
       return;
     }
@@ -757,7 +763,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     drop_held();
     if (!held) {
       jobrt::log(log_level::warn, source_, "lease {} was lost before it finished; not acked", token);
-    } else if (stopping_) {
+    } else if (stopping()) {
       to_release_.push_back(token);
     } else if (r->valid_until <= clock::now()) {
       // No renewal's answer came for a whole TTL while the keep was on its way: the lease may be
@@ -790,7 +796,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   void start_or_wait(claimed_job c, std::optional<clock::time_point> valid_until = {}, bool replayed = false) {
     // Once stopping, nothing new starts: a claim that came back as the stop cut it short, a
     // follower whose keep landed during the grace.
-    if (stopping_) {
+    if (stopping()) {
       to_release_.push_back(std::move(c.token));
       return;
     }
@@ -827,7 +833,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // Stopping, a lease goes back with the others (release_all), unless results under its token
   // are still on their way (a pipelined burst's keeps): then behind them, in a finish call.
   void hand_back(std::string token) {
-    if (stopping_ && !finishing(token)) {
+    if (stopping() && !finishing(token)) {
       to_release_.push_back(std::move(token));
       return;
     }
@@ -980,17 +986,16 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // --- stopping ---
 
   asio::awaitable<void> do_stop(std::chrono::milliseconds grace) {
-    if (stop_started_) {  // another stop() is at work: a shorter grace cuts its wait short (a forced stop)
+    if (stopping()) {  // another stop() is at work: a shorter grace cuts its wait short (a forced stop)
       grace_ = std::min(grace_, grace);  // (the handlers that ignore cancellation get this much, too)
       if (auto until = clock::now() + grace; until < grace_until_) {
         grace_until_ = until;
         idle_timer_.cancel();
       }
-      while (!stop_done_) co_await stopped_timer_.async_wait(use_tuple);
+      while (state_ != worker_state::stopped) co_await stopped_timer_.async_wait(use_tuple);
       co_return;
     }
-    stop_started_ = true;
-    stopping_ = true;
+    state_ = worker_state::draining;
     for (auto& w : waiting_) to_release_.push_back(w.job.token);  // nothing would start them now
     waiting_.clear();
     stop_claim_.emit(asio::cancellation_type::terminal);
@@ -998,7 +1003,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     claim_pause_.cancel();
     grace_ = grace;
     grace_until_ = clock::now() + grace;
-    while (started_ && claiming_) co_await wait_on(idle_timer_);
+    while (claiming_) co_await wait_on(idle_timer_);
     co_await wait_for_handlers();
     if (held_ > 0) {
       for (auto& [token, r] : running_) {
@@ -1014,16 +1019,16 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     co_await release_all();
     // The loops end, and stop() waits for them: none touches the backend after it returns.
     // Their calls are bounded, so this ends even when the backend is unreachable.
-    stopped_ = true;
+    state_ = worker_state::closing;
     lease_keeper_->request_stop();  // the watchdog
     maintenance_->request_stop();   // the reaper and the promoter
     flush_timer_.cancel();
     for (auto& call : finish_calls_) call.stop.emit(asio::cancellation_type::terminal);
     co_await lease_keeper_->stop();
-    while (started_ && flushing_) co_await wait_on(idle_timer_);
+    while (flushing_) co_await wait_on(idle_timer_);
     co_await maintenance_->stop();
     co_await release_all();  // a late finish may have leased us a burst's next job
-    stop_done_ = true;
+    state_ = worker_state::stopped;
     stopped_timer_.cancel();
   }
 
@@ -1117,13 +1122,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   std::size_t busy_ = 0;                       // slots taken (see running_job::holds_slot)
   bool queue_drained_ = false;                 // the last claim got fewer jobs than it asked for
   std::atomic<std::size_t> held_count_{0};
-  bool started_ = false;
-  bool claiming_ = true;
-  bool stop_started_ = false;
-  bool stopping_ = false;
-  bool stopped_ = false;
-  bool stop_done_ = false;
-  bool flushing_ = true;
+  std::atomic<worker_state> state_{worker_state::created};  // changed on the strand; state() reads it anywhere
+  bool claiming_ = false;                                   // the claim loop runs
+  bool flushing_ = false;                                   // the finish loop runs
   bool flush_idle_ = false;
   mutable std::mutex counters_mutex_;
   worker_counters counters_;
@@ -1159,6 +1160,7 @@ asio::awaitable<void> worker::stop(std::chrono::milliseconds grace) { return imp
 const worker_options& worker::options() const noexcept { return impl_->options(); }
 worker_counters worker::counters() const { return impl_->counters(); }
 std::size_t worker::in_flight() const { return impl_->in_flight(); }
+worker_state worker::state() const noexcept { return impl_->state(); }
 worker_metrics worker::metrics() const { return impl_->metrics(); }
 
 }  // namespace jobrt

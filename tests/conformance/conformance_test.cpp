@@ -602,8 +602,10 @@ CONFORMANCE("a burst's job that ends during stop's grace starts no follower, whi
     producer p(b.make(), b.queue());
     std::vector<job_spec> specs{make_job("slow", {}), make_job("k", {}, "g"), make_job("k", {}, "g")};
     auto ids = co_await p.enqueue_bulk(std::move(specs));
+    CHECK(w.state() == worker_state::created);
     w.start();
     CHECK(co_await eventually([&] { return slow_started == 1 && runs.size() == 1; }));
+    CHECK(w.state() == worker_state::running);
     bool stopped = false;
     asio::co_spawn(
         ctx,
@@ -612,9 +614,10 @@ CONFORMANCE("a burst's job that ends during stop's grace starts no follower, whi
           stopped = true;
         },
         asio::detached);
-    co_await sleep_for(std::chrono::milliseconds(50));  // stop() is under way
+    CHECK(co_await eventually([&] { return w.state() == worker_state::draining; }));  // stop() is under way
     stopping = true;
     CHECK(co_await eventually([&] { return stopped; }, std::chrono::seconds(10)));
+    CHECK(w.state() == worker_state::stopped);
     CHECK(runs.size() == 1);  // the follower did not start
     // It never started: the next worker runs it as its first attempt.
     worker next(ctx.get_executor(), b.make(), b.worker_opts(2));

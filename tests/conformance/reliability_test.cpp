@@ -1020,7 +1020,7 @@ CONFORMANCE("a forced stop does not give a handler that ignores cancellation the
         co_await p.enqueue(make_job("deaf", {}));
         CHECK(co_await eventually([&] { return running; }));
         asio::co_spawn(ctx, w.stop(std::chrono::minutes(1)), asio::detached);
-        co_await sleep_for(std::chrono::milliseconds(50));
+        CHECK(co_await eventually([&] { return w.state() == worker_state::draining; }));  // in its grace
         auto forced = std::chrono::steady_clock::now();
         co_await w.stop(std::chrono::milliseconds(0));
         // One second for handlers that ignore cancellation, not the first stop's minute.
@@ -1044,7 +1044,7 @@ CONFORMANCE("a second stop with a shorter grace cuts the stop under way short: r
     CHECK(co_await eventually([&] { return running; }));
     bool first_done = false;
     asio::co_spawn(ctx, w.stop(std::chrono::minutes(1)), [&](std::exception_ptr) { first_done = true; });
-    co_await sleep_for(std::chrono::milliseconds(100));
+    CHECK(co_await eventually([&] { return w.state() == worker_state::draining; }));
     CHECK_FALSE(first_done);  // the grace runs
     auto forced = std::chrono::steady_clock::now();
     co_await w.stop(std::chrono::milliseconds(0));

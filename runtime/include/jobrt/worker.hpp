@@ -65,6 +65,15 @@ class permanent_failure : public std::runtime_error {
 /// error: it runs again after a backoff while attempts are left (see failure_policy).
 using handler = std::function<boost::asio::awaitable<void>(job_context&)>;
 
+/// Where a worker is in its life (worker::state()); each state follows the one before.
+enum class worker_state {
+  created,   ///< start() has not run
+  running,   ///< claiming and running jobs
+  draining,  ///< stop() began: nothing more is claimed or started; running handlers have the grace
+  closing,   ///< the handlers are done: the last results and hand-backs go out, the loops end
+  stopped,   ///< stop() completed: nothing of the worker touches the backend any more
+};
+
 /// When a burst's follower starts (worker_options::follow). Either way a group's jobs run one at a
 /// time, in order, and a failed job holds back the jobs behind it.
 enum class follow_policy {
@@ -207,6 +216,8 @@ class worker {
   std::size_t in_flight() const;
   /// Counters by job type and histograms. Thread-safe.
   worker_metrics metrics() const;
+  /// Where the worker is in its life. Thread-safe.
+  worker_state state() const noexcept;
 
  private:
   class impl;
