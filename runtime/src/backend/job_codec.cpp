@@ -42,7 +42,9 @@ std::chrono::milliseconds backoff::delay_after(int attempt, double random) const
   return std::chrono::milliseconds(static_cast<std::int64_t>(std::min(d, longest)));
 }
 
-job decode_job(std::string_view record, std::string_view group) { return detail::decode_record(record, group); }
+job decode_job(std::string_view record, std::string_view group) {
+  return detail::decode(detail::split_record(record), group);
+}
 
 }  // namespace jobrt
 
@@ -74,14 +76,6 @@ std::int64_t attempts_before(std::string_view record) noexcept {
   return ec == std::errc{} && end != record.data() && n >= 0 && end != record.data() + record.size() && *end == '|'
              ? n
              : -1;
-}
-
-std::string_view record_id(std::string_view record) noexcept {
-  auto first = record.find('|');
-  if (first == std::string_view::npos) return {};
-  auto second = record.find('|', first + 1);
-  if (second == std::string_view::npos) return {};
-  return record.substr(first + 1, second - first - 1);
 }
 
 std::string_view script_id(std::string_view record) noexcept {
@@ -151,8 +145,6 @@ std::string producer_id(const job_record& r) {
   return given ? r.id : std::string();
 }
 
-std::string producer_id(std::string_view record) { return producer_id(split_record(record)); }
-
 job_record split_record(std::string_view record) {
   job_record r;
   auto first = record.find('|');
@@ -181,8 +173,6 @@ T number_field(const boost::json::object& body, std::string_view name, T fallbac
 }
 
 }  // namespace
-
-job decode_record(std::string_view record, std::string_view group) { return decode(split_record(record), group); }
 
 job decode(const job_record& r, std::string_view group) {
   if (!r.malformed.empty()) throw bad_record(r.malformed);

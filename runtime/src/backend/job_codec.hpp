@@ -30,14 +30,9 @@ job_record split_record(std::string_view record);
 /// Decodes a well-formed job of the given group ("" for none). Throws bad_record.
 job decode(const job_record& r, std::string_view group);
 
-/// Decodes a record of the given group ("" for none). Throws bad_record.
-job decode_record(std::string_view record, std::string_view group);
-
 /// The attempts before that a record's header counts, or -1 when it has no readable header.
 std::int64_t attempts_before(std::string_view record) noexcept;
 
-/// The id in a record, or "" when it has none.
-std::string_view record_id(std::string_view record) noexcept;
 /// A record's enqueue time (the first "at": followed by digits, as the scripts read it); 0 when
 /// it has none.
 std::int64_t enqueued_at(std::string_view record) noexcept;
@@ -48,7 +43,6 @@ std::string_view script_id(std::string_view record) noexcept;
 
 /// The id in a record when the producer gave it, else "": what a failure releases from the
 /// queue's set of ids, read as far as a record that does not decode allows. See assigned_id.
-std::string producer_id(std::string_view record);
 std::string producer_id(const job_record& r);
 
 /// Whether `id` is one the queue assigns: all digits (enqueue refuses such ids from producers).
