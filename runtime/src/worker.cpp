@@ -2,6 +2,8 @@
 
 #include "backend/job_codec.hpp"
 #include "strand.hpp"
+#include "worker/claimer.hpp"
+#include "worker/finisher.hpp"
 #include "worker/lease_keeper.hpp"
 #include "worker/loops.hpp"
 #include "worker/maintenance.hpp"
@@ -94,10 +96,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         strand_(detail::make_strand(ex)),
         backend_(b),
         opts_(std::move(opts)),
-        slot_timer_(strand_),
         idle_timer_(strand_),
-        claim_pause_(strand_),
-        flush_timer_(strand_),
         stopped_timer_(strand_, clock::time_point::max()) {
     if (opts_.id.empty()) opts_.id = make_worker_id();
     source_ = "worker " + opts_.id;
@@ -147,6 +146,24 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     lo.period = opts_.watchdog_period;
     lease_keeper_ =
         std::make_shared<detail::lease_keeper>(strand_, backend_, std::move(lo), source_, lease_keeper_hooks());
+    detail::claimer_options co;
+    co.queue = opts_.queue;
+    co.worker = opts_.id;
+    co.concurrency = opts_.concurrency;
+    co.burst = opts_.burst;
+    co.lease_ttl = opts_.lease_ttl;
+    co.claim_wait = opts_.claim_wait;
+    claimer_ = std::make_shared<detail::claimer>(strand_, backend_, std::move(co), source_, claimer_hooks());
+    detail::finisher_options fo;
+    fo.queue = opts_.queue;
+    fo.worker = opts_.id;
+    fo.lease_ttl = opts_.lease_ttl;
+    fo.calls_max = finish_calls_max;
+    detail::finisher_hooks fh;
+    fh.finished = [this](const finish_item& item, const detail::finish_note& note, finish_result& result) {
+      on_finished(item, note, result);
+    };
+    finisher_ = std::make_shared<detail::finisher>(strand_, backend_, std::move(fo), source_, std::move(fh));
   }
 
   const worker_options& options() const noexcept { return opts_; }
@@ -160,8 +177,6 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   worker_state state() const noexcept { return state_.load(std::memory_order_relaxed); }
   // Stop has begun: nothing more is claimed or started.
   bool stopping() const noexcept { return state() >= worker_state::draining; }
-  // The handlers are done: the loops end, and no finish call starts.
-  bool closing() const noexcept { return state() >= worker_state::closing; }
 
   void add_handler(std::string type, handler h, std::optional<backoff> b) {
     handlers_[type] = std::move(h);
@@ -172,14 +187,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     asio::post(strand_, [self = shared_from_this()] {
       if (self->state_ != worker_state::created) return;  // (a stop came first: nothing starts)
       self->state_ = worker_state::running;
-      self->claiming_ = self->flushing_ = true;
-      // (A loop that dies: detail::rethrow_if_died.)
-      asio::co_spawn(self->strand_, claim_loop(self), detail::rethrow_if_died(self->source_, "claim"));
+      // (A part whose loop dies: detail::rethrow_if_died.)
+      self->claimer_->start(self);   // holds the impl until it ends, in stop (see claimer_hooks)
       self->lease_keeper_->start();  // the watchdog
       std::vector<std::string> types;
       for (auto& [type, h] : self->handlers_) types.push_back(type);
       self->maintenance_->start(std::move(types));  // the reaper and the promoter
-      asio::co_spawn(self->strand_, flush_loop(self), detail::rethrow_if_died(self->source_, "finish"));
+      self->finisher_->start();
     });
   }
 
@@ -213,87 +227,6 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // waited for a slot comes first: see start_or_wait).
     bool holds_slot = true;
   };
-
-  // What the worker keeps of each finish item beside it.
-  struct item_note {
-    std::string type;                                                     // its job's, for the counters by type
-    std::string id;                                                       // its job's, for the log
-    enum { follower_waits, follower_running } follower = follower_waits;  // (a keep's)
-  };
-
-  // --- claiming ---
-
-  static asio::awaitable<void> claim_loop(std::shared_ptr<impl> self) {
-    auto backoff = std::chrono::milliseconds(100);
-    // A heartbeat before the first claim: a worker that dies between a BLMOVE and its claim must
-    // already be known to the reaper, or the lane in its claimed list would be nobody's.
-    // A worker that ran before under this id gets its leases back at once: they expire now and
-    // the reaper, woken here, sends their jobs back (its claimed lanes it takes at its first claim).
-    try {
-      auto expired =
-          co_await stoppable(self->stop_claim_, self->strand_,
-                             bounded(self->strand_, self->backend_.expire_own(self->opts_.queue, self->opts_.id),
-                                     self->opts_.lease_ttl, "expiring this worker's previous leases"));
-      if (expired > 0) {
-        jobrt::log(log_level::info, self->source_, "{} leases of this worker's previous run expired", expired);
-        self->maintenance_->reap_now();
-      }
-    } catch (const std::exception& e) {
-      if (!self->stopping())
-        jobrt::log(log_level::warn, self->source_, "expiring this worker's previous leases failed: {}", e.what());
-    }
-    try {
-      std::vector<std::string> none;
-      co_await stoppable(
-          self->stop_claim_, self->strand_,
-          bounded(self->strand_,
-                  self->backend_.extend(self->opts_.queue, self->opts_.id, std::move(none), self->opts_.lease_ttl),
-                  self->opts_.lease_ttl, "the first heartbeat"));
-    } catch (const std::exception& e) {
-      if (!self->stopping()) jobrt::log(log_level::warn, self->source_, "first heartbeat failed: {}", e.what());
-    }
-    while (!self->stopping()) {
-      std::size_t free = self->opts_.concurrency > self->busy_ ? self->opts_.concurrency - self->busy_ : 0;
-      if (free == 0) {
-        co_await wait_on(self->slot_timer_);
-        continue;
-      }
-      // Under load a claim asks for at most half the slots: the next claim goes out as soon as
-      // this one's jobs start, and the backend serves it while this process runs them. Claims
-      // for every free slot keep both sides in step, each idle while the other works (bench:
-      // about 20% more jobs/s with half; a third or a quarter gained less, their calls cost more).
-      auto want = self->queue_drained_ ? free : std::min(free, (self->opts_.concurrency + 1) / 2);
-      claim_options co{self->opts_.id, want, self->opts_.lease_ttl, self->opts_.burst - 1};
-      std::vector<claimed_job> jobs;
-      std::string failure;
-      try {
-        // claim_wait claims at once when work is ready and otherwise waits inside the backend
-        // (BLMOVE); a stop cuts the wait short through this slot. Jobs a claim leased just as the
-        // stop came still come back (the backend's reply wins over the cancellation).
-        auto [claim_error, claimed] = co_await asio::co_spawn(
-            self->strand_, self->backend_.claim_wait(self->opts_.queue, co, self->opts_.claim_wait),
-            asio::bind_cancellation_slot(self->stop_claim_.slot(), asio::as_tuple(asio::use_awaitable)));
-        jobs = std::move(claimed);
-        if (claim_error && !self->stopping()) std::rethrow_exception(claim_error);
-        backoff = std::chrono::milliseconds(100);
-      } catch (const std::exception& e) {
-        failure = e.what();
-      }
-      if (!failure.empty()) {
-        if (self->stopping()) break;
-        jobrt::log(log_level::warn, self->source_, "claim failed: {} (retrying in {} ms)", failure, backoff.count());
-        // A timer, not a poll: the backend is failing, and hammering it helps nobody. (Stop
-        // cuts it short.)
-        co_await wait_on(self->claim_pause_, clock::now() + backoff);
-        backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
-        continue;
-      }
-      self->queue_drained_ = jobs.size() < want;  // nothing else was ready
-      for (auto& j : jobs) self->start_or_wait(std::move(j));
-    }
-    self->claiming_ = false;
-    self->idle_timer_.cancel();
-  }
 
   // Runs a claimed job's handler on its group's strand (or anywhere, ungrouped). A follower
   // (see on_kept) comes with its lease's validity.
@@ -409,7 +342,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     item.token = std::move(token);
     item.kind = finish_kind::hand_back;
     item.delay = opts_.unhandled_delay;
-    queue_finish(std::move(item), {j.type, j.id});
+    finisher_->add(std::move(item), {j.type, j.id});
   }
 
   asio::any_io_executor acquire_strand(const std::string& group) {
@@ -486,7 +419,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         running_.erase(it);
         // The keep first: a follower that fails at once (malformed, no handler) queues its end
         // under the same token, which must come after the keep, or it would end this job.
-        queue_finish(std::move(item), {r->ctx->job().type, r->ctx->job().id, item_note::follower_running});
+        finisher_->add(std::move(item), {r->ctx->job().type, r->ctx->job().id, true});
         launch(follower_of(token, *r), r->valid_until, r->replayed);
         free_slot(*r);
         release_strand(r->ctx->group());  // after launch took it: the strand lives on
@@ -497,19 +430,19 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       // result in the next finish call, and the slot serves other work meanwhile: the follower
       // takes the next free one (see on_kept).
       free_slot(*r);
-      queue_finish(std::move(item), {r->ctx->job().type, r->ctx->job().id});
+      finisher_->add(std::move(item), {r->ctx->job().type, r->ctx->job().id});
       return;
     }
     // After a burst, the group's next job (and its followers) in the finish's answer, only when
     // nothing else was ready at the last claim (the script also checks that nobody waits).
-    if (item.kind == finish_kind::ack && !stopping() && !r->ctx->group().empty() && queue_drained_) {
+    if (item.kind == finish_kind::ack && !stopping() && !r->ctx->group().empty() && claimer_->drained()) {
       item.want_next = finish_item::next_policy::if_nobody_waits;
       item.ahead = opts_.burst - 1;
     }
     // The slot is free for a claim while the finish is on its way, unless the answer may bring
     // a job to run in it.
     if (item.want_next == finish_item::next_policy::no) free_slot(*r);
-    queue_finish(std::move(item), {r->ctx->job().type, r->ctx->job().id});
+    finisher_->add(std::move(item), {r->ctx->job().type, r->ctx->job().id});
   }
 
   // A burst's next job: the first follower, under the same lease with the next fence, and the
@@ -551,134 +484,13 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     item.kind = kind == finish_kind::fail ? finish_kind::give_up : kind;  // it never ran: its group keeps its place
     item.unique_id = std::move(unique_id);
     item.error = std::move(error);
-    queue_finish(std::move(item), {"(not started)", std::string(id)});  // failed before its handler ran
+    finisher_->add(std::move(item), {"(not started)", std::string(id)});  // failed before its handler ran
   }
 
-  void queue_finish(finish_item item, item_note note) {
-    if (closing()) {  // the backend may be gone: the lease expires and the job runs again
-      jobrt::log(log_level::warn, source_, "lease {} ended after stop; not finished", item.token);
-      return;
-    }
-    pending_finish_.push_back(std::move(item));
-    pending_notes_.push_back(std::move(note));
-    if (flush_idle_) flush_timer_.cancel();
-  }
-
-  // Runs from start() to stop(): a finish call carries every result that came in meanwhile, and
-  // up to finish_calls_max calls are on their way at once, so the backend runs one while this
-  // process handles the answer of another (a follower waits for its predecessor's keep). A
-  // token is in one call on its way at most: a result whose token is in one waits for its
-  // answer, so a token's results (a pipelined burst's keeps, then its end) reach the backend in
-  // order even when a call fails and is sent again after another went through.
-  static asio::awaitable<void> flush_loop(std::shared_ptr<impl> self) {
-    for (;;) {
-      if (self->closing() && !self->pending_finish_.empty()) {  // stop ended the calls; no new one starts
-        jobrt::log(log_level::error, self->source_,
-                   "{} results came too late to finish before stop; their leases expire and they run again",
-                   self->pending_finish_.size());
-        self->pending_finish_.clear();
-        self->pending_notes_.clear();
-      }
-      std::vector<finish_item> items;
-      std::vector<item_note> notes;
-      if (self->finish_calls_.size() < finish_calls_max) self->take_sendable(items, notes);
-      if (items.empty()) {
-        if (self->closing() && self->finish_calls_.empty()) break;
-        self->flush_idle_ = true;
-        co_await wait_on(self->flush_timer_);  // until queue_finish, a call's end or stop
-        self->flush_idle_ = false;
-        continue;
-      }
-      auto call = self->finish_calls_.emplace(self->finish_calls_.end());
-      for (auto& item : items)
-        if (self->in_calls_.insert(item.token).second) call->tokens.push_back(item.token);
-      asio::co_spawn(self->strand_, finish_call(self, std::move(items), std::move(notes)),
-                     asio::bind_cancellation_slot(call->stop.slot(), [self, call](std::exception_ptr e) {
-                       for (auto& token : call->tokens) self->in_calls_.erase(token);
-                       self->finish_calls_.erase(call);
-                       if (self->flush_idle_) self->flush_timer_.cancel();
-                       if (e) std::rethrow_exception(e);
-                     }));
-    }
-    self->flushing_ = false;
-    self->idle_timer_.cancel();
-  }
-
-  // One finish call, sent again after a failure until it gets through or the worker stops;
-  // stop() cuts short a call the backend does not answer (finish_calls_).
-  // The pending results whose tokens are in no call on their way, in the order they came; the
-  // others stay.
-  void take_sendable(std::vector<finish_item>& items, std::vector<item_note>& notes) {
-    if (in_calls_.empty()) {
-      items = std::exchange(pending_finish_, {});
-      notes = std::exchange(pending_notes_, {});
-      return;
-    }
-    std::size_t kept = 0;
-    for (std::size_t i = 0; i < pending_finish_.size(); ++i) {
-      if (in_calls_.contains(pending_finish_[i].token)) {
-        if (kept != i) {
-          pending_finish_[kept] = std::move(pending_finish_[i]);
-          pending_notes_[kept] = std::move(pending_notes_[i]);
-        }
-        ++kept;
-      } else {
-        items.push_back(std::move(pending_finish_[i]));
-        notes.push_back(std::move(pending_notes_[i]));
-      }
-    }
-    pending_finish_.resize(kept);
-    pending_notes_.resize(kept);
-  }
-
-  // Whether results under `token` are waiting to be sent or on their way.
-  bool finishing(const std::string& token) const {
-    return in_calls_.contains(token) || std::any_of(pending_finish_.begin(), pending_finish_.end(),
-                                                    [&](const finish_item& item) { return item.token == token; });
-  }
-
-  static asio::awaitable<void> finish_call(std::shared_ptr<impl> self, std::vector<finish_item> items,
-                                           std::vector<item_note> notes) {
-    co_await asio::this_coro::throw_if_cancelled(false);  // a cancelled call fails like any other
-    auto backoff = std::chrono::milliseconds(100);
-    asio::steady_timer pause(self->strand_);
-    for (;;) {
-      std::vector<finish_result> results;
-      std::string failure;
-      try {
-        results = co_await self->backend_.finish(self->opts_.queue, self->opts_.id, items, self->opts_.lease_ttl);
-      } catch (const std::exception& e) {
-        failure = e.what();
-      }
-      if (failure.empty()) {
-        for (std::size_t i = 0; i < items.size() && i < results.size(); ++i)
-          self->on_finished(items[i], notes[i], results[i]);
-        co_return;
-      }
-      if (self->closing()) {
-        jobrt::log(log_level::error, self->source_,
-                   "finishing {} jobs failed after stop: {}; their leases expire and they run again", items.size(),
-                   failure);
-        co_return;
-      }
-      // The same batch again: the same call, which the backend answers from its record of the
-      // call if the first one got through.
-      jobrt::log(log_level::warn, self->source_, "finishing {} jobs failed: {} (retrying in {} ms)", items.size(),
-                 failure, backoff.count());
-      co_await wait_on(pause, clock::now() + backoff);  // stop cuts it short through the call's signal
-      if (self->closing()) {
-        jobrt::log(log_level::error, self->source_,
-                   "finishing {} jobs stopped with the worker; their leases expire and they run again", items.size());
-        co_return;
-      }
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
-    }
-  }
-
-  void on_finished(const finish_item& item, const item_note& note, finish_result& result) {
+  void on_finished(const finish_item& item, const detail::finish_note& note, finish_result& result) {
     const std::string& type = note.type;
     if (item.kind == finish_kind::keep) {
-      if (note.follower == item_note::follower_running)
+      if (note.follower_running)
         on_kept_behind(item.token, type, result.lease_held);
       else
         on_kept(item.token, type, result.lease_held);
@@ -833,7 +645,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // Stopping, a lease goes back with the others (release_all), unless results under its token
   // are still on their way (a pipelined burst's keeps): then behind them, in a finish call.
   void hand_back(std::string token) {
-    if (stopping() && !finishing(token)) {
+    if (stopping() && !finisher_->has(token)) {
       to_release_.push_back(std::move(token));
       return;
     }
@@ -843,7 +655,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     finish_item item;
     item.token = std::move(token);
     item.kind = finish_kind::release;
-    queue_finish(std::move(item), {"(not started)", {}});
+    finisher_->add(std::move(item), {"(not started)", {}});
   }
 
   void free_slot(running_job& r) {
@@ -852,14 +664,14 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   }
   void free_slot() {
     --busy_;
-    slot_timer_.cancel();
+    claimer_->slot_freed();
     start_waiting();
   }
 
   void drop_held() {
     --held_;
     held_count_.store(held_, std::memory_order_relaxed);
-    slot_timer_.cancel();
+    claimer_->slot_freed();
     idle_timer_.cancel();
   }
 
@@ -880,13 +692,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       // follower that failed at launch, its predecessor's keep still on its way) is renewed too,
       // or a finish call that keeps failing would let the reaper charge a job that succeeded.
       // (Reserved first: the views in `listed` point into the strings of `tokens`.)
-      tokens.reserve(tokens.size() + in_calls_.size() + pending_finish_.size());
+      auto finishing = finisher_->tokens();
+      tokens.reserve(tokens.size() + finishing.size());
       std::unordered_set<std::string_view> listed(tokens.begin(), tokens.end());
-      auto add = [&](const std::string& token) {
-        if (listed.insert(token).second) tokens.push_back(token);
-      };
-      for (const auto& token : in_calls_) add(token);
-      for (const auto& item : pending_finish_) add(item.token);
+      for (auto& token : finishing)
+        if (listed.insert(token).second) tokens.push_back(std::move(token));
       return tokens;
     };
     h.answered = [this] {
@@ -928,11 +738,23 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     return h;
   }
 
+  // --- claims (worker/claimer.hpp) ---
+
+  // What the claimer asks and tells the worker, on its strand. Its loop holds the impl from
+  // start() until stop() has ended it.
+  detail::claimer_hooks claimer_hooks() {
+    detail::claimer_hooks h;
+    h.free_slots = [this] { return opts_.concurrency > busy_ ? opts_.concurrency - busy_ : 0; };
+    h.claimed = [this](claimed_job c) { start_or_wait(std::move(c)); };
+    h.expired = [this](std::int64_t) { maintenance_->reap_now(); };
+    return h;
+  }
+
   // --- maintenance: the reaper and the promoter (worker/maintenance.hpp) ---
 
   // What they tell the worker, on its strand. They call these only while their loops run,
   // between start() and the end of their stop(), which do_stop awaits with the impl held; until
-  // do_stop the claim loop holds it: `this` outlives every call.
+  // do_stop the claimer's loop holds it: `this` outlives every call.
   detail::maintenance_hooks maintenance_hooks() {
     detail::maintenance_hooks h;
     h.recovered = [this](const reap_result& r) {
@@ -998,12 +820,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     state_ = worker_state::draining;
     for (auto& w : waiting_) to_release_.push_back(w.job.token);  // nothing would start them now
     waiting_.clear();
-    stop_claim_.emit(asio::cancellation_type::terminal);
-    slot_timer_.cancel();
-    claim_pause_.cancel();
+    claimer_->request_stop();
     grace_ = grace;
     grace_until_ = clock::now() + grace;
-    while (claiming_) co_await wait_on(idle_timer_);
+    co_await claimer_->stop();
     co_await wait_for_handlers();
     if (held_ > 0) {
       for (auto& [token, r] : running_) {
@@ -1022,10 +842,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     state_ = worker_state::closing;
     lease_keeper_->request_stop();  // the watchdog
     maintenance_->request_stop();   // the reaper and the promoter
-    flush_timer_.cancel();
-    for (auto& call : finish_calls_) call.stop.emit(asio::cancellation_type::terminal);
+    finisher_->request_stop();      // the calls on their way
     co_await lease_keeper_->stop();
-    while (flushing_) co_await wait_on(idle_timer_);
+    co_await finisher_->stop();
     co_await maintenance_->stop();
     co_await release_all();  // a late finish may have leased us a burst's next job
     state_ = worker_state::stopped;
@@ -1097,35 +916,24 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   };
   std::deque<waiting_job> waiting_;
   std::unordered_set<std::string> giving_back_;  // tokens of give_back calls on their way
-  std::vector<finish_item> pending_finish_;
-  std::vector<item_note> pending_notes_;
-  std::unordered_set<std::string> in_calls_;  // tokens of the items in calls on their way
   std::vector<std::string> to_release_;
-  asio::steady_timer slot_timer_;         // the claim loop waits here for a free slot
-  asio::steady_timer idle_timer_;         // stop waits here for handlers to finish
-  asio::cancellation_signal stop_claim_;  // cuts a blocking claim short (and the calls before the first)
-  asio::steady_timer claim_pause_;        // the claim loop's pause after a failure
-  asio::steady_timer flush_timer_;        // the finisher's pause after a failure
+  asio::steady_timer idle_timer_;  // stop waits here for handlers to finish
   // The reaper (with what it asks about job types) and the promoter: they run from start() to
   // stop() on this strand; what they learn comes back through maintenance_hooks().
   std::shared_ptr<detail::maintenance> maintenance_;
   // The watchdog: renews the leases from start() to stop() on this strand; which leases, and what
   // becomes of one found lost or renewed, go through lease_keeper_hooks().
   std::shared_ptr<detail::lease_keeper> lease_keeper_;
-  struct finish_call_state {
-    asio::cancellation_signal stop;   // stop() ends the call
-    std::vector<std::string> tokens;  // its items' (in in_calls_ while it is on its way)
-  };
-  std::list<finish_call_state> finish_calls_;  // one per finish call on its way
-  asio::steady_timer stopped_timer_;           // never expires: later stop() calls wait on it
-  std::size_t held_ = 0;                       // jobs started (or handed back) whose finish has not landed
-  std::size_t busy_ = 0;                       // slots taken (see running_job::holds_slot)
-  bool queue_drained_ = false;                 // the last claim got fewer jobs than it asked for
+  // The claims for free slots, from start() to stop() on this strand: claimer_hooks().
+  std::shared_ptr<detail::claimer> claimer_;
+  // The results, sent in batches from start() to stop() on this strand; their answers come back
+  // to on_finished.
+  std::shared_ptr<detail::finisher> finisher_;
+  asio::steady_timer stopped_timer_;  // never expires: later stop() calls wait on it
+  std::size_t held_ = 0;              // jobs started (or handed back) whose finish has not landed
+  std::size_t busy_ = 0;              // slots taken (see running_job::holds_slot)
   std::atomic<std::size_t> held_count_{0};
   std::atomic<worker_state> state_{worker_state::created};  // changed on the strand; state() reads it anywhere
-  bool claiming_ = false;                                   // the claim loop runs
-  bool flushing_ = false;                                   // the finish loop runs
-  bool flush_idle_ = false;
   mutable std::mutex counters_mutex_;
   worker_counters counters_;
   std::map<std::string, type_counters> by_type_;

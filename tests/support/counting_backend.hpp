@@ -1,6 +1,7 @@
 // Test support: a backend that passes every call on to a memory backend, counts the calls the
-// worker's loops make (its parts: maintenance, the lease keeper), and holds reaps or lease
-// renewals at a gate while it is shut: a backend that does not answer them.
+// worker's loops make (its parts: maintenance, the lease keeper, the claimer, the finisher),
+// holds reaps, lease renewals or finishes at a gate while it is shut (a backend that does not
+// answer them), and fails the next claims or finishes it is told to.
 #pragma once
 
 #include <jobrt/memory_backend.hpp>
@@ -17,23 +18,36 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace jobrt::test {
 
-// Passes every call on to a memory backend. Counts the calls of the kinds the worker's parts
-// make (reap, advertise, unrunnable_for, promote, delayed_version, wait_delayed, extend), and
-// those of them still on their way; holds reaps, or extends, at a gate while it is shut: a call
-// the backend does not answer, which only cancellation ends. Everything runs on one thread.
+// Passes every call on to a memory backend. Counts the calls of the kinds the worker's
+// maintenance and lease keeper make (reap, advertise, unrunnable_for, promote, delayed_version,
+// wait_delayed, extend), and those of them still on their way; counts claims and finishes on
+// their own. Holds reaps, extends or finishes at a gate while it is shut: a call the backend does
+// not answer, which only cancellation ends. Everything runs on one thread.
 class counting_backend final : public jobrt::backend {
  public:
-  explicit counting_backend(boost::asio::any_io_executor ex) : inner_(ex), reaps_(ex), extends_(ex) {}
+  explicit counting_backend(boost::asio::any_io_executor ex) : inner_(ex), reaps_(ex), extends_(ex), finishes_(ex) {}
 
   memory_backend& inner() { return inner_; }
   void shut_reaps() { reaps_.open = false; }
   void shut_extends() { extends_.open = false; }
+  void shut_finishes() { finishes_.open = false; }
+  void open_finishes() {
+    finishes_.open = true;
+    finishes_.opened.cancel();
+  }
+  void fail_claims(std::size_t n) { claims_to_fail_ = n; }      // the next n claim_wait calls throw
+  void fail_finishes(std::size_t n) { finishes_to_fail_ = n; }  // the next n finish calls throw
+  std::size_t finishes_held() const { return finishes_.held; }
+  std::size_t finishes() const { return finishes_.calls; }  // finish calls, so far
+  std::size_t claims() const { return claims_; }            // claim_wait calls, so far
+  std::size_t claims_in_flight() const { return claims_in_flight_; }
   std::size_t reaps_held() const { return reaps_.held; }
   std::size_t extends_held() const { return extends_.held; }
   std::size_t extends() const { return extends_.calls; }        // extend calls, so far
@@ -86,14 +100,32 @@ class counting_backend final : public jobrt::backend {
   boost::asio::awaitable<std::vector<jobrt::claimed_job>> claim(std::string q, jobrt::claim_options o) override {
     return inner_.claim(std::move(q), std::move(o));
   }
+
+  // Counted on their own, and failed when told to.
   boost::asio::awaitable<std::vector<jobrt::claimed_job>> claim_wait(std::string q, jobrt::claim_options o,
                                                                      std::chrono::milliseconds wait) override {
-    return inner_.claim_wait(std::move(q), std::move(o), wait);
+    ++claims_;
+    if (claims_to_fail_ > 0) {
+      --claims_to_fail_;
+      throw std::runtime_error("claim refused by the test");
+    }
+    ++claims_in_flight_;
+    struct done {
+      std::size_t& n;
+      ~done() { --n; }
+    } d{claims_in_flight_};
+    co_return co_await inner_.claim_wait(std::move(q), std::move(o), wait);
   }
   boost::asio::awaitable<std::vector<jobrt::finish_result>> finish(std::string q, std::string w,
                                                                    std::vector<jobrt::finish_item> items,
                                                                    std::chrono::milliseconds ttl) override {
-    return inner_.finish(std::move(q), std::move(w), std::move(items), ttl);
+    ++finishes_.calls;
+    if (finishes_to_fail_ > 0) {
+      --finishes_to_fail_;
+      throw std::runtime_error("finish refused by the test");
+    }
+    co_await pass(finishes_);
+    co_return co_await inner_.finish(std::move(q), std::move(w), std::move(items), ttl);
   }
   boost::asio::awaitable<std::int64_t> expire_own(std::string q, std::string w) override {
     return inner_.expire_own(std::move(q), std::move(w));
@@ -169,6 +201,11 @@ class counting_backend final : public jobrt::backend {
   memory_backend inner_;
   gate reaps_;
   gate extends_;
+  gate finishes_;
+  std::size_t claims_ = 0;
+  std::size_t claims_in_flight_ = 0;
+  std::size_t claims_to_fail_ = 0;
+  std::size_t finishes_to_fail_ = 0;
   std::size_t calls_ = 0;
   std::size_t in_flight_ = 0;
   std::size_t delayed_waits_ = 0;
