@@ -175,6 +175,9 @@ class worker::impl : public std::enable_shared_from_this<impl> {
 
   std::size_t in_flight() const noexcept { return held_count_.load(std::memory_order_relaxed); }
   worker_state state() const noexcept { return state_.load(std::memory_order_relaxed); }
+  bool waiting_for_work() const noexcept {
+    return state() == worker_state::running && claim_out_.load(std::memory_order_relaxed) && in_flight() == 0;
+  }
   // Stop has begun: nothing more is claimed or started.
   bool stopping() const noexcept { return state() >= worker_state::draining; }
 
@@ -747,6 +750,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     h.free_slots = [this] { return opts_.concurrency > busy_ ? opts_.concurrency - busy_ : 0; };
     h.claimed = [this](claimed_job c) { start_or_wait(std::move(c)); };
     h.expired = [this](std::int64_t) { maintenance_->reap_now(); };
+    h.claiming = [this](bool out) { claim_out_.store(out, std::memory_order_relaxed); };
     return h;
   }
 
@@ -933,6 +937,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   std::size_t held_ = 0;              // jobs started (or handed back) whose finish has not landed
   std::size_t busy_ = 0;              // slots taken (see running_job::holds_slot)
   std::atomic<std::size_t> held_count_{0};
+  std::atomic<bool> claim_out_{false};                      // a claim is on its way (waiting_for_work)
   std::atomic<worker_state> state_{worker_state::created};  // changed on the strand; state() reads it anywhere
   mutable std::mutex counters_mutex_;
   worker_counters counters_;
@@ -969,6 +974,7 @@ const worker_options& worker::options() const noexcept { return impl_->options()
 worker_counters worker::counters() const { return impl_->counters(); }
 std::size_t worker::in_flight() const { return impl_->in_flight(); }
 worker_state worker::state() const noexcept { return impl_->state(); }
+bool worker::waiting_for_work() const noexcept { return impl_->waiting_for_work(); }
 worker_metrics worker::metrics() const { return impl_->metrics(); }
 
 }  // namespace jobrt

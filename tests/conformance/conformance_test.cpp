@@ -635,6 +635,37 @@ CONFORMANCE("a burst's job that ends during stop's grace starts no follower, whi
   });
 }
 
+CONFORMANCE("a worker says when it waits for work: running, holding no job, its claim waiting in the backend") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto o = b.worker_opts(2);
+    o.claim_wait = std::chrono::seconds(30);  // a claim that waits ends only with work or stop
+    worker w(ctx.get_executor(), b.make(), o);
+    bool release = false;
+    int ran = 0;
+    w.add_handler("t", [&](job_context&) -> awaitable<void> {
+      co_await eventually([&] { return release; });
+      ++ran;
+    });
+    CHECK_FALSE(w.waiting_for_work());  // not started
+    w.start();
+    CHECK(co_await eventually([&] { return w.waiting_for_work(); }));
+    // Enqueued now, the job is taken by the claim that waits: at once, not after claim_wait.
+    producer p(b.make(), b.queue());
+    auto enqueued = std::chrono::steady_clock::now();
+    co_await p.enqueue(make_job("t", {}, "g"));
+    CHECK(co_await eventually([&] { return w.in_flight() == 1; }));
+    CHECK(std::chrono::steady_clock::now() - enqueued < std::chrono::seconds(10));
+    CHECK_FALSE(w.waiting_for_work());  // it holds a job
+    release = true;
+    CHECK(co_await eventually([&] { return w.waiting_for_work(); }));
+    CHECK(ran == 1);
+    CHECK(w.counters().completed == 1);
+    co_await w.stop(std::chrono::seconds(5));
+    CHECK_FALSE(w.waiting_for_work());
+  });
+}
+
 CONFORMANCE("crash recovery: a lease nobody renews expires and a live worker runs the job again") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);
@@ -1314,7 +1345,7 @@ CONFORMANCE("a claim that comes back as stop cuts it short is handed back unstar
           stopped = true;
         },
         asio::detached);
-    co_await sleep_for(std::chrono::milliseconds(20));
+    CHECK(co_await eventually([&] { return w.state() == worker_state::draining; }));
     gate.open_claims();
     CHECK(co_await eventually([&] { return stopped; }));
     CHECK(runs == 0);  // nothing new starts once stop has begun

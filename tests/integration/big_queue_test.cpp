@@ -72,7 +72,7 @@ TEST_CASE("a queue of a million jobs over 100,000 groups: no call over 20 ms, ch
             t.join();
           }
         } join_at_end{other_ctx, other_thread};
-        while (!running) co_await sleep_for(std::chrono::milliseconds(5));
+        REQUIRE(co_await eventually([&] { return running.load(); }));
 
         producer big(store, "big");
         for (std::size_t first = 0; first < jobs; first += 10'000) {

@@ -76,7 +76,7 @@ TEST_CASE("CLIENT KILL under load: the connection comes back and no reply reache
     }
     co_await sleep_for(std::chrono::milliseconds(100));
     stop = true;
-    while (finished < 50) co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(co_await eventually([&] { return finished == 50; }));
     MESSAGE("ok=" << ok << " lost=" << lost << " reconnects=" << conn.connect_count() - 1);
     CHECK(wrong == 0);
     CHECK(conn.connect_count() >= 2);
@@ -152,8 +152,7 @@ TEST_CASE("CLIENT PAUSE beyond two health intervals is detected as a dead connec
     auto started = std::chrono::steady_clock::now();
     co_await exec(admin, request("CLIENT", "PAUSE", 1500, "ALL"));
     // (The reconnect itself waits for the pause to end: the handshake is paused too.)
-    while (conn.last_error().empty() && std::chrono::steady_clock::now() - started < std::chrono::seconds(5))
-      co_await sleep_for(std::chrono::milliseconds(10));
+    co_await eventually([&] { return !conn.last_error().empty(); }, std::chrono::seconds(5));
     auto detected = std::chrono::steady_clock::now() - started;
     MESSAGE("detected after " << std::chrono::duration_cast<std::chrono::milliseconds>(detected).count()
                               << " ms: " << conn.last_error());

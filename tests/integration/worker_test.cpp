@@ -189,7 +189,7 @@ TEST_CASE("an idle worker sends only its blocking claim and its timers' calls an
     worker w(ctx.get_executor(), store, o);
     w.add_handler("t", [](job_context&) -> awaitable<void> { co_return; });
     w.start();
-    co_await sleep_for(std::chrono::milliseconds(300));  // the calls of its start (subscribe, advertise, ...) are done
+    REQUIRE(co_await eventually([&] { return w.waiting_for_work(); }));  // past the calls of its start
     co_await redis::exec(admin, redis::request("CONFIG", "RESETSTAT"));
     auto cpu_before = cpu_used();
     co_await sleep_for(std::chrono::milliseconds(3000));
@@ -338,7 +338,7 @@ TEST_CASE("stop returns soon while the server answers nothing - not after the re
     worker w(ctx.get_executor(), store, o);
     w.add_handler("t", [](job_context&) -> awaitable<void> { co_return; });
     w.start();
-    co_await sleep_for(std::chrono::milliseconds(300));
+    REQUIRE(co_await eventually([&] { return w.waiting_for_work(); }));
     // The server stops answering (as one cut off by the network would): the next reap waits.
     redis_cli(server.config(), {"CLIENT", "PAUSE", "30000", "ALL"});
     co_await sleep_for(std::chrono::milliseconds(300));

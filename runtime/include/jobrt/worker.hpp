@@ -218,6 +218,10 @@ class worker {
   worker_metrics metrics() const;
   /// Where the worker is in its life. Thread-safe.
   worker_state state() const noexcept;
+  /// Running, holding no job, with a claim on its way: the claim waits in the backend (BLMOVE on
+  /// Redis, up to claim_wait) for work. A job enqueued from now on is picked up at once, without
+  /// waiting for a later claim. Thread-safe.
+  bool waiting_for_work() const noexcept;
 
  private:
   class impl;
