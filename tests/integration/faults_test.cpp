@@ -263,7 +263,7 @@ TEST_CASE("written requests fail on a lost connection unless marked safe to rese
     CHECK(done == 1);
     CHECK(unsafe_ec == errc::connection_lost);
     server.start();
-    while (done < 2) co_await sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(co_await eventually([&] { return done == 2; }));
     CHECK_FALSE(safe_ec);
     CHECK(safe_reply.is_nil());  // the new server is empty; the GET ran there
   });

@@ -221,8 +221,7 @@ TEST_CASE("redis lock: a streak of local hand-offs yields to another service onc
         co_await sleep_for(std::chrono::milliseconds(holds == 12 ? 10 : 1));
         // Every release but the last has the other coroutine to hand the lock to, however slow
         // the server is to answer its peek: the streak is never cut short.
-        for (int wait = 0; wait < 1000 && asking == 0 && done == 0; ++wait)
-          co_await sleep_for(std::chrono::milliseconds(1));
+        co_await eventually([&] { return asking != 0 || done != 0; }, std::chrono::seconds(1));
         int hold = holds;
         CHECK(co_await l.unlock());
         redis::request peek;
