@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# A throw-away Redis Cluster on loopback: 3 primaries and 3 replicas, plain redis-server processes
+# on six consecutive free ports, no persistence, in a temp dir.
+#   scripts/cluster.sh start        prints "PORT DIR": the first node's port (the nodes use
+#                                   PORT to PORT+5, their cluster bus PORT+10000 to PORT+10005)
+#   scripts/cluster.sh stop DIR     stops every node of it and removes DIR
+set -euo pipefail
+nodes=6
+
+if [ "${1:-}" = stop ]; then
+  dir=$2
+  for pidfile in "$dir"/*/redis.pid; do
+    [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+  done
+  for pidfile in "$dir"/*/redis.pid; do
+    for _ in $(seq 50); do [ -e "$pidfile" ] || break; sleep 0.1; done
+  done
+  rm -rf "$dir"
+  exit 0
+fi
+if [ "${1:-}" != start ]; then
+  echo "usage: scripts/cluster.sh start | stop DIR" >&2
+  exit 2
+fi
+
+free() {  # whether PORT and its bus port are free on loopback
+  ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && ! (exec 3<>"/dev/tcp/127.0.0.1/$(($1 + 10000))") 2>/dev/null
+}
+
+dir=$(mktemp -d /tmp/jobrt-cluster.XXXXXX)
+for _ in $(seq 20); do
+  base=$((20000 + RANDOM % 30000))
+  ok=1
+  for i in $(seq 0 $((nodes - 1))); do free $((base + i)) || ok=0; done
+  [ $ok = 1 ] || continue
+  addresses=()
+  for i in $(seq 0 $((nodes - 1))); do
+    port=$((base + i))
+    mkdir -p "$dir/$port"
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir/$port" \
+      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+      --daemonize yes --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log" >/dev/null || ok=0
+    addresses+=("127.0.0.1:$port")
+  done
+  for i in $(seq 0 $((nodes - 1))); do
+    for _ in $(seq 100); do redis-cli -p $((base + i)) ping >/dev/null 2>&1 && break; sleep 0.05; done
+  done
+  if [ $ok = 1 ] && redis-cli --cluster create "${addresses[@]}" --cluster-replicas 1 --cluster-yes \
+      >"$dir/create.log" 2>&1; then
+    # Up when every node says so (the others learn the slots through the bus).
+    for _ in $(seq 200); do
+      up=0
+      for i in $(seq 0 $((nodes - 1))); do
+        redis-cli -p $((base + i)) cluster info 2>/dev/null | grep -q '^cluster_state:ok' && up=$((up + 1))
+      done
+      if [ $up = $nodes ]; then echo "$base $dir"; exit 0; fi
+      sleep 0.05
+    done
+  fi
+  # Not up here (a port taken meanwhile): stop what started and try other ports.
+  "$0" stop "$dir"
+  dir=$(mktemp -d /tmp/jobrt-cluster.XXXXXX)
+done
+echo "could not start a cluster (see $dir)" >&2
+exit 1

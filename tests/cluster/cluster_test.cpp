@@ -1,0 +1,217 @@
+// Redis Cluster's no-I/O parts (runtime/src/redis/cluster_map.hpp) against a real local cluster
+// (scripts/cluster.sh): key slots agree with the server's, the topology replies it sends become
+// a map that sends every key to its primary, and one request's route follows the MOVED, ASK and
+// TRYAGAIN replies a slot migration makes, as the cluster client will.
+#include "redis/cluster_map.hpp"
+
+#include <jobrt/redis/connection.hpp>
+
+#include "support/redis_cluster.hpp"
+#include "support/run.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace asio = boost::asio;
+using namespace jobrt;
+using namespace jobrt::redis;
+using namespace jobrt::redis::detail;
+using namespace jobrt::test;
+using namespace std::chrono_literals;
+using asio::awaitable;
+using steady = std::chrono::steady_clock;
+
+namespace {
+
+constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+// One connection per node, by port.
+class nodes {
+ public:
+  nodes(asio::io_context& ctx, const redis_cluster& c) {
+    for (int i = 0; i < redis_cluster::nodes; ++i) {
+      auto conn = std::make_unique<connection>(ctx.get_executor(), c.config(i));
+      conn->start();
+      by_port_[static_cast<std::uint16_t>(c.first() + i)] = std::move(conn);
+    }
+  }
+  connection& at(const node_address& n) { return *by_port_.at(n.port); }
+  connection& at(int port) { return *by_port_.at(static_cast<std::uint16_t>(port)); }
+
+ private:
+  std::map<std::uint16_t, std::unique_ptr<connection>> by_port_;
+};
+
+// Sends `req` where the route says until it is done or fails: the reply, or the failure's text.
+awaitable<reply> routed(nodes& n, cluster_route& route, const request& req, std::vector<std::string>* trail) {
+  auto a = route.next(steady::now());
+  for (;;) {
+    if (a.kind == cluster_route::action::fail) co_return reply::make_string(a.error, reply_kind::error);
+    if (a.kind == cluster_route::action::wait) {
+      if (trail) trail->push_back("wait");
+      asio::steady_timer t(co_await asio::this_coro::executor, a.delay);
+      co_await t.async_wait(use_tuple);
+      a = route.next(steady::now());
+      continue;
+    }
+    if (trail) trail->push_back(fmt::format("{}{}", a.asking ? "asking " : "", a.node.port));
+    reply r;
+    if (a.asking) {
+      request asking("ASKING");
+      asking.append(req);
+      auto [ec, both] = co_await n.at(a.node).async_exec(std::move(asking), use_tuple);
+      REQUIRE(both.kind() == reply_kind::array);
+      REQUIRE(both.as_array().size() == 2);
+      r = both.as_array()[1];
+    } else {
+      auto [ec, one] = co_await n.at(a.node).async_exec(req, use_tuple);
+      r = std::move(one);
+    }
+    a = route.on_reply(r, steady::now());
+    if (a.kind == cluster_route::action::done) co_return r;
+  }
+}
+
+std::string id_of(const redis_cluster& c, int port) {
+  auto out = c.cli(port - c.first(), {"CLUSTER", "MYID"});
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cluster: key slots agree with the server's CLUSTER KEYSLOT") {
+  redis_cluster cluster;
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        connection conn(ctx.get_executor(), cluster.config(0));
+        conn.start();
+        std::mt19937 random(7);
+        const std::string alphabet = "ab{}:#xyz0123456789-_";
+        std::vector<std::string> keys{"", "{", "}", "{}", "{}{a}", "a{b}c{d}", "jobrt:{imports#3}:ready", "\xff\x01"};
+        for (int i = 0; i < 400; ++i) {
+          std::string key;
+          auto length = random() % 24;
+          for (unsigned j = 0; j < length; ++j) key += alphabet[random() % alphabet.size()];
+          keys.push_back(std::move(key));
+        }
+        for (const auto& key : keys) {
+          auto server = (co_await exec(conn, request("CLUSTER", "KEYSLOT", key))).as_integer();
+          CHECK_MESSAGE(key_slot(key) == server, "key '" << key << "'");
+        }
+      },
+      30s);
+}
+
+TEST_CASE("cluster: the map read from CLUSTER SHARDS or CLUSTER SLOTS sends every key to its primary") {
+  redis_cluster cluster;
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        nodes n(ctx, cluster);
+        auto& any = n.at(cluster.first());
+        slot_map from_shards(parse_cluster_shards(co_await exec(any, request("CLUSTER", "SHARDS"))));
+        slot_map from_slots(parse_cluster_slots(co_await exec(any, request("CLUSTER", "SLOTS"))));
+        CHECK(from_shards.complete());
+        CHECK(from_slots.complete());
+        CHECK(from_shards.primaries().size() == 3);
+        for (std::uint16_t s = 0; s < cluster_slots; ++s)
+          if (*from_shards.owner(s) != *from_slots.owner(s)) {
+            FAIL_CHECK("slot " << s << ": " << from_shards.owner(s)->text() << " or " << from_slots.owner(s)->text());
+            break;
+          }
+        for (int i = 0; i < 200; ++i) {
+          auto key = fmt::format("key:{}", i);
+          auto owner = *from_shards.owner(key_slot(key));
+          auto [ec, r] = co_await n.at(owner).async_exec(request("SET", key, "v"), use_tuple);
+          CHECK_MESSAGE(!ec, key << ": " << r.error_message());
+          // Any other primary sends it there.
+          for (const auto& other : from_shards.primaries()) {
+            if (other == owner) continue;
+            auto [ec2, moved] = co_await n.at(other).async_exec(request("GET", key), use_tuple);
+            auto e = classify(moved.error_message());
+            CHECK(e.kind == cluster_error::moved);
+            CHECK(e.slot == key_slot(key));
+            CHECK(e.to == owner);
+          }
+        }
+      },
+      60s);
+}
+
+TEST_CASE("cluster: a request's route follows MOVED, and ASK and TRYAGAIN while its slot migrates") {
+  redis_cluster cluster;
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        nodes n(ctx, cluster);
+        auto& any = n.at(cluster.first());
+        slot_map map(parse_cluster_shards(co_await exec(any, request("CLUSTER", "SHARDS"))));
+        REQUIRE(map.complete());
+        auto primaries = map.primaries();
+        REQUIRE(primaries.size() == 3);
+        const std::string key = "{mig}1", other_key = "{mig}2";
+        auto slot = key_slot(key);
+        auto from = *map.owner(slot);
+        auto to = from == primaries[0] ? primaries[1] : primaries[0];
+        co_await exec(n.at(from), request("SET", key, "one"));
+        co_await exec(n.at(from), request("SET", other_key, "two"));
+
+        // A stale map: the slot at the wrong primary. MOVED puts it right, for later requests too.
+        map.assign(slot, to);
+        std::vector<std::string> trail;
+        cluster_route stale(map, slot, from, steady::now() + 5s);
+        auto r = co_await routed(n, stale, request("GET", key), &trail);
+        CHECK(r.as_string() == "one");
+        CHECK(trail == std::vector<std::string>{std::to_string(to.port), std::to_string(from.port)});
+        CHECK(*map.owner(slot) == from);
+
+        // The slot migrates from `from` to `to`, and `key` has moved: `from` answers ASK for it.
+        auto from_id = id_of(cluster, from.port), to_id = id_of(cluster, to.port);
+        CHECK(cluster.cli(to.port - cluster.first(), {"CLUSTER", "SETSLOT", std::to_string(slot), "IMPORTING", from_id})
+                  .starts_with("OK"));
+        CHECK(cluster.cli(from.port - cluster.first(), {"CLUSTER", "SETSLOT", std::to_string(slot), "MIGRATING", to_id})
+                  .starts_with("OK"));
+        CHECK((co_await exec(n.at(from), request("MIGRATE", "127.0.0.1", to.port, "", 0, 5000, "KEYS", key)))
+                  .as_string() == "OK");
+        trail.clear();
+        cluster_route asked(map, slot, from, steady::now() + 5s);
+        r = co_await routed(n, asked, request("GET", key), &trail);
+        CHECK(r.as_string() == "one");
+        CHECK(trail == std::vector<std::string>{std::to_string(from.port), "asking " + std::to_string(to.port)});
+        CHECK(*map.owner(slot) == from);  // ASK leaves the map as it is
+        // Its keys split between the two, a request for both is told to try again; the route
+        // waits, and fails at its deadline while the split lasts.
+        trail.clear();
+        request both("MGET", key, other_key);
+        cluster_route split(map, slot, from, steady::now() + 200ms);
+        r = co_await routed(n, split, both, &trail);
+        CHECK(r.is_error());
+        CHECK(std::string(r.error_message()).find("TRYAGAIN") != std::string::npos);
+        CHECK(trail.size() >= 4);  // sent, waited, sent again, ...
+        CHECK(trail[1] == "wait");
+
+        // The migration ends: the slot is `to`'s, and `from` answers MOVED.
+        CHECK((co_await exec(n.at(from), request("MIGRATE", "127.0.0.1", to.port, "", 0, 5000, "KEYS", other_key)))
+                  .as_string() == "OK");
+        for (const auto& node : primaries)
+          cluster.cli(node.port - cluster.first(), {"CLUSTER", "SETSLOT", std::to_string(slot), "NODE", to_id});
+        trail.clear();
+        cluster_route after(map, slot, from, steady::now() + 5s);
+        r = co_await routed(n, after, both, &trail);
+        REQUIRE(r.kind() == reply_kind::array);
+        CHECK(r.as_array()[0].as_string() == "one");
+        CHECK(r.as_array()[1].as_string() == "two");
+        CHECK(trail == std::vector<std::string>{std::to_string(from.port), std::to_string(to.port)});
+        CHECK(*map.owner(slot) == to);
+      },
+      60s);
+}

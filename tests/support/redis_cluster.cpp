@@ -1,0 +1,55 @@
+#include "support/redis_cluster.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+
+namespace jobrt::test {
+
+namespace {
+
+// Runs a shell command and returns what it printed (its exit status must be 0).
+std::string output_of(const std::string& command) {
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
+  if (!pipe) throw std::runtime_error("could not run: " + command);
+  std::string out;
+  char buf[4096];
+  while (auto n = std::fread(buf, 1, sizeof buf, pipe.get())) out.append(buf, n);
+  if (::pclose(pipe.release()) != 0) throw std::runtime_error(fmt::format("failed: {}\n{}", command, out));
+  return out;
+}
+
+std::string quoted(const std::string& arg) {
+  std::string q = "'";
+  for (char c : arg) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+}  // namespace
+
+redis_cluster::redis_cluster() {
+  std::istringstream in(output_of(JOBRT_SCRIPTS "/cluster.sh start"));
+  in >> first_ >> dir_;
+  if (first_ <= 0 || dir_.empty()) throw std::runtime_error("scripts/cluster.sh start printed no port and directory");
+}
+
+redis_cluster::~redis_cluster() { (void)std::system(fmt::format(JOBRT_SCRIPTS "/cluster.sh stop {}", dir_).c_str()); }
+
+redis::config redis_cluster::config(int node) const {
+  redis::config cfg;
+  cfg.host = "127.0.0.1";
+  cfg.port = std::to_string(first_ + node);
+  return cfg;
+}
+
+std::string redis_cluster::cli(int node, const std::vector<std::string>& args) const {
+  std::string command = fmt::format("redis-cli -p {}", first_ + node);
+  for (const auto& a : args) command += " " + quoted(a);
+  return output_of(command + " 2>&1");
+}
+
+}  // namespace jobrt::test
