@@ -114,6 +114,32 @@ TEST_CASE("redis-server stopped and started: reconnection - then EVALSHA after t
   });
 }
 
+TEST_CASE("while its server is down a request that does not wait for a reconnect fails at once - others wait") {
+  redis_server server;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), fast(server.config()));
+    conn.start();
+    CHECK((co_await exec(conn, request("PING"))).as_string() == "PONG");
+    server.stop();
+    REQUIRE(co_await eventually([&] { return !conn.is_connected(); }));
+    request elsewhere("PING");
+    elsewhere.options.wait_for_reconnect = false;  // as a cluster client sends them
+    auto began = std::chrono::steady_clock::now();
+    auto [ec, r] = co_await conn.async_exec(std::move(elsewhere), use_tuple);
+    CHECK(ec == errc::not_connected);
+    CHECK(std::chrono::steady_clock::now() - began < std::chrono::seconds(1));
+    auto waiting = conn.async_exec(request("PING"), use_tuple);
+    std::thread restart([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      server.start();
+    });
+    auto [ec2, r2] = co_await std::move(waiting);
+    restart.join();
+    CHECK_FALSE(ec2);
+    CHECK(r2.as_string() == "PONG");
+  });
+}
+
 TEST_CASE("a server still loading its dataset after a restart: requests wait for it instead of failing with LOADING") {
   // key-load-delay slows loading to about 1.5 s; the small interval lets the server answer
   // (LOADING) while it loads instead of leaving new connections unaccepted.

@@ -124,6 +124,35 @@ TEST_CASE_FIXTURE(fixture, "connection lost: written requests fail unless resend
   CHECK(c->value.as_string() == "C");
 }
 
+TEST_CASE_FIXTURE(fixture, "connection down: requests that do not wait for a reconnect fail - the rest wait in order") {
+  request safe("GET", "a");
+  safe.options.resend_safe = true;
+  safe.options.wait_for_reconnect = false;
+  request unsafe("SET", "b", "1");
+  unsafe.options.wait_for_reconnect = false;
+  auto a = add(safe);    // written, taken back by the drop: then fails
+  auto b = add(unsafe);  // written: lost
+  mux.prepare_write();
+  request elsewhere("GET", "c");
+  elsewhere.options.wait_for_reconnect = false;
+  auto c = add(request("GET", "w"));  // waits (the default)
+  auto d = add(elsewhere);            // fails
+  auto e = add(request("GET", "x"));  // waits
+  mux.on_connection_lost();
+  CHECK(b->ec == jobrt::errc::connection_lost);
+  CHECK_FALSE(a->completed);
+  mux.fail_unwritten(jobrt::errc::not_connected);
+  CHECK(a->ec == jobrt::errc::not_connected);
+  CHECK(d->ec == jobrt::errc::not_connected);
+  CHECK_FALSE(c->completed);
+  CHECK_FALSE(e->completed);
+  CHECK(mux.size() == 2);
+  CHECK(mux.prepare_write() == request("GET", "w").payload() + request("GET", "x").payload());
+  CHECK_FALSE(feed("$1\r\nW\r\n$1\r\nX\r\n"));
+  CHECK(c->value.as_string() == "W");
+  CHECK(e->value.as_string() == "X");
+}
+
 TEST_CASE_FIXTURE(fixture, "expired requests time out - the next deadline is reported") {
   request quick("GET", "a");
   quick.options.timeout = std::chrono::milliseconds(10);

@@ -274,6 +274,10 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       mux_.cancel(*op, errc::invalid_request);
       return;
     }
+    if (down_ && !op->wait_for_reconnect()) {
+      mux_.cancel(*op, errc::not_connected);
+      return;
+    }
     auto deadline = op->deadline();
     if (op->done()) return;  // cancelled before it got here
     op->set_queued();
@@ -420,6 +424,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         self->loss_reason_.clear();
         self->ending_ = false;
         self->connected_ = true;
+        self->down_ = false;
         ++self->connects_;
         self->resubscribe();
         co_await (self->read_loop() || self->write_loop() || self->health_loop());
@@ -428,11 +433,15 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         error_code ignored;
         self->socket_.close(ignored);
         self->mux_.on_connection_lost();
+        self->down_ = true;
+        self->mux_.fail_unwritten(errc::not_connected);
         if (self->closed_) break;
         self->set_last_error(fmt::format("connection to {} lost: {}", self->cfg_.address(), self->loss_reason_));
         if (std::exchange(self->reset_requested_, false)) continue;
       } else {
         self->set_last_error(std::move(failure), kind);
+        self->down_ = true;
+        self->mux_.fail_unwritten(errc::not_connected);
       }
       self->backoff_timer_.expires_after(wait);
       co_await self->backoff_timer_.async_wait(use_tuple);
@@ -666,6 +675,9 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   mutable std::mutex error_mutex_;
   std::string last_error_;
   connect_failure last_failure_ = connect_failure::none;
+  // Lost, or an attempt failed, and not connected again since: requests that do not wait for a
+  // reconnect fail at once.
+  bool down_ = false;
   // subscriber
   subscriptions subs_;
   std::deque<std::shared_ptr<receive_op>> receivers_;

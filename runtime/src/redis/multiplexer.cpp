@@ -3,6 +3,7 @@
 #include <jobrt/error.hpp>
 
 #include <algorithm>
+#include <iterator>
 
 namespace jobrt::redis::detail {
 
@@ -12,6 +13,7 @@ pending::pending(std::string payload, std::size_t replies, const request_options
       deadline_(opts.timeout.count() > 0 ? clock::now() + opts.timeout : clock::time_point::max()),
       resend_safe_(opts.resend_safe),
       keep_once_written_(opts.keep_once_written),
+      wait_for_reconnect_(opts.wait_for_reconnect),
       written_cancel_wait_(opts.written_cancel_wait),
       blocking_(blocking) {}
 
@@ -117,6 +119,15 @@ void multiplexer::on_connection_lost() {
   write_buffer_.clear();
   parser_.reset();
   for (auto& p : failed) p->complete(errc::connection_lost, {});
+}
+
+void multiplexer::fail_unwritten(boost::system::error_code ec) {
+  std::vector<std::shared_ptr<pending>> failed;
+  auto waiting = queue_.begin() + static_cast<std::ptrdiff_t>(sent_);
+  auto kept = std::stable_partition(waiting, queue_.end(), [](const auto& p) { return p->wait_for_reconnect_; });
+  std::move(kept, queue_.end(), std::back_inserter(failed));
+  queue_.erase(kept, queue_.end());
+  for (auto& p : failed) p->complete(ec, {});
 }
 
 bool multiplexer::cancel(pending& p, boost::system::error_code ec) {

@@ -32,6 +32,7 @@ class pending {
   bool done() const noexcept { return done_; }
   bool written() const noexcept { return written_; }
   bool keep_once_written() const noexcept { return keep_once_written_; }
+  bool wait_for_reconnect() const noexcept { return wait_for_reconnect_; }
   bool blocking() const noexcept { return blocking_; }
   clock::time_point deadline() const noexcept { return deadline_; }
   std::chrono::milliseconds written_cancel_wait() const noexcept { return written_cancel_wait_; }
@@ -60,6 +61,7 @@ class pending {
   clock::time_point deadline_;
   bool resend_safe_;
   bool keep_once_written_;
+  bool wait_for_reconnect_;
   std::chrono::milliseconds written_cancel_wait_;
   bool blocking_;
   bool written_ = false;
@@ -99,6 +101,10 @@ class multiplexer {
   /// The connection dropped: written requests fail with errc::connection_lost, except the
   /// resend-safe ones, which wait again (in their order, ahead of the others).
   void on_connection_lost();
+
+  /// Completes with ec every request not written that does not wait for a reconnect
+  /// (request_options::wait_for_reconnect): the connection is down.
+  void fail_unwritten(boost::system::error_code ec);
 
   /// Completes p with ec now. A waiting request is removed; a written one is abandoned: its
   /// reply, when it comes, is dropped. Returns true when p was written (and so abandoned).

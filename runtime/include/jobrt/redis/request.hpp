@@ -27,6 +27,11 @@ struct request_options {
   /// after all when its reply has not come this long after (it times out then: abandoned, and a
   /// blocking connection made again). 0: the reply is waited for, up to the timeout.
   std::chrono::milliseconds written_cancel_wait{0};
+  /// false: not written when its connection drops (or a resend-safe one taken back by the drop),
+  /// or while the connection is down after a drop or a failed attempt, it completes with
+  /// errc::not_connected at once instead of waiting for the next connection (a cluster client
+  /// sends it to another node). A connection not yet tried is waited for, as usual.
+  bool wait_for_reconnect = true;
 };
 
 /// A pipeline of commands. Arguments are binary safe: strings, string_views, integers, and
