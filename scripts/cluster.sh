@@ -39,6 +39,7 @@ for _ in $(seq 20); do
     mkdir -p "$dir/$port"
     redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir/$port" \
       --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+      --repl-diskless-sync-delay 0 \
       --daemonize yes --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log" >/dev/null || ok=0
     addresses+=("127.0.0.1:$port")
   done
@@ -47,11 +48,14 @@ for _ in $(seq 20); do
   done
   if [ $ok = 1 ] && redis-cli --cluster create "${addresses[@]}" --cluster-replicas 1 --cluster-yes \
       >"$dir/create.log" 2>&1; then
-    # Up when every node says so (the others learn the slots through the bus).
+    # Up when every node says so (the others learn the slots through the bus), and every replica
+    # has its primary's data (a replica that never synced cannot take over from it).
     for _ in $(seq 200); do
       up=0
       for i in $(seq 0 $((nodes - 1))); do
-        redis-cli -p $((base + i)) cluster info 2>/dev/null | grep -q '^cluster_state:ok' && up=$((up + 1))
+        redis-cli -p $((base + i)) cluster info 2>/dev/null | grep -q '^cluster_state:ok' || continue
+        redis-cli -p $((base + i)) info replication 2>/dev/null | tr -d '\r' |
+          grep -q -e '^role:master' -e '^master_link_status:up' && up=$((up + 1))
       done
       if [ $up = $nodes ]; then echo "$base $dir"; exit 0; fi
       sleep 0.05

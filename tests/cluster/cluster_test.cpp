@@ -1,9 +1,11 @@
-// Redis Cluster's no-I/O parts (runtime/src/redis/cluster_map.hpp) against a real local cluster
-// (scripts/cluster.sh): key slots agree with the server's, the topology replies it sends become
-// a map that sends every key to its primary, and one request's route follows the MOVED, ASK and
-// TRYAGAIN replies a slot migration makes, as the cluster client will.
+// Redis Cluster against a real local cluster (scripts/cluster.sh). Its no-I/O parts
+// (runtime/src/redis/cluster_map.hpp): key slots agree with the server's, the topology replies it
+// sends become a map that sends every key to its primary, and one request's route follows the
+// MOVED, ASK and TRYAGAIN replies a slot migration makes. The client (cluster_connection):
+// requests reach their keys' primaries, through a migration and after it, and through a failover.
 #include "redis/cluster_map.hpp"
 
+#include <jobrt/redis/cluster.hpp>
 #include <jobrt/redis/connection.hpp>
 
 #include "support/redis_cluster.hpp"
@@ -15,6 +17,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -80,6 +83,24 @@ awaitable<reply> routed(nodes& n, cluster_route& route, const request& req, std:
     a = route.on_reply(r, steady::now());
     if (a.kind == cluster_route::action::done) co_return r;
   }
+}
+
+// Slot migration by hand, through redis-cli (outside the coroutines: g++ 12 does not take some
+// braced lists inside them).
+void set_slot(const redis_cluster& c, const node_address& node, std::uint16_t slot, std::string state, std::string id) {
+  std::vector<std::string> args{"CLUSTER", "SETSLOT", std::to_string(slot), std::move(state), std::move(id)};
+  c.cli(node.port - c.first(), args);
+}
+
+void migrate_key(const redis_cluster& c, const node_address& from, const node_address& to, const std::string& key) {
+  std::vector<std::string> args{"MIGRATE", "127.0.0.1", std::to_string(to.port), "", "0", "5000", "KEYS", key};
+  c.cli(from.port - c.first(), args);
+}
+
+// Whether a replica of `primary` has its writes (WAIT 1).
+bool replicated(const redis_cluster& c, const node_address& primary) {
+  std::vector<std::string> args{"WAIT", "1", "5000"};
+  return c.cli(primary.port - c.first(), args).starts_with("1");
 }
 
 std::string id_of(const redis_cluster& c, int port) {
@@ -212,6 +233,138 @@ TEST_CASE("cluster: a request's route follows MOVED, and ASK and TRYAGAIN while 
         CHECK(r.as_array()[1].as_string() == "two");
         CHECK(trail == std::vector<std::string>{std::to_string(from.port), std::to_string(to.port)});
         CHECK(*map.owner(slot) == to);
+      },
+      60s);
+}
+
+TEST_CASE("cluster connection: each request goes to its keys' primary - keys of two slots are refused unsent") {
+  redis_cluster cluster;
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        auto seeds = cluster_seeds(cluster.url());
+        REQUIRE(seeds.size() == 2);
+        cluster_connection c(ctx.get_executor(), seeds);
+        c.start();
+        for (int i = 0; i < 300; ++i) {
+          auto key = fmt::format("k:{}", i);
+          std::vector<std::string> keys{key};
+          CHECK((co_await c.exec(request("SET", key, i), keys)).as_string() == "OK");
+        }
+        CHECK(c.primaries().size() == 3);
+        CHECK(c.connections() <= 4);  // the three primaries (and a seed that is not one)
+        // Each key is where the server says it is: its primary has it.
+        slot_map map(parse_cluster_shards(co_await c.exec(request("CLUSTER", "SHARDS"))));
+        for (int i = 0; i < 300; i += 37) {
+          auto key = fmt::format("k:{}", i);
+          auto owner = *map.owner(key_slot(key));
+          auto got = cluster.cli(owner.port - cluster.first(), {"GET", key});
+          CHECK(got.starts_with(std::to_string(i)));
+        }
+        // A pipeline of one slot; keys of two slots never leave the process.
+        request both("SET", "{t}a", "1");
+        both.push("MGET", "{t}a", "{t}b");
+        std::vector<std::string> tagged{"{t}a", "{t}b"};
+        auto r = co_await c.exec(std::move(both), tagged);
+        REQUIRE(r.as_array().size() == 2);
+        CHECK(r.as_array()[1].as_array()[0].as_string() == "1");
+        std::vector<std::string> apart{"{t}a", "{u}a"};
+        bool refused = false;
+        try {
+          co_await c.exec(request("MGET", "{t}a", "{u}a"), apart);
+        } catch (const std::invalid_argument& e) {
+          refused = std::string(e.what()).find("'{u}a' in slot") != std::string::npos;
+        }
+        CHECK(refused);
+        // An error reply is the request's answer, as on a plain connection.
+        std::vector<std::string> one{"k:1"};
+        boost::system::error_code wrong_type;
+        try {
+          co_await c.exec(request("LPUSH", "k:1", "x"), one);
+        } catch (const boost::system::system_error& e) {
+          wrong_type = e.code();
+        }
+        CHECK(wrong_type == errc::server_error);
+      },
+      60s);
+}
+
+TEST_CASE("cluster connection: requests follow a slot while it migrates and after") {
+  redis_cluster cluster;
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        cluster_connection c(ctx.get_executor(), cluster_seeds(cluster.url()));
+        c.start();
+        const std::string key = "{move}1", other_key = "{move}2";
+        std::vector<std::string> keys(1, key), other_keys(1, other_key), both(keys);
+        both.push_back(other_key);
+        co_await c.exec(request("SET", key, "one"), keys);
+        co_await c.exec(request("SET", other_key, "two"), other_keys);
+        slot_map map(parse_cluster_shards(co_await c.exec(request("CLUSTER", "SHARDS"))));
+        auto slot = key_slot(key);
+        auto from = *map.owner(slot);
+        auto primaries = map.primaries();
+        auto to = from == primaries[0] ? primaries[1] : primaries[0];
+        auto from_id = id_of(cluster, from.port), to_id = id_of(cluster, to.port);
+        set_slot(cluster, to, slot, "IMPORTING", from_id);
+        set_slot(cluster, from, slot, "MIGRATING", to_id);
+        migrate_key(cluster, from, to, key);
+        // Moved already: asked at its new node. Not yet: served where it was.
+        CHECK((co_await c.exec(request("GET", key), keys)).as_string() == "one");
+        CHECK((co_await c.exec(request("GET", other_key), other_keys)).as_string() == "two");
+        // Split between the two: told to try again until the request's time is up.
+        request split("MGET", key, other_key);
+        split.options.timeout = 300ms;
+        try {
+          co_await c.exec(std::move(split), both);
+          FAIL("no error");
+        } catch (const boost::system::system_error& e) {
+          CHECK(e.code() == errc::timeout);
+          CHECK(std::string(e.what()).find("TRYAGAIN") != std::string::npos);
+        }
+        migrate_key(cluster, from, to, other_key);
+        for (const auto& node : primaries) set_slot(cluster, node, slot, "NODE", to_id);
+        auto refreshes = c.refreshes();
+        auto r = co_await c.exec(request("MGET", key, other_key), both);  // MOVED, then there
+        CHECK(r.as_array()[0].as_string() == "one");
+        CHECK(r.as_array()[1].as_string() == "two");
+        CHECK(co_await eventually([&] { return c.refreshes() > refreshes; }, 5s));  // the MOVED asked for the map
+      },
+      60s);
+}
+
+TEST_CASE("cluster connection: carries on when a primary dies and its replica takes over") {
+  redis_cluster cluster;
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        cluster_options o;
+        o.request_timeout = 30s;   // the failover: node timeout 2 s, then the replicas' election
+        o.refresh_period = 200ms;  // (the map of a node that learns of the failover last is read again soon)
+        cluster_connection c(ctx.get_executor(), cluster_seeds(cluster.url()), o);
+        c.start();
+        const std::string key = "survivor";
+        std::vector<std::string> keys{key};
+        co_await c.exec(request("SET", key, "before"), keys);
+        slot_map map(parse_cluster_shards(co_await c.exec(request("CLUSTER", "SHARDS"))));
+        auto dead = *map.owner(key_slot(key));
+        // The replica has the key before its primary dies.
+        CHECK(replicated(cluster, dead));
+        cluster.kill(dead.port - cluster.first());
+        auto began = steady::now();
+        request read("GET", key);
+        read.options.resend_safe = true;  // a read: sent again if its connection drops under it
+        auto r = co_await c.exec(std::move(read), keys);
+        MESSAGE("served again after "
+                << std::chrono::duration_cast<std::chrono::milliseconds>(steady::now() - began).count() << " ms");
+        CHECK(r.as_string() == "before");
+        CHECK((co_await c.exec(request("SET", key, "after"), keys)).as_string() == "OK");
+        // Every node learns of the new primary, and so does the map.
+        CHECK(co_await eventually(
+            [&] {
+              auto now_primaries = c.primaries();
+              return now_primaries.size() == 3 &&
+                     std::find(now_primaries.begin(), now_primaries.end(), dead.text()) == now_primaries.end();
+            },
+            10s));
       },
       60s);
 }

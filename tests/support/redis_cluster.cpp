@@ -2,8 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <signal.h>
+#include <sys/types.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -45,6 +49,15 @@ redis::config redis_cluster::config(int node) const {
   cfg.port = std::to_string(first_ + node);
   return cfg;
 }
+
+void redis_cluster::kill(int node) const {
+  std::ifstream in(fmt::format("{}/{}/redis.pid", dir_, first_ + node));
+  pid_t pid = 0;
+  if (!(in >> pid) || pid <= 0) throw std::runtime_error(fmt::format("no pid file for node {}", first_ + node));
+  ::kill(pid, SIGKILL);
+}
+
+std::string redis_cluster::url() const { return fmt::format("redis://127.0.0.1:{},127.0.0.1:{}", first_, first_ + 1); }
 
 std::string redis_cluster::cli(int node, const std::vector<std::string>& args) const {
   std::string command = fmt::format("redis-cli -p {}", first_ + node);

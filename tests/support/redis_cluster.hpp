@@ -23,6 +23,10 @@ class redis_cluster {
   redis::config config(int node) const;
   /// Runs a command on one of its nodes with redis-cli and returns what it prints.
   std::string cli(int node, const std::vector<std::string>& args) const;
+  /// Kills one of its nodes (SIGKILL): as a crashed server.
+  void kill(int node) const;
+  /// redis://127.0.0.1:<first>,127.0.0.1:<first + 1>: two seeds.
+  std::string url() const;
 
  private:
   int first_ = 0;

@@ -247,6 +247,17 @@ TEST_CASE("cluster: a route ends by its deadline, and after too many redirects")
   a = nowhere.next(now + 10ms);
   CHECK(a.kind == cluster_route::action::fail);
   CHECK(a.error.find("no node serves slot 5") != std::string::npos);
+  // A primary that cannot be reached: wait for the map to name another, and send again.
+  cluster_route down(map, key_slot("a"), at("127.0.0.1", 7000), now + 1s);
+  CHECK(down.next(now).node == at("127.0.0.1", 7002));
+  CHECK(down.on_reply(err("ASK 15495 127.0.0.1:7001"), now).asking);
+  a = down.on_unreachable("127.0.0.1:7001 cannot be reached", now);
+  CHECK(a.kind == cluster_route::action::wait);
+  CHECK(a.refresh);
+  map.assign(key_slot("a"), at("127.0.0.1", 7005));  // (what the refresh learned)
+  a = down.next(now + a.delay);
+  CHECK(a.node == at("127.0.0.1", 7005));
+  CHECK_FALSE(a.asking);  // the ASK went with the send that did not happen
   // A request without keys goes to the node given for those.
   cluster_route keyless(map, std::nullopt, at("127.0.0.1", 7001), now + 1s);
   a = keyless.next(now);

@@ -309,6 +309,13 @@ cluster_route::action cluster_route::on_reply(const reply& r, std::chrono::stead
   return a;
 }
 
+cluster_route::action cluster_route::on_unreachable(std::string_view why, std::chrono::steady_clock::time_point now) {
+  ask_to_.reset();
+  auto a = retry_later(why, now);
+  a.refresh = true;
+  return a;
+}
+
 cluster_route::action cluster_route::retry_later(std::string_view why, std::chrono::steady_clock::time_point now) {
   action a;
   if (now + backoff_ > deadline_) {

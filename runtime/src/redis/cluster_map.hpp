@@ -141,6 +141,9 @@ class cluster_route {
   action next(std::chrono::steady_clock::time_point now);
   // The node's reply to the request.
   action on_reply(const reply& r, std::chrono::steady_clock::time_point now);
+  // The node could not be reached (`why`): the request was not sent. Its primary may be failing
+  // over: wait, refresh the map, and send again.
+  action on_unreachable(std::string_view why, std::chrono::steady_clock::time_point now);
 
  private:
   action retry_later(std::string_view why, std::chrono::steady_clock::time_point now);
