@@ -48,14 +48,18 @@ for _ in $(seq 20); do
   done
   if [ $ok = 1 ] && redis-cli --cluster create "${addresses[@]}" --cluster-replicas 1 --cluster-yes \
       >"$dir/create.log" 2>&1; then
-    # Up when every node says so (the others learn the slots through the bus), and every replica
-    # has its primary's data (a replica that never synced cannot take over from it).
+    # Up when every node says so (the others learn the slots through the bus), every replica has
+    # its primary's data (a replica that never synced cannot take over from it), and every node
+    # knows which nodes are replicas.
     for _ in $(seq 200); do
       up=0
       for i in $(seq 0 $((nodes - 1))); do
         redis-cli -p $((base + i)) cluster info 2>/dev/null | grep -q '^cluster_state:ok' || continue
         redis-cli -p $((base + i)) info replication 2>/dev/null | tr -d '\r' |
-          grep -q -e '^role:master' -e '^master_link_status:up' && up=$((up + 1))
+          grep -q -e '^role:master' -e '^master_link_status:up' || continue
+        # ...and it knows every replica for one (gossip spreads the roles).
+        [ "$(redis-cli -p $((base + i)) cluster nodes 2>/dev/null | awk '$3 ~ /slave/' | wc -l)" = $((nodes / 2)) ] &&
+          up=$((up + 1))
       done
       if [ $up = $nodes ]; then echo "$base $dir"; exit 0; fi
       sleep 0.05

@@ -7,6 +7,7 @@
 
 #include <jobrt/redis/cluster.hpp>
 #include <jobrt/redis/connection.hpp>
+#include <jobrt/redis/script.hpp>
 
 #include "support/redis_cluster.hpp"
 #include "support/run.hpp"
@@ -97,16 +98,32 @@ void migrate_key(const redis_cluster& c, const node_address& from, const node_ad
   c.cli(from.port - c.first(), args);
 }
 
-// Whether a replica of `primary` has its writes (WAIT 1).
-bool replicated(const redis_cluster& c, const node_address& primary) {
-  std::vector<std::string> args{"WAIT", "1", "5000"};
-  return c.cli(primary.port - c.first(), args).starts_with("1");
-}
-
 std::string id_of(const redis_cluster& c, int port) {
   auto out = c.cli(port - c.first(), {"CLUSTER", "MYID"});
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
   return out;
+}
+
+// The replica of a primary (CLUSTER REPLICAS: node lines, "<id> <host>:<port>@<bus> ...").
+node_address replica_of(const redis_cluster& c, const node_address& primary) {
+  std::vector<std::string> args{"CLUSTER", "REPLICAS", id_of(c, primary.port)};
+  auto line = c.cli(0, args);
+  auto start = line.find(' ') + 1;
+  auto address = parse_address(line.substr(start, line.find('@') - start));
+  REQUIRE_MESSAGE(address.has_value(), "CLUSTER REPLICAS said: " << line);
+  return *address;
+}
+
+// How many keys a node holds (DBSIZE, which a replica answers too).
+int keys_at(const redis_cluster& c, const node_address& node) {
+  std::vector<std::string> args(1, "DBSIZE");
+  return std::atoi(c.cli(node.port - c.first(), args).c_str());
+}
+
+// Every node forgets its scripts.
+void flush_scripts(const redis_cluster& c) {
+  std::vector<std::string> args{"SCRIPT", "FLUSH"};
+  for (int node = 0; node < redis_cluster::nodes; ++node) c.cli(node, args);
 }
 
 }  // namespace
@@ -346,8 +363,10 @@ TEST_CASE("cluster connection: carries on when a primary dies and its replica ta
         co_await c.exec(request("SET", key, "before"), keys);
         slot_map map(parse_cluster_shards(co_await c.exec(request("CLUSTER", "SHARDS"))));
         auto dead = *map.owner(key_slot(key));
-        // The replica has the key before its primary dies.
-        CHECK(replicated(cluster, dead));
+        // The replica has the key before its primary dies (replication is asynchronous): the only
+        // key of that shard.
+        auto replica = replica_of(cluster, dead);
+        CHECK(co_await eventually([&] { return keys_at(cluster, replica) == 1; }, 5s));
         cluster.kill(dead.port - cluster.first());
         auto began = steady::now();
         request read("GET", key);
@@ -365,6 +384,37 @@ TEST_CASE("cluster connection: carries on when a primary dies and its replica ta
                      std::find(now_primaries.begin(), now_primaries.end(), dead.text()) == now_primaries.end();
             },
             10s));
+      },
+      60s);
+}
+
+TEST_CASE("cluster connection: a script runs at its keys' primary and is loaded again where a node lacks it") {
+  redis_cluster cluster;
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        cluster_connection c(ctx.get_executor(), cluster_seeds(cluster.url()));
+        c.start();
+        script incr("return redis.call('INCR', KEYS[1])");
+        std::vector<std::string> none;
+        for (int round = 1; round <= 2; ++round) {
+          for (int i = 0; i < 30; ++i) {
+            std::vector<std::string> keys(1, fmt::format("counter:{}", i));
+            auto r = co_await incr.run(c, keys, incr.make_request(keys, none));
+            CHECK(r.as_integer() == round);
+          }
+          // Every node forgets its scripts (a restart, a new primary): NOSCRIPT, then loaded there.
+          flush_scripts(cluster);
+        }
+        // jobrt's own refusals come as their codes.
+        script refuse("return redis.error_reply('JOBRT:21 job id is empty')");
+        std::vector<std::string> keys(1, "any");
+        try {
+          co_await refuse.run(c, keys, refuse.make_request(keys, none));
+          FAIL("no error");
+        } catch (const boost::system::system_error& e) {
+          CHECK(e.code() == errc::bad_job_id);
+          CHECK(std::string(e.what()).find("job id is empty") != std::string::npos);
+        }
       },
       60s);
 }

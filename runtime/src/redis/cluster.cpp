@@ -84,8 +84,9 @@ class cluster_impl : public std::enable_shared_from_this<cluster_impl> {
     });
   }
 
-  static asio::awaitable<reply> exec(std::shared_ptr<cluster_impl> self, request req,
-                                     std::optional<std::uint16_t> slot) {
+  // An error reply comes back as (errc::server_error, the reply); other failures are thrown.
+  static asio::awaitable<std::pair<error_code, reply>> exec(std::shared_ptr<cluster_impl> self, request req,
+                                                            std::optional<std::uint16_t> slot) {
     co_return co_await asio::co_spawn(self->strand_, self->run(std::move(req), slot), asio::use_awaitable);
   }
 
@@ -97,7 +98,7 @@ class cluster_impl : public std::enable_shared_from_this<cluster_impl> {
   std::uint64_t refreshes() const { return refreshes_.load(std::memory_order_relaxed); }
 
  private:
-  asio::awaitable<reply> run(request req, std::optional<std::uint16_t> slot) {
+  asio::awaitable<std::pair<error_code, reply>> run(request req, std::optional<std::uint16_t> slot) {
     auto limit = req.options.timeout.count() > 0 ? req.options.timeout : opts_.request_timeout;
     auto deadline = clock::now() + limit;
     if (!refreshes()) co_await refresh(deadline);
@@ -142,10 +143,8 @@ class cluster_impl : public std::enable_shared_from_this<cluster_impl> {
         }
       }
       a = route.on_reply(deciding(r, req.size() > 1), clock::now());
-      if (a.kind == cluster_route::action::done) {
-        if (r.is_error()) throw system_error(errc::server_error, std::string(r.error_message()));
-        co_return r;
-      }
+      if (a.kind == cluster_route::action::done)
+        co_return std::pair(r.is_error() ? error_code(errc::server_error) : error_code(), std::move(r));
     }
   }
 
@@ -290,9 +289,15 @@ cluster_connection::~cluster_connection() { close(); }
 void cluster_connection::start() { impl_->start(); }
 void cluster_connection::close() { impl_->close(); }
 
-asio::awaitable<reply> cluster_connection::exec(request req, std::vector<std::string> keys) {
+asio::awaitable<std::pair<error_code, reply>> cluster_connection::try_exec(request req, std::vector<std::string> keys) {
   auto slot = detail::common_slot(keys);  // (throws before anything is sent)
   co_return co_await detail::cluster_impl::exec(impl_, std::move(req), slot);
+}
+
+asio::awaitable<reply> cluster_connection::exec(request req, std::vector<std::string> keys) {
+  auto [ec, r] = co_await try_exec(std::move(req), std::move(keys));
+  if (ec) throw system_error(ec, std::string(r.error_message()));
+  co_return r;
 }
 
 std::vector<std::string> cluster_connection::primaries() const { return impl_->primaries(); }

@@ -140,11 +140,13 @@ std::vector<shard_info> parse_cluster_shards(const reply& r) {
       for (const auto& node : array_of(*nodes, "CLUSTER SHARDS: nodes")) {
         const auto& fields = array_of(node, "CLUSTER SHARDS: a node");
         auto address = shard_node(fields);
-        if (!address || text_field(fields, "health") != "online") continue;
+        if (!address) continue;
+        auto health = text_field(fields, "health");
         if (text_field(fields, "role") == "master") {
+          if (health != "online") continue;
           s.primary = std::move(*address);
           has_primary = true;
-        } else {
+        } else if (health != "failed") {  // (Redis 7.0 calls a replica "loading" until it has an offset)
           s.replicas.push_back(std::move(*address));
         }
       }

@@ -64,8 +64,9 @@ class topology_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// CLUSTER SHARDS (Redis 7): shards with at least one slot; a node that is not online, or a shard
-// with no primary, is left out (the primary may be failing over: its slots are then unserved).
+// CLUSTER SHARDS (Redis 7): shards with at least one slot and an online primary (one that is
+// failing over leaves its slots unserved until a replica takes over); replicas that have not
+// failed.
 std::vector<shard_info> parse_cluster_shards(const reply& r);
 // CLUSTER SLOTS (before Redis 7): one entry per slot range, the primary first.
 std::vector<shard_info> parse_cluster_slots(const reply& r);

@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace jobrt::redis {
@@ -62,6 +63,10 @@ class cluster_connection {
   /// connection dropped after it was written and it is not request_options::resend_safe (one
   /// that is goes again, as to a primary that cannot be reached).
   boost::asio::awaitable<reply> exec(request req, std::vector<std::string> keys = {});
+  /// As exec, but an error reply comes back as (errc::server_error, the reply) instead of being
+  /// thrown.
+  boost::asio::awaitable<std::pair<boost::system::error_code, reply>> try_exec(request req,
+                                                                               std::vector<std::string> keys = {});
 
   /// The primaries in the slot map now, as host:port.
   std::vector<std::string> primaries() const;

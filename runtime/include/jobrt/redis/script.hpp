@@ -1,6 +1,7 @@
 // A Lua script run with EVALSHA, loaded again on NOSCRIPT (server restarted, SCRIPT FLUSH).
 #pragma once
 
+#include <jobrt/redis/cluster.hpp>
 #include <jobrt/redis/connection.hpp>
 
 #include <boost/asio/awaitable.hpp>
@@ -35,6 +36,10 @@ class script {
     return run(c, make_request(keys, args));
   }
 
+  /// The same on a cluster, at the primary of `keys`' slot (the keys of the request): each node
+  /// has a script cache of its own, and a node that just took the slot over may not know it yet.
+  boost::asio::awaitable<reply> run(cluster_connection& c, std::vector<std::string> keys, request evalsha) const;
+
  private:
   template <class T>
   static std::size_t key_count(const T& keys) {
@@ -43,6 +48,10 @@ class script {
     else
       return 1;
   }
+
+  request reload(const request& evalsha) const;
+  static void reloaded(boost::system::error_code& ec, reply& r);
+  static reply result(boost::system::error_code ec, reply r, const std::string& not_connected);
 
   std::string source_;
   std::string sha1_;
