@@ -29,7 +29,9 @@ free() {  # whether PORT and its bus port are free on loopback
 
 dir=$(mktemp -d /tmp/jobrt-cluster.XXXXXX)
 for _ in $(seq 20); do
-  base=$((20000 + RANDOM % 30000))
+  # Below Linux's ephemeral ports (32768 and up), bus ports included: no client socket, and no
+  # test server on a port the kernel gave it, can take one of them.
+  base=$((20000 + RANDOM % 2700))
   ok=1
   for i in $(seq 0 $((nodes - 1))); do free $((base + i)) || ok=0; done
   [ $ok = 1 ] || continue
