@@ -176,6 +176,22 @@ class answer_relay {
 
 }  // namespace
 
+namespace {
+
+// Whether a client named `name` is blocked in BLMOVE on the server right now (CLIENT LIST:
+// cmd=blmove, flags with b): a worker idle in its blocking claim, seen from the server.
+awaitable<bool> blocked_in_blmove(redis::connection& conn, std::string name) {
+  auto list = co_await redis::exec(conn, redis::request("CLIENT", "LIST"));
+  std::istringstream lines{std::string(list.as_string())};
+  for (std::string line; std::getline(lines, line);)
+    if (line.find(fmt::format(" name={} ", name)) != std::string::npos &&
+        line.find(" cmd=blmove") != std::string::npos && line.find(" flags=b") != std::string::npos)
+      co_return true;
+  co_return false;
+}
+
+}  // namespace
+
 TEST_CASE("an idle worker sends only its blocking claim and its timers' calls and uses no CPU") {
   redis_server server;
   run([&](asio::io_context& ctx) -> awaitable<void> {
@@ -189,7 +205,9 @@ TEST_CASE("an idle worker sends only its blocking claim and its timers' calls an
     worker w(ctx.get_executor(), store, o);
     w.add_handler("t", [](job_context&) -> awaitable<void> { co_return; });
     w.start();
-    REQUIRE(co_await eventually([&] { return w.waiting_for_work(); }));  // past the calls of its start
+    // Past the calls of its start: its claim waits in BLMOVE, on a blocking connection made for it.
+    REQUIRE(co_await eventually([&] { return w.waiting_for_work(); }));
+    REQUIRE(co_await eventually([&] { return blocked_in_blmove(admin, "jobrt:blocking"); }));
     co_await redis::exec(admin, redis::request("CONFIG", "RESETSTAT"));
     auto cpu_before = cpu_used();
     co_await sleep_for(std::chrono::milliseconds(3000));
@@ -251,22 +269,6 @@ TEST_CASE("a worker whose BLMOVE the server refuses backs off instead of asking 
     co_await w.stop(std::chrono::seconds(1));
   });
 }
-
-namespace {
-
-// Whether a client named `name` is blocked in BLMOVE on the server right now (CLIENT LIST:
-// cmd=blmove, flags with b): a worker idle in its blocking claim, seen from the server.
-awaitable<bool> blocked_in_blmove(redis::connection& conn, std::string name) {
-  auto list = co_await redis::exec(conn, redis::request("CLIENT", "LIST"));
-  std::istringstream lines{std::string(list.as_string())};
-  for (std::string line; std::getline(lines, line);)
-    if (line.find(fmt::format(" name={} ", name)) != std::string::npos &&
-        line.find(" cmd=blmove") != std::string::npos && line.find(" flags=b") != std::string::npos)
-      co_return true;
-  co_return false;
-}
-
-}  // namespace
 
 TEST_CASE("stop ends an idle worker's blocking claim at once - the claim behind it answers, and its lease goes back") {
   run([](asio::io_context& ctx) -> awaitable<void> {
