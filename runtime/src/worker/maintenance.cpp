@@ -77,6 +77,9 @@ asio::awaitable<void> maintenance::reap_loop(std::shared_ptr<maintenance> self) 
     if (std::exchange(self->reap_now_, false)) continue;
     co_await self->about_types();
     if (self->stopped_) break;  // (stop's cancel of the timer came while about_types was in a call)
+    // reap_now's cancel of the timer, too, may have come during that call, before the wait
+    // below: the flag says so.
+    if (std::exchange(self->reap_now_, false)) continue;
     co_await wait_on(self->reap_timer_, clock::now() + self->opts_.reap_period);
   }
   self->reaping_ = false;
