@@ -171,6 +171,9 @@ TEST_CASE("jobrt worker runs plugin handlers on jobs from jobrt enqueue and stop
   CHECK(counts.completed == 201);
   CHECK(counts.dead == 1);
   CHECK(counts.retried == 0);
+  // Both running (one may have done every job while the other still connected: a SIGTERM then
+  // stops it before it starts, which another test covers).
+  for (auto& out : outs) CHECK(wait_for_text(out, "running tenant_import", std::chrono::seconds(30)));
   for (auto pid : workers) ::kill(pid, SIGTERM);
   std::string logs;
   for (std::size_t i = 0; i < workers.size(); ++i) {
