@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up and runs every test: builds twice (warnings as errors; ASan+UBSan), runs all tests in
-# both against a throw-away redis-server on loopback, and checks formatting.
+# both against a throw-away redis-server and a throw-away Redis Cluster on loopback, and checks
+# formatting.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -29,6 +30,11 @@ read -r port dir < <(scripts/redis.sh)
 trap 'scripts/redis.sh stop "$dir"' EXIT
 export JOBRT_TEST_REDIS_URL="redis://127.0.0.1:$port"
 echo "== redis-server on port $port"
+# The cluster the conformance suite runs on (the cluster tests start clusters of their own).
+read -r cluster_port cluster_dir < <(scripts/cluster.sh start)
+trap 'scripts/redis.sh stop "$dir"; scripts/cluster.sh stop "$cluster_dir"' EXIT
+export JOBRT_TEST_CLUSTER_URL="redis://127.0.0.1:$cluster_port"
+echo "== Redis Cluster on ports $cluster_port to $((cluster_port + 5))"
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

@@ -3,11 +3,15 @@
 // sends become a map that sends every key to its primary, and one request's route follows the
 // MOVED, ASK and TRYAGAIN replies a slot migration makes. The client (cluster_connection):
 // requests reach their keys' primaries, through a migration and after it, and through a failover.
+// The Redis backend on a cluster: a worker waiting for work follows its queue to a new primary.
 #include "redis/cluster_map.hpp"
 
+#include <jobrt/producer.hpp>
 #include <jobrt/redis/cluster.hpp>
 #include <jobrt/redis/connection.hpp>
 #include <jobrt/redis/script.hpp>
+#include <jobrt/redis_backend.hpp>
+#include <jobrt/worker.hpp>
 
 #include "support/redis_cluster.hpp"
 #include "support/run.hpp"
@@ -23,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -118,6 +123,34 @@ node_address replica_of(const redis_cluster& c, const node_address& primary) {
 int keys_at(const redis_cluster& c, const node_address& node) {
   std::vector<std::string> args(1, "DBSIZE");
   return std::atoi(c.cli(node.port - c.first(), args).c_str());
+}
+
+// Moves a slot, with its keys, from one primary to another, as `redis-cli --cluster reshard` does.
+void move_slot(const redis_cluster& c, std::uint16_t slot, const node_address& from, const node_address& to,
+               const std::vector<node_address>& primaries) {
+  auto from_id = id_of(c, from.port), to_id = id_of(c, to.port);
+  set_slot(c, to, slot, "IMPORTING", from_id);
+  set_slot(c, from, slot, "MIGRATING", to_id);
+  for (;;) {
+    std::vector<std::string> list{"CLUSTER", "GETKEYSINSLOT", std::to_string(slot), "100"};
+    std::istringstream keys(c.cli(from.port - c.first(), list));
+    int moved = 0;
+    for (std::string key; std::getline(keys, key);)
+      if (!key.empty()) {
+        migrate_key(c, from, to, key);
+        ++moved;
+      }
+    if (moved == 0) break;
+  }
+  for (const auto& node : primaries) set_slot(c, node, slot, "NODE", to_id);
+}
+
+// A job of type "t" whose payload is {"i": i}.
+job_spec numbered(int i) {
+  job_spec s;
+  s.type = "t";
+  s.payload = {{"i", i}};
+  return s;
 }
 
 // Every node forgets its scripts.
@@ -417,4 +450,60 @@ TEST_CASE("cluster connection: a script runs at its keys' primary and is loaded 
         }
       },
       60s);
+}
+
+TEST_CASE("cluster backend: a worker waiting for work follows its queue when the queue's slot moves") {
+  redis_cluster cluster;
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        auto cfg = cluster.config(0);
+        cfg.client_name = "mover";  // its blocking connection: mover:blocking
+        redis_backend store(ctx.get_executor(), cfg);
+        const std::string queue = "moving";
+        auto p = redis_backend::key_prefix(queue);
+        worker_options o;
+        o.queue = queue;
+        o.claim_wait = 20s;  // no claim's wait ends by itself during the test
+        worker w(ctx.get_executor(), store, o);
+        std::vector<int> done;
+        w.add_handler("t", [&](job_context& job) -> awaitable<void> {
+          done.push_back(static_cast<int>(job.payload().as_object().at("i").as_int64()));
+          co_return;
+        });
+        w.start();
+        producer before(store, queue);
+        co_await before.enqueue(numbered(1));
+        CHECK(co_await eventually([&] { return done.size() == 1 && w.waiting_for_work(); }, 10s));
+        // The worker waits in BLMOVE at the queue's primary; the slot goes to another one.
+        slot_map map(parse_cluster_shards(co_await store.exec(request("CLUSTER", "SHARDS"), p)));
+        auto slot = key_slot(p);
+        auto from = *map.owner(slot);
+        auto primaries = map.primaries();
+        auto to = from == primaries[0] ? primaries[1] : primaries[0];
+        nodes n(ctx, cluster);
+        auto blocked_at = [&](const node_address& node) -> awaitable<bool> {
+          auto list = co_await exec(n.at(node), request("CLIENT", "LIST"));
+          co_return list.as_string().find("name=mover:blocking") !=
+              std::string::npos&& list.as_string().find("cmd=blmove") != std::string::npos;
+        };
+        CHECK(co_await eventually([&]() -> awaitable<bool> { co_return co_await blocked_at(from); }, 5s));
+        move_slot(cluster, slot, from, to, primaries);
+        // Redis answers the blocked BLMOVE with MOVED (within a second: its clients cron); the
+        // worker reads the map again and waits at the new primary.
+        CHECK(co_await eventually([&]() -> awaitable<bool> { co_return co_await blocked_at(to); }, 10s));
+        // A producer of another process, and the job reaches the worker there, with no poll.
+        redis_backend other(ctx.get_executor(), cluster.config(2));
+        producer after(other, queue);
+        auto began = steady::now();
+        co_await after.enqueue(numbered(2));
+        CHECK(co_await eventually([&] { return done.size() == 2; }, 5s));
+        MESSAGE("picked up at the new primary after "
+                << std::chrono::duration_cast<std::chrono::milliseconds>(steady::now() - began).count() << " ms");
+        CHECK(done == std::vector<int>{1, 2});
+        CHECK(co_await eventually(  // (its end is stored just after the handler returns)
+            [&]() -> awaitable<bool> { co_return (co_await other.counts(queue)).completed == 2; }, 5s));
+        co_await w.stop(1s);
+        CHECK(w.counters().completed == 2);
+      },
+      90s);
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "support/records.hpp"
+#include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 #include "support/run.hpp"
 
@@ -37,7 +38,18 @@ using asio::use_awaitable;
 
 namespace {  // each suite is one translation unit
 
-enum class backend_kind { memory, redis };
+// The Redis backend runs on a plain server and on a Redis Cluster (where it finds out by itself).
+enum class backend_kind { memory, redis, cluster };
+
+// A new backend of that kind, on `ex`.
+std::unique_ptr<backend> new_backend(backend_kind kind, asio::any_io_executor ex) {
+  switch (kind) {
+    case backend_kind::memory: return std::make_unique<memory_backend>(ex);
+    case backend_kind::redis: return std::make_unique<redis_backend>(ex, shared_redis());
+    case backend_kind::cluster: break;
+  }
+  return std::make_unique<redis_backend>(ex, shared_cluster());
+}
 
 // Backends for one test: the memory backend is one shared object (its state is the queue); on
 // Redis every call makes a new backend with connections of its own, as another process would.
@@ -50,7 +62,7 @@ class backends {
       if (made_.empty()) made_.push_back(std::make_unique<memory_backend>(ctx_.get_executor()));
       return *made_.front();
     }
-    made_.push_back(std::make_unique<redis_backend>(ctx_.get_executor(), shared_redis()));
+    made_.push_back(new_backend(kind_, ctx_.get_executor()));
     return *made_.back();
   }
 
@@ -222,4 +234,5 @@ struct event {
   static void DOCTEST_CAT(conformance_, __LINE__)(backend_kind);                                      \
   TEST_CASE("memory backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::memory); }   \
   TEST_CASE("redis backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::redis); }     \
+  TEST_CASE("cluster backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::cluster); } \
   static void DOCTEST_CAT(conformance_, __LINE__)(backend_kind kind)

@@ -166,11 +166,7 @@ CONFORMANCE("fast path: ungrouped jobs run in parallel up to the concurrency") {
 CONFORMANCE("on a thread pool's executor, a group runs in order one job at a time and ungrouped jobs all run") {
   asio::thread_pool pool(2);
   auto ex = pool.get_executor();
-  std::unique_ptr<backend> store;
-  if (kind == backend_kind::memory)
-    store = std::make_unique<memory_backend>(ex);
-  else
-    store = std::make_unique<redis_backend>(ex, shared_redis());
+  auto store = new_backend(kind, ex);
   const auto queue = key_prefix() + "pool";
   std::mutex m;
   std::vector<int> order;  // the group's jobs, as they started
@@ -330,10 +326,10 @@ CONFORMANCE("lost lease: the handler is cancelled within one watchdog period and
     // Someone else ends the lease (an operator, or a reaper after a pause past the TTL).
     lost_at = std::chrono::steady_clock::now();
     renewals_at_loss = w.counters().renewals;
-    if (kind == backend_kind::redis) {
+    if (kind != backend_kind::memory) {
       auto& r = static_cast<redis_backend&>(b.make());
-      co_await redis::exec(r.connection(),
-                           redis::request("ZREM", redis_backend::key_prefix(b.queue()) + "active", token));
+      auto active = redis_backend::key_prefix(b.queue()) + "active";
+      co_await r.exec(redis::request("ZREM", active, token), active);
     } else {
       finish_item steal;
       steal.token = token;

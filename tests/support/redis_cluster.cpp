@@ -57,6 +57,13 @@ void redis_cluster::kill(int node) const {
   ::kill(pid, SIGKILL);
 }
 
+redis::config shared_cluster() {
+  if (const char* url = std::getenv("JOBRT_TEST_CLUSTER_URL"); url != nullptr && *url != '\0')
+    return redis::config::from_url(url);
+  static redis_cluster cluster;  // one per test process, gone at exit
+  return cluster.config(0);
+}
+
 std::string redis_cluster::url() const { return fmt::format("redis://127.0.0.1:{},127.0.0.1:{}", first_, first_ + 1); }
 
 std::string redis_cluster::cli(int node, const std::vector<std::string>& args) const {

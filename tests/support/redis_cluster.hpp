@@ -33,4 +33,8 @@ class redis_cluster {
   std::string dir_;
 };
 
+/// The cluster the tests share: JOBRT_TEST_CLUSTER_URL's first node when it is set (scripts/test.sh
+/// starts one), else a private one, started on first use, for this test process.
+redis::config shared_cluster();
+
 }  // namespace jobrt::test

@@ -16,7 +16,8 @@ namespace jobrt {
 
 namespace detail {
 class wakeups;
-}
+class redis_link;
+}  // namespace detail
 
 class redis_backend final : public backend {
  public:
@@ -33,8 +34,11 @@ class redis_backend final : public backend {
   /// (runtime/lua/enqueue.lua), and the keys it takes for a queue, in order.
   static std::string_view enqueue_script() noexcept;
   static std::array<std::string, 5> enqueue_keys(std::string_view queue);
-  /// The shared connection (for tools and tests).
-  redis::connection& connection() noexcept { return conn_; }
+  /// The connection to the server configured (on a cluster, the node named): for tools and tests.
+  redis::connection& connection() noexcept;
+  /// Runs a command (or a pipeline) where `key` lives: on the server, or on a cluster at the
+  /// primary serving its slot. Throws as redis::exec. For tools and tests.
+  boost::asio::awaitable<redis::reply> exec(redis::request req, std::string key);
 
   boost::asio::awaitable<std::vector<enqueue_result>> enqueue(std::string queue,
                                                               std::vector<encoded_job> jobs) override;
@@ -77,7 +81,7 @@ class redis_backend final : public backend {
   boost::asio::awaitable<check_report> check(std::string queue, bool repair) override;
 
  private:
-  redis::blocking_connection& blocking_for(const std::string& worker);
+  redis::blocking_connection& blocking_for(const std::string& worker, const redis::config& node);
   redis::request claim_request(const std::string& prefix, const claim_options& opts) const;
   // One finish call of at most max_batch items; its id is added to `calls`.
   boost::asio::awaitable<std::vector<finish_result>> finish_call(const std::string& queue, const std::string& worker,
@@ -87,11 +91,11 @@ class redis_backend final : public backend {
   bool take_idle_mark(const std::string& worker);
   void set_idle_mark(const std::string& worker);
   // Ends a blocking claim's wait (CLIENT UNBLOCK on the shared connection), so that its reply comes.
-  void unblock(std::int64_t client_id);
+  void unblock(const redis::config& node, std::int64_t client_id);
 
   boost::asio::any_io_executor ex_;
   redis::config cfg_;
-  redis::connection conn_;
+  std::unique_ptr<detail::redis_link> link_;
   redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, requeue_, purge_,
       check_fix_, advertise_, expire_own_;
   // Wake-ups for delayed jobs: one subscriber for every queue, started on first use. The

@@ -5,7 +5,9 @@
 #include "backend/finish_parts.hpp"
 #include "backend/job_codec.hpp"
 #include "backend/lua_scripts.hpp"
+#include "backend/redis_link.hpp"
 #include "backend/wakeups.hpp"
+#include "redis/cluster_map.hpp"
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
@@ -68,7 +70,7 @@ std::vector<claimed_job> parse_claimed(const reply& r) {
 redis_backend::redis_backend(asio::any_io_executor ex, redis::config cfg)
     : ex_(ex),
       cfg_(std::move(cfg)),
-      conn_(ex, cfg_),
+      link_(std::make_unique<detail::redis_link>(ex, cfg_)),
       enqueue_(lua::enqueue),
       claim_(lua::claim),
       finish_(lua::finish),
@@ -86,7 +88,12 @@ redis_backend::redis_backend(asio::any_io_executor ex, redis::config cfg)
       wakeups_(std::make_shared<detail::wakeups>()) {
   std::random_device random;
   call_nonce_ = (std::uint64_t{random()} << 32) ^ random();
-  conn_.start();
+}
+
+redis::connection& redis_backend::connection() noexcept { return link_->plain(); }
+
+asio::awaitable<reply> redis_backend::exec(request req, std::string key) {
+  co_return co_await link_->exec(std::move(req), key);
 }
 
 redis_backend::~redis_backend() {
@@ -126,7 +133,7 @@ asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string 
     args.push_back(jobs[i].body);
     args.push_back(dues[i]);
   }
-  reply r = co_await enqueue_.run(conn_, enqueue_keys(queue), args);
+  reply r = co_await link_->run(enqueue_, enqueue_.make_request(enqueue_keys(queue), args), p);
   const auto& e = r.as_array();
   std::vector<enqueue_result> out;
   out.reserve(jobs.size());
@@ -156,15 +163,19 @@ request redis_backend::claim_request(const std::string& p, const claim_options& 
 }
 
 asio::awaitable<std::vector<claimed_job>> redis_backend::claim(std::string queue, claim_options opts) {
-  reply r = co_await claim_.run(conn_, claim_request(key_prefix(queue), opts));
+  auto p = key_prefix(queue);
+  reply r = co_await link_->run(claim_, claim_request(p, opts), p);
   co_return parse_claimed(r);
 }
 
-redis::blocking_connection& redis_backend::blocking_for(const std::string& worker) {
+redis::blocking_connection& redis_backend::blocking_for(const std::string& worker, const redis::config& node) {
   std::lock_guard lock(blocking_mutex_);
   auto& c = blocking_[worker];
+  // On a cluster, the queue's primary may have changed since (a failover, a slot moved): the
+  // old connection goes. (A worker has one claim on its way at most: nothing else uses it.)
+  if (c && (c->get_config().host != node.host || c->get_config().port != node.port)) c.reset();
   if (!c) {
-    auto cfg = cfg_;
+    auto cfg = node;
     cfg.client_name = fmt::format("{}:blocking", cfg_.client_name);
     c = std::make_unique<redis::blocking_connection>(ex_, cfg);
     c->start();
@@ -205,13 +216,13 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
   // the connection made again, as for any cancellation: a stop takes that long at most.
   wait_and_claim.options.keep_once_written = true;
   wait_and_claim.options.written_cancel_wait = unblock_wait;
-  auto& blocking = blocking_for(opts.worker);
+  auto& blocking = blocking_for(opts.worker, co_await link_->node_of(p));
   auto stop = (co_await asio::this_coro::cancellation_state).slot();
   auto inner = std::make_shared<asio::cancellation_signal>();
   if (stop.is_connected()) {
     stop.assign([this, inner, &blocking](asio::cancellation_type type) {
       inner->emit(type);
-      unblock(blocking.client_id());
+      unblock(blocking.get_config(), blocking.client_id());
     });
   }
   auto [ec, r] = co_await blocking.async_exec(
@@ -221,36 +232,58 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
     auto cs = co_await asio::this_coro::cancellation_state;
     if (cs.cancelled() != asio::cancellation_type::none)
       throw boost::system::system_error(asio::error::operation_aborted);
-    co_return std::vector<claimed_job>{};  // the connection dropped: the caller comes again
+    // The connection dropped: the caller comes again. On a cluster its primary may have died:
+    // the claim goes the cluster's way, which waits for a replica to take over.
+    if (auto* cluster = co_await link_->cluster()) {
+      co_await cluster->refresh();
+      co_return co_await claim(std::move(queue), std::move(opts));
+    }
+    co_return std::vector<claimed_job>{};
   }
   // A reply in hand wins over a cancellation that came meanwhile: those leases are ours now.
+  // On a cluster, the queue's slot moved, is moving, or has no primary for now (a BLMOVE that
+  // waited there is answered so too): the slot map is read again, and the claim goes the
+  // cluster's way, which follows redirects and waits out the rest; the next wait is where the
+  // slot is then.
+  auto redirected = [&](const reply& e) -> asio::awaitable<bool> {
+    auto* cluster = co_await link_->cluster();
+    if (!cluster || redis::detail::classify(e.error_message()).kind == redis::detail::cluster_error::other)
+      co_return false;
+    co_await cluster->refresh();
+    co_return true;
+  };
   const auto& claimed = r.as_array().at(1);
-  if (claimed.is_error()) {  // NOSCRIPT on that connection's server: claim the usual way, which loads it
-    if (!claimed.error_message().starts_with("NOSCRIPT"))
-      throw boost::system::system_error(errc::server_error, std::string(claimed.error_message()));
+  if (claimed.is_error()) {  // NOSCRIPT there, or a redirect: claim the usual way (which loads it)
+    bool again = claimed.error_message().starts_with("NOSCRIPT");
+    if (!again) again = co_await redirected(claimed);  // (g++ 12: no co_await inside && or ?:)
+    if (!again) throw boost::system::system_error(errc::server_error, std::string(claimed.error_message()));
     co_return co_await claim(std::move(queue), std::move(opts));
   }
   auto jobs = parse_claimed(claimed);
   // A BLMOVE the server refuses (a user without it in its ACL, a proxy without blocking
   // commands) returns at once: taken for an empty wait, the worker would ask again and again.
   // The claim behind it still ran; its jobs come first, and the next call fails.
-  if (const auto& moved = r.as_array().at(0); moved.is_error() && jobs.empty())
-    throw boost::system::system_error(errc::server_error,
-                                      fmt::format("BLMOVE on {} refused: {}", cfg_.address(), moved.error_message()));
+  const auto& moved = r.as_array().at(0);
+  if (moved.is_error() && jobs.empty()) {
+    if (co_await redirected(moved)) co_return co_await claim(std::move(queue), std::move(opts));
+    throw boost::system::system_error(
+        errc::server_error,
+        fmt::format("BLMOVE on {} refused: {}", blocking.get_config().address(), moved.error_message()));
+  }
   if (jobs.size() < std::min(opts.max, max_claim)) set_idle_mark(opts.worker);
   co_return jobs;
 }
 
-void redis_backend::unblock(std::int64_t client_id) {
+void redis_backend::unblock(const redis::config& node, std::int64_t client_id) {
   if (client_id == 0) return;  // not connected: the request waits, and the cancellation removes it
-  conn_.async_exec(request("CLIENT", "UNBLOCK", client_id),
-                   [address = cfg_.address()](boost::system::error_code ec, reply r) {
-                     if (ec == errc::server_error)
-                       jobrt::log(log_level::warn, "redis",
-                                  "CLIENT UNBLOCK refused by {}: {}; a stopping worker drops its blocking connection "
-                                  "after {} ms instead",
-                                  address, r.is_error() ? r.error_message() : std::string_view(), unblock_wait.count());
-                   });
+  link_->exec_at(node, request("CLIENT", "UNBLOCK", client_id),
+                 [address = node.address()](boost::system::error_code ec, reply r) {
+                   if (ec == errc::server_error)
+                     jobrt::log(log_level::warn, "redis",
+                                "CLIENT UNBLOCK refused by {}: {}; a stopping worker drops its blocking connection "
+                                "after {} ms instead",
+                                address, r.is_error() ? r.error_message() : std::string_view(), unblock_wait.count());
+                 });
 }
 
 bool redis_backend::take_idle_mark(const std::string& worker) {
@@ -363,7 +396,7 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
   }
   auto req = finish_.make_request(keys, args);
   req.options.resend_safe = true;  // the script answers a resent call from its cache
-  reply r = co_await finish_.run(conn_, std::move(req));
+  reply r = co_await link_->run(finish_, std::move(req), p);
   {
     std::lock_guard lock(blocking_mutex_);
     auto& answered = answered_[worker];
@@ -399,7 +432,7 @@ asio::awaitable<std::vector<bool>> redis_backend::extend(std::string queue, std:
   std::string ttl = std::to_string(lease_ttl.count());
   std::vector<std::string_view> args{worker, ttl};
   for (auto& t : tokens) args.push_back(t);
-  reply r = co_await extend_.run(conn_, keys, args);
+  reply r = co_await link_->run(extend_, extend_.make_request(keys, args), p);
   std::vector<bool> out;
   for (const auto& e : r.as_array()) out.push_back(e.as_integer() == 1);
   co_return out;
@@ -408,19 +441,21 @@ asio::awaitable<std::vector<bool>> redis_backend::extend(std::string queue, std:
 asio::awaitable<void> redis_backend::advertise(std::string queue, std::vector<std::string> types,
                                                std::chrono::milliseconds ttl) {
   if (types.empty()) co_return;
-  std::array<std::string, 1> keys{key_prefix(queue) + "types"};
+  auto p = key_prefix(queue);
+  std::array<std::string, 1> keys{p + "types"};
   std::vector<std::string> args{std::to_string(ttl.count())};
   args.insert(args.end(), std::make_move_iterator(types.begin()), std::make_move_iterator(types.end()));
   auto req = advertise_.make_request(keys, args);
   req.options.resend_safe = true;  // (ZADD GT: the same deadline twice changes nothing)
-  co_await advertise_.run(conn_, std::move(req));
+  co_await link_->run(advertise_, std::move(req), p);
 }
 
 asio::awaitable<std::chrono::milliseconds> redis_backend::unrunnable_for(std::string queue, std::string type) {
+  auto p = key_prefix(queue);
   request req;
-  req.push("TIME").push("ZSCORE", key_prefix(queue) + "types", type);  // the server's clock, as the deadlines are
+  req.push("TIME").push("ZSCORE", p + "types", type);  // the server's clock, as the deadlines are
   req.options.resend_safe = true;
-  reply r = co_await redis::exec(conn_, std::move(req));
+  reply r = co_await link_->exec(std::move(req), p);
   const auto& e = r.as_array();
   if (e.at(1).is_nil()) co_return std::chrono::milliseconds::max();
   const auto& time = e.at(0).as_array();
@@ -431,14 +466,14 @@ asio::awaitable<std::chrono::milliseconds> redis_backend::unrunnable_for(std::st
 asio::awaitable<std::int64_t> redis_backend::expire_own(std::string queue, std::string worker) {
   auto p = key_prefix(queue);
   std::array<std::string, 3> keys{p + "active", p + "leases:" + worker, p + "answers:" + worker};
-  reply r = co_await expire_own_.run(conn_, keys, std::array<std::string, 0>{});
+  reply r = co_await link_->run(expire_own_, expire_own_.make_request(keys, std::array<std::string, 0>{}), p);
   co_return r.as_integer();
 }
 
 asio::awaitable<void> redis_backend::release(std::string queue, std::string worker, std::vector<std::string> tokens) {
   auto p = key_prefix(queue);
   std::array<std::string, 5> keys{p + "ready", p + "active", p + "stats", p + "claimed:" + worker, p + "jumped"};
-  co_await release_.run(conn_, keys, tokens);
+  co_await link_->run(release_, release_.make_request(keys, tokens), p);
 }
 
 asio::awaitable<reap_result> redis_backend::reap(std::string queue, reap_options opts) {
@@ -447,7 +482,7 @@ asio::awaitable<reap_result> redis_backend::reap(std::string queue, reap_options
                                   p + "parked", p + "dead",   p + "dead:info", p + "jumped"};
   std::array<std::string, 3> args{std::to_string(opts.max), std::to_string(opts.dead_max_count),
                                   std::to_string(opts.dead_max_age.count())};
-  reply r = co_await reap_.run(conn_, keys, args);
+  reply r = co_await link_->run(reap_, reap_.make_request(keys, args), p);
   const auto& e = r.as_array();
   reap_result out{e.at(0).as_integer(), e.at(1).as_integer(), e.at(2).as_integer(), e.at(3).as_integer(), {}};
   for (std::size_t i = 4; i < e.size(); ++i) out.recovered_types.push_back(e[i].as_string());
@@ -465,7 +500,7 @@ asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
       .push("HLEN", p + "paused")
       .push("LINDEX", p + "ready", 0);
   req.options.resend_safe = true;
-  reply r = co_await redis::exec(conn_, std::move(req));
+  reply r = co_await link_->exec(std::move(req), p);
   const auto& e = r.as_array();
   queue_counts c;
   c.ready_lanes = e.at(0).as_integer();
@@ -506,7 +541,7 @@ asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
     } else {
       request first("LINDEX", p + std::string(lane), 0);
       first.options.resend_safe = true;
-      reply record = co_await redis::exec(conn_, std::move(first));
+      reply record = co_await link_->exec(std::move(first), p);
       if (!record.is_nil()) c.next_enqueued_ms = detail::enqueued_at(record.as_string());
     }
   }
@@ -517,7 +552,7 @@ asio::awaitable<promote_result> redis_backend::promote(std::string queue, std::s
   auto p = key_prefix(queue);
   std::array<std::string, 5> keys{p + "ready", p + "delayed", p + "paused", p + "parked", p + "stats"};
   std::array<std::string, 1> args{std::to_string(std::min(max, max_batch))};
-  reply r = co_await promote_.run(conn_, keys, args);
+  reply r = co_await link_->run(promote_, promote_.make_request(keys, args), p);
   const auto& e = r.as_array();
   promote_result out;
   out.moved = e.at(0).as_integer();
@@ -601,14 +636,14 @@ asio::awaitable<std::vector<dead_letter>> redis_backend::dead_letters(std::strin
   auto p = key_prefix(queue);
   request ids("ZRANGE", p + "dead", std::to_string(offset), std::to_string(offset + limit - 1), "WITHSCORES");
   ids.options.resend_safe = true;
-  reply r = co_await redis::exec(conn_, std::move(ids));
+  reply r = co_await link_->exec(std::move(ids), p);
   const auto& e = r.as_array();
   if (e.empty()) co_return out;
   std::vector<std::string_view> names;
   for (std::size_t i = 0; i + 1 < e.size(); i += 2) names.push_back(e[i].as_string());
   request infos("HMGET", p + "dead:info", names);
   infos.options.resend_safe = true;
-  reply info = co_await redis::exec(conn_, std::move(infos));
+  reply info = co_await link_->exec(std::move(infos), p);
   const auto& texts = info.as_array();
   for (std::size_t i = 0; i + 1 < e.size(); i += 2) {
     const auto& text = texts.at(i / 2);
@@ -623,7 +658,7 @@ asio::awaitable<std::optional<dead_letter>> redis_backend::dead_letter_of(std::s
   request req;
   req.push("ZSCORE", p + "dead", id).push("HGET", p + "dead:info", id);
   req.options.resend_safe = true;
-  reply r = co_await redis::exec(conn_, std::move(req));
+  reply r = co_await link_->exec(std::move(req), p);
   const auto& e = r.as_array();
   if (e.at(0).is_nil() || e.at(1).is_nil()) co_return std::nullopt;
   co_return parse_dead_letter(std::move(id), e.at(1).as_string(), std::stoll(e.at(0).as_string()));
@@ -641,7 +676,7 @@ asio::awaitable<std::vector<std::string>> redis_backend::requeue(std::string que
   for (std::size_t first = 0; first < ids.size(); first += part) {
     std::vector<std::string_view> args{at_head ? "head" : "tail"};
     for (std::size_t i = first; i < std::min(ids.size(), first + part); ++i) args.push_back(ids[i]);
-    reply r = co_await requeue_.run(conn_, keys, args);
+    reply r = co_await link_->run(requeue_, requeue_.make_request(keys, args), p);
     for (const auto& id : r.as_array()) out.push_back(id.as_string());
   }
   co_return out;
@@ -650,7 +685,7 @@ asio::awaitable<std::vector<std::string>> redis_backend::requeue(std::string que
 asio::awaitable<std::int64_t> redis_backend::purge(std::string queue, std::vector<std::string> ids) {
   auto p = key_prefix(queue);
   std::array<std::string, 2> keys{p + "dead", p + "dead:info"};
-  reply r = co_await purge_.run(conn_, keys, ids);
+  reply r = co_await link_->run(purge_, purge_.make_request(keys, ids), p);
   co_return r.as_integer();
 }
 
@@ -659,7 +694,7 @@ asio::awaitable<bool> redis_backend::pause(std::string queue, std::string group)
   std::array<std::string, 4> keys{p + "ready", p + "paused", p + "parked", p + "delayed"};
   auto now = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch());
   std::array<std::string, 2> args{group, fmt::format(R"({{"state":"paused","at":{}}})", now.count())};
-  reply r = co_await pause_.run(conn_, keys, args);
+  reply r = co_await link_->run(pause_, pause_.make_request(keys, args), p);
   co_return r.as_integer() == 1;
 }
 
@@ -668,19 +703,20 @@ asio::awaitable<bool> redis_backend::resume(std::string queue, std::string group
   std::array<std::string, 9> keys{p + "ready", p + "paused", p + "parked", p + "dead",  p + "dead:info",
                                   p + "ids",   p + "stats",  p + "fence",  p + "jumped"};
   std::array<std::string, 2> args{group, mode == resume_mode::skip ? "skip" : "retry"};
-  reply r = co_await resume_.run(conn_, keys, args);
+  reply r = co_await link_->run(resume_, resume_.make_request(keys, args), p);
   co_return r.as_integer() == 1;
 }
 
 asio::awaitable<std::vector<paused_group>> redis_backend::paused_groups(std::string queue) {
   // HSCAN in pages, not HGETALL: an operator may have paused a great many groups.
+  auto p = key_prefix(queue);
   std::vector<paused_group> out;
   std::unordered_set<std::string> seen;
   std::string cursor = "0";
   do {
-    request req("HSCAN", key_prefix(queue) + "paused", cursor, "COUNT", 1000);
+    request req("HSCAN", p + "paused", cursor, "COUNT", 1000);
     req.options.resend_safe = true;
-    reply r = co_await redis::exec(conn_, std::move(req));
+    reply r = co_await link_->exec(std::move(req), p);
     cursor = r.as_array().at(0).as_string();
     const auto& e = r.as_array().at(1).as_array();
     for (std::size_t i = 0; i + 1 < e.size(); i += 2) {
@@ -703,9 +739,10 @@ asio::awaitable<std::vector<paused_group>> redis_backend::paused_groups(std::str
 }
 
 asio::awaitable<std::int64_t> redis_backend::group_size(std::string queue, std::string group) {
-  request req("LLEN", key_prefix(queue) + "g:" + group);
+  auto p = key_prefix(queue);
+  request req("LLEN", p + "g:" + group);
   req.options.resend_safe = true;
-  co_return (co_await redis::exec(conn_, std::move(req))).as_integer();
+  co_return (co_await link_->exec(std::move(req), p)).as_integer();
 }
 
 namespace {
@@ -727,18 +764,19 @@ std::string glob_literal(std::string_view text) {
   return out;
 }
 
-asio::awaitable<reply> read(redis::connection& conn, request req, std::int64_t& calls) {
+// (`route`: any key of the queue, for the node that serves it)
+asio::awaitable<reply> read(detail::redis_link& link, request req, const std::string& route, std::int64_t& calls) {
   req.options.resend_safe = true;
   calls += static_cast<std::int64_t>(req.size());
-  co_return co_await redis::exec(conn, std::move(req));
+  co_return co_await link.exec(std::move(req), route);
 }
 
 // A whole list, page by page; on a list that changes meanwhile an entry may be missed or read
 // twice (check confirms what it suspects).
-asio::awaitable<std::vector<std::string>> read_list(redis::connection& conn, std::string key, std::int64_t& calls) {
+asio::awaitable<std::vector<std::string>> read_list(detail::redis_link& link, std::string key, std::int64_t& calls) {
   std::vector<std::string> out;
   for (std::size_t at = 0;; at += page) {
-    reply r = co_await read(conn, request("LRANGE", key, at, at + page - 1), calls);
+    reply r = co_await read(link, request("LRANGE", key, at, at + page - 1), key, calls);
     for (auto& e : r.as_array()) out.push_back(e.as_string());
     if (r.as_array().size() < page) co_return out;
   }
@@ -746,13 +784,13 @@ asio::awaitable<std::vector<std::string>> read_list(redis::connection& conn, std
 
 // A whole set, zset or hash by (S|Z|H)SCAN: every element present from start to end is seen at
 // least once; `stride` 2 keeps the members of a zset's or hash's pairs.
-asio::awaitable<std::vector<std::string>> read_scan(redis::connection& conn, std::string_view command, std::string key,
+asio::awaitable<std::vector<std::string>> read_scan(detail::redis_link& link, std::string_view command, std::string key,
                                                     std::size_t stride, std::int64_t& calls) {
   std::vector<std::string> out;
   std::unordered_set<std::string> seen;
   std::string cursor = "0";
   do {
-    reply r = co_await read(conn, request(command, key, cursor, "COUNT", page), calls);
+    reply r = co_await read(link, request(command, key, cursor, "COUNT", page), key, calls);
     cursor = r.as_array().at(0).as_string();
     const auto& items = r.as_array().at(1).as_array();
     for (std::size_t i = 0; i < items.size(); i += stride)
@@ -761,24 +799,24 @@ asio::awaitable<std::vector<std::string>> read_scan(redis::connection& conn, std
   co_return out;
 }
 
-asio::awaitable<std::vector<std::string>> read_stats(redis::connection& conn, const std::string& key,
+asio::awaitable<std::vector<std::string>> read_stats(detail::redis_link& link, const std::string& key,
                                                      std::int64_t& calls) {
-  reply r = co_await read(conn, request("HGETALL", key), calls);
+  reply r = co_await read(link, request("HGETALL", key), key, calls);
   std::vector<std::string> out;
   for (auto& e : r.as_array()) out.push_back(e.as_string());
   co_return out;
 }
 
-asio::awaitable<detail::queue_walk> walk(redis::connection& conn, std::string p, std::vector<std::string>& stats) {
+asio::awaitable<detail::queue_walk> walk(detail::redis_link& link, std::string p, std::vector<std::string>& stats) {
   detail::queue_walk w;
-  stats = co_await read_stats(conn, p + "stats", w.calls);
-  w.ready = co_await read_list(conn, p + "ready", w.calls);
+  stats = co_await read_stats(link, p + "stats", w.calls);
+  w.ready = co_await read_list(link, p + "ready", w.calls);
   // The queue's group lists and claimed lists: one SCAN of its keys, a page at a time.
   std::vector<std::string> groups, claimed;
   std::unordered_set<std::string> keys;
   std::string cursor = "0";
   do {
-    reply r = co_await read(conn, request("SCAN", cursor, "MATCH", glob_literal(p) + "*", "COUNT", page), w.calls);
+    reply r = co_await read(link, request("SCAN", cursor, "MATCH", glob_literal(p) + "*", "COUNT", page), p, w.calls);
     cursor = r.as_array().at(0).as_string();
     for (auto& k : r.as_array().at(1).as_array()) {
       std::string_view name = std::string_view(k.as_string()).substr(p.size());
@@ -788,25 +826,25 @@ asio::awaitable<detail::queue_walk> walk(redis::connection& conn, std::string p,
     }
   } while (cursor != "0");
   for (auto& worker : claimed)
-    w.claimed.emplace_back(worker, co_await read_list(conn, p + "claimed:" + worker, w.calls));
-  w.delayed = co_await read_scan(conn, "ZSCAN", p + "delayed", 2, w.calls);
-  w.active = co_await read_scan(conn, "ZSCAN", p + "active", 2, w.calls);
-  w.parked = co_await read_scan(conn, "SSCAN", p + "parked", 1, w.calls);
-  for (auto& g : co_await read_scan(conn, "HSCAN", p + "paused", 2, w.calls)) w.paused.insert(std::move(g));
-  for (auto& worker : co_await read_scan(conn, "ZSCAN", p + "workers", 2, w.calls)) w.workers.insert(std::move(worker));
+    w.claimed.emplace_back(worker, co_await read_list(link, p + "claimed:" + worker, w.calls));
+  w.delayed = co_await read_scan(link, "ZSCAN", p + "delayed", 2, w.calls);
+  w.active = co_await read_scan(link, "ZSCAN", p + "active", 2, w.calls);
+  w.parked = co_await read_scan(link, "SSCAN", p + "parked", 1, w.calls);
+  for (auto& g : co_await read_scan(link, "HSCAN", p + "paused", 2, w.calls)) w.paused.insert(std::move(g));
+  for (auto& worker : co_await read_scan(link, "ZSCAN", p + "workers", 2, w.calls)) w.workers.insert(std::move(worker));
   // Groups in pipelines of up to 100 first pages of 100 records; a longer group reads on alone.
   for (std::size_t first = 0; first < groups.size(); first += 100) {
     auto last = std::min(groups.size(), first + 100);
     request req;
     for (auto i = first; i < last; ++i) req.push("LRANGE", p + "g:" + groups[i], 0, 99);
-    reply r = co_await read(conn, std::move(req), w.calls);
+    reply r = co_await read(link, std::move(req), p, w.calls);
     for (auto i = first; i < last; ++i) {
       const auto& head = req.size() == 1 ? r : r.as_array().at(i - first);
       std::vector<std::string> records;
       for (auto& e : head.as_array()) records.push_back(e.as_string());
       if (records.size() == 100) {
         for (std::size_t at = 100;; at += page) {
-          reply more = co_await read(conn, request("LRANGE", p + "g:" + groups[i], at, at + page - 1), w.calls);
+          reply more = co_await read(link, request("LRANGE", p + "g:" + groups[i], at, at + page - 1), p, w.calls);
           for (auto& e : more.as_array()) records.push_back(e.as_string());
           if (more.as_array().size() < page) break;
         }
@@ -814,8 +852,8 @@ asio::awaitable<detail::queue_walk> walk(redis::connection& conn, std::string p,
       w.groups.emplace_back(groups[i], std::move(records));
     }
   }
-  w.ids = co_await read_scan(conn, "SSCAN", p + "ids", 1, w.calls);
-  auto after = co_await read_stats(conn, p + "stats", w.calls);
+  w.ids = co_await read_scan(link, "SSCAN", p + "ids", 1, w.calls);
+  auto after = co_await read_stats(link, p + "stats", w.calls);
   if (after == stats) {  // nothing changed the count while the walk went on
     for (std::size_t i = 0; i + 1 < stats.size(); i += 2)
       if (stats[i] == "groups") w.counted_groups = std::stoll(stats[i + 1]);
@@ -825,10 +863,10 @@ asio::awaitable<detail::queue_walk> walk(redis::connection& conn, std::string p,
 }
 
 // Runs check_fix.lua once; returns the problems it confirmed, each {code, values...}.
-asio::awaitable<std::vector<std::vector<reply>>> confirm_one(redis::connection& conn, const redis::script& fix,
+asio::awaitable<std::vector<std::vector<reply>>> confirm_one(detail::redis_link& link, const redis::script& fix,
                                                              const std::array<std::string, 8>& keys,
                                                              std::vector<std::string> args, check_report& out) {
-  reply r = co_await fix.run(conn, keys, args);
+  reply r = co_await link.run(fix, fix.make_request(keys, args), keys[0]);
   ++out.calls;
   auto& e = r.as_array();
   out.stuck_groups += e.at(0).as_integer();
@@ -843,13 +881,13 @@ asio::awaitable<std::vector<std::vector<reply>>> confirm_one(redis::connection& 
 asio::awaitable<check_report> redis_backend::check(std::string queue, bool repair) {
   auto p = key_prefix(queue);
   std::vector<std::string> stats;
-  auto w = co_await walk(conn_, p, stats);
+  auto w = co_await walk(*link_, p, stats);
   check_report out;
   auto suspects = detail::analyse(w, out);
   out.calls = w.calls;
   if (!suspects.ids.empty()) {  // an ungrouped job may have moved past the walk: look again
     std::vector<std::string> ignored;
-    auto again = co_await walk(conn_, p, ignored);
+    auto again = co_await walk(*link_, p, ignored);
     out.calls += again.calls;
     suspects.ids = detail::missing_twice(suspects.ids, again);
   }
@@ -869,7 +907,7 @@ asio::awaitable<check_report> redis_backend::check(std::string queue, bool repai
         args.insert(args.end(), r.begin(), r.end());
     };
     (add(rest), ...);
-    return confirm_one(conn_, check_fix_, keys, std::move(args), out);
+    return confirm_one(*link_, check_fix_, keys, std::move(args), out);
   };
   for (auto& group : suspects.groups) {
     auto found = co_await confirm("group", group, claimed_workers);
@@ -927,7 +965,7 @@ asio::awaitable<std::int64_t> redis_backend::purge_queue(std::string queue) {
   do {
     request scan("SCAN", cursor, "MATCH", pattern, "COUNT", page);
     scan.options.resend_safe = true;
-    reply r = co_await redis::exec(conn_, std::move(scan));
+    reply r = co_await link_->exec(std::move(scan), prefix);
     cursor = r.as_array().at(0).as_string();
     std::vector<std::string> keys;
     for (auto& k : r.as_array().at(1).as_array())
@@ -935,7 +973,7 @@ asio::awaitable<std::int64_t> redis_backend::purge_queue(std::string queue) {
     if (keys.empty()) continue;
     request unlink("UNLINK", keys);
     unlink.options.resend_safe = true;
-    removed += (co_await redis::exec(conn_, std::move(unlink))).as_integer();
+    removed += (co_await link_->exec(std::move(unlink), prefix)).as_integer();
   } while (cursor != "0");
   co_return removed;
 }

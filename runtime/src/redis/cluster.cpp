@@ -90,6 +90,21 @@ class cluster_impl : public std::enable_shared_from_this<cluster_impl> {
     co_return co_await asio::co_spawn(self->strand_, self->run(std::move(req), slot), asio::use_awaitable);
   }
 
+  static asio::awaitable<config> primary_of(std::shared_ptr<cluster_impl> self, std::uint16_t slot) {
+    co_return co_await asio::co_spawn(self->strand_, self->find_primary(slot), asio::use_awaitable);
+  }
+
+  static asio::awaitable<void> refresh_now(std::shared_ptr<cluster_impl> self) {
+    co_await asio::co_spawn(self->strand_, self->refresh(clock::now() + self->opts_.request_timeout),
+                            asio::use_awaitable);
+  }
+
+  static asio::awaitable<std::pair<error_code, reply>> exec_at(std::shared_ptr<cluster_impl> self, node_address node,
+                                                               request req) {
+    co_return co_await asio::co_spawn(self->strand_, self->run_at(std::move(node), std::move(req)),
+                                      asio::use_awaitable);
+  }
+
   std::vector<std::string> primaries() const {
     std::lock_guard lock(mutex_);
     return primaries_;
@@ -146,6 +161,32 @@ class cluster_impl : public std::enable_shared_from_this<cluster_impl> {
       if (a.kind == cluster_route::action::done)
         co_return std::pair(r.is_error() ? error_code(errc::server_error) : error_code(), std::move(r));
     }
+  }
+
+  asio::awaitable<std::pair<error_code, reply>> run_at(node_address node, request req) {
+    if (closed_) throw system_error(errc::closed, "cluster connection");
+    if (req.options.timeout.count() <= 0) req.options.timeout = opts_.request_timeout;
+    auto address = node.text();
+    auto [ec, r] = co_await at(std::move(node)).async_exec(std::move(req), use_tuple);
+    if (ec && ec != errc::server_error) throw system_error(ec, "at " + address);
+    co_return std::pair(ec, std::move(r));
+  }
+
+  asio::awaitable<config> find_primary(std::uint16_t slot) {
+    auto deadline = clock::now() + opts_.request_timeout;
+    if (!refreshes()) co_await refresh(deadline);
+    while (!map_.owner(slot)) {
+      if (closed_) throw system_error(errc::closed, "cluster connection");
+      if (clock::now() >= deadline)
+        throw system_error(errc::timeout, fmt::format("no primary serves slot {}; {}", slot, last_refresh_error_));
+      asio::steady_timer pause(strand_, std::chrono::milliseconds(100));
+      co_await pause.async_wait(use_tuple);
+      co_await refresh(deadline);
+    }
+    auto cfg = seeds_.front();
+    cfg.host = map_.owner(slot)->host;
+    cfg.port = std::to_string(map_.owner(slot)->port);
+    co_return cfg;
   }
 
   // The connection to `node`, opened on first use with the first seed's settings.
@@ -298,6 +339,19 @@ asio::awaitable<reply> cluster_connection::exec(request req, std::vector<std::st
   auto [ec, r] = co_await try_exec(std::move(req), std::move(keys));
   if (ec) throw system_error(ec, std::string(r.error_message()));
   co_return r;
+}
+
+asio::awaitable<config> cluster_connection::primary_of(std::string key) {
+  co_return co_await detail::cluster_impl::primary_of(impl_, detail::key_slot(key));
+}
+
+asio::awaitable<void> cluster_connection::refresh() { co_await detail::cluster_impl::refresh_now(impl_); }
+
+asio::awaitable<std::pair<error_code, reply>> cluster_connection::try_exec_at(const config& node, request req) {
+  auto address = detail::parse_address(fmt::format("{}:{}", node.host, node.port));
+  if (!address)
+    throw std::invalid_argument(fmt::format("cluster node {}: a host and a port are needed", node.address()));
+  co_return co_await detail::cluster_impl::exec_at(impl_, std::move(*address), std::move(req));
 }
 
 std::vector<std::string> cluster_connection::primaries() const { return impl_->primaries(); }

@@ -68,6 +68,16 @@ class cluster_connection {
   boost::asio::awaitable<std::pair<boost::system::error_code, reply>> try_exec(request req,
                                                                                std::vector<std::string> keys = {});
 
+  /// The primary serving the slot of `key` now, as a config for a connection of one's own (a
+  /// blocking one, say): the first seed's settings at that node's address. Reads the slot map
+  /// first when there is none yet; throws as exec when no primary serves the slot in time.
+  boost::asio::awaitable<config> primary_of(std::string key);
+  /// Reads the slot map now (or waits for a read under way): after a redirect met elsewhere, by a
+  /// connection of one's own.
+  boost::asio::awaitable<void> refresh();
+  /// As try_exec, at the node `node` names (its host and port) as it is, redirects not followed.
+  boost::asio::awaitable<std::pair<boost::system::error_code, reply>> try_exec_at(const config& node, request req);
+
   /// The primaries in the slot map now, as host:port.
   std::vector<std::string> primaries() const;
   /// Connections opened so far (one per primary a request went to).

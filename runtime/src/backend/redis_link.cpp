@@ -1,0 +1,91 @@
+#include "backend/redis_link.hpp"
+
+#include <jobrt/error.hpp>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/system/system_error.hpp>
+
+namespace jobrt::detail {
+
+namespace asio = boost::asio;
+using redis::reply;
+using redis::request;
+
+redis_link::redis_link(asio::any_io_executor ex, redis::config cfg) : ex_(ex), cfg_(cfg), plain_(ex, std::move(cfg)) {
+  plain_.start();
+}
+
+redis_link::~redis_link() {
+  std::lock_guard lock(mutex_);
+  if (cluster_) cluster_->close();
+}
+
+asio::awaitable<redis::cluster_connection*> redis_link::cluster() {
+  switch (mode_.load(std::memory_order_acquire)) {
+    case plain_server: co_return nullptr;
+    case clustered: co_return cluster_.get();
+    default: break;
+  }
+  // The first callers each ask (a few INFO calls at most); the first answer decides. A server
+  // that refuses INFO (an ACL, a proxy) is taken for a plain one, as it always was.
+  request info("INFO", "cluster");
+  info.options.resend_safe = true;
+  auto [ec, r] = co_await plain_.async_exec(std::move(info), asio::as_tuple(asio::use_awaitable));
+  if (ec && ec != errc::server_error) throw boost::system::system_error(ec, "INFO cluster at " + cfg_.address());
+  bool is_cluster = !ec && r.as_string().find("cluster_enabled:1") != std::string::npos;
+  std::lock_guard lock(mutex_);
+  if (mode_.load(std::memory_order_relaxed) == unknown) {
+    if (is_cluster) {
+      std::vector<redis::config> seeds{cfg_};
+      cluster_ = std::make_unique<redis::cluster_connection>(ex_, std::move(seeds));
+      cluster_->start();
+    }
+    mode_.store(is_cluster ? clustered : plain_server, std::memory_order_release);
+  }
+  co_return cluster_.get();
+}
+
+asio::awaitable<reply> redis_link::exec(request req, const std::string& route) {
+  if (auto* c = co_await cluster()) {
+    std::vector<std::string> keys{route};
+    co_return co_await c->exec(std::move(req), std::move(keys));
+  }
+  co_return co_await redis::exec(plain_, std::move(req));
+}
+
+asio::awaitable<reply> redis_link::run(const redis::script& s, request evalsha, const std::string& route) {
+  if (auto* c = co_await cluster()) {
+    std::vector<std::string> keys{route};
+    co_return co_await s.run(*c, std::move(keys), std::move(evalsha));
+  }
+  co_return co_await s.run(plain_, std::move(evalsha));
+}
+
+asio::awaitable<redis::config> redis_link::node_of(const std::string& route) {
+  if (auto* c = co_await cluster()) co_return co_await c->primary_of(route);
+  co_return cfg_;
+}
+
+void redis_link::exec_at(const redis::config& node, request req,
+                         std::function<void(boost::system::error_code, reply)> done) {
+  if (mode_.load(std::memory_order_acquire) != clustered) {
+    plain_.async_exec(std::move(req), std::move(done));
+    return;
+  }
+  asio::co_spawn(ex_, cluster_->try_exec_at(node, std::move(req)),
+                 [done = std::move(done)](std::exception_ptr e, std::pair<boost::system::error_code, reply> r) {
+                   if (!e) return done(r.first, std::move(r.second));
+                   try {
+                     std::rethrow_exception(e);
+                   } catch (const boost::system::system_error& failed) {
+                     done(failed.code(), reply());
+                   } catch (...) {
+                     done(errc::closed, reply());
+                   }
+                 });
+}
+
+}  // namespace jobrt::detail

@@ -1,0 +1,54 @@
+// Where the Redis backend's commands go: one plain server, or the primaries of a Redis Cluster.
+// Which of the two is found out from the server (INFO cluster) at the first command; on a
+// cluster, each command goes to the primary serving its route key's slot (every key of one
+// queue shares that slot), and follows the cluster's redirects.
+#pragma once
+
+#include <jobrt/redis/cluster.hpp>
+#include <jobrt/redis/connection.hpp>
+#include <jobrt/redis/script.hpp>
+
+#include <boost/asio/awaitable.hpp>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace jobrt::detail {
+
+class redis_link {
+ public:
+  redis_link(boost::asio::any_io_executor ex, redis::config cfg);
+  ~redis_link();
+
+  /// The connection to the configured server (on a cluster, the seed node).
+  redis::connection& plain() noexcept { return plain_; }
+  const redis::config& config() const noexcept { return cfg_; }
+
+  /// Runs req (one command or a pipeline) where `route` lives; throws as redis::exec.
+  boost::asio::awaitable<redis::reply> exec(redis::request req, const std::string& route);
+  /// Runs a script's EVALSHA where `route` lives (script::run).
+  boost::asio::awaitable<redis::reply> run(const redis::script& s, redis::request evalsha, const std::string& route);
+
+  /// The cluster, or null on a plain server (found out on the first call).
+  boost::asio::awaitable<redis::cluster_connection*> cluster();
+  /// The server a connection of one's own (a blocking one) for `route` goes to: the configured
+  /// one, or the primary serving its slot now.
+  boost::asio::awaitable<redis::config> node_of(const std::string& route);
+  /// Runs req at that server as it is (no redirect followed), and hands the outcome to `done`.
+  void exec_at(const redis::config& node, redis::request req,
+               std::function<void(boost::system::error_code, redis::reply)> done);
+
+ private:
+  enum mode : int { unknown, plain_server, clustered };
+  boost::asio::any_io_executor ex_;
+  redis::config cfg_;
+  redis::connection plain_;
+  std::atomic<int> mode_{unknown};
+  std::mutex mutex_;  // guards cluster_ while it is made
+  std::unique_ptr<redis::cluster_connection> cluster_;
+};
+
+}  // namespace jobrt::detail
