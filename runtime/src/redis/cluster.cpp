@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
@@ -34,6 +35,12 @@ namespace detail {
 namespace {
 
 constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+// Awaits an operation co_spawned on the cluster's strand without handing it the caller's
+// cancellation: Asio 1.81's co_spawn forwards a cancellation from another executor by posting a
+// pointer into its handler, which may be gone by the time it runs (the operation just completed).
+// A request ends by its own timeout instead.
+auto on_strand() { return asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable); }
 
 std::chrono::milliseconds ms_until(clock::time_point t) {
   return std::max(std::chrono::ceil<std::chrono::milliseconds>(t - clock::now()), std::chrono::milliseconds(1));
@@ -87,22 +94,20 @@ class cluster_impl : public std::enable_shared_from_this<cluster_impl> {
   // An error reply comes back as (errc::server_error, the reply); other failures are thrown.
   static asio::awaitable<std::pair<error_code, reply>> exec(std::shared_ptr<cluster_impl> self, request req,
                                                             std::optional<std::uint16_t> slot) {
-    co_return co_await asio::co_spawn(self->strand_, self->run(std::move(req), slot), asio::use_awaitable);
+    co_return co_await asio::co_spawn(self->strand_, self->run(std::move(req), slot), on_strand());
   }
 
   static asio::awaitable<config> primary_of(std::shared_ptr<cluster_impl> self, std::uint16_t slot) {
-    co_return co_await asio::co_spawn(self->strand_, self->find_primary(slot), asio::use_awaitable);
+    co_return co_await asio::co_spawn(self->strand_, self->find_primary(slot), on_strand());
   }
 
   static asio::awaitable<void> refresh_now(std::shared_ptr<cluster_impl> self) {
-    co_await asio::co_spawn(self->strand_, self->refresh(clock::now() + self->opts_.request_timeout),
-                            asio::use_awaitable);
+    co_await asio::co_spawn(self->strand_, self->refresh(clock::now() + self->opts_.request_timeout), on_strand());
   }
 
   static asio::awaitable<std::pair<error_code, reply>> exec_at(std::shared_ptr<cluster_impl> self, node_address node,
                                                                request req) {
-    co_return co_await asio::co_spawn(self->strand_, self->run_at(std::move(node), std::move(req)),
-                                      asio::use_awaitable);
+    co_return co_await asio::co_spawn(self->strand_, self->run_at(std::move(node), std::move(req)), on_strand());
   }
 
   std::vector<std::string> primaries() const {
