@@ -59,7 +59,7 @@ enum class queue_must { exist, may_be_new };
 template <class Body>
 void with_store(const common& c, Body body, queue_must must = queue_must::exist) {
   asio::io_context ctx(1);
-  redis_backend store(ctx.get_executor(), redis::config::from_url(c.url));
+  redis_backend store(ctx.get_executor(), seeds_of(c.url));
   std::exception_ptr failure;
   asio::co_spawn(
       ctx,

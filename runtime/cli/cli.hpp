@@ -98,6 +98,10 @@ bool final_failure(redis::connect_failure f);
 /// naming it within about a second; one that is not ready (loading, paused) is waited for a
 /// while, saying so on stderr, then an error naming it (requests have no timeout of their own).
 boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std::string& url);
+/// The servers a --redis URL names (several for a Redis Cluster's seeds: redis://h1:p1,h2:p2).
+std::vector<redis::config> seeds_of(const std::string& url);
+/// Their addresses, for messages: host:port[,host:port...] (never a password).
+std::string address_of(const std::string& url);
 /// Runs `ctx` on `threads` threads, this one among them, until it runs out of work or is
 /// stopped. An exception that escapes a handler on any thread stops it on all (a thread of its
 /// own that it left would end the process); the first one is rethrown once every thread is back.

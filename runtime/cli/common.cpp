@@ -2,6 +2,7 @@
 #include "cli.hpp"
 
 #include <jobrt/backend.hpp>
+#include <jobrt/redis/cluster.hpp>
 #include <jobrt/redis/config.hpp>
 #include <jobrt/redis/request.hpp>
 
@@ -51,7 +52,7 @@ CLI::Validator queue_name() {
 CLI::Option* redis_option(CLI::App& cmd, std::string& url, const std::string& what, bool env) {
   auto check = [](std::string& text) -> std::string {
     try {
-      redis::config::from_url(text);
+      redis::cluster_seeds(text);
       return {};
     } catch (const std::invalid_argument& e) {
       return e.what();
@@ -93,6 +94,14 @@ bool final_failure(redis::connect_failure f) {
   return f == connect_failure::unresolved || f == connect_failure::refused || f == connect_failure::denied;
 }
 
+std::vector<redis::config> seeds_of(const std::string& url) { return redis::cluster_seeds(url); }
+
+std::string address_of(const std::string& url) {
+  std::string out;
+  for (const auto& s : seeds_of(url)) out += (out.empty() ? "" : ",") + s.address();
+  return out;
+}
+
 boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std::string& url) {
   // A first look, short: a refused port or password fails its first attempt to connect at once.
   // Only a server that is there and not ready yet is worth the longer wait.
@@ -100,7 +109,7 @@ boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std:
   auto r = co_await ping_within(conn, first_look);
   if (r.answered) co_return;
   if (final_failure(r.failure)) throw std::runtime_error(r.why);  // it names the address, without password
-  auto address = redis::config::from_url(url).address();
+  auto address = address_of(url);
   fmt::print(stderr, "jobrt: redis at {} is not ready ({}); waiting up to {} s\n", address, r.why,
              std::chrono::duration_cast<std::chrono::seconds>(whole_wait).count());
   r = co_await ping_within(conn, whole_wait - first_look);

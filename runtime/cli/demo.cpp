@@ -115,8 +115,9 @@ struct redis_state {
 
 // The same handler with its state in Redis: the read and the write of the stock are separate
 // round trips around the same yield, so only grouping keeps them from interleaving.
-handler stock_arrival_redis(redis::connection& conn, std::shared_ptr<const redis_state> keys, std::int64_t limit) {
-  return [&conn, keys, limit](job_context& ctx) -> asio::awaitable<void> {
+// (Its keys share the queue's hash tag: on a Redis Cluster they are at the queue's primary.)
+handler stock_arrival_redis(redis_backend& store, std::shared_ptr<const redis_state> keys, std::int64_t limit) {
+  return [&store, keys, limit](job_context& ctx) -> asio::awaitable<void> {
     const auto& p = ctx.payload().as_object();
     auto field = std::to_string(p.at("commodity").as_int64());
     auto qty = p.at("qty").as_int64();
@@ -125,7 +126,7 @@ handler stock_arrival_redis(redis::connection& conn, std::shared_ptr<const redis
     reads.push("INCR", keys->running(field))
         .push("SET", keys->last_seq(field), seq, "GET")
         .push("HGET", keys->stock(), field);
-    auto before = co_await redis::exec(conn, std::move(reads));
+    auto before = co_await store.exec(std::move(reads), keys->prefix);
     const auto& r = before.as_array();
     bool overlap = r.at(0).as_integer() > 1;
     bool inversion = !r.at(1).is_nil() && std::stoll(r.at(1).as_string()) > seq;
@@ -139,7 +140,7 @@ handler stock_arrival_redis(redis::connection& conn, std::shared_ptr<const redis
     if (overlap) writes.push("HINCRBY", keys->checks(), "overlaps", 1);
     if (inversion) writes.push("HINCRBY", keys->checks(), "inversions", 1);
     writes.push("DECR", keys->running(field));
-    co_await redis::exec(conn, std::move(writes));
+    co_await store.exec(std::move(writes), keys->prefix);
   };
 }
 
@@ -343,8 +344,7 @@ std::int64_t to_int(const redis::reply& r) { return r.is_nil() ? 0 : std::stoll(
 
 int run_demo_processes(const demo_options& o) {
   asio::io_context ctx(1);  // one thread: the children's parent-death signal follows this thread
-  auto cfg = redis::config::from_url(o.redis_url);
-  redis_backend store(ctx.get_executor(), cfg);
+  redis_backend store(ctx.get_executor(), seeds_of(o.redis_url));
   redis_state keys(o.queue);
   auto a = make_arrivals(o);
   producer prod(store, o.queue, make_producer_options(o));
@@ -382,8 +382,9 @@ int run_demo_processes(const demo_options& o) {
                          std::to_string(::getpid())};
         for (std::size_t p = 0; p < o.processes; ++p) children.spawn(worker_args);
         // Every worker process up before the work exists, so that all of them get some.
+        auto at = co_await store.node_of(keys.ready());
         auto up =
-            co_await (wait_ready(cfg, keys.ready(), o.processes, std::chrono::seconds(15)) || children.wait_exit());
+            co_await (wait_ready(at, keys.ready(), o.processes, std::chrono::seconds(15)) || children.wait_exit());
         auto why_not = up.index() == 0 ? std::get<0>(up) : std::get<1>(up);
         if (!why_not.empty()) throw std::runtime_error(why_not);
 
@@ -413,7 +414,7 @@ int run_demo_processes(const demo_options& o) {
 
         redis::request state;
         state.push("HGETALL", keys.stock()).push("HGETALL", keys.checks()).push("LRANGE", keys.reports(), 0, -1);
-        auto got = co_await redis::exec(conn, std::move(state));
+        auto got = co_await store.exec(std::move(state), keys.prefix);
         const auto& parts = got.as_array();
         r.stock.assign(o.commodities, 0);
         const auto& stock = parts.at(0).as_array();
@@ -539,7 +540,6 @@ int run_demo_worker(const demo_args& a) {
   auto workers = a.o.workers, concurrency = a.o.concurrency, threads = a.o.threads;
   auto limit = static_cast<std::int64_t>(a.limit);
   auto parent = static_cast<long>(a.parent);
-  auto cfg = redis::config::from_url(url);
   if (parent != 0) {
     // Ends with the demo even when the demo cannot stop it (killed with SIGKILL).
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -548,7 +548,7 @@ int run_demo_worker(const demo_args& a) {
 
   asio::io_context ctx(static_cast<int>(threads));
   asio::signal_set signals(ctx, SIGTERM, SIGINT);
-  redis_backend store(ctx.get_executor(), cfg);
+  redis_backend store(ctx.get_executor(), seeds_of(url));
   auto keys = std::make_shared<const redis_state>(queue);
   std::vector<std::unique_ptr<worker>> pool;
   for (std::size_t w = 0; w < workers; ++w) {
@@ -558,7 +558,7 @@ int run_demo_worker(const demo_args& a) {
     wo.id = fmt::format("demo-{}-{}", ::getpid(), w);
     wo.claim_wait = std::chrono::milliseconds(500);
     pool.push_back(std::make_unique<worker>(ctx.get_executor(), store, wo));
-    pool.back()->add_handler("stock_arrival", stock_arrival_redis(store.connection(), keys, limit));
+    pool.back()->add_handler("stock_arrival", stock_arrival_redis(store, keys, limit));
   }
 
   std::exception_ptr failure;
@@ -568,7 +568,7 @@ int run_demo_worker(const demo_args& a) {
         auto& conn = store.connection();
         co_await check_reachable(conn, url);
         for (auto& w : pool) w->start();
-        co_await redis::exec(conn, redis::request("RPUSH", keys->ready(), ::getpid()));
+        co_await store.exec(redis::request("RPUSH", keys->ready(), ::getpid()), keys->prefix);
         co_await signals.async_wait(asio::use_awaitable);
         co_await stop_all(pool, std::chrono::seconds(5));
         worker_counters total;
@@ -581,7 +581,7 @@ int run_demo_worker(const demo_args& a) {
         }
         auto report =
             fmt::format("{} {} {} {} {}", ::getpid(), total.started, total.completed, total.failed, total.leases_lost);
-        co_await redis::exec(conn, redis::request("RPUSH", keys->reports(), report));
+        co_await store.exec(redis::request("RPUSH", keys->reports(), report), keys->prefix);
       },
       [&](std::exception_ptr e) {
         failure = e;

@@ -58,7 +58,7 @@ constexpr std::size_t max_threads = 256;
 template <class Body>
 void with_backend(const std::string& url, std::size_t threads, Body body) {
   asio::io_context ctx(static_cast<int>(threads));
-  redis_backend store(ctx.get_executor(), redis::config::from_url(url));
+  redis_backend store(ctx.get_executor(), seeds_of(url));
   std::exception_ptr failure;
   asio::co_spawn(ctx, body(ctx, store), [&](std::exception_ptr e) {
     failure = e;
@@ -238,7 +238,7 @@ int run_worker(worker_args& a) {
     // keep a stopping worker), ends it cleanly at once.
     int early = early_signal;
     if (early == 0) {
-      log(log_level::info, "worker " + base_id, "connecting to redis at {}", redis::config::from_url(url).address());
+      log(log_level::info, "worker " + base_id, "connecting to redis at {}", address_of(url));
       // A worker may start before its server, or outlive its restart: it asks until the server
       // answers and says why each time it does not (at most once per 10 s). What waiting cannot
       // fix (a wrong password or user, a host that does not exist) ends it at once instead. An
@@ -255,8 +255,8 @@ int run_worker(worker_args& a) {
           if (r.answered) co_return std::string();
           if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none)
             co_return std::string();
-          log(log_level::warn, "worker " + base_id, "redis at {} does not answer: {}; asking again",
-              redis::config::from_url(url).address(), r.why);
+          log(log_level::warn, "worker " + base_id, "redis at {} does not answer: {}; asking again", address_of(url),
+              r.why);
           co_await next.async_wait(asio::use_awaitable);
         }
       };

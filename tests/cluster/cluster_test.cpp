@@ -456,9 +456,9 @@ TEST_CASE("cluster backend: a worker waiting for work follows its queue when the
   redis_cluster cluster;
   run(
       [&](asio::io_context& ctx) -> awaitable<void> {
-        auto cfg = cluster.config(0);
-        cfg.client_name = "mover";  // its blocking connection: mover:blocking
-        redis_backend store(ctx.get_executor(), cfg);
+        auto seeds = cluster_seeds(cluster.url());            // two seeds: a cluster without asking
+        for (auto& seed : seeds) seed.client_name = "mover";  // its blocking connection: mover:blocking
+        redis_backend store(ctx.get_executor(), seeds);
         const std::string queue = "moving";
         auto p = redis_backend::key_prefix(queue);
         worker_options o;

@@ -1,4 +1,5 @@
 // The jobrt command as an operator runs it: plugins, worker, enqueue, stats, and its errors.
+#include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 #include "support/run.hpp"
 
@@ -765,6 +766,15 @@ TEST_CASE(
   CHECK(left.starts_with("*2\r\n"));
   CHECK(left.find("jobrt:{demo}:fence") != std::string::npos);
   CHECK(left.find("jobrt:{demo}:seq") != std::string::npos);
+}
+
+TEST_CASE("jobrt demo passes its checks on a Redis Cluster given two of its nodes") {
+  auto node = shared_cluster();  // (scripts/cluster.sh's nodes are on consecutive ports)
+  auto url = fmt::format("redis://127.0.0.1:{},127.0.0.1:{}", node.port, std::stoi(node.port) + 1);
+  auto out = jobrt_cli({"demo", "--jobs", "1000", "--commodities", "20", "--redis", url, "--processes", "2"});
+  CHECK_MESSAGE(out.status == 0, out.output);
+  CHECK(out.output.find("20/20 commodities   ok") != std::string::npos);
+  CHECK(out.output.find("FAILED") == std::string::npos);
 }
 
 TEST_CASE("jobrt queue purge removes every key of a queue, and refuses while jobs run unless --force") {

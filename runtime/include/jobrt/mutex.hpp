@@ -166,6 +166,9 @@ struct redis_lock_options {
 class redis_lock_service final : public lock_service {
  public:
   redis_lock_service(boost::asio::any_io_executor ex, redis::config cfg, redis_lock_options o = {});
+  /// The same with seeds: one server, or nodes of a Redis Cluster (redis::cluster_seeds). Whether
+  /// the server is a cluster is asked of it at the first call; several seeds are a cluster's.
+  redis_lock_service(boost::asio::any_io_executor ex, std::vector<redis::config> seeds, redis_lock_options o = {});
   ~redis_lock_service() override;
 };
 

@@ -24,6 +24,10 @@ class redis_backend final : public backend {
   /// Starts a shared connection to cfg; blocking connections (one per worker that waits for
   /// work) are made on demand.
   redis_backend(boost::asio::any_io_executor ex, redis::config cfg);
+  /// The same with seeds: one server, or nodes of a Redis Cluster (redis::cluster_seeds gives them
+  /// from a URL that names several: redis://h1:p1,h2:p2). Whether the server is a cluster is asked
+  /// of it at the first command; several seeds are taken for a cluster at once.
+  redis_backend(boost::asio::any_io_executor ex, std::vector<redis::config> seeds);
   /// Destroy it on a thread that runs its executor, or once nothing runs that executor any more:
   /// the loop that receives delayed-job wake-ups holds the subscriber connection by pointer.
   ~redis_backend() override;
@@ -39,6 +43,9 @@ class redis_backend final : public backend {
   /// Runs a command (or a pipeline) where `key` lives: on the server, or on a cluster at the
   /// primary serving its slot. Throws as redis::exec. For tools and tests.
   boost::asio::awaitable<redis::reply> exec(redis::request req, std::string key);
+  /// Where a connection of one's own (a blocking one, say) for `key` goes: the server, or the
+  /// primary serving its slot now.
+  boost::asio::awaitable<redis::config> node_of(std::string key);
 
   boost::asio::awaitable<std::vector<enqueue_result>> enqueue(std::string queue,
                                                               std::vector<encoded_job> jobs) override;

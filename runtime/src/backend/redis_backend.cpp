@@ -5,9 +5,9 @@
 #include "backend/finish_parts.hpp"
 #include "backend/job_codec.hpp"
 #include "backend/lua_scripts.hpp"
-#include "backend/redis_link.hpp"
 #include "backend/wakeups.hpp"
 #include "redis/cluster_map.hpp"
+#include "redis/redis_link.hpp"
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
@@ -67,10 +67,20 @@ std::vector<claimed_job> parse_claimed(const reply& r) {
 
 }  // namespace
 
-redis_backend::redis_backend(asio::any_io_executor ex, redis::config cfg)
+namespace {
+std::vector<redis::config> one(redis::config cfg) {
+  std::vector<redis::config> seeds;
+  seeds.push_back(std::move(cfg));
+  return seeds;
+}
+}  // namespace
+
+redis_backend::redis_backend(asio::any_io_executor ex, redis::config cfg) : redis_backend(ex, one(std::move(cfg))) {}
+
+redis_backend::redis_backend(asio::any_io_executor ex, std::vector<redis::config> seeds)
     : ex_(ex),
-      cfg_(std::move(cfg)),
-      link_(std::make_unique<detail::redis_link>(ex, cfg_)),
+      cfg_(seeds.at(0)),
+      link_(std::make_unique<detail::redis_link>(ex, std::move(seeds))),
       enqueue_(lua::enqueue),
       claim_(lua::claim),
       finish_(lua::finish),
@@ -95,6 +105,8 @@ redis::connection& redis_backend::connection() noexcept { return link_->plain();
 asio::awaitable<reply> redis_backend::exec(request req, std::string key) {
   co_return co_await link_->exec(std::move(req), key);
 }
+
+asio::awaitable<redis::config> redis_backend::node_of(std::string key) { co_return co_await link_->node_of(key); }
 
 redis_backend::~redis_backend() {
   wakeups_->close();

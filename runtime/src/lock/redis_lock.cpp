@@ -1,7 +1,9 @@
-// The lock on Redis: three scripts (runtime/lua/lock_*.lua) on one shared connection, and one
-// subscriber connection that carries every lock's wake-ups to the waiters of this service.
+// The lock on Redis: three scripts (runtime/lua/lock_*.lua) on one shared connection (on a Redis
+// Cluster, at the primary serving each lock's slot), and one subscriber connection that carries
+// every lock's wake-ups to the waiters of this service.
 #include "lock/lock_core.hpp"
 #include "lock/lock_lua.hpp"
+#include "redis/redis_link.hpp"
 
 #include <jobrt/redis/connection.hpp>
 #include <jobrt/redis/script.hpp>
@@ -12,6 +14,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/deferred.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
@@ -90,18 +93,17 @@ class lock_keys {
 
 class redis_lock_core final : public lock_core {
  public:
-  redis_lock_core(asio::any_io_executor ex, redis::config cfg, redis_lock_options o)
+  redis_lock_core(asio::any_io_executor ex, std::vector<redis::config> seeds, redis_lock_options o)
       : lock_core(ex),
         opts_(std::move(o)),
         channel_(opts_.prefix + "wake"),
-        conn_(ex, cfg),
-        sub_(ex, cfg),
+        link_(ex, seeds),
+        sub_(ex, seeds.at(0)),
         acquire_(lua::lock_acquire),
         release_(lua::lock_release),
         extend_(lua::lock_extend) {}
 
   void begin() {
-    conn_.start();
     std::vector<std::string> channels{channel_};
     sub_.subscribe(std::move(channels));
     sub_.start();
@@ -110,7 +112,8 @@ class redis_lock_core final : public lock_core {
   }
 
   void on_close() override {
-    conn_.close();
+    link_.plain().close();
+    if (auto* c = link_.known_cluster()) c->close();
     sub_.close();
   }
 
@@ -142,9 +145,18 @@ class redis_lock_core final : public lock_core {
       req.options.resend_safe = true;
       return req;
     };
-    auto [ec, r] = co_await conn_.async_exec(make(), use_tuple);
+    // (No coroutine frame on a plain server: g++ 12 takes no co_await inside ?: either.)
+    boost::system::error_code ec;
+    redis::reply r;
+    if (plain_server())
+      std::tie(ec, r) = co_await link_.plain().async_exec(make(), use_tuple);
+    else
+      std::tie(ec, r) = co_await routed_call(make(), lock_key(name));
     if (needs_reload(ec, r)) {
-      std::tie(ec, r) = co_await conn_.async_exec(with_load(release_, make()), use_tuple);
+      if (plain_server())
+        std::tie(ec, r) = co_await link_.plain().async_exec(with_load(release_, make()), use_tuple);
+      else
+        std::tie(ec, r) = co_await routed_call(with_load(release_, make()), lock_key(name));
       unpack_reload(ec, r);
     }
     check(ec, r, name);
@@ -162,6 +174,8 @@ class redis_lock_core final : public lock_core {
   // call touches one lock's slot only, so it works on Redis Cluster too (a single script over
   // every lock's key would not).
   asio::awaitable<std::vector<bool>> renew(std::vector<renew_item> items, std::chrono::milliseconds limit) override {
+    if (!link_.known()) co_await link_.cluster(std::min(limit, opts_.io_timeout));
+    if (link_.known_cluster()) co_return co_await renew_each(std::move(items), limit);
     redis::request req;
     for (auto& item : items) {
       std::array<std::string, 1> keys{lock_key(item.name)};
@@ -171,7 +185,7 @@ class redis_lock_core final : public lock_core {
     req.options.timeout = std::min(limit, opts_.io_timeout);
     req.options.resend_safe = true;
     auto again = req;
-    auto [ec, r] = co_await conn_.async_exec(std::move(req), asio::as_tuple(asio::use_awaitable));
+    auto [ec, r] = co_await link_.plain().async_exec(std::move(req), asio::as_tuple(asio::use_awaitable));
     // One command's reply comes alone, a pipeline's as an array: make both an array.
     auto as_list = [n = items.size()](boost::system::error_code& code, redis::reply& rep) {
       if (n == 1 && (!code || code == errc::server_error)) {
@@ -187,13 +201,13 @@ class redis_lock_core final : public lock_core {
       redis::request load("SCRIPT", "LOAD", extend_.source());
       load.options = again.options;
       load.append(again);
-      std::tie(ec, r) = co_await conn_.async_exec(std::move(load), asio::as_tuple(asio::use_awaitable));
+      std::tie(ec, r) = co_await link_.plain().async_exec(std::move(load), asio::as_tuple(asio::use_awaitable));
       if (!ec) {
         auto& all = r.as_array();
         all.erase(all.begin());
       }
     }
-    if (ec) throw system_error(ec, ec == errc::not_connected ? conn_.last_error() : std::string());
+    if (ec) throw system_error(ec, ec == errc::not_connected ? link_.plain().last_error() : std::string());
     std::vector<bool> out;
     for (auto& e : r.as_array()) {
       if (e.is_error()) throw system_error(errc::server_error, std::string(e.error_message()));
@@ -203,6 +217,50 @@ class redis_lock_core final : public lock_core {
   }
 
  private:
+  // A script call where the lock lives: on a plain server straight on the shared connection;
+  // else (on a cluster, or before the first answer says which) through the link.
+  bool plain_server() const noexcept { return link_.known() && !link_.known_cluster(); }
+  asio::awaitable<std::tuple<boost::system::error_code, redis::reply>> routed_call(redis::request req,
+                                                                                   const std::string& route) {
+    if (!link_.known()) {
+      try {
+        co_await link_.cluster(req.options.timeout);
+      } catch (const system_error& e) {
+        co_return std::tuple(e.code(), redis::reply());
+      }
+    }
+    auto [ec, r] = co_await link_.try_exec(std::move(req), route);
+    co_return std::tuple(ec, std::move(r));
+  }
+
+  // On a cluster: each lock's renewal a call of its own (its slot's primary), all at once. (Not
+  // cancelled from outside: each ends by its timeout; see on_strand in redis/cluster.cpp.)
+  asio::awaitable<std::vector<bool>> renew_each(std::vector<renew_item> items, std::chrono::milliseconds limit) {
+    auto one_lock = [](redis_lock_core* self, renew_item item,
+                       std::chrono::milliseconds within) -> asio::awaitable<bool> {
+      std::vector<std::string> keys;
+      keys.push_back(self->lock_key(item.name));
+      std::array<std::string, 2> args{item.token, std::to_string(item.ttl.count())};
+      auto req = self->extend_.make_request(keys, args);
+      req.options.timeout = within;
+      req.options.resend_safe = true;
+      auto r = co_await self->extend_.run(*self->link_.known_cluster(), std::move(keys), std::move(req));
+      co_return r.as_integer() == 1;
+    };
+    auto within = std::min(limit, opts_.io_timeout);
+    using op = decltype(asio::co_spawn(get_executor(), one_lock(this, renew_item{}, within), asio::deferred));
+    std::vector<op> ops;
+    for (auto& item : items)
+      ops.push_back(asio::co_spawn(get_executor(), one_lock(this, item, within), asio::deferred));
+    auto [order, failures, held] =
+        co_await asio::experimental::make_parallel_group(std::move(ops))
+            .async_wait(asio::experimental::wait_for_all(),
+                        asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+    for (auto& f : failures)
+      if (f) std::rethrow_exception(f);
+    co_return std::vector<bool>(held.begin(), held.end());
+  }
+
   static std::string make_service_id() {
     std::random_device rd;
     return fmt::format("{:08x}{:08x}", rd(), rd());
@@ -245,7 +303,7 @@ class redis_lock_core final : public lock_core {
   void check(const boost::system::error_code& ec, const redis::reply& r, const std::string& name) const {
     if (!ec) return;
     std::string failure = r.is_error() ? std::string(r.error_message()) : std::string();
-    if (ec == errc::not_connected) failure = conn_.last_error();
+    if (ec == errc::not_connected) failure = link_.plain().last_error();
     throw system_error(ec, fmt::format("lock '{}'", name) + (failure.empty() ? "" : ": " + failure));
   }
 
@@ -303,9 +361,18 @@ class redis_lock_core final : public lock_core {
       req.options.resend_safe = true;  // a second run finds the lock ours and answers its fence
       return req;
     };
-    auto [ec, r] = co_await conn_.async_exec(make(), use_tuple);
+    // (No coroutine frame on a plain server: g++ 12 takes no co_await inside ?: either.)
+    boost::system::error_code ec;
+    redis::reply r;
+    if (plain_server())
+      std::tie(ec, r) = co_await link_.plain().async_exec(make(), use_tuple);
+    else
+      std::tie(ec, r) = co_await routed_call(make(), lock_key(name));
     if (needs_reload(ec, r)) {
-      std::tie(ec, r) = co_await conn_.async_exec(with_load(acquire_, make()), use_tuple);
+      if (plain_server())
+        std::tie(ec, r) = co_await link_.plain().async_exec(with_load(acquire_, make()), use_tuple);
+      else
+        std::tie(ec, r) = co_await routed_call(with_load(acquire_, make()), lock_key(name));
       unpack_reload(ec, r);
     }
     check(ec, r, name);
@@ -437,24 +504,34 @@ class redis_lock_core final : public lock_core {
   redis_lock_options opts_;
   std::string channel_;
   std::string service_id_ = make_service_id();
-  redis::connection conn_;
+  redis_link link_;
   redis::subscriber sub_;
   redis::script acquire_, release_, extend_;
   std::mutex batch_mutex_;  // open_batches_ and every batch's state and timer
   std::unordered_map<std::string, std::shared_ptr<fifo_batch>> open_batches_;  // by lock name, not sent yet
 };
 
-std::shared_ptr<lock_core> make_redis_core(asio::any_io_executor ex, redis::config cfg, redis_lock_options o) {
-  auto core = std::make_shared<redis_lock_core>(std::move(ex), std::move(cfg), std::move(o));
+std::shared_ptr<lock_core> make_redis_core(asio::any_io_executor ex, std::vector<redis::config> seeds,
+                                           redis_lock_options o) {
+  auto core = std::make_shared<redis_lock_core>(std::move(ex), std::move(seeds), std::move(o));
   core->begin();
   return core;
+}
+
+std::vector<redis::config> one(redis::config cfg) {
+  std::vector<redis::config> seeds;
+  seeds.push_back(std::move(cfg));
+  return seeds;
 }
 
 }  // namespace
 }  // namespace detail
 
 redis_lock_service::redis_lock_service(asio::any_io_executor ex, redis::config cfg, redis_lock_options o)
-    : lock_service(detail::make_redis_core(std::move(ex), std::move(cfg), std::move(o))) {}
+    : lock_service(detail::make_redis_core(std::move(ex), detail::one(std::move(cfg)), std::move(o))) {}
+
+redis_lock_service::redis_lock_service(asio::any_io_executor ex, std::vector<redis::config> seeds, redis_lock_options o)
+    : lock_service(detail::make_redis_core(std::move(ex), std::move(seeds), std::move(o))) {}
 
 redis_lock_service::~redis_lock_service() = default;
 

@@ -1,4 +1,4 @@
-#include "backend/redis_link.hpp"
+#include "redis/redis_link.hpp"
 
 #include <jobrt/error.hpp>
 
@@ -14,8 +14,14 @@ namespace asio = boost::asio;
 using redis::reply;
 using redis::request;
 
-redis_link::redis_link(asio::any_io_executor ex, redis::config cfg) : ex_(ex), cfg_(cfg), plain_(ex, std::move(cfg)) {
+redis_link::redis_link(asio::any_io_executor ex, std::vector<redis::config> seeds)
+    : ex_(ex), cfg_(seeds.at(0)), plain_(ex, seeds.at(0)) {
   plain_.start();
+  if (seeds.size() > 1) {
+    cluster_ = std::make_unique<redis::cluster_connection>(ex_, std::move(seeds));
+    cluster_->start();
+    mode_.store(clustered, std::memory_order_release);
+  }
 }
 
 redis_link::~redis_link() {
@@ -23,7 +29,7 @@ redis_link::~redis_link() {
   if (cluster_) cluster_->close();
 }
 
-asio::awaitable<redis::cluster_connection*> redis_link::cluster() {
+asio::awaitable<redis::cluster_connection*> redis_link::cluster(std::chrono::milliseconds timeout) {
   switch (mode_.load(std::memory_order_acquire)) {
     case plain_server: co_return nullptr;
     case clustered: co_return cluster_.get();
@@ -33,6 +39,7 @@ asio::awaitable<redis::cluster_connection*> redis_link::cluster() {
   // that refuses INFO (an ACL, a proxy) is taken for a plain one, as it always was.
   request info("INFO", "cluster");
   info.options.resend_safe = true;
+  info.options.timeout = timeout;
   auto [ec, r] = co_await plain_.async_exec(std::move(info), asio::as_tuple(asio::use_awaitable));
   if (ec && ec != errc::server_error) throw boost::system::system_error(ec, "INFO cluster at " + cfg_.address());
   bool is_cluster = !ec && r.as_string().find("cluster_enabled:1") != std::string::npos;
@@ -62,6 +69,20 @@ asio::awaitable<reply> redis_link::run(const redis::script& s, request evalsha, 
     co_return co_await s.run(*c, std::move(keys), std::move(evalsha));
   }
   co_return co_await s.run(plain_, std::move(evalsha));
+}
+
+asio::awaitable<std::pair<boost::system::error_code, reply>> redis_link::try_exec(request req,
+                                                                                  const std::string& route) {
+  try {
+    if (auto* c = co_await cluster(req.options.timeout)) {
+      std::vector<std::string> keys{route};
+      co_return co_await c->try_exec(std::move(req), std::move(keys));
+    }
+  } catch (const boost::system::system_error& e) {
+    co_return std::pair(e.code(), reply());
+  }
+  auto [ec, r] = co_await plain_.async_exec(std::move(req), asio::as_tuple(asio::use_awaitable));
+  co_return std::pair(ec, std::move(r));
 }
 
 asio::awaitable<redis::config> redis_link::node_of(const std::string& route) {
