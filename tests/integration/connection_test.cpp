@@ -445,7 +445,8 @@ TEST_CASE("a subscriber whose messages nobody receives keeps a bounded queue - a
 
 TEST_CASE("connections over TCP keep alive - so a blocking command finds out about a server that vanished") {
   run([](asio::io_context& ctx) -> awaitable<void> {
-    blocking_connection conn(ctx.get_executor(), shared_redis());
+    auto server = shared_redis();
+    blocking_connection conn(ctx.get_executor(), server);
     conn.start();
     // The server sees the connection from addr=<ip>:<port>; that port is ours.
     std::string info = (co_await exec(conn, request("CLIENT", "INFO"))).as_string();
@@ -465,7 +466,12 @@ TEST_CASE("connections over TCP keep alive - so a blocking command finds out abo
       std::istringstream fields(line);
       std::string sl, local, remote, state, queues, timer;
       fields >> sl >> local >> remote >> state >> queues >> timer;
+      // Ours: that local port, to the server's port, established (01). The same local port may
+      // be in use towards another server too, or linger in TIME_WAIT from an earlier connection.
       if (local.size() < 5 || local.substr(local.size() - 4) != fmt::format("{:04X}", port)) continue;
+      if (remote.size() < 5 || remote.substr(remote.size() - 4) != fmt::format("{:04X}", std::stoi(server.port)))
+        continue;
+      if (state != "01") continue;
       found = true;
       CHECK(timer.substr(0, 3) == "02:");
       long when = std::stol(timer.substr(3), nullptr, 16);
