@@ -115,31 +115,34 @@ struct redis_state {
 
 // The same handler with its state in Redis: the read and the write of the stock are separate
 // round trips around the same yield, so only grouping keeps them from interleaving.
-// (Its keys share the queue's hash tag: on a Redis Cluster they are at the queue's primary.)
+// (Its keys share the queue's hash tag: on a Redis Cluster they are at the queue's primary. Each
+// round trip is a transaction: while that slot migrates, one met by ASK runs nothing and is sent
+// again whole once the slot has moved.)
 handler stock_arrival_redis(redis_backend& store, std::shared_ptr<const redis_state> keys, std::int64_t limit) {
   return [&store, keys, limit](job_context& ctx) -> asio::awaitable<void> {
     const auto& p = ctx.payload().as_object();
     auto field = std::to_string(p.at("commodity").as_int64());
     auto qty = p.at("qty").as_int64();
     auto seq = p.at("seq").as_int64();
-    redis::request reads;
+    redis::request reads("MULTI");
     reads.push("INCR", keys->running(field))
         .push("SET", keys->last_seq(field), seq, "GET")
-        .push("HGET", keys->stock(), field);
+        .push("HGET", keys->stock(), field)
+        .push("EXEC");
     auto before = co_await store.exec(std::move(reads), keys->prefix);
-    const auto& r = before.as_array();
+    const auto& r = before.as_array().back().as_array();
     bool overlap = r.at(0).as_integer() > 1;
     bool inversion = !r.at(1).is_nil() && std::stoll(r.at(1).as_string()) > seq;
     std::int64_t stock = r.at(2).is_nil() ? 0 : std::stoll(r.at(2).as_string());
     co_await yield_for(std::chrono::microseconds(50 + seq % 200));  // the read-modify-write window
-    redis::request writes;
+    redis::request writes("MULTI");
     if (stock + qty > limit)
       writes.push("HINCRBY", keys->checks(), "refused", 1);
     else
       writes.push("HSET", keys->stock(), field, stock + qty);
     if (overlap) writes.push("HINCRBY", keys->checks(), "overlaps", 1);
     if (inversion) writes.push("HINCRBY", keys->checks(), "inversions", 1);
-    writes.push("DECR", keys->running(field));
+    writes.push("DECR", keys->running(field)).push("EXEC");
     co_await store.exec(std::move(writes), keys->prefix);
   };
 }

@@ -15,6 +15,8 @@
 -- there, PUBLISH <prefix>delayed wakes the workers' promoters.
 local ready, seq, ids, stats, delayed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = string.sub(ready, 1, -6)
+-- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
+if type(redis.pcall('EXISTS', prefix .. 'probe')) == 'table' then return redis.error_reply('TRYAGAIN slot migrating') end
 local n = tonumber(ARGV[1])
 if not n or n < 0 or n % 1 ~= 0 then
   return redis.error_reply("JOBRT:20 job count '" .. ARGV[1] .. "' is not a whole number")

@@ -45,6 +45,8 @@ local ready, active, fence_key, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ids, dead, dead_info, answers = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local delayed, paused, parked, jumps = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local prefix = string.sub(ready, 1, -6)
+-- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
+if type(redis.pcall('EXISTS', prefix .. 'probe')) == 'table' then return redis.error_reply('TRYAGAIN slot migrating') end
 local ttl, n, call = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 
 if ARGV[4] ~= '' then

@@ -11,6 +11,8 @@
 -- job has taken meanwhile, is left where it is).
 local ready, dead, dead_info, ids, paused, parked = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local prefix = string.sub(ready, 1, -6)
+-- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
+if type(redis.pcall('EXISTS', prefix .. 'probe')) == 'table' then return redis.error_reply('TRYAGAIN slot migrating') end
 local at_head = ARGV[1] == 'head'
 
 -- A record joins its group at the tail; a group that had no jobs gets its lane (or is parked).

@@ -3,7 +3,9 @@
 // sends become a map that sends every key to its primary, and one request's route follows the
 // MOVED, ASK and TRYAGAIN replies a slot migration makes. The client (cluster_connection):
 // requests reach their keys' primaries, through a migration and after it, and through a failover.
-// The Redis backend on a cluster: a worker waiting for work follows its queue to a new primary.
+// The Redis backend on a cluster: a worker waiting for work follows its queue to a new primary,
+// and the demo's checks hold while its queue's slot moves by hand and a third of the slots are
+// resharded.
 #include "redis/cluster_map.hpp"
 
 #include <jobrt/producer.hpp>
@@ -19,16 +21,23 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace asio = boost::asio;
@@ -131,16 +140,14 @@ void move_slot(const redis_cluster& c, std::uint16_t slot, const node_address& f
   auto from_id = id_of(c, from.port), to_id = id_of(c, to.port);
   set_slot(c, to, slot, "IMPORTING", from_id);
   set_slot(c, from, slot, "MIGRATING", to_id);
-  for (;;) {
+  for (;;) {  // a hundred keys a MIGRATE, as redis-cli --cluster reshard moves them
     std::vector<std::string> list{"CLUSTER", "GETKEYSINSLOT", std::to_string(slot), "100"};
     std::istringstream keys(c.cli(from.port - c.first(), list));
-    int moved = 0;
+    std::vector<std::string> migrate{"MIGRATE", "127.0.0.1", std::to_string(to.port), "", "0", "5000", "KEYS"};
     for (std::string key; std::getline(keys, key);)
-      if (!key.empty()) {
-        migrate_key(c, from, to, key);
-        ++moved;
-      }
-    if (moved == 0) break;
+      if (!key.empty()) migrate.push_back(key);
+    if (migrate.size() == 7) break;
+    c.cli(from.port - c.first(), migrate);
   }
   for (const auto& node : primaries) set_slot(c, node, slot, "NODE", to_id);
 }
@@ -506,4 +513,158 @@ TEST_CASE("cluster backend: a worker waiting for work follows its queue when the
         CHECK(w.counters().completed == 2);
       },
       90s);
+}
+
+// A job of group g, with the producer's id `id`.
+job_spec of_group(const std::string& group, const std::string& id, int i) {
+  auto s = numbered(i);
+  s.group = group;
+  s.id = id;
+  return s;
+}
+
+TEST_CASE("cluster backend: while the queue's slot migrates its scripts wait, and write nothing on either side") {
+  redis_cluster cluster;
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        redis_backend store(ctx.get_executor(), cluster_seeds(cluster.url()));
+        const std::string queue = "halfway";
+        auto p = redis_backend::key_prefix(queue);
+        producer before(store, queue);
+        co_await before.enqueue(of_group("a", "a-1", 1));
+        co_await before.enqueue(of_group("b", "b-1", 2));
+        auto later = of_group("later", "later-1", 9);
+        later.delay = std::chrono::hours(1);  // (so the key of delayed jobs is there too)
+        co_await before.enqueue(later);
+        slot_map map(parse_cluster_shards(co_await store.exec(request("CLUSTER", "SHARDS"), p)));
+        auto slot = key_slot(p);
+        auto from = *map.owner(slot);
+        auto primaries = map.primaries();
+        auto to = from == primaries[0] ? primaries[1] : primaries[0];
+        auto from_id = id_of(cluster, from.port), to_id = id_of(cluster, to.port);
+        set_slot(cluster, to, slot, "IMPORTING", from_id);
+        set_slot(cluster, from, slot, "MIGRATING", to_id);
+        // Group b's list has moved; everything else is still at the old primary, where an
+        // enqueue to b (its keys named all there) would fail halfway: its id taken, its job not
+        // stored.
+        migrate_key(cluster, from, to, p + "g:b");
+        int stored = 0;
+        auto enqueue = [&](job_spec s) -> awaitable<void> {
+          try {
+            producer during(store, queue);
+            auto r = co_await during.enqueue(std::move(s));
+            CHECK_FALSE(r.duplicate);
+            ++stored;
+          } catch (const std::exception& e) {
+            FAIL_CHECK("an enqueue failed: " << std::string(e.what()));
+          }
+        };
+        asio::co_spawn(ctx, enqueue(of_group("a", "a-2", 3)), asio::detached);
+        asio::co_spawn(ctx, enqueue(of_group("b", "b-2", 4)), asio::detached);
+        asio::steady_timer pause(ctx, 300ms);
+        co_await pause.async_wait(asio::use_awaitable);
+        CHECK(stored == 0);  // they wait
+        // Then the keys an enqueue names: it is sent on to the new primary (ASK), where group
+        // a's list is not yet. Followed, it would start a second list there, behind which a-2
+        // would run first, and which the list's own move would then fail on (BUSYKEY).
+        for (const char* key : {"ready", "seq", "ids", "stats", "delayed"}) migrate_key(cluster, from, to, p + key);
+        pause.expires_after(300ms);
+        co_await pause.async_wait(asio::use_awaitable);
+        CHECK(stored == 0);
+        std::vector<std::string> list{"CLUSTER", "GETKEYSINSLOT", std::to_string(slot), "1000"};
+        std::istringstream rest(cluster.cli(from.port - cluster.first(), list));
+        for (std::string key; std::getline(rest, key);)
+          if (!key.empty()) migrate_key(cluster, from, to, key);  // (a MIGRATE onto a key there fails: BUSYKEY)
+        for (const auto& node : primaries) set_slot(cluster, node, slot, "NODE", to_id);
+        CHECK(co_await eventually([&] { return stored == 2; }, 10s));
+        std::vector<std::string> count{"CLUSTER", "COUNTKEYSINSLOT", std::to_string(slot)};
+        CHECK(std::atoi(cluster.cli(from.port - cluster.first(), count).c_str()) == 0);
+        // Every job once, each group in order, and the queue whole.
+        worker_options o;
+        o.queue = queue;
+        worker w(ctx.get_executor(), store, o);
+        std::vector<int> done;
+        w.add_handler("t", [&](job_context& job) -> awaitable<void> {
+          done.push_back(static_cast<int>(job.payload().as_object().at("i").as_int64()));
+          co_return;
+        });
+        w.start();
+        CHECK(co_await eventually([&] { return done.size() == 4; }, 10s));
+        co_await w.stop(1s);
+        auto at = [&](int i) { return std::find(done.begin(), done.end(), i) - done.begin(); };
+        CHECK(at(1) < at(3));  // each group in order
+        CHECK(at(2) < at(4));
+        std::sort(done.begin(), done.end());
+        CHECK(done == std::vector<int>{1, 2, 3, 4});
+        auto report = co_await store.check(queue, false);
+        CHECK(report.problems.empty());
+        CHECK(report.jobs == 1);  // the delayed one
+      },
+      60s);
+}
+
+TEST_CASE("cluster backend: the demo's checks hold while its queue's slot moves by hand and a reshard moves a third") {
+  redis_cluster cluster;
+  auto out = fmt::format("/tmp/jobrt-cluster-demo-{}.out", ::getpid());
+  // Three worker processes of one worker of concurrency 4: a run of some seconds.
+  auto command = fmt::format(
+      "timeout 100 {} demo --redis {} --jobs 20000 --commodities 1000 --processes 3 --workers 1 --concurrency 4 "
+      ">{} 2>&1",
+      JOBRT_BIN, cluster.url(), out);
+  std::atomic<bool> demo_done{false};
+  int status = -1;
+  std::thread demo([&] {
+    status = std::system(command.c_str());
+    demo_done = true;
+  });
+  struct joined {  // (the run ends by itself: `timeout 100`)
+    std::thread& t;
+    ~joined() {
+      if (t.joinable()) t.join();
+    }
+  } join_demo{demo};
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        cluster_connection c(ctx.get_executor(), cluster_seeds(cluster.url()));
+        c.start();
+        auto p = redis_backend::key_prefix("demo");
+        auto slot = key_slot(p);
+        std::vector<std::string> keys(1, p);
+        // The run's jobs are in: its group lists are there (one key per commodity with jobs).
+        auto queued = [&]() -> awaitable<bool> {
+          co_return (co_await c.exec(request("CLUSTER", "COUNTKEYSINSLOT", slot), keys)).as_integer() > 500;
+        };
+        if (!co_await eventually(queued, 60s)) {
+          FAIL_CHECK("the demo's jobs never reached its queue");
+          co_return;
+        }
+        slot_map map(parse_cluster_shards(co_await c.exec(request("CLUSTER", "SHARDS"))));
+        auto from = *map.owner(slot);
+        auto primaries = map.primaries();
+        auto to = from == primaries[0] ? primaries[1] : primaries[0];
+        auto began = steady::now();
+        move_slot(cluster, slot, from, to, primaries);  // ASK and TRYAGAIN while its keys move
+        auto moved_in = steady::now() - began;
+        CHECK_MESSAGE(!demo_done, "the run ended before its queue's slot had moved: nothing was tested");
+        MESSAGE("the queue's slot moved in " << std::chrono::duration_cast<std::chrono::milliseconds>(moved_in).count()
+                                             << " ms");
+        // And a third of the slots from the queue's new primary to the third one, by redis-cli.
+        auto third = primaries[0] != from && primaries[0] != to   ? primaries[0]
+                     : primaries[1] != from && primaries[1] != to ? primaries[1]
+                                                                  : primaries[2];
+        auto reshard = fmt::format(
+            "redis-cli --cluster reshard 127.0.0.1:{} --cluster-from {} --cluster-to {} --cluster-slots 5461 "
+            "--cluster-yes >/dev/null 2>&1",
+            to.port, id_of(cluster, to.port), id_of(cluster, third.port));
+        CHECK(std::system(reshard.c_str()) == 0);
+        CHECK(co_await eventually([&] { return demo_done.load(); }, 100s));
+      },
+      120s);
+  demo.join();
+  std::ifstream in(out);
+  std::string output(std::istreambuf_iterator<char>(in), {});
+  std::remove(out.c_str());
+  CHECK_MESSAGE(status == 0, output);
+  CHECK(output.find("1000/1000 commodities   ok") != std::string::npos);
+  CHECK(output.find("FAILED") == std::string::npos);
 }

@@ -208,6 +208,29 @@ TEST_CASE("cluster: a request goes to its slot's primary, follows MOVED and ASK,
         cluster_route::action::done);
 }
 
+TEST_CASE("cluster: a script or a pipeline met by ASK waits for the migration's end at the slot's owner") {
+  auto map = three();
+  auto now = steady::now();
+  auto slot = key_slot("foo");  // 12182: at 7002
+  cluster_route route(map, slot, at("127.0.0.1", 7000), now + 1s, false);
+  auto a = route.next(now);
+  CHECK(a.node == at("127.0.0.1", 7002));
+  a = route.on_reply(err("ASK 12182 127.0.0.1:7000"), now);
+  CHECK(a.kind == cluster_route::action::wait);
+  CHECK(a.delay == 10ms);
+  CHECK_FALSE(a.refresh);
+  a = route.next(now + 10ms);  // the owner again, without ASKING
+  CHECK(a.kind == cluster_route::action::send);
+  CHECK(a.node == at("127.0.0.1", 7002));
+  CHECK_FALSE(a.asking);
+  // The migration has ended: the new owner's MOVED is followed as ever.
+  a = route.on_reply(err("MOVED 12182 127.0.0.1:7000"), now + 10ms);
+  CHECK(a.kind == cluster_route::action::send);
+  CHECK(a.node == at("127.0.0.1", 7000));
+  CHECK_FALSE(a.asking);
+  CHECK(route.on_reply(str("bar"), now + 10ms).kind == cluster_route::action::done);
+}
+
 TEST_CASE("cluster: a route ends by its deadline, and after too many redirects") {
   auto map = three();
   auto now = steady::now();

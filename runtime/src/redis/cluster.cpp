@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <charconv>
 #include <map>
 #include <mutex>
@@ -53,6 +54,19 @@ const reply& deciding(const reply& r, bool pipeline) {
   for (const auto& element : r.as_array())
     if (element.is_error() && classify(element.error_message()).kind != cluster_error::other) return element;
   return r;
+}
+
+// Whether the request may follow an ASK (see cluster_route): one command, not a script's call.
+bool follows_ask(const request& req) {
+  if (req.size() != 1) return false;
+  // The payload starts "*<argc>\r\n$<length>\r\n<command>\r\n".
+  const std::string& p = req.payload();
+  auto length_at = p.find("\r\n$");
+  auto name_at = p.find("\r\n", length_at + 3);
+  if (length_at == std::string::npos || name_at == std::string::npos) return false;
+  std::string name = p.substr(name_at + 2, 8);
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::toupper(c); });
+  return !name.starts_with("EVAL") && !name.starts_with("FCALL");
 }
 
 }  // namespace
@@ -122,7 +136,7 @@ class cluster_impl : public std::enable_shared_from_this<cluster_impl> {
     auto limit = req.options.timeout.count() > 0 ? req.options.timeout : opts_.request_timeout;
     auto deadline = clock::now() + limit;
     if (!refreshes()) co_await refresh(deadline);
-    cluster_route route(map_, slot, any_node(), deadline);
+    cluster_route route(map_, slot, any_node(), deadline, follows_ask(req));
     auto a = route.next(clock::now());
     for (;;) {
       if (closed_) throw system_error(errc::closed, "cluster connection");
@@ -154,13 +168,9 @@ class cluster_impl : public std::enable_shared_from_this<cluster_impl> {
         continue;
       }
       if (ec && ec != errc::server_error) throw system_error(ec, fmt::format("at {}", a.node.text()));
-      if (a.asking && r.kind() == reply_kind::array && !r.as_array().empty()) {
-        auto& replies = r.as_array();  // ASKING's own reply first
-        if (req.size() == 1) {
-          r = replies[1];
-        } else {
-          replies.erase(replies.begin());
-        }
+      if (a.asking && r.kind() == reply_kind::array && r.as_array().size() == 2) {
+        reply answer = std::move(r.as_array()[1]);  // (ASKING's own reply first; one command follows ASK)
+        r = std::move(answer);
       }
       a = route.on_reply(deciding(r, req.size() > 1), clock::now());
       if (a.kind == cluster_route::action::done)

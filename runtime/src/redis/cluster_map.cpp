@@ -249,8 +249,8 @@ cluster_error classify(std::string_view message) {
 }
 
 cluster_route::cluster_route(slot_map& map, std::optional<std::uint16_t> slot, node_address any,
-                             std::chrono::steady_clock::time_point deadline)
-    : map_(map), slot_(slot), any_(std::move(any)), deadline_(deadline) {}
+                             std::chrono::steady_clock::time_point deadline, bool follow_ask)
+    : map_(map), slot_(slot), any_(std::move(any)), deadline_(deadline), follow_ask_(follow_ask) {}
 
 cluster_route::action cluster_route::next(std::chrono::steady_clock::time_point now) {
   action a;
@@ -286,8 +286,10 @@ cluster_route::action cluster_route::on_reply(const reply& r, std::chrono::stead
   auto e = classify(r.error_message());
   switch (e.kind) {
     case cluster_error::other: a.kind = action::done; return a;
-    case cluster_error::moved:
     case cluster_error::ask:
+      if (!follow_ask_) return retry_later(r.error_message(), now);
+      [[fallthrough]];
+    case cluster_error::moved:
       if (++redirects_ > max_redirects) {
         a.kind = action::fail;
         a.error = fmt::format("redirected more than {} times (last: {})", max_redirects, r.error_message());

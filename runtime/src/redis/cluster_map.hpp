@@ -134,9 +134,14 @@ class cluster_route {
   static constexpr int max_redirects = 16;
 
   // `slot`: the request's (nullopt: no keys, any primary). `any` is the node for a request
-  // without keys. The deadline bounds the waits.
+  // without keys. The deadline bounds the waits. `follow_ask`: an ASK is followed (ASKING and
+  // the request at the node named); else the request waits and goes again to the slot's owner,
+  // as after TRYAGAIN, until the migration has ended. Only one command whose keys are all its
+  // arguments may follow an ASK: at the importing node a missing key reads as empty, while it
+  // may still be at the migrating one (a script's undeclared keys), and one ASKING covers only
+  // the first command of a pipeline.
   cluster_route(slot_map& map, std::optional<std::uint16_t> slot, node_address any,
-                std::chrono::steady_clock::time_point deadline);
+                std::chrono::steady_clock::time_point deadline, bool follow_ask = true);
 
   // Where to send it first, or again after a wait.
   action next(std::chrono::steady_clock::time_point now);
@@ -153,6 +158,7 @@ class cluster_route {
   node_address any_;
   std::chrono::steady_clock::time_point deadline_;
   std::optional<node_address> ask_to_;  // the next send goes there with ASKING
+  bool follow_ask_;
   int redirects_ = 0;
   std::chrono::milliseconds backoff_{10};
 };

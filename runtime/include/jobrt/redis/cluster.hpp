@@ -35,10 +35,14 @@ struct cluster_options {
 
 /// Connections to one Redis Cluster. The slot map comes from CLUSTER SHARDS (CLUSTER SLOTS on a
 /// server without it), read from a seed, later from any primary known. A request goes to the
-/// primary of its keys' slot; MOVED updates the map and sends it there, ASK sends it once to the
-/// node named (behind ASKING), and TRYAGAIN, CLUSTERDOWN, LOADING and a primary that cannot be
-/// reached make it wait (10 ms, doubling up to 500 ms) and go again, within its timeout.
-/// Thread-safe.
+/// primary of its keys' slot; MOVED updates the map and sends it there, ASK sends one command
+/// once to the node named (behind ASKING), and TRYAGAIN, CLUSTERDOWN, LOADING and a primary that
+/// cannot be reached make it wait (10 ms, doubling up to 500 ms) and go again, within its
+/// timeout. A script's call (EVAL, EVALSHA, FCALL) or a pipeline met by ASK waits too, until the
+/// migration has ended: at the importing node a key not there yet reads as missing, which only
+/// the keys a command names are checked for (a script may touch others), and a pipeline that
+/// met a redirect is sent again whole. So on a cluster, give writes to several keys as one
+/// script, not as a pipeline. Thread-safe.
 class cluster_connection {
  public:
   /// `seeds`: nodes to learn the topology from, tried in turn. The first one's user, password,
