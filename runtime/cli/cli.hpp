@@ -92,6 +92,11 @@ struct ping_result {
   std::string why;
 };
 boost::asio::awaitable<ping_result> ping_within(redis::connection& conn, std::chrono::milliseconds limit);
+/// The same for a --redis URL that may name several seeds: `conn` is the first one's; when it
+/// does not answer, each other seed is asked over a connection of its own. Answered when one
+/// answers; the failure is final only when every seed's is.
+boost::asio::awaitable<ping_result> ping_seeds(redis::connection& conn, const std::string& url,
+                                               std::chrono::milliseconds limit);
 /// Whether a failure to connect is final: waiting for the server would not change it.
 bool final_failure(redis::connect_failure f);
 /// A PING before a command's work. A server that cannot be reached (final_failure) is an error

@@ -89,6 +89,24 @@ boost::asio::awaitable<ping_result> ping_within(redis::connection& conn, std::ch
   co_return r;
 }
 
+boost::asio::awaitable<ping_result> ping_seeds(redis::connection& conn, const std::string& url,
+                                               std::chrono::milliseconds limit) {
+  auto r = co_await ping_within(conn, limit);
+  auto seeds = seeds_of(url);
+  bool all_final = final_failure(r.failure);
+  for (std::size_t i = 1; i < seeds.size() && !r.answered; ++i) {
+    redis::connection other(conn.get_executor(), seeds[i]);
+    other.start();
+    auto o = co_await ping_within(other, limit);
+    other.close();
+    if (o.answered) co_return o;
+    all_final = all_final && final_failure(o.failure);
+    r.why += "; " + o.why;
+  }
+  if (!all_final) r.failure = redis::connect_failure::none;  // (one of them may come up yet)
+  co_return r;
+}
+
 bool final_failure(redis::connect_failure f) {
   using redis::connect_failure;
   return f == connect_failure::unresolved || f == connect_failure::refused || f == connect_failure::denied;
@@ -106,13 +124,13 @@ boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std:
   // A first look, short: a refused port or password fails its first attempt to connect at once.
   // Only a server that is there and not ready yet is worth the longer wait.
   constexpr std::chrono::milliseconds first_look{1000}, whole_wait{10000};
-  auto r = co_await ping_within(conn, first_look);
+  auto r = co_await ping_seeds(conn, url, first_look);
   if (r.answered) co_return;
   if (final_failure(r.failure)) throw std::runtime_error(r.why);  // it names the address, without password
   auto address = address_of(url);
   fmt::print(stderr, "jobrt: redis at {} is not ready ({}); waiting up to {} s\n", address, r.why,
              std::chrono::duration_cast<std::chrono::seconds>(whole_wait).count());
-  r = co_await ping_within(conn, whole_wait - first_look);
+  r = co_await ping_seeds(conn, url, whole_wait - first_look);
   if (!r.answered) throw std::runtime_error(fmt::format("redis at {} does not answer: {}", address, r.why));
 }
 

@@ -247,11 +247,11 @@ int run_worker(worker_args& a) {
         asio::steady_timer next(ctx);
         for (;;) {
           next.expires_after(std::chrono::seconds(10));
-          auto r = co_await ping_within(store.connection(), std::chrono::seconds(1));
+          auto r = co_await ping_seeds(store.connection(), url, std::chrono::seconds(1));
           using redis::connect_failure;
           if (!r.answered && (r.failure == connect_failure::denied || r.failure == connect_failure::unresolved))
             co_return r.why;
-          if (!r.answered) r = co_await ping_within(store.connection(), std::chrono::seconds(9));
+          if (!r.answered) r = co_await ping_seeds(store.connection(), url, std::chrono::seconds(9));
           if (r.answered) co_return std::string();
           if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none)
             co_return std::string();

@@ -777,6 +777,18 @@ TEST_CASE("jobrt demo passes its checks on a Redis Cluster given two of its node
   CHECK(out.output.find("FAILED") == std::string::npos);
 }
 
+TEST_CASE("jobrt given a cluster's nodes goes on when the first one does not answer, and names each when none does") {
+  auto node = shared_cluster();
+  auto url = fmt::format("redis://127.0.0.1:1,127.0.0.1:{}", node.port);  // (nothing listens on port 1)
+  auto out = jobrt_cli({"demo", "--jobs", "200", "--commodities", "5", "--redis", url, "--processes", "1"});
+  CHECK_MESSAGE(out.status == 0, out.output);
+  CHECK(out.output.find("5/5 commodities   ok") != std::string::npos);
+  auto down = jobrt_cli({"stats", "--redis", "redis://127.0.0.1:1,127.0.0.1:2", "--queue", "q"});
+  CHECK(down.status == 1);
+  CHECK_MESSAGE(down.output.find("127.0.0.1:1") != std::string::npos, down.output);
+  CHECK_MESSAGE(down.output.find("127.0.0.1:2") != std::string::npos, down.output);
+}
+
 TEST_CASE("jobrt queue purge removes every key of a queue, and refuses while jobs run unless --force") {
   auto cfg = shared_redis();
   auto url = url_of(cfg);
