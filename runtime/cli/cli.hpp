@@ -103,6 +103,8 @@ bool final_failure(redis::connect_failure f);
 /// naming it within about a second; one that is not ready (loading, paused) is waited for a
 /// while, saying so on stderr, then an error naming it (requests have no timeout of their own).
 boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std::string& url);
+/// --durability primary|replicated (redis_backend_options::durability).
+CLI::Option* durability_option(CLI::App& cmd, std::string& durability);
 /// The servers a --redis URL names (several for a Redis Cluster's seeds: redis://h1:p1,h2:p2).
 std::vector<redis::config> seeds_of(const std::string& url);
 /// Their addresses, for messages: host:port[,host:port...] (never a password).

@@ -62,6 +62,15 @@ CLI::Option* redis_option(CLI::App& cmd, std::string& url, const std::string& wh
   return env ? option->envname("REDIS_URL") : option;
 }
 
+CLI::Option* durability_option(CLI::App& cmd, std::string& durability) {
+  return cmd
+      .add_option("--durability", durability,
+                  "when an enqueue and a finish return: once the primary has them (primary, the\n"
+                  "default), or a replica too (replicated: WAIT 1, at most 1 s, else an error)")
+      ->check(CLI::IsMember({"primary", "replicated"}))
+      ->option_text("primary|replicated");
+}
+
 std::istream& open_input(const std::string& path, std::ifstream& file, std::string_view command) {
   if (path == "-") return std::cin;
   std::error_code ec;

@@ -56,9 +56,11 @@ constexpr std::size_t max_threads = 256;
 
 // Runs `body` on a fresh io_context with a Redis backend; rethrows what it throws.
 template <class Body>
-void with_backend(const std::string& url, std::size_t threads, Body body) {
+void with_backend(const std::string& url, durability d, std::size_t threads, Body body) {
   asio::io_context ctx(static_cast<int>(threads));
-  redis_backend store(ctx.get_executor(), seeds_of(url));
+  redis_backend_options o;
+  o.durability = d;
+  redis_backend store(ctx.get_executor(), seeds_of(url), o);
   std::exception_ptr failure;
   asio::co_spawn(ctx, body(ctx, store), [&](std::exception_ptr e) {
     failure = e;
@@ -75,8 +77,10 @@ struct worker_args {
   std::size_t concurrency = 10, threads = 1, burst = 4, lease_ttl_ms = 5000, grace_ms = 10000;
   std::size_t unhandled_delay_ms = 1000, unhandled_limit_ms = 900'000;
   std::string id;
+  std::string durability = "primary";
   bool log_json = false;
   CLI::Option* url_option = nullptr;
+  CLI::Option* durability_option = nullptr;
   std::vector<CLI::Option*> queue_options;  // options that only queues from the command line take
 };
 
@@ -100,6 +104,7 @@ void add_worker(CLI::App& jobrt, action& chosen) {
     return o;
   };
   a->url_option = redis_option(*cmd, a->url, "the server (default: redis://127.0.0.1:6379)");
+  a->durability_option = env(durability_option(*cmd, a->durability));
   env(cmd->add_option("-p,--plugin", a->plugins, "a plugin's .so; give it again for another")
           ->option_text("PATH")
           ->allow_extra_args(false));
@@ -167,6 +172,7 @@ int run_worker(worker_args& a) {
   std::signal(SIGTERM, remember_signal);
   std::signal(SIGINT, remember_signal);
   auto url = a.url;
+  auto durability = durability_of(a.durability);
   auto plugins = a.plugins;
   worker_options wo;
   wo.concurrency = a.concurrency;
@@ -190,6 +196,7 @@ int run_worker(worker_args& a) {
             fmt::format("worker: with --config, the queues' options come from the file, not {}", o->get_name()));
     auto cfg = settings::from_file(a.config_file);  // std::invalid_argument names the field: exit 1
     if (cfg.redis_url && !given_on_command_line(a.url_option)) url = *cfg.redis_url;  // the file over $REDIS_URL
+    if (cfg.durability && !given_on_command_line(a.durability_option)) durability = *cfg.durability;
     plugins.insert(plugins.begin(), cfg.plugins.begin(), cfg.plugins.end());
     type_backoffs = cfg.type_backoffs;
     for (auto& q : cfg.queues) queues.push_back(q.worker);
@@ -231,7 +238,7 @@ int run_worker(worker_args& a) {
     queues[i].id = queues.size() == 1 ? base_id : fmt::format("{}:{}", base_id, queues[i].queue);
 
   int forced_by = 0;  // the signal that forced the stop, if one did
-  with_backend(url, threads, [&](asio::io_context& ctx, redis_backend& store) -> asio::awaitable<void> {
+  with_backend(url, durability, threads, [&](asio::io_context& ctx, redis_backend& store) -> asio::awaitable<void> {
     using namespace asio::experimental::awaitable_operators;
     asio::signal_set signals(ctx, SIGTERM, SIGINT);  // from here on a signal waits for async_wait
     // A signal before this point, or while it connects (a server that is down or paused must not
@@ -388,9 +395,10 @@ struct enqueue_args {
   std::string url = default_redis_url(), queue = "default", file, config_file, payload, on_failure;
   job_spec base;
   std::size_t count = 0, groups = 0, delay_ms = 0, timeout_ms = 0, max_attempts = 3;
-  std::string group;
+  std::string group, durability = "primary";
   bool json = false;
   CLI::Option* url_option = nullptr;
+  CLI::Option* durability_option = nullptr;
   CLI::Option* group_option = nullptr;
   CLI::Option* payload_option = nullptr;
   std::vector<CLI::Option*> job_options;  // one job's options, or the generated jobs'
@@ -405,6 +413,7 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
   auto* cmd = add_command(jobrt, chosen, "enqueue", "put jobs on a queue: one, a JSON-lines file, or N generated",
                           [a] { return run_enqueue(*a); });
   a->url_option = redis_option(*cmd, a->url, "the server (default: redis://127.0.0.1:6379)");
+  a->durability_option = durability_option(*cmd, a->durability)->envname("JOBRT_DURABILITY");
   cmd->add_option("-q,--queue", a->queue, "the queue (default: default)")
       ->envname("JOBRT_QUEUE")
       ->check(queue_name())
@@ -451,6 +460,7 @@ namespace {
 
 int run_enqueue(enqueue_args& a) {
   auto url = a.url;
+  auto durability = durability_of(a.durability);
   auto& queue = a.queue;
   auto& file = a.file;
   auto& config_file = a.config_file;
@@ -494,6 +504,7 @@ int run_enqueue(enqueue_args& a) {
   if (!config_file.empty()) {
     auto cfg = settings::from_file(config_file);
     if (cfg.redis_url && !given_on_command_line(a.url_option)) url = *cfg.redis_url;  // the file over $REDIS_URL
+    if (cfg.durability && !given_on_command_line(a.durability_option)) durability = *cfg.durability;
     std::string names;  // the queue's grouping rules are the reason for --config: it must be there
     bool found = false;
     for (auto& q : cfg.queues) {
@@ -541,7 +552,7 @@ int run_enqueue(enqueue_args& a) {
 
   bool tty = ::isatty(STDERR_FILENO) == 1 && specs.size() > 1;
   std::vector<enqueue_result> results;
-  with_backend(url, 1, [&](asio::io_context&, redis_backend& store) -> asio::awaitable<void> {
+  with_backend(url, durability, 1, [&](asio::io_context&, redis_backend& store) -> asio::awaitable<void> {
     co_await check_reachable(store.connection(), url);
     producer p(store, queue, po);
     // One bulk call per step, and on a terminal a redrawn progress bar after each: about 1% a

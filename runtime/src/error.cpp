@@ -26,6 +26,7 @@ class category final : public boost::system::error_category {
         return "empty request, a pub/sub command on a connection that is not a subscriber, a MULTI without its "
                "EXEC or DISCARD in the same request, or a command that changes the connection (HELLO, AUTH, "
                "SELECT, RESET, QUIT, CLIENT REPLY; set user, password and database in the config)";
+      case errc::not_replicated: return "written at the primary, but not acknowledged by enough replicas in time";
       case errc::bad_batch: return "the job count does not match the arguments";
       case errc::bad_job_id: return "job id refused";
       case errc::bad_max_attempts: return "job max_attempts refused";

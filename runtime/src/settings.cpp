@@ -1,5 +1,7 @@
 #include <jobrt/settings.hpp>
 
+#include <jobrt/redis_backend.hpp>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <boost/json/parse.hpp>
@@ -134,9 +136,16 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
 }  // namespace
 
 settings settings::from_json(const json::value& v) {
-  const auto& o = object_at(v, "config", {"redis", "plugins", "handlers", "queues"});
+  const auto& o = object_at(v, "config", {"redis", "durability", "plugins", "handlers", "queues"});
   settings s;
   if (auto* f = o.if_contains("redis")) s.redis_url = text_at(*f, "config.redis");
+  if (auto* f = o.if_contains("durability")) {
+    try {
+      s.durability = durability_of(text_at(*f, "config.durability"));
+    } catch (const std::invalid_argument& e) {
+      bad("config.durability", e.what());
+    }
+  }
   if (auto* f = o.if_contains("plugins")) {
     if (!f->is_array()) bad("config.plugins", "is not an array");
     for (std::size_t i = 0; i < f->as_array().size(); ++i)

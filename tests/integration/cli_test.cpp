@@ -789,6 +789,18 @@ TEST_CASE("jobrt given a cluster's nodes goes on when the first one does not ans
   CHECK_MESSAGE(down.output.find("127.0.0.1:2") != std::string::npos, down.output);
 }
 
+TEST_CASE("jobrt enqueue --durability replicated fails naming the missing replica, and refuses other values") {
+  auto cfg = shared_redis();  // (a server without replicas)
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "durable";
+  auto out = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--durability", "replicated"});
+  CHECK(out.status == 1);
+  CHECK_MESSAGE(out.output.find("but 0 of 1 replicas acknowledged it within 1000 ms") != std::string::npos, out.output);
+  auto bad = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--durability", "sync"});
+  CHECK(bad.status == 2);
+  CHECK_MESSAGE(bad.output.find("--durability") != std::string::npos, bad.output);
+}
+
 TEST_CASE("jobrt queue purge removes every key of a queue, and refuses while jobs run unless --force") {
   auto cfg = shared_redis();
   auto url = url_of(cfg);

@@ -1,4 +1,5 @@
 // The worker config file: what it accepts, and that a bad one is refused naming the field.
+#include <jobrt/redis_backend.hpp>
 #include <jobrt/settings.hpp>
 
 #include <doctest/doctest.h>
@@ -32,6 +33,7 @@ std::string refusal(std::string_view text) {
 TEST_CASE("settings - a full config file") {
   auto s = settings::from_json(boost::json::parse(R"({
     "redis": "redis://127.0.0.1:7000",
+    "durability": "replicated",
     "plugins": ["a.so", "b.so"],
     "handlers": {"tenant_import": {"retry": {"initial_ms": 500, "factor": 3, "max_ms": 9000, "jitter": 0}}},
     "queues": [
@@ -42,6 +44,7 @@ TEST_CASE("settings - a full config file") {
       {"name": "mail"}
     ]})"));
   CHECK(s.redis_url == "redis://127.0.0.1:7000");
+  CHECK(s.durability == durability::replicated);
   CHECK(s.plugins == std::vector<std::string>{"a.so", "b.so"});
   REQUIRE(s.type_backoffs.count("tenant_import") == 1);
   CHECK(s.type_backoffs["tenant_import"].factor == 3.0);
@@ -67,7 +70,10 @@ TEST_CASE("settings - a full config file") {
 
 TEST_CASE("settings - a bad file is refused naming the field") {
   CHECK(refusal(R"([])") == "config: is not an object");
-  CHECK(refusal(R"({"queus": []})") == "config: unknown field \"queus\" (known: redis, plugins, handlers, queues)");
+  CHECK(refusal(R"({"queus": []})") ==
+        "config: unknown field \"queus\" (known: redis, durability, plugins, handlers, queues)");
+  CHECK(refusal(R"({"durability": "sync"})") ==
+        "config.durability: 'sync' is not a durability: 'primary' or 'replicated'");
   CHECK(refusal(R"({"queues": [{"concurrency": 2}]})") == "config.queues[0]: has no \"name\"");
   CHECK(refusal(R"({"queues": [{"name": "a", "concurrency": 0}]})") ==
         "config.queues[0].concurrency: is not an integer from 1 to 100000");

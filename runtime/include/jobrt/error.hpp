@@ -34,6 +34,9 @@ enum class errc {
   /// The request is empty, holds pub/sub commands and the connection is not a subscriber, or
   /// would disturb every other request on the connection (request::disturbs_connection).
   invalid_request,
+  /// A write asked to be replicated (durability::replicated) is at the primary, but fewer
+  /// replicas than asked acknowledged it in time: a failover now might lose it.
+  not_replicated,
 
   // --- a queue's refusals (nothing was stored or changed) ---
 

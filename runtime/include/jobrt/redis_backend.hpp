@@ -7,6 +7,7 @@
 #include <jobrt/redis/script.hpp>
 
 #include <array>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,25 @@ class wakeups;
 class redis_link;
 }  // namespace detail
 
+/// How far the writes of an enqueue and of a finish have gone when the call returns.
+enum class durability : int {
+  /// The primary has them. Redis replicates asynchronously: a failover may lose the last ones.
+  primary,
+  /// `replicas` replicas have them too (WAIT after the call), else the call fails with
+  /// errc::not_replicated (its writes stand at the primary). A failover that promotes one of
+  /// them loses none of them.
+  replicated,
+};
+
+/// "primary" or "replicated"; throws std::invalid_argument saying so for anything else.
+durability durability_of(std::string_view name);
+
+struct redis_backend_options {
+  jobrt::durability durability = durability::primary;
+  int replicas = 1;                              ///< replicated: how many replicas must have them
+  std::chrono::milliseconds replica_wait{1000};  ///< replicated: how long they may take
+};
+
 class redis_backend final : public backend {
  public:
   /// Starts a shared connection to cfg; blocking connections (one per worker that waits for
@@ -27,7 +47,7 @@ class redis_backend final : public backend {
   /// The same with seeds: one server, or nodes of a Redis Cluster (redis::cluster_seeds gives them
   /// from a URL that names several: redis://h1:p1,h2:p2). Whether the server is a cluster is asked
   /// of it at the first command; several seeds are taken for a cluster at once.
-  redis_backend(boost::asio::any_io_executor ex, std::vector<redis::config> seeds);
+  redis_backend(boost::asio::any_io_executor ex, std::vector<redis::config> seeds, redis_backend_options o = {});
   /// Destroy it on a thread that runs its executor, or once nothing runs that executor any more:
   /// the loop that receives delayed-job wake-ups holds the subscriber connection by pointer.
   ~redis_backend() override;
@@ -102,6 +122,7 @@ class redis_backend final : public backend {
 
   boost::asio::any_io_executor ex_;
   redis::config cfg_;
+  redis_backend_options opts_;
   std::unique_ptr<detail::redis_link> link_;
   redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, requeue_, purge_,
       check_fix_, advertise_, expire_own_;

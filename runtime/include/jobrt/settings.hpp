@@ -27,8 +27,11 @@ struct queue_settings {
   grouping_rules rules;   ///< for producers of this queue
 };
 
+enum class durability : int;  // <jobrt/redis_backend.hpp>
+
 struct settings {
   std::optional<std::string> redis_url;
+  std::optional<jobrt::durability> durability;  ///< the config's "durability"
   std::vector<std::string> plugins;
   std::map<std::string, backoff> type_backoffs;  ///< by job type
   std::vector<queue_settings> queues;

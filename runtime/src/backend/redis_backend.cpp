@@ -75,11 +75,18 @@ std::vector<redis::config> one(redis::config cfg) {
 }
 }  // namespace
 
+durability durability_of(std::string_view name) {
+  if (name == "primary") return durability::primary;
+  if (name == "replicated") return durability::replicated;
+  throw std::invalid_argument(fmt::format("'{}' is not a durability: 'primary' or 'replicated'", name));
+}
+
 redis_backend::redis_backend(asio::any_io_executor ex, redis::config cfg) : redis_backend(ex, one(std::move(cfg))) {}
 
-redis_backend::redis_backend(asio::any_io_executor ex, std::vector<redis::config> seeds)
+redis_backend::redis_backend(asio::any_io_executor ex, std::vector<redis::config> seeds, redis_backend_options o)
     : ex_(ex),
       cfg_(seeds.at(0)),
+      opts_(o),
       link_(std::make_unique<detail::redis_link>(ex, std::move(seeds))),
       enqueue_(lua::enqueue),
       claim_(lua::claim),
@@ -145,7 +152,12 @@ asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string 
     args.push_back(jobs[i].body);
     args.push_back(dues[i]);
   }
-  reply r = co_await link_->run(enqueue_, enqueue_.make_request(enqueue_keys(queue), args), p);
+  reply r;
+  if (opts_.durability == durability::replicated)
+    r = co_await link_->run_replicated(enqueue_, enqueue_.make_request(enqueue_keys(queue), args), p, opts_.replicas,
+                                       opts_.replica_wait);
+  else
+    r = co_await link_->run(enqueue_, enqueue_.make_request(enqueue_keys(queue), args), p);
   const auto& e = r.as_array();
   std::vector<enqueue_result> out;
   out.reserve(jobs.size());
@@ -408,7 +420,11 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
   }
   auto req = finish_.make_request(keys, args);
   req.options.resend_safe = true;  // the script answers a resent call from its cache
-  reply r = co_await link_->run(finish_, std::move(req), p);
+  reply r;
+  if (opts_.durability == durability::replicated)
+    r = co_await link_->run_replicated(finish_, std::move(req), p, opts_.replicas, opts_.replica_wait);
+  else
+    r = co_await link_->run(finish_, std::move(req), p);
   {
     std::lock_guard lock(blocking_mutex_);
     auto& answered = answered_[worker];

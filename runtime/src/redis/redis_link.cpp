@@ -1,12 +1,19 @@
 #include "redis/redis_link.hpp"
 
+#include "redis/cluster_map.hpp"
+
 #include <jobrt/error.hpp>
+
+#include <fmt/format.h>
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/system/system_error.hpp>
+
+#include <algorithm>
 
 namespace jobrt::detail {
 
@@ -27,6 +34,8 @@ redis_link::redis_link(asio::any_io_executor ex, std::vector<redis::config> seed
 redis_link::~redis_link() {
   std::lock_guard lock(mutex_);
   if (cluster_) cluster_->close();
+  for (auto& [node, conns] : replicated_)
+    for (auto& c : conns) c->close();
 }
 
 asio::awaitable<redis::cluster_connection*> redis_link::cluster(std::chrono::milliseconds timeout) {
@@ -69,6 +78,71 @@ asio::awaitable<reply> redis_link::run(const redis::script& s, request evalsha, 
     co_return co_await s.run(*c, std::move(keys), std::move(evalsha));
   }
   co_return co_await s.run(plain_, std::move(evalsha));
+}
+
+asio::awaitable<reply> redis_link::run_replicated(const redis::script& s, request evalsha, const std::string& route,
+                                                  int replicas, std::chrono::milliseconds wait) {
+  using clock = std::chrono::steady_clock;
+  auto limit = evalsha.options.timeout.count() > 0 ? evalsha.options.timeout : std::chrono::milliseconds(10'000);
+  auto deadline = clock::now() + limit + wait;
+  auto backoff = std::chrono::milliseconds(10);
+  bool load = false;  // after NOSCRIPT: SCRIPT LOAD first, in the same request
+  for (;;) {
+    auto node = co_await node_of(route);
+    request req;
+    if (load) req.push("SCRIPT", "LOAD", s.source());
+    req.append(evalsha);
+    req.push("WAIT", replicas, wait.count());
+    req.options = evalsha.options;
+    req.options.timeout = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now());
+    auto [ec, r] = co_await replicated_at(node).async_exec(std::move(req), asio::as_tuple(asio::use_awaitable));
+    if (ec && ec != errc::server_error) throw boost::system::system_error(ec, "at " + node.address());
+    auto& parts = r.as_array();
+    reply answer = std::move(parts.at(parts.size() - 2));
+    if (load && parts.front().is_error()) answer = std::move(parts.front());  // (a script that does not compile)
+    if (answer.is_error()) {
+      auto why = redis::detail::classify(answer.error_message());
+      if (!load && answer.error_message().starts_with("NOSCRIPT")) {
+        load = true;
+        continue;
+      }
+      // Sent where the slot no longer is, or while it moves: the script wrote nothing. The map
+      // is read again, and the call goes again.
+      if (why.kind != redis::detail::cluster_error::other && known_cluster() != nullptr) {
+        if (clock::now() + backoff > deadline)
+          throw boost::system::system_error(errc::timeout,
+                                            fmt::format("{} (at {})", answer.error_message(), node.address()));
+        if (why.kind == redis::detail::cluster_error::moved) co_await known_cluster()->refresh();
+        asio::steady_timer pause(ex_, backoff);
+        co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+        continue;
+      }
+    }
+    reply out = redis::script::result(answer.is_error() ? errc::server_error : boost::system::error_code(),
+                                      std::move(answer), std::string());
+    auto acknowledged = parts.back().as_integer();
+    if (acknowledged < replicas)
+      throw boost::system::system_error(errc::not_replicated,
+                                        fmt::format("written at {}, but {} of {} replicas acknowledged it within {} ms",
+                                                    node.address(), acknowledged, replicas, wait.count()));
+    co_return out;
+  }
+}
+
+redis::blocking_connection& redis_link::replicated_at(const redis::config& node) {
+  constexpr std::size_t per_server = 4;  // (a WAIT holds its connection: calls behind it wait)
+  std::lock_guard lock(mutex_);
+  auto& conns = replicated_[node.address()];
+  if (conns.empty()) {
+    auto cfg = node;
+    if (!cfg.client_name.empty()) cfg.client_name += ":replicated";
+    for (std::size_t i = 0; i < per_server; ++i) {
+      conns.push_back(std::make_unique<redis::blocking_connection>(ex_, cfg));
+      conns.back()->start();
+    }
+  }
+  return *conns[next_replicated_++ % conns.size()];
 }
 
 asio::awaitable<std::pair<boost::system::error_code, reply>> redis_link::try_exec(request req,

@@ -12,9 +12,11 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace jobrt::detail {
 
@@ -33,6 +35,13 @@ class redis_link {
   boost::asio::awaitable<redis::reply> exec(redis::request req, const std::string& route);
   /// Runs a script's EVALSHA where `route` lives (script::run).
   boost::asio::awaitable<redis::reply> run(const redis::script& s, redis::request evalsha, const std::string& route);
+  /// The same, then WAIT until `replicas` replicas have its writes, for `wait` at most: on a
+  /// connection of the link's own to that server (WAIT counts the writes of the connection it
+  /// comes on, and holds the connection while it waits). Fewer in time: throws
+  /// boost::system::system_error(errc::not_replicated), the write done at the primary.
+  boost::asio::awaitable<redis::reply> run_replicated(const redis::script& s, redis::request evalsha,
+                                                      const std::string& route, int replicas,
+                                                      std::chrono::milliseconds wait);
 
   /// As exec, the outcome as a value: an error reply comes as (errc::server_error, the reply),
   /// any other failure as its code and an empty reply.
@@ -60,8 +69,12 @@ class redis_link {
   redis::config cfg_;  // the first seed
   redis::connection plain_;
   std::atomic<int> mode_{unknown};
-  std::mutex mutex_;  // guards cluster_ while it is made
+  std::mutex mutex_;  // guards cluster_ while it is made, and replicated_
   std::unique_ptr<redis::cluster_connection> cluster_;
+  // run_replicated's connections, a few per server ("host:port"), taken in turn.
+  redis::blocking_connection& replicated_at(const redis::config& node);
+  std::map<std::string, std::vector<std::unique_ptr<redis::blocking_connection>>> replicated_;
+  std::size_t next_replicated_ = 0;
 };
 
 }  // namespace jobrt::detail

@@ -36,6 +36,10 @@ class script {
     return run(c, make_request(keys, args));
   }
 
+  /// A run's outcome from EVALSHA's (error code, reply): the reply, or the failure thrown as run
+  /// throws it (`not_connected`: what to say for errc::not_connected, when not empty).
+  static reply result(boost::system::error_code ec, reply r, const std::string& not_connected);
+
   /// The same on a cluster, at the primary of `keys`' slot (the keys of the request): each node
   /// has a script cache of its own, and a node that just took the slot over may not know it yet.
   boost::asio::awaitable<reply> run(cluster_connection& c, std::vector<std::string> keys, request evalsha) const;
@@ -51,7 +55,6 @@ class script {
 
   request reload(const request& evalsha) const;
   static void reloaded(boost::system::error_code& ec, reply& r);
-  static reply result(boost::system::error_code ec, reply r, const std::string& not_connected);
 
   std::string source_;
   std::string sha1_;
