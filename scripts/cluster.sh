@@ -4,8 +4,25 @@
 #   scripts/cluster.sh start        prints "PORT DIR": the first node's port (the nodes use
 #                                   PORT to PORT+5, their cluster bus PORT+10000 to PORT+10005)
 #   scripts/cluster.sh stop DIR     stops every node of it and removes DIR
+#   scripts/cluster.sh restart DIR PORT   starts that node again (after a crash: it rejoins,
+#                                   as a replica when its replica took over meanwhile)
 set -euo pipefail
 nodes=6
+
+start_node() {  # starts the node of port $1 in $dir/$1
+  redis-server --port "$1" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir/$1" \
+    --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+    --repl-diskless-sync-delay 0 \
+    --daemonize yes --pidfile "$dir/$1/redis.pid" --logfile "$dir/$1/redis.log" >/dev/null
+}
+
+if [ "${1:-}" = restart ]; then
+  dir=$2
+  start_node "$3"
+  for _ in $(seq 100); do redis-cli -p "$3" ping >/dev/null 2>&1 && exit 0; sleep 0.05; done
+  echo "node $3 did not come back (see $dir/$3/redis.log)" >&2
+  exit 1
+fi
 
 if [ "${1:-}" = stop ]; then
   dir=$2
@@ -19,7 +36,7 @@ if [ "${1:-}" = stop ]; then
   exit 0
 fi
 if [ "${1:-}" != start ]; then
-  echo "usage: scripts/cluster.sh start | stop DIR" >&2
+  echo "usage: scripts/cluster.sh start | stop DIR | restart DIR PORT" >&2
   exit 2
 fi
 
@@ -39,10 +56,7 @@ for _ in $(seq 20); do
   for i in $(seq 0 $((nodes - 1))); do
     port=$((base + i))
     mkdir -p "$dir/$port"
-    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir/$port" \
-      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
-      --repl-diskless-sync-delay 0 \
-      --daemonize yes --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log" >/dev/null || ok=0
+    start_node "$port" || ok=0
     addresses+=("127.0.0.1:$port")
   done
   for i in $(seq 0 $((nodes - 1))); do

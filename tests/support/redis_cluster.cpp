@@ -57,6 +57,11 @@ void redis_cluster::kill(int node) const {
   ::kill(pid, SIGKILL);
 }
 
+void redis_cluster::restart(int node) const {
+  auto command = fmt::format(JOBRT_SCRIPTS "/cluster.sh restart {} {}", dir_, first_ + node);
+  if (std::system(command.c_str()) != 0) throw std::runtime_error(command + " failed");
+}
+
 redis::config shared_cluster() {
   if (const char* url = std::getenv("JOBRT_TEST_CLUSTER_URL"); url != nullptr && *url != '\0')
     return redis::config::from_url(url);

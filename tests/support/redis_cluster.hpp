@@ -25,6 +25,9 @@ class redis_cluster {
   std::string cli(int node, const std::vector<std::string>& args) const;
   /// Kills one of its nodes (SIGKILL): as a crashed server.
   void kill(int node) const;
+  /// Starts a node again (scripts/cluster.sh restart), empty: it rejoins, and syncs as a replica
+  /// when its replica took over meanwhile.
+  void restart(int node) const;
   /// redis://127.0.0.1:<first>,127.0.0.1:<first + 1>: two seeds.
   std::string url() const;
 

@@ -95,7 +95,17 @@ asio::awaitable<reply> redis_link::run_replicated(const redis::script& s, reques
     req.push("WAIT", replicas, wait.count());
     req.options = evalsha.options;
     req.options.timeout = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now());
+    auto* c = known_cluster();
+    // On a cluster a primary that cannot be reached is not waited for: it may be failing over.
+    if (c != nullptr) req.options.wait_for_reconnect = false;
     auto [ec, r] = co_await replicated_at(node).async_exec(std::move(req), asio::as_tuple(asio::use_awaitable));
+    if (ec == errc::not_connected && c != nullptr && clock::now() + backoff < deadline) {  // (not sent)
+      co_await c->refresh();
+      asio::steady_timer pause(ex_, backoff);
+      co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+      continue;
+    }
     if (ec && ec != errc::server_error) throw boost::system::system_error(ec, "at " + node.address());
     auto& parts = r.as_array();
     reply answer = std::move(parts.at(parts.size() - 2));
@@ -108,11 +118,11 @@ asio::awaitable<reply> redis_link::run_replicated(const redis::script& s, reques
       }
       // Sent where the slot no longer is, or while it moves: the script wrote nothing. The map
       // is read again, and the call goes again.
-      if (why.kind != redis::detail::cluster_error::other && known_cluster() != nullptr) {
+      if (why.kind != redis::detail::cluster_error::other && c != nullptr) {
         if (clock::now() + backoff > deadline)
           throw boost::system::system_error(errc::timeout,
                                             fmt::format("{} (at {})", answer.error_message(), node.address()));
-        if (why.kind == redis::detail::cluster_error::moved) co_await known_cluster()->refresh();
+        if (why.kind == redis::detail::cluster_error::moved) co_await c->refresh();
         asio::steady_timer pause(ex_, backoff);
         co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
         backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
