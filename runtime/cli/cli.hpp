@@ -93,8 +93,8 @@ struct ping_result {
 };
 boost::asio::awaitable<ping_result> ping_within(redis::connection& conn, std::chrono::milliseconds limit);
 /// The same for a --redis URL that may name several seeds: `conn` is the first one's; when it
-/// does not answer, each other seed is asked over a connection of its own. Answered when one
-/// answers; the failure is final only when every seed's is.
+/// does not answer, each other seed is asked in turn over a connection of its own (each within
+/// `limit`). Answered when one answers; the failure is final only when every seed's is.
 boost::asio::awaitable<ping_result> ping_seeds(redis::connection& conn, const std::string& url,
                                                std::chrono::milliseconds limit);
 /// Whether a failure to connect is final: waiting for the server would not change it.

@@ -15,7 +15,8 @@ local ready, active, fence_key, stats, claimed = KEYS[1], KEYS[2], KEYS[3], KEYS
 local paused, parked = KEYS[6], KEYS[7]
 local prefix = string.sub(ready, 1, -6)
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
-if type(redis.pcall('EXISTS', prefix .. 'probe')) == 'table' then return redis.error_reply('TRYAGAIN slot migrating') end
+local probe = redis.pcall('EXISTS', prefix .. 'probe')
+if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
 local max, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- Numbers go to Redis as strings ('%d' or as given): Lua's own conversion of a number (and
 -- Redis's of a number argument) prints it as a float, which costs microseconds.

@@ -16,7 +16,8 @@
 local ready, seq, ids, stats, delayed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = string.sub(ready, 1, -6)
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
-if type(redis.pcall('EXISTS', prefix .. 'probe')) == 'table' then return redis.error_reply('TRYAGAIN slot migrating') end
+local probe = redis.pcall('EXISTS', prefix .. 'probe')
+if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
 local n = tonumber(ARGV[1])
 if not n or n < 0 or n % 1 ~= 0 then
   return redis.error_reply("JOBRT:20 job count '" .. ARGV[1] .. "' is not a whole number")
@@ -38,6 +39,7 @@ if n == 1 and ARGV[5] == '' and not string.find(ARGV[4], '"max"', 1, true) and
   if id == '' then
     id = string.format('%d', redis.call('INCRBY', seq, '1'))
   elseif redis.call('SADD', ids, id) == 0 then
+    redis.call('HINCRBY', stats, 'duplicates', '1') -- (also a write: a WAIT after this call covers the first one's)
     return {id, 1}
   end
   local record = '0|' .. id .. '|' .. ARGV[4]
@@ -109,7 +111,7 @@ if timed then
 end
 
 local out, lanes, groups, order, slot, later = {}, {}, {}, {}, {}, {}
-local stored, earliest = 0, nil
+local stored, earliest, duplicates = 0, nil, 0
 for i = 0, n - 1 do
   local id, group, body, due = ARGV[2 + i * 4], ARGV[3 + i * 4], ARGV[4 + i * 4], ARGV[5 + i * 4]
   local duplicate = 0
@@ -118,6 +120,7 @@ for i = 0, n - 1 do
     id = string.format('%d', next_id) -- not tostring(): that prints a float, microseconds each
   elseif redis.call('SADD', ids, id) == 0 then
     duplicate = 1
+    duplicates = duplicates + 1
   end
   out[#out + 1] = id
   out[#out + 1] = duplicate
@@ -174,4 +177,5 @@ if #later > 0 then
 end
 if stored > 0 then redis.call('HINCRBY', stats, 'enqueued', string.format('%d', stored)) end
 if new_groups > 0 then redis.call('HINCRBY', stats, 'groups', string.format('%d', new_groups)) end
+if duplicates > 0 then redis.call('HINCRBY', stats, 'duplicates', string.format('%d', duplicates)) end
 return out

@@ -46,7 +46,8 @@ local ids, dead, dead_info, answers = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local delayed, paused, parked, jumps = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local prefix = string.sub(ready, 1, -6)
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
-if type(redis.pcall('EXISTS', prefix .. 'probe')) == 'table' then return redis.error_reply('TRYAGAIN slot migrating') end
+local probe = redis.pcall('EXISTS', prefix .. 'probe')
+if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
 local ttl, n, call = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 
 if ARGV[4] ~= '' then
@@ -60,6 +61,8 @@ end
 local W = 4 -- ARGV per item
 local last = redis.call('HGET', answers, call)
 if last then
+  -- Written again: a resend writes, so a WAIT behind it covers the first call's writes too.
+  redis.call('HSET', answers, call, last)
   -- A next job leased by the first run may have been reaped since (the resend came after its
   -- TTL): it is not ours to start any more. One still held gets a full TTL from now.
   local time = redis.call('TIME')

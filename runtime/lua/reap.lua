@@ -17,7 +17,8 @@ local ready, active, stats, workers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local paused, parked, dead, dead_info = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local prefix = string.sub(ready, 1, -6)
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
-if type(redis.pcall('EXISTS', prefix .. 'probe')) == 'table' then return redis.error_reply('TRYAGAIN slot migrating') end
+local probe = redis.pcall('EXISTS', prefix .. 'probe')
+if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
 local max, keep, max_age = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)

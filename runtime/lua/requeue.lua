@@ -12,7 +12,8 @@
 local ready, dead, dead_info, ids, paused, parked = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local prefix = string.sub(ready, 1, -6)
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
-if type(redis.pcall('EXISTS', prefix .. 'probe')) == 'table' then return redis.error_reply('TRYAGAIN slot migrating') end
+local probe = redis.pcall('EXISTS', prefix .. 'probe')
+if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
 local at_head = ARGV[1] == 'head'
 
 -- A record joins its group at the tail; a group that had no jobs gets its lane (or is parked).

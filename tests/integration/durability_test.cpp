@@ -12,6 +12,7 @@
 #include <jobrt/redis_backend.hpp>
 #include <jobrt/worker.hpp>
 
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -70,9 +71,19 @@ TEST_CASE("durability replicated: an enqueue returns once a replica has it, and 
         producer fast(plain, "d"), safe(durable, "d");
         co_await fast.enqueue(job_of("a"));
         co_await safe.enqueue(job_of("a"));  // (its script loaded on its own connections)
-        // The replica stops for 300 ms: an enqueue asked for it waits for it, the other not.
-        asio::co_spawn(ctx, redis::exec(at_replica, redis::request("DEBUG", "SLEEP", "0.3")), asio::detached);
-        co_await redis::exec(at_primary, redis::request("PING"));  // (the DEBUG SLEEP is on its way)
+        // The replica stops for 500 ms: an enqueue asked for it waits for it, the other not.
+        asio::co_spawn(ctx, redis::exec(at_replica, redis::request("DEBUG", "SLEEP", "0.5")), asio::detached);
+        // Asleep once a PING to it gets no answer for 50 ms.
+        auto asleep = [&]() -> awaitable<bool> {
+          redis::connection probe(ctx.get_executor(), replica.config());
+          probe.start();
+          redis::request ping("PING");
+          ping.options.timeout = 50ms;
+          auto [ec, r] = co_await probe.async_exec(std::move(ping), asio::as_tuple(asio::use_awaitable));
+          probe.close();
+          co_return ec == errc::timeout || ec == errc::not_connected;  // (a new connection's handshake waits too)
+        };
+        REQUIRE(co_await eventually(asleep, 5s));
         auto began = steady::now();
         co_await fast.enqueue(job_of("a"));
         auto fast_ms = ms_since(began);
@@ -80,7 +91,7 @@ TEST_CASE("durability replicated: an enqueue returns once a replica has it, and 
         co_await safe.enqueue(job_of("a"));
         auto safe_ms = ms_since(began);
         MESSAGE("while the replica slept: enqueue " << fast_ms << " ms, replicated enqueue " << safe_ms << " ms");
-        CHECK(safe_ms >= 150);
+        CHECK(safe_ms >= 200);  // (asleep for most of its 500 ms still)
         // And it is at the replica the moment the call returns.
         auto enqueued = co_await redis::exec(
             at_replica, redis::request("HGET", redis_backend::key_prefix("d") + "stats", "enqueued"));
@@ -96,10 +107,25 @@ TEST_CASE("durability replicated: an enqueue returns once a replica has it, and 
         auto completed = co_await redis::exec(
             at_replica, redis::request("HGET", redis_backend::key_prefix("d") + "stats", "completed"));
         CHECK(completed.as_string() == "4");
-        // No replica: the call fails once its wait is over, saying so; the job is at the primary.
-        replica.stop();
+        // A replica behind: the call fails; sent again (its id: a duplicate now, on another of
+        // the backend's connections), it fails again: its WAIT covers the first call's writes.
         redis_backend hopeful(ctx.get_executor(), one(primary.config()), replicated(200ms));
         producer p(hopeful, "d");
+        asio::co_spawn(ctx, redis::exec(at_replica, redis::request("DEBUG", "SLEEP", "1")), asio::detached);
+        REQUIRE(co_await eventually(asleep, 5s));
+        auto with_id = job_of("c");
+        with_id.id = "c-1";
+        for (int attempt = 0; attempt < 2; ++attempt) {
+          CAPTURE(attempt);
+          try {
+            co_await p.enqueue(with_id);
+            FAIL_CHECK("no error");
+          } catch (const boost::system::system_error& e) {
+            CHECK(e.code() == errc::not_replicated);
+          }
+        }
+        // No replica: the call fails once its wait is over, saying so; the job is at the primary.
+        replica.stop();
         try {
           co_await p.enqueue(job_of("b"));
           FAIL("no error");
@@ -109,7 +135,7 @@ TEST_CASE("durability replicated: an enqueue returns once a replica has it, and 
               std::string(e.what()).find("0 of 1 replicas acknowledged it within 200 ms") != std::string::npos,
               e.what());
         }
-        CHECK((co_await plain.counts("d")).enqueued == 5);  // (the four before, and this one)
+        CHECK((co_await plain.counts("d")).enqueued == 6);  // (the four before, c-1 once, and this one)
       },
       60s);
 }

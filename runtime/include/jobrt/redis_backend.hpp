@@ -117,7 +117,8 @@ class redis_backend final : public backend {
                                                                  std::vector<std::string>& calls);
   bool take_idle_mark(const std::string& worker);
   void set_idle_mark(const std::string& worker);
-  // Ends a blocking claim's wait (CLIENT UNBLOCK on the shared connection), so that its reply comes.
+  // Ends a blocking claim's wait (CLIENT UNBLOCK on the shared connection, or on a cluster the
+  // cluster's connection to `node`), so that its reply comes.
   void unblock(const redis::config& node, std::int64_t client_id);
 
   boost::asio::any_io_executor ex_;

@@ -83,19 +83,25 @@ asio::awaitable<reply> redis_link::run(const redis::script& s, request evalsha, 
 asio::awaitable<reply> redis_link::run_replicated(const redis::script& s, request evalsha, const std::string& route,
                                                   int replicas, std::chrono::milliseconds wait) {
   using clock = std::chrono::steady_clock;
+  // The call's own timeout, or on a cluster the cluster's (a call without one on a plain server
+  // waits, as ever), and the WAIT's on top.
   auto limit = evalsha.options.timeout.count() > 0 ? evalsha.options.timeout : std::chrono::milliseconds(10'000);
   auto deadline = clock::now() + limit + wait;
   auto backoff = std::chrono::milliseconds(10);
   bool load = false;  // after NOSCRIPT: SCRIPT LOAD first, in the same request
   for (;;) {
     auto node = co_await node_of(route);
+    auto* c = known_cluster();
     request req;
     if (load) req.push("SCRIPT", "LOAD", s.source());
     req.append(evalsha);
     req.push("WAIT", replicas, wait.count());
     req.options = evalsha.options;
-    req.options.timeout = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now());
-    auto* c = known_cluster();
+    if (c != nullptr || evalsha.options.timeout.count() > 0) {
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now());
+      if (left.count() <= 0) throw boost::system::system_error(errc::timeout, "a replicated call at " + node.address());
+      req.options.timeout = left;
+    }
     // On a cluster a primary that cannot be reached is not waited for: it may be failing over.
     if (c != nullptr) req.options.wait_for_reconnect = false;
     auto [ec, r] = co_await replicated_at(node).async_exec(std::move(req), asio::as_tuple(asio::use_awaitable));
@@ -131,6 +137,9 @@ asio::awaitable<reply> redis_link::run_replicated(const redis::script& s, reques
     }
     reply out = redis::script::result(answer.is_error() ? errc::server_error : boost::system::error_code(),
                                       std::move(answer), std::string());
+    if (parts.back().is_error())  // (WAIT refused: a replica, or an ACL without it)
+      throw boost::system::system_error(errc::server_error,
+                                        fmt::format("WAIT at {}: {}", node.address(), parts.back().error_message()));
     auto acknowledged = parts.back().as_integer();
     if (acknowledged < replicas)
       throw boost::system::system_error(errc::not_replicated,
