@@ -56,17 +56,34 @@ const reply& deciding(const reply& r, bool pipeline) {
   return r;
 }
 
-// Whether the request may follow an ASK (see cluster_route): one command, not a script's call.
-bool follows_ask(const request& req) {
-  if (req.size() != 1) return false;
+// The name of the request's first command, in capitals ("" when it has none).
+std::string first_command(const request& req) {
   // The payload starts "*<argc>\r\n$<length>\r\n<command>\r\n".
   const std::string& p = req.payload();
   auto length_at = p.find("\r\n$");
-  auto name_at = p.find("\r\n", length_at + 3);
-  if (length_at == std::string::npos || name_at == std::string::npos) return false;
-  std::string name = p.substr(name_at + 2, 8);
+  auto name_at = length_at == std::string::npos ? length_at : p.find("\r\n", length_at + 3);
+  if (name_at == std::string::npos) return {};
+  std::size_t length = 0;
+  std::from_chars(p.data() + length_at + 3, p.data() + name_at, length);
+  std::string name = p.substr(name_at + 2, length);
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::toupper(c); });
+  return name;
+}
+
+// Whether the request may follow an ASK (see cluster_route): one command, not a script's call.
+bool follows_ask(const request& req) {
+  if (req.size() != 1) return false;
+  auto name = first_command(req);
   return !name.starts_with("EVAL") && !name.starts_with("FCALL");
+}
+
+// Whether some command of a pipeline ran, by its replies: one that is not an error did (a
+// transaction, MULTI ... EXEC, runs whole or not at all: by EXEC's reply).
+bool partly_ran(const request& req, const reply& r) {
+  if (r.kind() != reply_kind::array || r.as_array().empty()) return false;
+  const auto& replies = r.as_array();
+  if (first_command(req) == "MULTI") return !replies.back().is_error();
+  return std::any_of(replies.begin(), replies.end(), [](const reply& e) { return !e.is_error(); });
 }
 
 }  // namespace
@@ -173,7 +190,10 @@ class cluster_impl : public std::enable_shared_from_this<cluster_impl> {
         r = std::move(answer);
       }
       a = route.on_reply(deciding(r, req.size() > 1), clock::now());
-      if (a.kind == cluster_route::action::done)
+      // A pipeline that met a redirect or a wait after some of its commands ran is not sent
+      // again whole (they would run twice) unless that is safe (resend_safe): its caller gets
+      // the replies, the cluster's error in place of each command that did not run.
+      if (a.kind == cluster_route::action::done || (req.size() > 1 && !req.options.resend_safe && partly_ran(req, r)))
         co_return std::pair(r.is_error() ? error_code(errc::server_error) : error_code(), std::move(r));
     }
   }

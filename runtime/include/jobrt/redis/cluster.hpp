@@ -40,9 +40,12 @@ struct cluster_options {
 /// cannot be reached make it wait (10 ms, doubling up to 500 ms) and go again, within its
 /// timeout. A script's call (EVAL, EVALSHA, FCALL) or a pipeline met by ASK waits too, until the
 /// migration has ended: at the importing node a key not there yet reads as missing, which only
-/// the keys a command names are checked for (a script may touch others), and a pipeline that
-/// met a redirect is sent again whole. So on a cluster, give writes to several keys as one
-/// script, not as a pipeline. Thread-safe.
+/// the keys a command names are checked for (a script may touch others), and one ASKING covers
+/// one command. A pipeline is sent again whole only when none of its commands ran (a
+/// transaction, MULTI ... EXEC, that EXEC refused counts as none) or it is resend_safe; else its
+/// replies come back as they are, the cluster's error (ASK, TRYAGAIN, ...) in place of each
+/// command that did not run. So on a cluster, give writes to several keys as one script or
+/// one transaction. Thread-safe.
 class cluster_connection {
  public:
   /// `seeds`: nodes to learn the topology from, tried in turn. The first one's user, password,
