@@ -12,10 +12,12 @@
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -329,6 +331,32 @@ TEST_CASE("closing completes everything with errc::closed") {
     auto [ec, r] = co_await std::move(waiter);
     CHECK(ec == errc::closed);
   });
+}
+
+TEST_CASE(
+    "an io_context destroyed while a request waits frees the request - also one whose coroutine owns the connection") {
+  // A coroutine that holds the connection and waits on it (a cluster client's refresh does): the
+  // connection holds the request, the request the coroutine. When the io_context stops and goes,
+  // both must go too.
+  std::weak_ptr<blocking_connection> watch;
+  {
+    asio::io_context ctx;
+    auto blocking = std::make_shared<blocking_connection>(ctx.get_executor(), shared_redis());
+    watch = blocking;
+    blocking->start();
+    std::string src = key_prefix() + "never";
+    auto waits = [](std::shared_ptr<blocking_connection> c, std::string key) -> awaitable<void> {
+      co_await exec(*c, request("PING"));
+      co_await exec(*c, request("BLMOVE", key, key + ":to", "RIGHT", "LEFT", 0));
+    };
+    asio::co_spawn(ctx, waits(std::move(blocking), src), asio::detached);
+    asio::steady_timer stop(ctx, std::chrono::milliseconds(200));
+    stop.async_wait([&](boost::system::error_code) { ctx.stop(); });
+    ctx.run_for(std::chrono::seconds(10));
+    REQUIRE(ctx.stopped());
+    CHECK(!watch.expired());  // (still held: the BLMOVE waits)
+  }
+  CHECK(watch.expired());
 }
 
 TEST_CASE("empty requests, pub/sub commands off a subscriber and commands that change the connection are refused") {

@@ -415,6 +415,18 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   }
 
   static asio::awaitable<void> run(std::shared_ptr<connection_impl> self) {
+    // When the io_context is destroyed with this loop suspended, its frame is destroyed: so are
+    // the requests still held, whose handlers can never run. They may own this connection's owner
+    // (a coroutine of a cluster client awaits a reply here while holding the client, which holds
+    // the connection): kept, they would keep each other alive for ever.
+    struct on_destroy {
+      connection_impl& c;
+      ~on_destroy() {
+        auto requests = c.mux_.release_all();
+        auto receivers = std::move(c.receivers_);
+        c.receivers_.clear();
+      }
+    } guard{*self};
     auto wait = self->cfg_.reconnect_wait_min;
     while (!self->closed_) {
       auto [failure, kind] = co_await self->connect_with_timeout();

@@ -170,4 +170,13 @@ void multiplexer::fail_all(boost::system::error_code ec) {
   for (auto& p : all) p->complete(ec, {});
 }
 
+std::deque<std::shared_ptr<pending>> multiplexer::release_all() {
+  auto all = std::move(queue_);
+  queue_.clear();
+  sent_ = 0;
+  write_buffer_.clear();
+  parser_.reset();
+  return all;
+}
+
 }  // namespace jobrt::redis::detail

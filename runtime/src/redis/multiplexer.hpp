@@ -120,6 +120,11 @@ class multiplexer {
   /// Completes every request with ec and forgets them (the connection is closed for good).
   void fail_all(boost::system::error_code ec);
 
+  /// Forgets every request without completing it, and hands them over: their handlers can never
+  /// run (the io_context is being destroyed), and destroying them may destroy this multiplexer's
+  /// owner, so the caller destroys them once it no longer uses the multiplexer.
+  std::deque<std::shared_ptr<pending>> release_all();
+
   /// For pub/sub: sees each reply first; returning true means it was a pushed message.
   std::function<bool(reply&)> push_filter;
 
