@@ -512,6 +512,8 @@ void add_demo(CLI::App& jobrt, action& chosen) {
       "run ungrouped: concurrent read-modify-writes lose updates");
   redis_option(*cmd, o.redis_url, "run on this server, with worker processes", false);
   a->processes = number_option(*cmd, "--processes", o.processes, 1, 64, "worker processes with --redis (default 3)");
+  cmd->add_option("--queue", o.queue, "the queue, emptied before and after a run with --redis (default demo)")
+      ->check(queue_name());
   cmd->footer(
       "Stock arrivals: each job reads a commodity's stock, yields, writes it back, and refuses to\n"
       "exceed the limit. Grouped by commodity (the default), the final stock of every commodity is\n"
