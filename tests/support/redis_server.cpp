@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <stdexcept>
 #include <thread>
 
@@ -133,8 +134,11 @@ redis::config shared_redis() {
 }
 
 std::string key_prefix() {
+  // The process id alone would repeat: ctest runs each case in a process of its own, and a
+  // server shared by several runs may still hold the keys of an earlier process of that id.
+  static const std::uint32_t run = std::random_device()();
   static std::atomic<int> counter{0};
-  return fmt::format("test:{}:{}:", ::getpid(), counter++);
+  return fmt::format("test:{}.{:08x}:{}:", ::getpid(), run, counter++);
 }
 
 std::string redis_cli(const redis::config& cfg, const std::vector<std::string>& args) {
