@@ -12,7 +12,7 @@
 -- 'd:<order>:<length of group>:<group><record>' (it joins its group when it is due). <order> is
 -- a number from seq, 16 digits wide: members with one score sort by it, so grouped jobs due at
 -- the same time join their group in enqueue order. When a job is due before everything else
--- there, PUBLISH <prefix>delayed wakes the workers' promoters.
+-- there, SPUBLISH <prefix>delayed wakes the workers' promoters.
 local ready, seq, ids, stats, delayed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = string.sub(ready, 1, -6)
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
@@ -173,7 +173,10 @@ push_all(ready, final)
 if #later > 0 then
   local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
   for i = 1, #later, 4000 do redis.call('ZADD', delayed, unpack(later, i, math.min(i + 3999, #later))) end
-  if #first == 0 or earliest < tonumber(first[2]) then redis.call('PUBLISH', delayed, earliest) end
+  if #first == 0 or earliest < tonumber(first[2]) then
+    -- SPUBLISH: on a cluster only the queue's shard hears it; before Redis 7.0, PUBLISH.
+    if type(redis.pcall('SPUBLISH', delayed, earliest)) == 'table' then redis.call('PUBLISH', delayed, earliest) end
+  end
 end
 if stored > 0 then redis.call('HINCRBY', stats, 'enqueued', string.format('%d', stored)) end
 if new_groups > 0 then redis.call('HINCRBY', stats, 'groups', string.format('%d', new_groups)) end

@@ -347,7 +347,10 @@ if #later > 0 then
   redis.call('ZADD', delayed, unpack(later))
   local earliest = later[1]
   for j = 3, #later, 2 do earliest = math.min(earliest, later[j]) end
-  if #first == 0 or earliest < tonumber(first[2]) then redis.call('PUBLISH', delayed, earliest) end
+  if #first == 0 or earliest < tonumber(first[2]) then
+    -- SPUBLISH: on a cluster only the queue's shard hears it; before Redis 7.0, PUBLISH.
+    if type(redis.pcall('SPUBLISH', delayed, earliest)) == 'table' then redis.call('PUBLISH', delayed, earliest) end
+  end
 end
 count('completed', completed)
 count('failed', failed)

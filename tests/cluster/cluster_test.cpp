@@ -525,6 +525,63 @@ TEST_CASE("cluster backend: a worker waiting for work follows its queue when the
       90s);
 }
 
+// A job of type "t" due after `delay`.
+job_spec due_in(std::chrono::milliseconds delay) {
+  auto s = numbered(0);
+  s.delay = delay;
+  return s;
+}
+
+TEST_CASE(
+    "cluster backend: delayed-job wake-ups come by sharded pub/sub from the queue's primary, also after it moves") {
+  redis_cluster cluster;
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        redis_backend store(ctx.get_executor(), cluster_seeds(cluster.url()));
+        const std::string queue = "waking";
+        auto p = redis_backend::key_prefix(queue);
+        slot_map map(parse_cluster_shards(co_await store.exec(request("CLUSTER", "SHARDS"), p)));
+        auto slot = key_slot(p);
+        auto from = *map.owner(slot);
+        auto primaries = map.primaries();
+        auto to = from == primaries[0] ? primaries[1] : primaries[0];
+        nodes n(ctx, cluster);
+        auto listening_at = [&](const node_address& node) -> awaitable<bool> {
+          auto r = co_await exec(n.at(node), request("PUBSUB", "SHARDCHANNELS"));
+          for (const auto& c : r.as_array())
+            if (c.as_string() == p + "delayed") co_return true;
+          co_return false;
+        };
+        producer prod(store, queue);
+        co_await prod.enqueue(due_in(3'600'000ms));
+        // Woken when a job comes due before all others, and only then. (First, a wait that takes
+        // in any notice of the subscription itself.)
+        auto woken = [&](std::chrono::milliseconds delay) -> awaitable<bool> {
+          co_await store.wait_delayed(queue, store.delayed_version(queue), 300ms);
+          auto seen = store.delayed_version(queue);
+          co_await prod.enqueue(due_in(delay));
+          auto began = steady::now();
+          co_await store.wait_delayed(queue, seen, 2s);
+          co_return steady::now() - began < 1500ms;
+        };
+        store.delayed_version(queue);  // (starts listening)
+        CHECK(co_await eventually([&]() -> awaitable<bool> { co_return co_await listening_at(from); }, 5s));
+        CHECK(co_await woken(600'000ms));
+        CHECK_FALSE(co_await woken(3'000'000ms));  // not the earliest: no wake-up
+        // Two wake-ups sent: the first delayed job's (the set was empty) and the earlier one's.
+        auto stats = co_await exec(n.at(from), request("INFO", "commandstats"));
+        CHECK_MESSAGE(stats.as_string().find("cmdstat_spublish:calls=2,") != std::string::npos, stats.as_string());
+        CHECK(stats.as_string().find("cmdstat_publish:") == std::string::npos);  // (PUBLISH goes to every node)
+
+        // The slot moves: its old primary drops the channel, and the listener goes to the new one.
+        move_slot(cluster, slot, from, to, primaries);
+        CHECK(co_await eventually([&]() -> awaitable<bool> { co_return co_await listening_at(to); }, 10s));
+        CHECK(co_await woken(300'000ms));
+        CHECK_FALSE(co_await listening_at(from));
+      },
+      60s);
+}
+
 // A job of group g, with the producer's id `id`.
 job_spec of_group(const std::string& group, const std::string& id, int i) {
   auto s = numbered(i);
@@ -686,6 +743,7 @@ struct failover_run {
   int ran_twice = 0;     // jobs that ran more than once (a finish or a lease lost with the primary)
   int inversions = 0;    // a job's first run after the first run of a later job of its group
   std::int64_t failover_ms = 0;
+  bool wakeups_followed = false;  // the delayed-job wake-ups are listened to at the new primary
 };
 
 // 3,000 jobs over 50 groups, enqueued 10 a call while a worker runs them; after 1,000 the
@@ -756,6 +814,16 @@ awaitable<failover_run> through_failover(asio::io_context& ctx, const redis_clus
     co_return c.ready_lanes == 0 && c.running == 0 && c.delayed == 0;
   };
   CHECK(co_await eventually(drained, 60s));
+  // The worker's promoter listens for its queue's wake-ups at the primary serving it now (the
+  // listener saw the slot map change: the old primary said nothing, being dead).
+  out.wakeups_followed = co_await eventually(
+      [&]() -> awaitable<bool> {
+        auto r = co_await store.exec(request("PUBSUB", "SHARDCHANNELS"), p);  // (at the queue's primary)
+        for (const auto& c : r.as_array())
+          if (c.as_string() == p + "delayed") co_return true;
+        co_return false;
+      },
+      5s);
   co_await w.stop(2s);
   for (int i = 0; i < out.acknowledged; ++i) {
     if (runs[static_cast<std::size_t>(i)] == 0) ++out.lost;
@@ -776,6 +844,7 @@ TEST_CASE("cluster backend: a primary killed under load - workers carry on, and 
                           << "served again " << got.failover_ms << " ms after the kill");
     CHECK(got.acknowledged == 3000);
     CHECK(got.inversions == 0);
+    CHECK(got.wakeups_followed);
     if (mode == durability::replicated) CHECK(got.lost == 0);
   }
 }

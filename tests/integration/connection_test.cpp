@@ -202,6 +202,34 @@ TEST_CASE("a subscriber gets messages - and a reconnect notice") {
   });
 }
 
+TEST_CASE("a subscriber's shard channels get SPUBLISH messages - and SPUBLISH from a script") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    connection conn(ctx.get_executor(), shared_redis());
+    subscriber sub(ctx.get_executor(), shared_redis());
+    conn.start();
+    sub.start();
+    std::string ch = key_prefix() + "{s}";
+    std::vector<std::string> channels{ch, ch + ":2"};
+    sub.ssubscribe(channels);
+    message m = co_await sub.async_receive(use_awaitable);
+    CHECK(m.confirmation);
+    co_await exec(conn, request("SPUBLISH", ch, "hello"));
+    do m = co_await sub.async_receive(use_awaitable);
+    while (m.confirmation);  // (one a channel: each has its own SSUBSCRIBE)
+    CHECK(m.channel == ch);
+    CHECK(m.payload == "hello");
+    CHECK_FALSE(m.dropped);
+    request eval("EVAL", "return redis.call('SPUBLISH', KEYS[1], ARGV[1])", 1, ch + ":2", "from a script");
+    CHECK((co_await exec(conn, std::move(eval))).as_integer() == 1);
+    do m = co_await sub.async_receive(use_awaitable);
+    while (m.confirmation);
+    CHECK(m.channel == ch + ":2");
+    CHECK(m.payload == "from a script");
+    // A plain PUBLISH is another namespace: it does not reach a shard channel's subscriber.
+    CHECK((co_await exec(conn, request("PUBLISH", ch, "x"))).as_integer() == 0);
+  });
+}
+
 TEST_CASE("a script runs with EVALSHA and is loaded on NOSCRIPT") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     connection conn(ctx.get_executor(), shared_redis());

@@ -18,6 +18,7 @@ namespace jobrt {
 namespace detail {
 class wakeups;
 class redis_link;
+class shard_listener;
 }  // namespace detail
 
 /// How far the writes of an enqueue and of a finish have gone when the call returns.
@@ -48,8 +49,7 @@ class redis_backend final : public backend {
   /// from a URL that names several: redis://h1:p1,h2:p2). Whether the server is a cluster is asked
   /// of it at the first command; several seeds are taken for a cluster at once.
   redis_backend(boost::asio::any_io_executor ex, std::vector<redis::config> seeds, redis_backend_options o = {});
-  /// Destroy it on a thread that runs its executor, or once nothing runs that executor any more:
-  /// the loop that receives delayed-job wake-ups holds the subscriber connection by pointer.
+  /// Destroy it on a thread that runs its executor, or once nothing runs that executor any more.
   ~redis_backend() override;
 
   /// The key prefix of a queue: "jobrt:{<queue>}:".
@@ -87,8 +87,9 @@ class redis_backend final : public backend {
   boost::asio::awaitable<queue_counts> counts(std::string queue) override;
 
   boost::asio::awaitable<promote_result> promote(std::string queue, std::size_t max) override;
-  /// Subscribes (once per queue, on a subscriber connection this backend shares among queues)
-  /// to the wake-ups that enqueue and finish publish when a delayed entry is due first.
+  /// Subscribes (once per queue, on subscriber connections this backend shares among queues:
+  /// one, or on a cluster one per node that serves a queue) to the wake-ups that enqueue and
+  /// finish send (SPUBLISH, a shard channel) when a delayed entry is due first.
   std::uint64_t delayed_version(const std::string& queue) override;
   boost::asio::awaitable<void> wait_delayed(std::string queue, std::uint64_t seen,
                                             std::chrono::milliseconds timeout) override;
@@ -124,14 +125,13 @@ class redis_backend final : public backend {
   boost::asio::any_io_executor ex_;
   redis::config cfg_;
   redis_backend_options opts_;
-  std::unique_ptr<detail::redis_link> link_;
+  std::shared_ptr<detail::redis_link> link_;  // (shared with the listener)
   redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, requeue_, purge_,
       check_fix_, advertise_, expire_own_;
-  // Wake-ups for delayed jobs: one subscriber for every queue, started on first use. The
-  // wake-ups are shared with the coroutine that receives its messages, which may outlive the
-  // backend briefly.
+  // Wake-ups for delayed jobs: one listener for every queue, started on first use. The
+  // wake-ups are shared with the listener, which may outlive the backend briefly.
   std::shared_ptr<detail::wakeups> wakeups_;
-  std::unique_ptr<redis::subscriber> subscriber_;
+  std::shared_ptr<detail::shard_listener> listener_;  // the delayed sets' wake-ups
   std::set<std::string> subscribed_;
   std::mutex blocking_mutex_;  // guards blocking_, idle_ and answered_
   std::map<std::string, std::unique_ptr<redis::blocking_connection>> blocking_;

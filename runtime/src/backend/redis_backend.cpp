@@ -8,6 +8,7 @@
 #include "backend/wakeups.hpp"
 #include "redis/cluster_map.hpp"
 #include "redis/redis_link.hpp"
+#include "redis/shard_listener.hpp"
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
@@ -87,7 +88,7 @@ redis_backend::redis_backend(asio::any_io_executor ex, std::vector<redis::config
     : ex_(ex),
       cfg_(seeds.at(0)),
       opts_(o),
-      link_(std::make_unique<detail::redis_link>(ex, std::move(seeds))),
+      link_(std::make_shared<detail::redis_link>(ex, std::move(seeds))),
       enqueue_(lua::enqueue),
       claim_(lua::claim),
       finish_(lua::finish),
@@ -117,7 +118,7 @@ asio::awaitable<redis::config> redis_backend::node_of(std::string key) { co_retu
 
 redis_backend::~redis_backend() {
   wakeups_->close();
-  if (subscriber_) subscriber_->close();
+  if (listener_) listener_->close();
 }
 
 std::string redis_backend::key_prefix(std::string_view queue) { return fmt::format("jobrt:{{{}}}:", queue); }
@@ -592,34 +593,18 @@ std::uint64_t redis_backend::delayed_version(const std::string& queue) {
   auto channel = key_prefix(queue) + "delayed";
   {
     std::lock_guard lock(blocking_mutex_);
-    if (!subscriber_) {
-      auto cfg = cfg_;
-      cfg.client_name = fmt::format("{}:wakeups", cfg_.client_name);
-      subscriber_ = std::make_unique<redis::subscriber>(ex_, cfg);
-      subscriber_->start();
-      // Each message names a queue's delayed set; a confirmation (after each (re)subscribe) may
-      // follow messages that were missed, so it wakes everyone to look again.
-      // The loop holds the subscriber by pointer: a shared_ptr in its frame, which the pending
-      // receive's handler owns, would keep the connection alive forever. The backend's destructor
-      // marks the wake-ups closed before it destroys the subscriber.
-      asio::co_spawn(
-          ex_,
-          [](redis::subscriber* sub, std::shared_ptr<detail::wakeups> w) -> asio::awaitable<void> {
-            for (;;) {
-              auto [ec, m] = co_await sub->async_receive(asio::as_tuple(asio::use_awaitable));
-              if (ec || w->closed()) co_return;
-              if (m.confirmation)
-                w->bump_all();
-              else
-                w->bump(m.channel);
-            }
-          }(subscriber_.get(), wakeups_),
-          asio::detached);
+    if (!listener_) {
+      // Each message names a queue's delayed set; a notice that messages may have been missed
+      // (after each (re)subscribe and each move of a channel) wakes everyone to look again.
+      listener_ =
+          std::make_shared<detail::shard_listener>(ex_, link_, "wakeups", [w = wakeups_](const redis::message& m) {
+            if (m.confirmation)
+              w->bump_all();
+            else
+              w->bump(m.channel);
+          });
     }
-    if (subscribed_.insert(channel).second) {
-      std::vector<std::string> channels{channel};
-      subscriber_->subscribe(std::move(channels));
-    }
+    if (subscribed_.insert(channel).second) listener_->listen(channel);
   }
   return wakeups_->version(channel);
 }

@@ -1,6 +1,7 @@
 #include <jobrt/log.hpp>
 #include <jobrt/redis/connection.hpp>
 
+#include "redis/cluster_map.hpp"
 #include "redis/handshake.hpp"
 #include "redis/multiplexer.hpp"
 #include "redis/subscriptions.hpp"
@@ -216,15 +217,16 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
                    [self = shared_from_this(), op = std::move(op)]() mutable { self->enqueue(std::move(op)); });
   }
 
-  void change_subscriptions(std::vector<std::string> names, bool pattern, bool add) {
-    asio::post(strand_, [self = shared_from_this(), names = std::move(names), pattern, add]() mutable {
-      auto command = self->subs_.change(std::move(names), pattern, add);
-      if (!command || !self->connected_) return;  // (re)connecting sends the whole set
-      auto confirmed = [self = self.get(), add, c = *command](error_code ec, reply& r) {
-        if (!ec && add) self->deliver(message{{}, {}, {}, true});
-        if (ec == errc::server_error && add) self->refused(c.name, r, c.names, c.pattern);
-      };
-      self->send_internal(request(command->name, command->names), command->names.size(), confirmed);
+  void change_subscriptions(std::vector<std::string> names, channel_kind kind, bool add) {
+    asio::post(strand_, [self = shared_from_this(), names = std::move(names), kind, add]() mutable {
+      for (auto& command : self->subs_.change(std::move(names), kind, add)) {
+        if (!self->connected_) return;  // (re)connecting sends the whole set
+        auto confirmed = [self = self.get(), add, c = command](error_code ec, reply& r) {
+          if (!ec && add) self->deliver(message{{}, {}, {}, true});
+          if (ec == errc::server_error && add) self->refused(c, r);
+        };
+        self->send_internal(request(command.name, command.names), command.names.size(), confirmed);
+      }
     });
   }
 
@@ -345,7 +347,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   // --- pub/sub ---
 
   bool on_push(reply& r) {
-    auto m = subscriptions::from_push(r);
+    auto m = subs_.from_push(r);
     if (m) deliver(std::move(*m));
     return m.has_value();
   }
@@ -373,10 +375,27 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   // A subscription the server refused (an ACL user without the channel, say): the server answers
   // the whole command with one error. It is dropped (asking again at each reconnect would only be
   // refused again), logged, and kept as the connection's last error: nothing else would tell.
-  void refused(const char* command, const reply& r, const std::vector<std::string>& names, bool pattern) {
-    subs_.forget(names, pattern);
-    auto text = fmt::format("{} {} refused by {}: {}", command, fmt::join(names, " "), cfg_.address(),
-                            r.is_error() ? r.error_message() : std::string_view("no reason given"));
+  // A shard channel is not lost that way: before Redis 7.0 it becomes a plain channel (there,
+  // SPUBLISH falls back to PUBLISH), and a node that does not serve its slot gets a notice that
+  // tells the receiver to subscribe where it is served.
+  void refused(const subscriptions::command& c, const reply& r) {
+    subs_.forget(c.names, c.kind);
+    auto why = r.is_error() ? r.error_message() : std::string_view("no reason given");
+    if (c.kind == channel_kind::shard) {
+      if (why.starts_with("ERR unknown command")) {
+        change_subscriptions(c.names, channel_kind::channel, true);
+        return;
+      }
+      if (classify(why).kind != cluster_error::other) {
+        for (const auto& n : c.names) {
+          message m{n, {}, {}, false};
+          m.dropped = true;
+          deliver(std::move(m));
+        }
+        return;
+      }
+    }
+    auto text = fmt::format("{} {} refused by {}: {}", c.name, fmt::join(c.names, " "), cfg_.address(), why);
     jobrt::log(log_level::warn, "redis", "{} (no messages will come from it)", text);
     set_last_error(std::move(text));
   }
@@ -388,7 +407,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     auto remaining = std::make_shared<std::size_t>(commands.size());
     for (auto& c : commands) {
       auto confirmed = [this, remaining, c](error_code ec, reply& r) {
-        if (ec == errc::server_error) refused(c.name, r, c.names, c.pattern);
+        if (ec == errc::server_error) refused(c, r);
         if ((!ec || ec == errc::server_error) && --*remaining == 0) deliver(message{{}, {}, {}, true});
       };
       send_internal(request(c.name, c.names), c.names.size(), confirmed);
@@ -717,16 +736,19 @@ void basic_connection::exec_impl(std::shared_ptr<detail::connection_impl> impl, 
 }
 
 void subscriber::subscribe(std::vector<std::string> channels) {
-  impl_->change_subscriptions(std::move(channels), false, true);
+  impl_->change_subscriptions(std::move(channels), detail::channel_kind::channel, true);
 }
 void subscriber::psubscribe(std::vector<std::string> patterns) {
-  impl_->change_subscriptions(std::move(patterns), true, true);
+  impl_->change_subscriptions(std::move(patterns), detail::channel_kind::pattern, true);
+}
+void subscriber::ssubscribe(std::vector<std::string> channels) {
+  impl_->change_subscriptions(std::move(channels), detail::channel_kind::shard, true);
 }
 void subscriber::unsubscribe(std::vector<std::string> channels) {
-  impl_->change_subscriptions(std::move(channels), false, false);
+  impl_->change_subscriptions(std::move(channels), detail::channel_kind::channel, false);
 }
 void subscriber::punsubscribe(std::vector<std::string> patterns) {
-  impl_->change_subscriptions(std::move(patterns), true, false);
+  impl_->change_subscriptions(std::move(patterns), detail::channel_kind::pattern, false);
 }
 
 void subscriber::receive_impl(std::shared_ptr<detail::connection_impl> impl, receive_handler handler) {

@@ -5,25 +5,34 @@
 
 namespace jobrt::redis::detail {
 
-std::optional<subscriptions::command> subscriptions::change(std::vector<std::string> names, bool pattern, bool add) {
-  auto& set = pattern ? patterns_ : channels_;
+std::vector<subscriptions::command> subscriptions::change(std::vector<std::string> names, channel_kind kind, bool add) {
+  if (kind == channel_kind::shard && !add) return {};
+  auto& set = set_of(kind);
   std::vector<std::string> changed;
   for (auto& n : names)
     if (add ? set.insert(n).second : set.erase(n) > 0) changed.push_back(std::move(n));
-  if (changed.empty()) return std::nullopt;
+  std::vector<command> out;
+  if (changed.empty()) return out;
+  if (kind == channel_kind::shard) {
+    for (auto& n : changed) out.push_back({"SSUBSCRIBE", {std::move(n)}, kind});
+    return out;
+  }
+  bool pattern = kind == channel_kind::pattern;
   const char* name = add ? (pattern ? "PSUBSCRIBE" : "SUBSCRIBE") : (pattern ? "PUNSUBSCRIBE" : "UNSUBSCRIBE");
-  return command{name, std::move(changed), pattern};
+  out.push_back({name, std::move(changed), kind});
+  return out;
 }
 
 std::vector<subscriptions::command> subscriptions::resubscribe() const {
   std::vector<command> out;
-  if (!channels_.empty()) out.push_back({"SUBSCRIBE", {channels_.begin(), channels_.end()}, false});
-  if (!patterns_.empty()) out.push_back({"PSUBSCRIBE", {patterns_.begin(), patterns_.end()}, true});
+  if (!channels_.empty()) out.push_back({"SUBSCRIBE", {channels_.begin(), channels_.end()}, channel_kind::channel});
+  if (!patterns_.empty()) out.push_back({"PSUBSCRIBE", {patterns_.begin(), patterns_.end()}, channel_kind::pattern});
+  for (const auto& n : shards_) out.push_back({"SSUBSCRIBE", {n}, channel_kind::shard});
   return out;
 }
 
-void subscriptions::forget(const std::vector<std::string>& names, bool pattern) {
-  auto& set = pattern ? patterns_ : channels_;
+void subscriptions::forget(const std::vector<std::string>& names, channel_kind kind) {
+  auto& set = set_of(kind);
   for (const auto& n : names) set.erase(n);
 }
 
@@ -34,15 +43,26 @@ std::optional<message> subscriptions::from_push(reply& r) {
   const std::string& kind = e[0].as_string();
   // The reply is the caller's and dropped after this: its strings move into the message.
   auto take = [](reply& part) { return std::move(const_cast<std::string&>(part.as_string())); };
-  if (kind == "message" && e.size() == 3 && e[1].kind() == reply_kind::string && e[2].kind() == reply_kind::string)
+  auto strings = [&](std::size_t from) {
+    for (auto i = from; i < e.size(); ++i)
+      if (e[i].kind() != reply_kind::string) return false;
+    return true;
+  };
+  if ((kind == "message" || kind == "smessage") && e.size() == 3 && strings(1))
     return message{take(e[1]), take(e[2]), {}, false};
-  if (kind == "pmessage" && e.size() == 4 && e[2].kind() == reply_kind::string && e[3].kind() == reply_kind::string)
-    return message{take(e[2]), take(e[3]), take(e[1]), false};
+  if (kind == "pmessage" && e.size() == 4 && strings(1)) return message{take(e[2]), take(e[3]), take(e[1]), false};
+  // (Never a reply: no SUNSUBSCRIBE is sent.)
+  if (kind == "sunsubscribe" && e.size() == 3 && e[1].kind() == reply_kind::string) {
+    shards_.erase(e[1].as_string());
+    message m{take(e[1]), {}, {}, false};
+    m.dropped = true;
+    return m;
+  }
   return std::nullopt;
 }
 
 std::size_t subscriptions::queue(message m, std::size_t limit) {
-  if (messages_.size() >= std::max<std::size_t>(limit, 1) && !m.confirmation) {
+  if (messages_.size() >= std::max<std::size_t>(limit, 1) && !m.confirmation && !m.dropped) {
     auto dropped = messages_.size() + 1;
     messages_.clear();
     messages_.push_back(message{{}, {}, {}, true});

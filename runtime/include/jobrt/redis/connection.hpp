@@ -49,6 +49,10 @@ struct message {
   /// each reconnect). Messages published while the connection was down are lost, so a receiver
   /// should re-check what it waits for.
   bool confirmation = false;
+  /// True for a notice, not a message: the server dropped this shard channel (its slot moved
+  /// to another shard, or this node does not serve it). Subscribe to it where it is served now;
+  /// messages published meanwhile are lost.
+  bool dropped = false;
 };
 
 using exec_handler = boost::asio::any_completion_handler<void(boost::system::error_code, reply)>;
@@ -141,6 +145,11 @@ class subscriber : public basic_connection {
   /// Adds channels (or patterns, with PSUBSCRIBE semantics). Thread-safe.
   void subscribe(std::vector<std::string> channels);
   void psubscribe(std::vector<std::string> patterns);
+  /// Adds shard channels (SSUBSCRIBE, one command each). On a Redis Cluster, subscribe at a
+  /// node of the channel's slot; when that slot moves, or this node does not serve it, a
+  /// message::dropped notice names the channel, no longer held. On a server that has no sharded
+  /// pub/sub (before Redis 7.0) they are plain channels, as its publishers' SPUBLISH is PUBLISH.
+  void ssubscribe(std::vector<std::string> channels);
   void unsubscribe(std::vector<std::string> channels);
   void punsubscribe(std::vector<std::string> patterns);
 
