@@ -166,7 +166,9 @@ asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string 
   co_return out;
 }
 
-// How long a stopping worker's blocking claim may take to answer once CLIENT UNBLOCK is sent.
+// How long a stopping worker's claim may take to answer once written: a blocking one once
+// CLIENT UNBLOCK is sent, any other once cancelled (an answer that comes later is dropped, and
+// the jobs it leased go back when their leases expire, as a crashed worker's do).
 constexpr std::chrono::milliseconds unblock_wait{500};
 
 // Lua's unpack() takes a few thousand values at most, and a script that fails halfway does not
@@ -182,8 +184,10 @@ request redis_backend::claim_request(const std::string& p, const claim_options& 
                                   std::to_string(std::min(opts.ahead, max_ahead))};
   auto req = claim_.make_request(keys, args);
   // Cut short after it was written, it could lease jobs that nobody would run until their
-  // leases expire: once written, the caller gets its reply.
+  // leases expire: once written, the caller gets its reply - unless the server keeps it
+  // waiting (a stop must not wait for a server that answers nothing).
   req.options.keep_once_written = true;
+  req.options.written_cancel_wait = unblock_wait;
   return req;
 }
 
