@@ -16,6 +16,7 @@
 #include <jobrt/worker.hpp>
 
 #include "support/redis_cluster.hpp"
+#include "support/redis_server.hpp"
 #include "support/run.hpp"
 
 #include <doctest/doctest.h>
@@ -346,6 +347,43 @@ TEST_CASE("cluster connection: each request goes to its keys' primary - keys of 
       60s);
 }
 
+TEST_CASE(
+    "cluster: a node that does not serve a shard channel's slot refuses it - the subscriber gets a dropped notice") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    std::vector<config> seeds{shared_cluster()};
+    cluster_connection c(ctx.get_executor(), seeds);
+    c.start();
+    std::string channel = key_prefix() + "{wake}";
+    auto owner = co_await c.primary_of(channel);
+    auto other = owner;
+    for (const auto& address : c.primaries()) {
+      auto port = address.substr(address.rfind(':') + 1);
+      if (port != owner.port) other.port = port;
+    }
+    REQUIRE(other.port != owner.port);
+    // Refused with MOVED: a notice that the channel is not held there (the receiver subscribes
+    // where it is served), not a subscription lost without a word.
+    subscriber wrong(ctx.get_executor(), other);
+    wrong.start();
+    wrong.ssubscribe(std::vector<std::string>(1, channel));
+    auto m = co_await wrong.async_receive(asio::use_awaitable);
+    CHECK(m.dropped);
+    CHECK(m.channel == channel);
+    CHECK_FALSE(m.confirmation);
+    subscriber right(ctx.get_executor(), owner);
+    right.start();
+    right.ssubscribe(std::vector<std::string>(1, channel));
+    m = co_await right.async_receive(asio::use_awaitable);
+    CHECK(m.confirmation);
+    std::vector<std::string> keys{channel};
+    co_await c.exec(request("SPUBLISH", channel, "here"), keys);
+    m = co_await right.async_receive(asio::use_awaitable);
+    CHECK(m.channel == channel);
+    CHECK(m.payload == "here");
+    c.close();
+  });
+}
+
 TEST_CASE("cluster connection: requests follow a slot while it migrates and after") {
   redis_cluster cluster;
   run(
@@ -573,11 +611,19 @@ TEST_CASE(
         CHECK_MESSAGE(stats.as_string().find("cmdstat_spublish:calls=2,") != std::string::npos, stats.as_string());
         CHECK(stats.as_string().find("cmdstat_publish:") == std::string::npos);  // (PUBLISH goes to every node)
 
+        auto subscriber_at = [&](const node_address& node) -> awaitable<bool> {
+          auto r = co_await exec(n.at(node), request("CLIENT", "LIST"));
+          co_return r.as_string().find(" name=jobrt:wakeups ") != std::string::npos;
+        };
+        CHECK(co_await subscriber_at(from));
+
         // The slot moves: its old primary drops the channel, and the listener goes to the new one.
         move_slot(cluster, slot, from, to, primaries);
         CHECK(co_await eventually([&]() -> awaitable<bool> { co_return co_await listening_at(to); }, 10s));
         CHECK(co_await woken(300'000ms));
         CHECK_FALSE(co_await listening_at(from));
+        // Its connection there, with no channel left, is closed.
+        CHECK(co_await eventually([&]() -> awaitable<bool> { co_return !co_await subscriber_at(from); }, 5s));
       },
       60s);
 }

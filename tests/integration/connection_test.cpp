@@ -209,7 +209,9 @@ TEST_CASE("a subscriber's shard channels get SPUBLISH messages - and SPUBLISH fr
     conn.start();
     sub.start();
     std::string ch = key_prefix() + "{s}";
-    std::vector<std::string> channels{ch, ch + ":2"};
+    std::vector<std::string> channels;  // (g++ 12: no braced list of temporaries in a coroutine)
+    channels.push_back(ch);
+    channels.push_back(ch + ":2");
     sub.ssubscribe(channels);
     message m = co_await sub.async_receive(use_awaitable);
     CHECK(m.confirmation);

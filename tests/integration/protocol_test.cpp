@@ -128,6 +128,31 @@ TEST_CASE("jobs enqueued with redis-cli by the protocol document run on a C++ wo
   });
 }
 
+TEST_CASE("on a server without sharded pub/sub (before Redis 7) delayed-job wake-ups come by SUBSCRIBE and PUBLISH") {
+  // SSUBSCRIBE and SPUBLISH renamed away are unknown commands, as on Redis 6.2.
+  std::vector<std::string> args{"--rename-command", "SSUBSCRIBE", "", "--rename-command", "SPUBLISH", ""};
+  redis_server server(args);
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), server.config());
+    auto before = store.delayed_version("q");  // (subscribes)
+    // The refused SSUBSCRIBE goes again as SUBSCRIBE, whose confirmation wakes every waiter.
+    co_await store.wait_delayed("q", before, std::chrono::seconds(10));
+    auto seen = store.delayed_version("q");
+    REQUIRE(seen != before);
+    job_spec later;
+    later.type = "t";
+    later.delay = std::chrono::hours(1);
+    producer p(store, "q");
+    co_await p.enqueue(later);  // (its script's SPUBLISH fails: it publishes with PUBLISH)
+    co_await store.wait_delayed("q", seen, std::chrono::seconds(10));
+    CHECK(store.delayed_version("q") != seen);
+    auto channels = redis_cli(server.config(), {"PUBSUB", "CHANNELS"});
+    CHECK(channels.find("jobrt:{q}:delayed") != std::string::npos);
+    auto stats = redis_cli(server.config(), {"INFO", "commandstats"});
+    CHECK(stats.find("cmdstat_publish:calls=1") != std::string::npos);
+  });
+}
+
 TEST_CASE("enqueue.lua refuses a bad due time or an all-digit id before it writes, and frees an id given without u") {
   auto cfg = shared_redis();
   std::string queue = key_prefix() + "protocol-bad";

@@ -87,7 +87,8 @@ TEST_CASE("subscriptions: pushes become messages, other replies do not") {
   CHECK_FALSE(s.from_push(not_array));
 }
 
-TEST_CASE("subscriptions: a shard channel the server drops becomes a notice, and is no longer held") {
+TEST_CASE(
+    "subscriptions: a shard channel the server drops becomes a notice, no longer held, and kept through an overflow") {
   using kind = detail::channel_kind;
   subscriptions s;
   s.change(names({"{q}:x"}), kind::shard, true);
@@ -105,6 +106,17 @@ TEST_CASE("subscriptions: a shard channel the server drops becomes a notice, and
   d.dropped = true;
   for (int i = 0; i < 3; ++i) s.queue(message{"c", "x", {}, false}, 3);
   CHECK(s.queue(d, 3) == 0);
+  // And an overflow after it drops the messages, not the notice: it comes first, then one
+  // confirmation for the messages dropped.
+  CHECK(s.queue(message{"c", "y", {}, false}, 3) == 4);  // the 3 queued before, and this one
+  auto first = s.next();
+  REQUIRE(first);
+  CHECK(first->dropped);
+  CHECK(first->channel == "{q}:x");
+  auto second = s.next();
+  REQUIRE(second);
+  CHECK(second->confirmation);
+  CHECK_FALSE(s.next());
 }
 
 TEST_CASE("subscriptions: messages nobody received wait in order, and past the limit one notice stands for them") {

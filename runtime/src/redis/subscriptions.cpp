@@ -63,9 +63,13 @@ std::optional<message> subscriptions::from_push(reply& r) {
 
 std::size_t subscriptions::queue(message m, std::size_t limit) {
   if (messages_.size() >= std::max<std::size_t>(limit, 1) && !m.confirmation && !m.dropped) {
-    auto dropped = messages_.size() + 1;
-    messages_.clear();
-    messages_.push_back(message{{}, {}, {}, true});
+    // The dropped channels' notices stay (nothing else would tell that a channel is gone).
+    std::deque<message> kept;
+    for (auto& q : messages_)
+      if (q.dropped) kept.push_back(std::move(q));
+    auto dropped = messages_.size() + 1 - kept.size();
+    kept.push_back(message{{}, {}, {}, true});
+    messages_ = std::move(kept);
     return dropped;
   }
   messages_.push_back(std::move(m));

@@ -46,9 +46,10 @@ class subscriptions {
   /// forgotten, and the message says so (message::dropped).
   std::optional<message> from_push(reply& r);
 
-  /// Keeps a message nobody waits for. When `limit` are queued already, the queue is replaced
-  /// by one confirmation notice (receivers learn that messages were missed) and this returns the
-  /// count dropped; else 0. A confirmation and a dropped channel's notice are always kept.
+  /// Keeps a message nobody waits for. When `limit` are queued already, the queued messages are
+  /// replaced by one confirmation notice (receivers learn that messages were missed) and this
+  /// returns the count dropped; else 0. Confirmations and dropped channels' notices are always
+  /// kept (queued ones too).
   std::size_t queue(message m, std::size_t limit);
   /// The oldest queued message, if any.
   std::optional<message> next();
