@@ -417,6 +417,18 @@ TEST_CASE("cluster connection: requests follow a slot while it migrates and afte
           CHECK(e.code() == errc::timeout);
           CHECK(std::string(e.what()).find("TRYAGAIN") != std::string::npos);
         }
+        // A script loaded ahead of its call (script::run after NOSCRIPT): the load ran, the call
+        // did not, and loading again is harmless: tried again until the request's time is up.
+        request load_and_call("SCRIPT", "LOAD", "return redis.call('MGET', KEYS[1], KEYS[2])");
+        load_and_call.push("EVAL", "return redis.call('MGET', KEYS[1], KEYS[2])", 2, key, other_key);
+        load_and_call.options.timeout = 300ms;
+        try {
+          co_await c.exec(std::move(load_and_call), both);
+          FAIL("no error");
+        } catch (const boost::system::system_error& e) {
+          CHECK(e.code() == errc::timeout);
+          CHECK(std::string(e.what()).find("TRYAGAIN") != std::string::npos);
+        }
         // A pipeline of writes half of which ran at the old node is not sent again (the APPEND
         // there would run twice): its replies come back, ASK in place of the other half.
         request halves("APPEND", other_key, "!");

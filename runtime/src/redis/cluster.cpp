@@ -78,12 +78,15 @@ bool follows_ask(const request& req) {
 }
 
 // Whether some command of a pipeline ran, by its replies: one that is not an error did (a
-// transaction, MULTI ... EXEC, runs whole or not at all: by EXEC's reply).
+// transaction, MULTI ... EXEC, runs whole or not at all: by EXEC's reply). A SCRIPT LOAD ahead of
+// the call it loads for (script::run after NOSCRIPT) does not count: loading again is harmless.
 bool partly_ran(const request& req, const reply& r) {
   if (r.kind() != reply_kind::array || r.as_array().empty()) return false;
   const auto& replies = r.as_array();
-  if (first_command(req) == "MULTI") return !replies.back().is_error();
-  return std::any_of(replies.begin(), replies.end(), [](const reply& e) { return !e.is_error(); });
+  auto first = first_command(req);
+  if (first == "MULTI") return !replies.back().is_error();
+  auto from = replies.begin() + (first == "SCRIPT" ? 1 : 0);
+  return std::any_of(from, replies.end(), [](const reply& e) { return !e.is_error(); });
 }
 
 }  // namespace
