@@ -24,6 +24,12 @@
 -- is touched).
 local fifo = ARGV[4] == 'fifo'
 
+-- Wake-ups go by sharded pub/sub (ARGV[2] is a channel of the lock's slot: only its shard hears
+-- them); before Redis 7.0, which has no SPUBLISH, by PUBLISH.
+local function wake(message)
+  if type(redis.pcall('SPUBLISH', ARGV[2], message)) == 'table' then redis.call('PUBLISH', ARGV[2], message) end
+end
+
 local function new_fence()
   local f = redis.call('INCR', KEYS[2])
   if f == 1 then  -- the counter was lost with the server's data: see lock_acquire.lua
@@ -50,7 +56,7 @@ local function hand_off()
       redis.call('SET', KEYS[1], h[1], 'PX', ttl)
       local f = new_fence()
       if h[1] ~= ARGV[5] then
-        redis.call('PUBLISH', ARGV[2], 'g|' .. h[1] .. '|' .. string.format('%.0f', f) .. '|' .. ARGV[3])
+        wake('g|' .. h[1] .. '|' .. string.format('%.0f', f) .. '|' .. ARGV[3])
       end
       return {h[1], f}
     end
@@ -102,7 +108,7 @@ elseif ARGV[5] ~= '' then
     if pick then
       redis.call('HDEL', KEYS[3], pick)
       redis.call('SET', KEYS[1], '~' .. pick, 'PX', string.format('%d', math.min(pick_left, 100)))
-      redis.call('PUBLISH', ARGV[2], 'r|' .. ARGV[3])
+      wake('r|' .. ARGV[3])
       return {1, -1}
     end
   end
@@ -113,5 +119,5 @@ redis.call('DEL', KEYS[1])
 -- No waiter of the caller's service is left to hand it to: a mark of its own would only reserve
 -- the lock for nobody later.
 if not fifo then redis.call('HDEL', KEYS[3], ARGV[7]) end
-redis.call('PUBLISH', ARGV[2], 'r|' .. ARGV[3])
+wake('r|' .. ARGV[3])
 return {1}

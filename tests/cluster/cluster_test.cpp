@@ -8,6 +8,7 @@
 // resharded.
 #include "redis/cluster_map.hpp"
 
+#include <jobrt/mutex.hpp>
 #include <jobrt/producer.hpp>
 #include <jobrt/redis/cluster.hpp>
 #include <jobrt/redis/connection.hpp>
@@ -29,6 +30,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -380,6 +382,52 @@ TEST_CASE(
     m = co_await right.async_receive(asio::use_awaitable);
     CHECK(m.channel == channel);
     CHECK(m.payload == "here");
+    c.close();
+  });
+}
+
+TEST_CASE("cluster lock: hand-offs come by sharded pub/sub on a channel of the lock's slot, heard at its primary") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_lock_options lo;
+    lo.prefix = key_prefix() + "lock:";
+    redis_lock_service a(ctx.get_executor(), shared_cluster(), lo);
+    redis_lock_service b(ctx.get_executor(), shared_cluster(), lo);
+    std::vector<config> seeds{shared_cluster()};
+    cluster_connection c(ctx.get_executor(), seeds);
+    c.start();
+    std::array<lock_order, 2> orders{lock_order::any, lock_order::fifo};
+    for (auto order : orders) {
+      lock_options o;
+      o.ttl = 20s;  // the waiter's backstop: far beyond the bound below
+      o.wait = 10s;
+      o.order = order;
+      auto name = fmt::format("l{}", static_cast<int>(order));
+      auto held = co_await a.lock(name, o);
+      bool taken = false;
+      asio::co_spawn(
+          ctx,
+          [&]() -> awaitable<void> {
+            auto l = co_await b.lock(name, o);
+            taken = true;
+            co_await l.unlock();
+          },
+          asio::detached);
+      auto channel = fmt::format("{}wake{{{}}}", lo.prefix, slot_tag(key_slot(lo.prefix + "{" + name + "}")));
+      REQUIRE(key_slot(channel) == key_slot(lo.prefix + "{" + name + "}"));
+      auto owner = co_await c.primary_of(channel);
+      auto listening = [&]() -> awaitable<bool> {
+        auto [ec, r] = co_await c.try_exec_at(owner, request("PUBSUB", "SHARDCHANNELS"));
+        if (ec) co_return false;
+        for (const auto& e : r.as_array())
+          if (e.as_string() == channel) co_return true;
+        co_return false;
+      };
+      CHECK(co_await eventually(listening, 5s));
+      auto began = steady::now();
+      co_await held.unlock();
+      CHECK(co_await eventually([&] { return taken; }, 5s));
+      CHECK(steady::now() - began < 2s);
+    }
     c.close();
   });
 }

@@ -5,7 +5,9 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -61,6 +63,20 @@ TEST_CASE("cluster: CRC16 and key slots as Redis computes them") {
   CHECK(hash_tag("no tag}{") == "no tag}{");
   CHECK(hash_tag("{open") == "{open");
   CHECK(key_slot("jobrt:{q}:ready") == key_slot("q"));
+}
+
+TEST_CASE("cluster: every slot has a short tag that hashes to it") {
+  std::size_t longest = 0;
+  for (std::uint32_t slot = 0; slot < cluster_slots; ++slot) {
+    auto tag = slot_tag(static_cast<std::uint16_t>(slot));
+    longest = std::max(longest, tag.size());
+    if (key_slot("jobrt:lock:wake{" + tag + "}") != slot) {
+      FAIL_CHECK("slot " << slot << ": tag " << tag << " is in slot " << key_slot(tag));
+      break;
+    }
+  }
+  CHECK(longest <= 6);
+  CHECK(slot_tag(key_slot("0")) == "0");
 }
 
 TEST_CASE("cluster: one request's keys must share a slot - the error names two that do not") {

@@ -9,8 +9,9 @@
 // Ownership is a random token, never a thread. While held, a watchdog renews the lock every
 // ttl/3; when a renewal finds it gone or owned by someone else, the lease is marked lost and its
 // cancellation signal fires on the holder's executor. Waiters never poll: a release publishes a
-// wake-up that one subscriber per service hands to the waiting coroutines, and a timer at the
-// holder's remaining TTL is the backstop when a holder dies. docs/ARCHITECTURE.md has the design.
+// wake-up that one subscriber per service (per node, on a cluster) hands to the waiting
+// coroutines, and a timer at the holder's remaining TTL is the backstop when a holder dies.
+// docs/ARCHITECTURE.md has the design.
 #pragma once
 
 #include <jobrt/redis/config.hpp>
@@ -153,8 +154,10 @@ class lock_service {
 };
 
 struct redis_lock_options {
-  /// Keys are <prefix>{<name>} and <prefix>{<name>}:fence (one hash tag per lock: Cluster safe);
-  /// wake-ups go to the channel <prefix>wake.
+  /// Keys are <prefix>{<name>} and <prefix>{<name>}:fence (one hash tag per lock: Cluster safe).
+  /// Wake-ups go by sharded pub/sub (SPUBLISH; PUBLISH before Redis 7.0) to the channel
+  /// <prefix>wake, and on a Redis Cluster to <prefix>wake{<tag>}, where the tag puts the channel
+  /// in the lock's slot (one channel per slot, heard at the node serving it).
   std::string prefix = "jobrt:lock:";
   /// The longest a single Redis call may take (the wait of lock() bounds it too). An unreachable
   /// server makes lock() and try_lock() fail after this long.
@@ -162,7 +165,7 @@ struct redis_lock_options {
 };
 
 /// Locks in Redis: one shared connection and one subscriber connection per service, however many
-/// locks and waiters there are.
+/// locks and waiters there are (on a Redis Cluster, one of each per node that serves its locks).
 class redis_lock_service final : public lock_service {
  public:
   redis_lock_service(boost::asio::any_io_executor ex, redis::config cfg, redis_lock_options o = {});

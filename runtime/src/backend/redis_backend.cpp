@@ -599,13 +599,14 @@ std::uint64_t redis_backend::delayed_version(const std::string& queue) {
     std::lock_guard lock(blocking_mutex_);
     if (!listener_) {
       // Each message names a queue's delayed set; a notice that messages may have been missed
-      // (after each (re)subscribe and each move of a channel) wakes everyone to look again.
+      // wakes the waiters of the channel it names (its subscription, also at a node it moved
+      // to), or everyone after a reconnect.
       listener_ =
           std::make_shared<detail::shard_listener>(ex_, link_, "wakeups", [w = wakeups_](const redis::message& m) {
-            if (m.confirmation)
+            if (m.confirmation && m.channel.empty())
               w->bump_all();
             else
-              w->bump(m.channel);
+              w->bump(m.channel);  // (a message, or the notice that this channel's subscription holds)
           });
     }
     if (subscribed_.insert(channel).second) listener_->listen(channel);

@@ -245,8 +245,13 @@ void lock_core::wake_waiters(std::string_view name) {
 }
 
 void lock_core::wake_all() {
+  wake_all([](std::string_view) { return true; });
+}
+
+void lock_core::wake_all(const std::function<bool(std::string_view name)>& which) {
   std::lock_guard lock(mutex_);
   for (auto& [name, e] : locks_) {
+    if (!which(name)) continue;
     for (waiter* w = e.first; w != nullptr; w = w->next) {
       w->woken = true;
       w->timer.expires_at(lock_clock::time_point::min());

@@ -14,6 +14,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -148,6 +149,9 @@ class lock_core : public std::enable_shared_from_this<lock_core> {
   void grant(std::string_view name, std::string_view token, std::int64_t fence);
   /// Every waiter tries again (wake-ups may have been lost: the subscriber reconnected).
   void wake_all();
+  /// Every waiter of the locks whose name `which` takes tries again (a subscription of their
+  /// wake-ups is in place). `which` runs under the table's mutex.
+  void wake_all(const std::function<bool(std::string_view name)>& which);
   /// Every waiter of one lock tries again.
   void wake_waiters(std::string_view name);
 

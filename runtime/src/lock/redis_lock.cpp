@@ -1,9 +1,12 @@
 // The lock on Redis: three scripts (runtime/lua/lock_*.lua) on one shared connection (on a Redis
-// Cluster, at the primary serving each lock's slot), and one subscriber connection that carries
-// every lock's wake-ups to the waiters of this service.
+// Cluster, at the primary serving each lock's slot), and the wake-ups by sharded pub/sub: on a
+// plain server one channel, on a cluster one for each slot where this service's waiters wait,
+// heard at the node serving that slot (detail::shard_listener).
 #include "lock/lock_core.hpp"
 #include "lock/lock_lua.hpp"
+#include "redis/cluster_map.hpp"
 #include "redis/redis_link.hpp"
+#include "redis/shard_listener.hpp"
 
 #include <jobrt/redis/connection.hpp>
 #include <jobrt/redis/script.hpp>
@@ -24,6 +27,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <set>
 #include <span>
 #include <unordered_map>
 
@@ -97,24 +101,23 @@ class redis_lock_core final : public lock_core {
       : lock_core(ex),
         opts_(std::move(o)),
         channel_(opts_.prefix + "wake"),
-        link_(ex, seeds),
-        sub_(ex, seeds.at(0)),
+        link_(std::make_shared<redis_link>(ex, seeds)),
         acquire_(lua::lock_acquire),
         release_(lua::lock_release),
         extend_(lua::lock_extend) {}
 
   void begin() {
-    std::vector<std::string> channels{channel_};
-    sub_.subscribe(std::move(channels));
-    sub_.start();
-    asio::co_spawn(get_executor(), receive_loop(std::static_pointer_cast<redis_lock_core>(shared_from_this())),
-                   asio::detached);
+    // The listener holds the core only while it handles a message: the core owns the listener.
+    auto weak = std::weak_ptr<redis_lock_core>(std::static_pointer_cast<redis_lock_core>(shared_from_this()));
+    listener_ = std::make_shared<shard_listener>(get_executor(), link_, "locks", [weak](const redis::message& m) {
+      if (auto self = weak.lock(); self && !self->closed()) self->on_message(m);
+    });
   }
 
   void on_close() override {
-    link_.plain().close();
-    if (auto* c = link_.known_cluster()) c->close();
-    sub_.close();
+    link_->plain().close();
+    if (auto* c = link_->known_cluster()) c->close();
+    listener_->close();
   }
 
   asio::awaitable<acquire_result> acquire(const std::string& name, const std::string& token, const lock_options& o,
@@ -129,6 +132,7 @@ class redis_lock_core final : public lock_core {
 
   asio::awaitable<release_result> release(const std::string& name, const std::string& token, lock_order order,
                                           const local_handoff* next) override {
+    auto channel = wake_channel(name);
     auto make = [&] {
       lock_keys keys(opts_.prefix, name, order);
       auto hint = next ? next->token() : std::string_view();
@@ -136,9 +140,9 @@ class redis_lock_core final : public lock_core {
       // (FIFO reads no service id and no streak: two arguments fewer to send and to hand to Lua.)
       redis::request req =
           order == lock_order::fifo
-              ? redis::request("EVALSHA", release_.sha1(), keys.size(), keys.views(), token, channel_, name,
+              ? redis::request("EVALSHA", release_.sha1(), keys.size(), keys.views(), token, channel, name,
                                order_arg(order), hint, hint_ttl)
-              : redis::request("EVALSHA", release_.sha1(), keys.size(), keys.views(), token, channel_, name,
+              : redis::request("EVALSHA", release_.sha1(), keys.size(), keys.views(), token, channel, name,
                                order_arg(order), hint, hint_ttl, service_id_, next ? next->streak : 0);
       req.options.timeout = opts_.io_timeout;
       // Resending is safe (the token check); a resent release only answers "not owned".
@@ -149,12 +153,12 @@ class redis_lock_core final : public lock_core {
     boost::system::error_code ec;
     redis::reply r;
     if (plain_server())
-      std::tie(ec, r) = co_await link_.plain().async_exec(make(), use_tuple);
+      std::tie(ec, r) = co_await link_->plain().async_exec(make(), use_tuple);
     else
       std::tie(ec, r) = co_await routed_call(make(), lock_key(name));
     if (needs_reload(ec, r)) {
       if (plain_server())
-        std::tie(ec, r) = co_await link_.plain().async_exec(with_load(release_, make()), use_tuple);
+        std::tie(ec, r) = co_await link_->plain().async_exec(with_load(release_, make()), use_tuple);
       else
         std::tie(ec, r) = co_await routed_call(with_load(release_, make()), lock_key(name));
       unpack_reload(ec, r);
@@ -174,8 +178,8 @@ class redis_lock_core final : public lock_core {
   // call touches one lock's slot only, so it works on Redis Cluster too (a single script over
   // every lock's key would not).
   asio::awaitable<std::vector<bool>> renew(std::vector<renew_item> items, std::chrono::milliseconds limit) override {
-    if (!link_.known()) co_await link_.cluster(std::min(limit, opts_.io_timeout));
-    if (link_.known_cluster()) co_return co_await renew_each(std::move(items), limit);
+    if (!link_->known()) co_await link_->cluster(std::min(limit, opts_.io_timeout));
+    if (link_->known_cluster()) co_return co_await renew_each(std::move(items), limit);
     redis::request req;
     for (auto& item : items) {
       std::array<std::string, 1> keys{lock_key(item.name)};
@@ -185,7 +189,7 @@ class redis_lock_core final : public lock_core {
     req.options.timeout = std::min(limit, opts_.io_timeout);
     req.options.resend_safe = true;
     auto again = req;
-    auto [ec, r] = co_await link_.plain().async_exec(std::move(req), asio::as_tuple(asio::use_awaitable));
+    auto [ec, r] = co_await link_->plain().async_exec(std::move(req), asio::as_tuple(asio::use_awaitable));
     // One command's reply comes alone, a pipeline's as an array: make both an array.
     auto as_list = [n = items.size()](boost::system::error_code& code, redis::reply& rep) {
       if (n == 1 && (!code || code == errc::server_error)) {
@@ -201,13 +205,13 @@ class redis_lock_core final : public lock_core {
       redis::request load("SCRIPT", "LOAD", extend_.source());
       load.options = again.options;
       load.append(again);
-      std::tie(ec, r) = co_await link_.plain().async_exec(std::move(load), asio::as_tuple(asio::use_awaitable));
+      std::tie(ec, r) = co_await link_->plain().async_exec(std::move(load), asio::as_tuple(asio::use_awaitable));
       if (!ec) {
         auto& all = r.as_array();
         all.erase(all.begin());
       }
     }
-    if (ec) throw system_error(ec, ec == errc::not_connected ? link_.plain().last_error() : std::string());
+    if (ec) throw system_error(ec, ec == errc::not_connected ? link_->plain().last_error() : std::string());
     std::vector<bool> out;
     for (auto& e : r.as_array()) {
       if (e.is_error()) throw system_error(errc::server_error, std::string(e.error_message()));
@@ -219,17 +223,17 @@ class redis_lock_core final : public lock_core {
  private:
   // A script call where the lock lives: on a plain server straight on the shared connection;
   // else (on a cluster, or before the first answer says which) through the link.
-  bool plain_server() const noexcept { return link_.known() && !link_.known_cluster(); }
+  bool plain_server() const noexcept { return link_->known() && !link_->known_cluster(); }
   asio::awaitable<std::tuple<boost::system::error_code, redis::reply>> routed_call(redis::request req,
                                                                                    const std::string& route) {
-    if (!link_.known()) {
+    if (!link_->known()) {
       try {
-        co_await link_.cluster(req.options.timeout);
+        co_await link_->cluster(req.options.timeout);
       } catch (const system_error& e) {
         co_return std::tuple(e.code(), redis::reply());
       }
     }
-    auto [ec, r] = co_await link_.try_exec(std::move(req), route);
+    auto [ec, r] = co_await link_->try_exec(std::move(req), route);
     co_return std::tuple(ec, std::move(r));
   }
 
@@ -244,7 +248,7 @@ class redis_lock_core final : public lock_core {
       auto req = self->extend_.make_request(keys, args);
       req.options.timeout = within;
       req.options.resend_safe = true;
-      auto r = co_await self->extend_.run(*self->link_.known_cluster(), std::move(keys), std::move(req));
+      auto r = co_await self->extend_.run(*self->link_->known_cluster(), std::move(keys), std::move(req));
       co_return r.as_integer() == 1;
     };
     auto within = std::min(limit, opts_.io_timeout);
@@ -273,7 +277,7 @@ class redis_lock_core final : public lock_core {
     return false;
   }
 
-  std::string lock_key(const std::string& name) const { return fmt::format("{}{{{}}}", opts_.prefix, name); }
+  std::string lock_key(std::string_view name) const { return fmt::format("{}{{{}}}", opts_.prefix, name); }
 
   // acquire() and release() call their script as redis::script::run does (EVALSHA; after
   // NOSCRIPT, SCRIPT LOAD and the same EVALSHA in one round trip), but inline in their own
@@ -303,43 +307,56 @@ class redis_lock_core final : public lock_core {
   void check(const boost::system::error_code& ec, const redis::reply& r, const std::string& name) const {
     if (!ec) return;
     std::string failure = r.is_error() ? std::string(r.error_message()) : std::string();
-    if (ec == errc::not_connected) failure = link_.plain().last_error();
+    if (ec == errc::not_connected) failure = link_->plain().last_error();
     throw system_error(ec, fmt::format("lock '{}'", name) + (failure.empty() ? "" : ": " + failure));
   }
 
+  // The channel a lock's wake-ups go to. On a cluster, one of its slot: SPUBLISH in a script must
+  // name a channel of the script's slot, and a channel per slot (not per lock) bounds what a
+  // service subscribes to. (A prefix with a brace in it that moves the tag: the lock's own.)
+  std::string wake_channel(std::string_view name) const {
+    if (!link_->known_cluster()) return channel_;
+    auto key = lock_key(name);
+    auto slot = redis::detail::key_slot(key);
+    auto channel = fmt::format("{}wake{{{}}}", opts_.prefix, redis::detail::slot_tag(slot));
+    return redis::detail::key_slot(channel) == slot ? channel : key + ":wake";
+  }
+
+  // A waiter of this service waits for `name`: its wake-ups are listened to (once a channel). The
+  // subscription's confirmation wakes the waiters it is about: a wake-up sent before it held is
+  // not lost.
+  void listen_for(std::string_view name) {
+    auto channel = wake_channel(name);
+    std::lock_guard lock(batch_mutex_);
+    if (listened_.insert(channel).second) listener_->listen(std::move(channel));
+  }
+
   // Wake-ups: 'r|<name>' (released: one local waiter retries) or 'g|<token>|<fence>|<name>'
-  // (handed to that FIFO waiter). After every (re)subscription, every waiter retries: messages
-  // published while the subscriber was away are lost.
-  // It holds the core only while it handles a message: parked in the subscriber, which the core
-  // owns, it would keep the core alive in a cycle (see start_and_let_go).
-  static asio::awaitable<void> receive_loop(std::weak_ptr<redis_lock_core> weak) {
-    for (;;) {
-      auto self = weak.lock();
-      if (!self) co_return;
-      auto [ec, m] = co_await start_and_let_go<void(boost::system::error_code, redis::message)>(
-          self, [](redis_lock_core& c, auto handler) { c.sub_.async_receive(std::move(handler)); }, use_tuple);
-      self = weak.lock();
-      if (ec || !self || self->closed()) co_return;
-      if (m.confirmation) {
-        self->wake_all();
-        continue;
-      }
-      std::string_view p = m.payload;
-      if (p.starts_with("r|")) {
-        self->wake(p.substr(2));
-      } else if (p.starts_with("g|")) {
-        p.remove_prefix(2);
-        auto bar = p.find('|');
-        if (bar == std::string_view::npos) continue;
-        auto token = p.substr(0, bar);
-        p.remove_prefix(bar + 1);
-        bar = p.find('|');
-        if (bar == std::string_view::npos) continue;
-        std::int64_t fence = 0;
-        auto [ptr, err] = std::from_chars(p.data(), p.data() + bar, fence);
-        if (err != std::errc() || ptr != p.data() + bar) continue;
-        self->grant(p.substr(bar + 1), token, fence);
-      }
+  // (handed to that FIFO waiter). After a (re)subscription, the waiters it is about retry:
+  // messages published while it was not in place are lost.
+  void on_message(const redis::message& m) {
+    if (m.confirmation) {
+      if (m.channel.empty() || m.channel == channel_)
+        wake_all();
+      else
+        wake_all([&](std::string_view name) { return wake_channel(name) == m.channel; });
+      return;
+    }
+    std::string_view p = m.payload;
+    if (p.starts_with("r|")) {
+      wake(p.substr(2));
+    } else if (p.starts_with("g|")) {
+      p.remove_prefix(2);
+      auto bar = p.find('|');
+      if (bar == std::string_view::npos) return;
+      auto token = p.substr(0, bar);
+      p.remove_prefix(bar + 1);
+      bar = p.find('|');
+      if (bar == std::string_view::npos) return;
+      std::int64_t fence = 0;
+      auto [ptr, err] = std::from_chars(p.data(), p.data() + bar, fence);
+      if (err != std::errc() || ptr != p.data() + bar) return;
+      grant(p.substr(bar + 1), token, fence);
     }
   }
 
@@ -365,17 +382,18 @@ class redis_lock_core final : public lock_core {
     boost::system::error_code ec;
     redis::reply r;
     if (plain_server())
-      std::tie(ec, r) = co_await link_.plain().async_exec(make(), use_tuple);
+      std::tie(ec, r) = co_await link_->plain().async_exec(make(), use_tuple);
     else
       std::tie(ec, r) = co_await routed_call(make(), lock_key(name));
     if (needs_reload(ec, r)) {
       if (plain_server())
-        std::tie(ec, r) = co_await link_.plain().async_exec(with_load(acquire_, make()), use_tuple);
+        std::tie(ec, r) = co_await link_->plain().async_exec(with_load(acquire_, make()), use_tuple);
       else
         std::tie(ec, r) = co_await routed_call(with_load(acquire_, make()), lock_key(name));
       unpack_reload(ec, r);
     }
     check(ec, r, name);
+    if (queue) listen_for(name);
     const auto& a = r.as_array();
     std::vector<acquire_result> out(tokens.size());
     for (std::size_t i = 0; i < out.size(); ++i) {
@@ -502,12 +520,13 @@ class redis_lock_core final : public lock_core {
   }
 
   redis_lock_options opts_;
-  std::string channel_;
+  std::string channel_;  // the wake-ups' channel on a plain server
   std::string service_id_ = make_service_id();
-  redis_link link_;
-  redis::subscriber sub_;
+  std::shared_ptr<redis_link> link_;
+  std::shared_ptr<shard_listener> listener_;
   redis::script acquire_, release_, extend_;
-  std::mutex batch_mutex_;  // open_batches_ and every batch's state and timer
+  std::mutex batch_mutex_;          // open_batches_ and every batch's state and timer; listened_
+  std::set<std::string> listened_;  // wake-up channels listened to
   std::unordered_map<std::string, std::shared_ptr<fifo_batch>> open_batches_;  // by lock name, not sent yet
 };
 

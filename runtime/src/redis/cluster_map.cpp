@@ -91,6 +91,24 @@ std::string_view hash_tag(std::string_view key) noexcept {
 
 std::uint16_t key_slot(std::string_view key) noexcept { return crc16(hash_tag(key)) & (cluster_slots - 1); }
 
+std::string slot_tag(std::uint16_t slot) {
+  // Found for every slot at the first call: the numbers up to about 110,000 cover them all.
+  static const std::vector<std::uint32_t> numbers = [] {
+    std::vector<std::uint32_t> first(cluster_slots, 0);
+    std::vector<bool> found(cluster_slots, false);
+    std::size_t left = cluster_slots;
+    for (std::uint32_t n = 0; left > 0; ++n) {
+      std::size_t at = crc16(std::to_string(n)) & (cluster_slots - 1u);
+      if (found[at]) continue;
+      found[at] = true;
+      first[at] = n;
+      --left;
+    }
+    return first;
+  }();
+  return std::to_string(numbers[slot & (cluster_slots - 1)]);
+}
+
 std::optional<std::uint16_t> common_slot(std::span<const std::string> keys) {
   if (keys.empty()) return std::nullopt;
   auto slot = key_slot(keys.front());

@@ -30,6 +30,10 @@ std::string_view hash_tag(std::string_view key) noexcept;
 // The slot of a key: crc16(hash_tag(key)) mod 16384.
 std::uint16_t key_slot(std::string_view key) noexcept;
 
+// A short text that hashes to `slot` (the smallest number, in decimal, that does): a name with
+// "{<it>}" in it lives in that slot, beside the keys of any other name there.
+std::string slot_tag(std::uint16_t slot);
+
 // The one slot every key of a request hashes to; nullopt for a request without keys (any node
 // serves it). Keys of several slots cannot go in one request: throws cross_slot_error naming two
 // of them and their slots.

@@ -222,7 +222,11 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       for (auto& command : self->subs_.change(std::move(names), kind, add)) {
         if (!self->connected_) return;  // (re)connecting sends the whole set
         auto confirmed = [self = self.get(), add, c = command](error_code ec, reply& r) {
-          if (!ec && add) self->deliver(message{{}, {}, {}, true});
+          if (!ec && add) {
+            message m{{}, {}, {}, true};
+            if (c.kind == channel_kind::shard) m.channel = c.names.front();  // (one a command)
+            self->deliver(std::move(m));
+          }
           if (ec == errc::server_error && add) self->refused(c, r);
         };
         self->send_internal(request(command.name, command.names), command.names.size(), confirmed);

@@ -47,7 +47,8 @@ struct message {
   std::string pattern;  ///< the pattern it matched, for PSUBSCRIBE; else empty
   /// True for a notice, not a message: subscriptions are in place (after subscribe() and after
   /// each reconnect). Messages published while the connection was down are lost, so a receiver
-  /// should re-check what it waits for.
+  /// should re-check what it waits for: what `channel` is about when it names one (the shard
+  /// channel that ssubscribe() just added), else everything.
   bool confirmation = false;
   /// True for a notice, not a message: the server dropped this shard channel (its slot moved
   /// to another shard, or this node does not serve it). Subscribe to it where it is served now;
