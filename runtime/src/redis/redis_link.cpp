@@ -160,8 +160,28 @@ redis::blocking_connection& redis_link::replicated_at(const redis::config& node)
       conns.push_back(std::make_unique<redis::blocking_connection>(ex_, cfg));
       conns.back()->start();
     }
+    drop_former_primaries_locked(node.address());
   }
   return *conns[next_replicated_++ % conns.size()];
+}
+
+// On a cluster, when a server gets a pool (a failover, a slot moved to a new node), the pools
+// of servers that are no longer primaries are closed, so they do not reconnect for ever to a
+// failed node (a call still on its way there ends with errc::closed, as at a lost connection).
+void redis_link::drop_former_primaries_locked(const std::string& keep) {
+  if (!cluster_) return;
+  auto primaries = cluster_->primaries();
+  auto is_primary = [&](const redis::config& cfg) {
+    return std::any_of(primaries.begin(), primaries.end(), [&](const std::string& text) {
+      auto a = redis::detail::parse_address(text);
+      return a && a->host == cfg.host && std::to_string(a->port) == cfg.port;
+    });
+  };
+  std::erase_if(replicated_, [&](auto& e) {
+    if (e.first == keep || e.second.empty() || is_primary(e.second.front()->get_config())) return false;
+    for (auto& c : e.second) c->close();
+    return true;
+  });
 }
 
 asio::awaitable<std::pair<boost::system::error_code, reply>> redis_link::try_exec(request req,

@@ -73,6 +73,7 @@ class redis_link {
   std::unique_ptr<redis::cluster_connection> cluster_;
   // run_replicated's connections, a few per server ("host:port"), taken in turn.
   redis::blocking_connection& replicated_at(const redis::config& node);
+  void drop_former_primaries_locked(const std::string& keep);
   std::map<std::string, std::vector<std::unique_ptr<redis::blocking_connection>>> replicated_;
   std::size_t next_replicated_ = 0;
 };
