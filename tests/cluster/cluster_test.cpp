@@ -506,7 +506,7 @@ TEST_CASE("cluster connection: carries on when a primary dies and its replica ta
         o.refresh_period = 200ms;  // (the map of a node that learns of the failover last is read again soon)
         cluster_connection c(ctx.get_executor(), cluster_seeds(cluster.url()), o);
         c.start();
-        const std::string key = "survivor";
+        const std::string key = "lasting";  // (slot 12679: at the third primary, not a seed)
         std::vector<std::string> keys{key};
         co_await c.exec(request("SET", key, "before"), keys);
         slot_map map(parse_cluster_shards(co_await c.exec(request("CLUSTER", "SHARDS"))));
@@ -532,6 +532,23 @@ TEST_CASE("cluster connection: carries on when a primary dies and its replica ta
                      std::find(now_primaries.begin(), now_primaries.end(), dead.text()) == now_primaries.end();
             },
             10s));
+        // Started again (a replica now), the old primary gets no connection of ours back: once it
+        // answers, one left would be back within reconnect_wait_max (2 s).
+        REQUIRE(dead.port - cluster.first() > 1);  // (the client keeps its seeds' connections)
+        cluster.restart(dead.port - cluster.first());
+        CHECK(co_await eventually(
+            [&] {
+              try {
+                cluster.cli(dead.port - cluster.first(), {"PING"});
+                return true;
+              } catch (const std::exception&) {
+                return false;
+              }
+            },
+            10s));
+        co_await sleep_for(3s);
+        auto clients = cluster.cli(dead.port - cluster.first(), {"CLIENT", "LIST"});
+        CHECK_MESSAGE(clients.find(" name=jobrt ") == std::string::npos, clients);
       },
       60s);
 }

@@ -304,12 +304,32 @@ class cluster_impl : public std::enable_shared_from_this<cluster_impl> {
         primaries_ = std::move(names);
       }
       refreshes_.fetch_add(1, std::memory_order_relaxed);
+      retire_unserving();
     } else if (!errors.empty()) {
       last_refresh_error_ = "reading the slot map: " + errors;
     }
     last_refresh_ = clock::now();
     refreshing_ = false;
     refreshed_.cancel();
+  }
+
+  // Connections to nodes that serve no slot now and cannot be reached (a primary that failed),
+  // seeds aside, are closed: they would reconnect for ever. (Kept until the client closes: run()
+  // may still look at one after its request ended.)
+  void retire_unserving() {
+    auto primaries = map_.primaries();
+    auto among = [](const std::vector<node_address>& nodes, const node_address& n) {
+      return std::find(nodes.begin(), nodes.end(), n) != nodes.end();
+    };
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if (it->second->is_connected() || among(primaries, it->first) || among(seed_nodes_, it->first)) {
+        ++it;
+        continue;
+      }
+      it->second->close();
+      retired_.push_back(std::move(it->second));
+      it = conns_.erase(it);
+    }
   }
 
   // A refresh in the background (after a MOVED, or a primary that cannot be reached), unless one
@@ -345,6 +365,7 @@ class cluster_impl : public std::enable_shared_from_this<cluster_impl> {
   cluster_options opts_;
   slot_map map_;
   std::map<node_address, std::unique_ptr<connection>> conns_;
+  std::vector<std::unique_ptr<connection>> retired_;  // closed (see retire_unserving)
   asio::steady_timer refresh_timer_;
   asio::steady_timer refreshed_;  // waits for a refresh under way; cancelled when it ends
   clock::time_point last_refresh_{};
