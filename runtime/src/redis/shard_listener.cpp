@@ -50,10 +50,10 @@ void shard_listener::close() {
 // Subscribes `channel` at the node serving it now. After a node dropped it (`dropped_by`), the
 // slot map is read again first, and while the map still names that node (a map read before the
 // move was over, or a cluster that is down) the pause grows: a channel that keeps being refused
-// is not asked for again and again. (Each subscription that holds sends a confirmation notice:
-// one wake-all per placement, none per refusal.) Retried after a pause while the node cannot be
-// found out; the cluster question is bounded, so a listener closed while Redis is unreachable
-// ends within that bound.
+// is not asked for again and again. (Each subscription that holds sends a confirmation notice
+// that names the channel: one wake-up of its waiters per placement, none per refusal.) Retried
+// after a pause while the node cannot be found out; the cluster question is bounded, so a
+// listener closed while Redis is unreachable ends within that bound.
 asio::awaitable<void> shard_listener::place(std::shared_ptr<shard_listener> self, std::string channel,
                                             std::string dropped_by) {
   auto pause = std::chrono::milliseconds(100);
