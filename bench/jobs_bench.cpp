@@ -5,8 +5,9 @@
 //     enqueue N no-op jobs in batches of 1000, then one worker runs them; prints jobs/s,
 //     enqueue jobs/s, Redis commands per job (INFO commandstats: commands inside scripts count),
 //     Redis CPU per job (INFO cpu), Redis memory per queued job (INFO memory).
-//   jobrt_bench_jobs URL pickup N GROUPED [GAP_US=1000]
-//     an idle worker; N jobs enqueued one at a time, each after the previous one ran; prints the
+//   jobrt_bench_jobs URL pickup N GROUPED [GAP_US=1000] [SHARDS=1]
+//     an idle worker (on a queue of SHARDS shards: sharded_backend); N jobs enqueued one at a
+//     time, each after the previous one ran; prints the
 //     enqueue-to-handler-start latency p50/p99, and the same for a bare LPUSH → BLMOVE wake-up,
 //     taking turns with it. Each send follows an idle gap of GAP_US (1 ms, as the Node drivers of
 //     the peers wait: the shortest timer they have), so the worker is idle again in its blocking
@@ -24,6 +25,7 @@
 // Output: one line of key=value pairs. The server must be a throw-away one: it is flushed.
 #include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
+#include <jobrt/sharded_backend.hpp>
 #include <jobrt/worker.hpp>
 
 #include "server_stats.hpp"
@@ -197,10 +199,12 @@ awaitable<void> work(asio::io_context& ctx, redis::config cfg, long n, std::size
              epoch_us(start), epoch_us(last), (c1 - c0) * 1e6);
 }
 
-awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool grouped, std::chrono::microseconds gap) {
-  redis_backend store(ctx.get_executor(), cfg);
-  auto& conn = store.connection();
+awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool grouped, std::chrono::microseconds gap,
+                       std::size_t shards) {
+  redis_backend redis(ctx.get_executor(), cfg);
+  auto& conn = redis.connection();
   co_await redis::exec(conn, redis::request("FLUSHALL"));
+  sharded_backend store(redis, shards);
 
   worker_options o;
   o.queue = "pickup";
@@ -254,9 +258,9 @@ awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool gro
   }
   co_await w.stop(std::chrono::seconds(5));
   fmt::print(
-      "pickup grouped={} n={} p50_us={:.0f} p99_us={:.0f} bare_p50_us={:.0f} bare_p99_us={:.0f} p10_us={:.0f} "
-      "p25_us={:.0f} p75_us={:.0f} p90_us={:.0f} p95_us={:.0f}\n",
-      grouped, n, percentile(ours, 0.5), percentile(ours, 0.99), percentile(bare, 0.5), percentile(bare, 0.99),
+      "pickup grouped={} shards={} n={} p50_us={:.0f} p99_us={:.0f} bare_p50_us={:.0f} bare_p99_us={:.0f} "
+      "p10_us={:.0f} p25_us={:.0f} p75_us={:.0f} p90_us={:.0f} p95_us={:.0f}\n",
+      grouped, shards, n, percentile(ours, 0.5), percentile(ours, 0.99), percentile(bare, 0.5), percentile(bare, 0.99),
       percentile(ours, 0.1), percentile(ours, 0.25), percentile(ours, 0.75), percentile(ours, 0.9),
       percentile(ours, 0.95));
 }
@@ -305,7 +309,7 @@ int main(int argc, char** argv) {
   if (argc < 3) {
     fmt::print(stderr,
                "usage: {} URL throughput N C GROUPS [BURST] [FOLLOW] | fill N GROUPS | work N C [BURST] | pickup N "
-               "GROUPED [GAP_US] | "
+               "GROUPED [GAP_US] [SHARDS] | "
                "depth DEPTH\n",
                argv[0]);
     return 2;
@@ -332,9 +336,10 @@ int main(int argc, char** argv) {
                               static_cast<std::size_t>(arg(6, 4)), follow),
                    done);
   else if (mode == "pickup")
-    asio::co_spawn(
-        ctx, pickup(ctx, cfg, static_cast<int>(arg(3, 1000)), arg(4, 0) != 0, std::chrono::microseconds(arg(5, 1000))),
-        done);
+    asio::co_spawn(ctx,
+                   pickup(ctx, cfg, static_cast<int>(arg(3, 1000)), arg(4, 0) != 0,
+                          std::chrono::microseconds(arg(5, 1000)), static_cast<std::size_t>(std::max(1L, arg(6, 1)))),
+                   done);
   else if (mode == "fill")
     asio::co_spawn(ctx, fill_only(ctx, cfg, arg(3, 100000), arg(4, 0)), done);
   else if (mode == "work")

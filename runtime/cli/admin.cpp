@@ -3,6 +3,7 @@
 
 #include <jobrt/job.hpp>
 #include <jobrt/redis_backend.hpp>
+#include <jobrt/sharded_backend.hpp>
 
 #include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
@@ -65,10 +66,12 @@ void with_store(const common& c, Body body, queue_must must = queue_must::exist)
       ctx,
       [&]() -> asio::awaitable<void> {
         co_await check_reachable(store.connection(), c.url);
-        if (must == queue_must::exist && !known(co_await store.counts(c.queue)))
+        // The queue through its shards, as many as it is stored with (1 when it is not).
+        sharded_backend queue(store, 0, sharded_backend::when_unknown::look);
+        if (must == queue_must::exist && !known(co_await queue.counts(c.queue)))
           throw std::runtime_error(
               fmt::format("queue '{}' is unknown at {}: nothing was ever enqueued to it", c.queue, c.url));
-        co_await body(store);
+        co_await body(queue);
       },
       [&](std::exception_ptr e) {
         failure = e;
@@ -141,7 +144,7 @@ struct letter_filter {
 
 // The keys of the matching dead letters, read page by page. They are all read before any is
 // requeued or purged: those calls remove letters, which would shift the pages still to read.
-asio::awaitable<std::vector<std::string>> matching_letters(redis_backend& store, const std::string& queue,
+asio::awaitable<std::vector<std::string>> matching_letters(backend& store, const std::string& queue,
                                                            const letter_filter& filter) {
   constexpr std::size_t page = 500;
   std::vector<std::string> ids;
@@ -166,7 +169,7 @@ struct stats_options {
 int stats(const stats_options& o) {
   auto c = o.c;
   auto watch = o.watch;
-  with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+  with_store(c, [&](backend& store) -> asio::awaitable<void> {
     std::int64_t last_completed = -1;
     asio::steady_timer timer(co_await asio::this_coro::executor);
     for (;;) {
@@ -207,7 +210,7 @@ struct check_options {
 int check(const check_options& o) {
   auto c = o.c;
   check_report r;
-  with_store(c, [&](redis_backend& store) -> asio::awaitable<void> { r = co_await store.check(c.queue, o.repair); });
+  with_store(c, [&](backend& store) -> asio::awaitable<void> { r = co_await store.check(c.queue, o.repair); });
   auto oldest_age = r.oldest_enqueued_ms > 0 ? now_ms() - r.oldest_enqueued_ms : 0;
   if (c.json) {
     json::array problems;
@@ -274,7 +277,7 @@ void add_selection(CLI::App& cmd, letters_options& o) {
 }
 
 int dlq_list(const common& c, std::size_t offset, std::size_t limit) {
-  with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+  with_store(c, [&](backend& store) -> asio::awaitable<void> {
     auto letters = co_await store.dead_letters(c.queue, offset, limit);
     for (auto& d : letters) {
       if (c.json)
@@ -288,7 +291,7 @@ int dlq_list(const common& c, std::size_t offset, std::size_t limit) {
 
 int dlq_show(const common& c, const std::string& id) {
   int rc = 0;
-  with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+  with_store(c, [&](backend& store) -> asio::awaitable<void> {
     auto d = co_await store.dead_letter_of(c.queue, id);
     if (!d) {
       fmt::print(stderr, "jobrt: dlq show: no dead letter {} in queue {}\n", id, c.queue);
@@ -325,7 +328,7 @@ json::array report_missing(const std::vector<std::string>& wanted, const std::se
 int dlq_requeue(letters_options o) {
   o.settle("requeue");
   int rc = 0;
-  with_store(o.c, [&](redis_backend& store) -> asio::awaitable<void> {
+  with_store(o.c, [&](backend& store) -> asio::awaitable<void> {
     auto& ids = o.ids;
     if (o.selection()) ids = co_await matching_letters(store, o.c.queue, o.filter);
     // In calls of keys_per_call. --head puts each call's letters in front of those already
@@ -355,7 +358,7 @@ int dlq_requeue(letters_options o) {
 int dlq_purge(letters_options o) {
   o.settle("purge");
   int rc = 0;
-  with_store(o.c, [&](redis_backend& store) -> asio::awaitable<void> {
+  with_store(o.c, [&](backend& store) -> asio::awaitable<void> {
     auto& ids = o.ids;
     std::int64_t purged = 0;
     json::array missing;
@@ -445,7 +448,7 @@ struct group_options {
 };
 
 int group_show(const common& c) {
-  with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+  with_store(c, [&](backend& store) -> asio::awaitable<void> {
     for (auto& g : co_await store.paused_groups(c.queue)) {
       if (c.json)
         fmt::print("{}\n", json::serialize(json::object{
@@ -460,7 +463,7 @@ int group_show(const common& c) {
 int group_pause(const group_options& o) {
   with_store(
       o.c,
-      [&](redis_backend& store) -> asio::awaitable<void> {
+      [&](backend& store) -> asio::awaitable<void> {
         if (!o.force && co_await store.group_size(o.c.queue, o.group) == 0)
           throw std::runtime_error(fmt::format(
               "group '{}' of queue '{}' has no jobs; --force pauses it ahead of its first", o.group, o.c.queue));
@@ -475,7 +478,7 @@ int group_pause(const group_options& o) {
 }
 
 int group_resume(const group_options& o) {
-  with_store(o.c, [&](redis_backend& store) -> asio::awaitable<void> {
+  with_store(o.c, [&](backend& store) -> asio::awaitable<void> {
     if (!co_await store.resume(o.c.queue, o.group, o.skip ? resume_mode::skip : resume_mode::retry))
       throw std::runtime_error(fmt::format("group '{}' of queue '{}' is not paused", o.group, o.c.queue));
     if (o.c.json)
@@ -523,7 +526,7 @@ struct purge_options {
 
 int queue_purge(const purge_options& o) {
   auto c = o.c;
-  with_store(c, [&](redis_backend& store) -> asio::awaitable<void> {
+  with_store(c, [&](backend& store) -> asio::awaitable<void> {
     auto q = co_await store.counts(c.queue);
     if (q.running > 0 && !o.force)
       throw std::runtime_error(

@@ -13,6 +13,7 @@
 #include <jobrt/memory_backend.hpp>
 #include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
+#include <jobrt/sharded_backend.hpp>
 #include <jobrt/worker.hpp>
 
 #include <fmt/format.h>
@@ -57,6 +58,7 @@ struct demo_options {
   bool groups = true;
   std::string redis_url;
   std::size_t processes = 3;  // with --redis
+  std::size_t shards = 1;     // the queue's (sharded_backend)
   std::string queue = "demo";
 };
 
@@ -251,7 +253,7 @@ int summarize(const demo_options& o, const arrivals& a, const outcome& r) {
 
 int run_demo(const demo_options& o) {
   asio::io_context ctx(static_cast<int>(o.threads));
-  auto store = std::make_unique<memory_backend>(ctx.get_executor());
+  auto store = std::make_unique<sharded_backend>(std::make_shared<memory_backend>(ctx.get_executor()), o.shards);
 
   auto a = make_arrivals(o);
   producer prod(*store, o.queue, make_producer_options(o));
@@ -270,7 +272,8 @@ int run_demo(const demo_options& o) {
 
   fmt::print("jobrt demo: {} stock arrivals for {} commodities, {}, on the {} backend\n", o.jobs, o.commodities,
              o.groups ? "grouped by commodity" : "NOT grouped (--no-groups)", "embedded");
-  fmt::print("  {} workers x concurrency {}, {} threads\n", o.workers, o.concurrency, o.threads);
+  fmt::print("  {} workers x concurrency {}, {} threads{}\n", o.workers, o.concurrency, o.threads,
+             o.shards > 1 ? fmt::format(", the queue over {} shards", o.shards) : "");
 
   double secs = 0;
   std::exception_ptr failure;
@@ -348,15 +351,17 @@ std::int64_t to_int(const redis::reply& r) { return r.is_nil() ? 0 : std::stoll(
 int run_demo_processes(const demo_options& o) {
   asio::io_context ctx(1);  // one thread: the children's parent-death signal follows this thread
   redis_backend store(ctx.get_executor(), seeds_of(o.redis_url));
+  sharded_backend queue(store, o.shards);
   redis_state keys(o.queue);
   auto a = make_arrivals(o);
-  producer prod(store, o.queue, make_producer_options(o));
+  producer prod(queue, o.queue, make_producer_options(o));
   worker_processes children(ctx.get_executor());
 
   fmt::print("jobrt demo: {} stock arrivals for {} commodities, {}, on the {} backend\n", o.jobs, o.commodities,
              o.groups ? "grouped by commodity" : "NOT grouped (--no-groups)", "Redis");
-  fmt::print("  {} worker processes x {} worker{} x concurrency {}, {} thread{} each\n", o.processes, o.workers,
-             o.workers == 1 ? "" : "s", o.concurrency, o.threads, o.threads == 1 ? "" : "s");
+  fmt::print("  {} worker processes x {} worker{} x concurrency {}, {} thread{} each{}\n", o.processes, o.workers,
+             o.workers == 1 ? "" : "s", o.concurrency, o.threads, o.threads == 1 ? "" : "s",
+             o.shards > 1 ? fmt::format(", the queue over {} shards", o.shards) : "");
 
   outcome r;
   std::exception_ptr failure;
@@ -366,7 +371,11 @@ int run_demo_processes(const demo_options& o) {
         // A clean queue for this run (the demo's state keys go with it).
         auto& conn = store.connection();
         co_await check_reachable(conn, o.redis_url);
-        co_await store.purge_queue(o.queue);  // (SCAN and UNLINK in steps: KEYS would hold the server up)
+        {  // (SCAN and UNLINK in steps: KEYS would hold the server up) every shard of an earlier run
+          sharded_backend earlier(store, 0, sharded_backend::when_unknown::look);
+          co_await earlier.purge_queue(o.queue);
+        }
+        co_await queue.shards_of(o.queue);  // (stored now, before the worker processes look)
 
         args worker_args{"demo-worker",
                          "--redis",
@@ -381,6 +390,8 @@ int run_demo_processes(const demo_options& o) {
                          std::to_string(o.threads),
                          "--limit",
                          std::to_string(o.limit),
+                         "--shards",
+                         std::to_string(o.shards),
                          "--parent",
                          std::to_string(::getpid())};
         for (std::size_t p = 0; p < o.processes; ++p) children.spawn(worker_args);
@@ -395,7 +406,7 @@ int run_demo_processes(const demo_options& o) {
         co_await prod.enqueue_bulk(std::move(a.specs));
         queue_counts counts;
         for (;;) {
-          counts = co_await store.counts(o.queue);
+          counts = co_await queue.counts(o.queue);
           auto done = static_cast<std::size_t>(counts.completed + counts.failed);
           r.secs = std::chrono::duration<double>(clock::now() - start).count();
           progress(static_cast<std::size_t>(counts.completed), o.jobs, r.secs);
@@ -448,7 +459,7 @@ int run_demo_processes(const demo_options& o) {
         r.notes.insert(r.notes.begin(), fmt::format("processes     {} of {} worker processes ran jobs ({})", with_jobs,
                                                     o.processes, fmt::join(ran, " / ")));
         // Nothing of the run is left on the server (its keys, the demo's state among them).
-        co_await store.purge_queue(o.queue);
+        co_await queue.purge_queue(o.queue);
       },
       [&](std::exception_ptr e) {
         failure = e;
@@ -512,6 +523,7 @@ void add_demo(CLI::App& jobrt, action& chosen) {
       "run ungrouped: concurrent read-modify-writes lose updates");
   redis_option(*cmd, o.redis_url, "run on this server, with worker processes", false);
   a->processes = number_option(*cmd, "--processes", o.processes, 1, 64, "worker processes with --redis (default 3)");
+  number_option(*cmd, "--shards", o.shards, 1, 1024, "shards the queue spreads over (default 1)");
   cmd->add_option("--queue", o.queue, "the queue, emptied before and after a run with --redis (default demo)")
       ->check(queue_name());
   cmd->footer(
@@ -532,6 +544,7 @@ void add_demo(CLI::App& jobrt, action& chosen) {
   number_option(*cmd, "--concurrency", w->o.concurrency, 1, 100'000, "");
   number_option(*cmd, "--threads", w->o.threads, 1, 256, "");
   number_option(*cmd, "--limit", w->limit, 1, 1'000'000'000'000, "");
+  number_option(*cmd, "--shards", w->o.shards, 1, 1024, "");
   number_option(*cmd, "--parent", w->parent, 0, std::numeric_limits<std::size_t>::max(), "");
 }
 
@@ -554,6 +567,7 @@ int run_demo_worker(const demo_args& a) {
   asio::io_context ctx(static_cast<int>(threads));
   asio::signal_set signals(ctx, SIGTERM, SIGINT);
   redis_backend store(ctx.get_executor(), seeds_of(url));
+  sharded_backend shards(store, a.o.shards);
   auto keys = std::make_shared<const redis_state>(queue);
   std::vector<std::unique_ptr<worker>> pool;
   for (std::size_t w = 0; w < workers; ++w) {
@@ -562,7 +576,7 @@ int run_demo_worker(const demo_args& a) {
     wo.concurrency = concurrency;
     wo.id = fmt::format("demo-{}-{}", ::getpid(), w);
     wo.claim_wait = std::chrono::milliseconds(500);
-    pool.push_back(std::make_unique<worker>(ctx.get_executor(), store, wo));
+    pool.push_back(std::make_unique<worker>(ctx.get_executor(), shards, wo));
     pool.back()->add_handler("stock_arrival", stock_arrival_redis(store, keys, limit));
   }
 

@@ -7,6 +7,7 @@
 #include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
 #include <jobrt/settings.hpp>
+#include <jobrt/sharded_backend.hpp>
 #include <jobrt/worker.hpp>
 
 #include <fmt/format.h>
@@ -76,6 +77,7 @@ struct worker_args {
   std::vector<std::string> plugins, queues;
   std::size_t concurrency = 10, threads = 1, burst = 4, lease_ttl_ms = 5000, grace_ms = 10000;
   std::size_t unhandled_delay_ms = 1000, unhandled_limit_ms = 900'000;
+  std::size_t shards = 0;  // 0: as the queue is stored
   std::string id;
   std::string durability = "primary";
   bool log_json = false;
@@ -123,6 +125,8 @@ void add_worker(CLI::App& jobrt, action& chosen) {
                                  "lease time-to-live in ms (default 5000; renewed every third of it)")
                        ->option_text("MS")));
   queue_option(env(number_option(*cmd, "--burst", a->burst, 1, 1000, "jobs of one group in a row (default 4)")));
+  queue_option(env(number_option(*cmd, "--shards", a->shards, 1, 1024,
+                                 "shards the queue spreads over (default: as the queue is stored; 1 for a new one)")));
   queue_option(env(word_option(*cmd, "--follow", a->follow,
                                "after-commit (default): a group's next job starts once its\n"
                                "predecessor's end is stored; pipelined: at once, the end stored on\n"
@@ -188,6 +192,7 @@ int run_worker(worker_args& a) {
   auto threads = a.threads;
   std::chrono::milliseconds grace(a.grace_ms);
   std::vector<worker_options> queues;
+  std::vector<std::size_t> shards;  // per queue
   std::map<std::string, backoff> type_backoffs;
   if (!a.config_file.empty()) {
     for (auto* o : a.queue_options)  // (their environment variables give way to the file)
@@ -199,7 +204,10 @@ int run_worker(worker_args& a) {
     if (cfg.durability && !given_on_command_line(a.durability_option)) durability = *cfg.durability;
     plugins.insert(plugins.begin(), cfg.plugins.begin(), cfg.plugins.end());
     type_backoffs = cfg.type_backoffs;
-    for (auto& q : cfg.queues) queues.push_back(q.worker);
+    for (auto& q : cfg.queues) {
+      queues.push_back(q.worker);
+      shards.push_back(q.shards);
+    }
     if (queues.empty()) throw std::invalid_argument(fmt::format("config {}: no queues", a.config_file));
   } else {
     auto names = a.queues;
@@ -209,6 +217,7 @@ int run_worker(worker_args& a) {
         throw usage_error(fmt::format("worker: --queue {} is given twice", name));
       queues.push_back(wo);
       queues.back().queue = name;
+      shards.push_back(a.shards);
     }
   }
   if (plugins.empty()) throw usage_error("worker: give at least one --plugin (or \"plugins\" in the config)");
@@ -277,12 +286,19 @@ int run_worker(worker_args& a) {
       log(log_level::info, "worker " + base_id, "{} before it started: stopping", signal_name(early));
       co_return;
     }
+    // Each queue through its shards (one shard: the queue itself). A queue stored with another
+    // number of shards than the one given ends the worker here, before it starts.
+    std::vector<std::unique_ptr<sharded_backend>> sharded;
+    for (std::size_t i = 0; i < queues.size(); ++i) {
+      sharded.push_back(std::make_unique<sharded_backend>(store, shards[i]));
+      co_await sharded.back()->shards_of(queues[i].queue);
+    }
     std::vector<std::unique_ptr<jobrt::worker>> pool;
     std::string types;
     for (auto& p : loaded)
       for (auto& e : p->handlers()) types += (types.empty() ? "" : ", ") + e.type;
-    for (auto& q : queues) {
-      pool.push_back(std::make_unique<jobrt::worker>(ctx.get_executor(), store, q));
+    for (std::size_t i = 0; i < queues.size(); ++i) {
+      pool.push_back(std::make_unique<jobrt::worker>(ctx.get_executor(), *sharded[i], queues[i]));
       for (auto& p : loaded) {
         for (auto& e : p->handlers()) {  // the config's backoff for a type wins over the plugin's
           auto b = type_backoffs.find(e.type);
@@ -305,7 +321,7 @@ int run_worker(worker_args& a) {
               queue_metrics q;
               q.queue = queues[i].queue;
               q.workers.push_back(pool[i]->metrics());
-              q.counts = co_await store.counts(q.queue);  // counters: no walk of the queue
+              q.counts = co_await sharded[i]->counts(q.queue);  // counters: no walk of the queue
               all.push_back(std::move(q));
             }
             co_return prometheus_text(all);
@@ -395,6 +411,7 @@ struct enqueue_args {
   std::string url = default_redis_url(), queue = "default", file, config_file, payload, on_failure;
   job_spec base;
   std::size_t count = 0, groups = 0, delay_ms = 0, timeout_ms = 0, max_attempts = 3;
+  std::size_t shards = 0;  // 0: as the queue is stored
   std::string group, durability = "primary";
   bool json = false;
   CLI::Option* url_option = nullptr;
@@ -424,6 +441,9 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
   number_option(*cmd, "-n,--count", a->count, 1, 100'000'000, "N generated jobs");
   number_option(*cmd, "--groups", a->groups, 1, 100'000'000, "spread the generated jobs over groups g0..g(G-1)")
       ->option_text("G");
+  number_option(*cmd, "--shards", a->shards, 1, 1024,
+                "shards the queue spreads over (default: as the queue is stored; 1 for a new one)")
+      ->envname("JOBRT_SHARDS");
   cmd->add_flag("--json", a->json, "print JSON: {\"id\", \"duplicate\"} for one job, else the counts");
   auto job_option = [&](CLI::Option* o) {
     a->job_options.push_back(o->group("job options (one job, and the generated jobs')"));
@@ -510,6 +530,7 @@ int run_enqueue(enqueue_args& a) {
     for (auto& q : cfg.queues) {
       if (q.worker.queue == queue) {
         po.rules = q.rules;
+        if (q.shards != 0 && a.shards == 0) a.shards = q.shards;
         found = true;
       }
       names += (names.empty() ? "" : ", ") + q.worker.queue;
@@ -554,7 +575,9 @@ int run_enqueue(enqueue_args& a) {
   std::vector<enqueue_result> results;
   with_backend(url, durability, 1, [&](asio::io_context&, redis_backend& store) -> asio::awaitable<void> {
     co_await check_reachable(store.connection(), url);
-    producer p(store, queue, po);
+    sharded_backend sharded(store, a.shards);
+    co_await sharded.shards_of(queue);  // (another number stored: refused before anything is sent)
+    producer p(sharded, queue, po);
     // One bulk call per step, and on a terminal a redrawn progress bar after each: about 1% a
     // step, in batches that still cost few round trips.
     auto step = std::clamp<std::size_t>(specs.size() / 100, 1000, 10000);

@@ -1,8 +1,9 @@
 -- Stores a batch of jobs, in order.
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>seq  KEYS[3] <prefix>ids  KEYS[4] <prefix>stats
 -- KEYS[5] <prefix>delayed
--- ARGV[1] n, then n times: id ('' = assign one), group ('' = ungrouped), body, due ('' = now,
---   '+<ms>' = that long from now, '<ms>' = at that time in milliseconds since the epoch)
+-- ARGV[1] n (or '<n>:<shards>:<k>' for shard k of a sharded queue), then n times: id ('' =
+--   assign one), group ('' = ungrouped), body, due ('' = now, '+<ms>' = that long from now,
+--   '<ms>' = at that time in milliseconds since the epoch)
 -- Returns: n times: id, duplicate (1: a job with this producer-given id is pending or running)
 --
 -- A job is stored as the record '<attempts before>|<id>|<body>': ungrouped, as the lane
@@ -19,6 +20,14 @@ local prefix = string.sub(ready, 1, -6)
 local probe = redis.pcall('EXISTS', prefix .. 'probe')
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
 local n = tonumber(ARGV[1])
+-- Shard k of a queue of S shards ('<n>:<S>:<k>') assigns the ids m * S + k (see PROTOCOL.md).
+local stride, offset = 1, 0
+if not n then
+  local count, shards, shard = string.match(ARGV[1], '^(%d+):(%d+):(%d+)$')
+  if count and tonumber(shards) > 0 and tonumber(shard) < tonumber(shards) then
+    n, stride, offset = tonumber(count), tonumber(shards), tonumber(shard)
+  end
+end
 if not n or n < 0 or n % 1 ~= 0 then
   return redis.error_reply("JOBRT:20 job count '" .. ARGV[1] .. "' is not a whole number")
 end
@@ -37,7 +46,7 @@ if n == 1 and ARGV[5] == '' and not string.find(ARGV[4], '"max"', 1, true) and
       not string.find(id1, '^%s') and not string.find(id1, '%s$'))) then
   local id, group = id1, ARGV[3]
   if id == '' then
-    id = string.format('%d', redis.call('INCRBY', seq, '1'))
+    id = string.format('%d', redis.call('INCRBY', seq, '1') * stride + offset)
   elseif redis.call('SADD', ids, id) == 0 then
     redis.call('HINCRBY', stats, 'duplicates', '1') -- (also a write: a WAIT after this call covers the first one's)
     return {id, 1}
@@ -117,7 +126,7 @@ for i = 0, n - 1 do
   local duplicate = 0
   if id == '' then
     next_id = next_id + 1
-    id = string.format('%d', next_id) -- not tostring(): that prints a float, microseconds each
+    id = string.format('%d', next_id * stride + offset) -- not tostring(): that prints a float, microseconds each
   elseif redis.call('SADD', ids, id) == 0 then
     duplicate = 1
     duplicates = duplicates + 1

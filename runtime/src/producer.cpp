@@ -17,6 +17,11 @@ void check_queue_name(std::string_view queue) {
   if (queue.find_first_of("{}") != std::string_view::npos)
     throw std::invalid_argument(
         fmt::format("queue name '{}' holds '{{' or '}}', which would break its keys' hash tag", queue));
+  auto hash = queue.rfind('#');
+  if (hash != std::string_view::npos && hash + 1 < queue.size() &&
+      queue.find_first_not_of("0123456789", hash + 1) == std::string_view::npos)
+    throw std::invalid_argument(fmt::format("queue name '{}' ends in '#' and digits, which name a shard of queue '{}'",
+                                            queue, queue.substr(0, hash)));
 }
 
 producer::producer(backend& b, std::string queue, producer_options opts)

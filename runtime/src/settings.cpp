@@ -81,7 +81,7 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
   const auto& o =
       object_at(v, where,
                 {"name", "concurrency", "lease_ttl_ms", "watchdog_ms", "burst", "follow", "claim_wait_ms", "on_failure",
-                 "retry", "grouping", "dead_letters", "unhandled_delay_ms", "unhandled_limit_ms"});
+                 "retry", "grouping", "dead_letters", "unhandled_delay_ms", "unhandled_limit_ms", "shards"});
   auto field = [&](std::string_view name) { return fmt::format("{}.{}", where, name); };
   queue_settings q;
   auto* name = o.if_contains("name");
@@ -89,6 +89,7 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
   q.worker.queue = text_at(*name, field("name"));
   if (q.worker.queue.find_first_of("{}") != std::string::npos)
     bad(field("name"), fmt::format("\"{}\" holds '{{' or '}}', which would break its keys' hash tag", q.worker.queue));
+  if (auto* f = o.if_contains("shards")) q.shards = static_cast<std::size_t>(count_at(*f, field("shards"), 1, 1024));
   if (auto* f = o.if_contains("concurrency"))
     q.worker.concurrency = static_cast<std::size_t>(count_at(*f, field("concurrency"), 1, 100'000));
   if (auto* f = o.if_contains("lease_ttl_ms"))

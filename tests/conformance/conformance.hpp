@@ -10,6 +10,7 @@
 #include <jobrt/memory_backend.hpp>
 #include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
+#include <jobrt/sharded_backend.hpp>
 #include <jobrt/worker.hpp>
 
 #include <fmt/format.h>
@@ -38,17 +39,57 @@ using asio::use_awaitable;
 
 namespace {  // each suite is one translation unit
 
-// The Redis backend runs on a plain server and on a Redis Cluster (where it finds out by itself).
-enum class backend_kind { memory, redis, cluster };
+// The Redis backend runs on a plain server and on a Redis Cluster (where it finds out by itself);
+// each also holds queues of many shards (sharded_backend): 8 in memory and on a plain server, 16
+// on a cluster.
+enum class backend_kind { memory, redis, cluster, sharded_memory, sharded_redis, sharded_cluster };
+
+bool sharded(backend_kind kind) { return kind >= backend_kind::sharded_memory; }
+// Whether the queue's keys are those of an unsharded queue on Redis (tests that read them).
+[[maybe_unused]] bool plain_keys(backend_kind kind) {
+  return kind == backend_kind::redis || kind == backend_kind::cluster;
+}
+
+std::size_t shards_of(backend_kind kind) { return kind == backend_kind::sharded_cluster ? 16 : sharded(kind) ? 8 : 1; }
+
+// The token of a grouped job's lease, as a worker's lease keeper sends it ('<fence>|g:<group>',
+// led by its shard on a sharded queue).
+[[maybe_unused]] std::string group_token(backend_kind kind, std::int64_t fence, const std::string& group) {
+  auto token = fmt::format("{}|g:{}", fence, group);
+  if (sharded(kind)) token = fmt::format("{}/{}", sharded_backend::shard_of(group, shards_of(kind)), token);
+  return token;
+}
+
+// `name`, or on a sharded queue the first of name, name-1, name-2, ... that hashes to the shard
+// of `anchor`: for a test of order or fences across groups (or producer-given ids), which a
+// sharded queue keeps within a shard.
+[[maybe_unused]] std::string beside(backend_kind kind, const std::string& name, const std::string& anchor) {
+  if (!sharded(kind)) return name;
+  auto k = sharded_backend::shard_of(anchor, shards_of(kind));
+  auto out = name;
+  for (int i = 1; sharded_backend::shard_of(out, shards_of(kind)) != k; ++i) out = fmt::format("{}-{}", name, i);
+  return out;
+}
+
+// The n-th id a queue assigns to jobs of `group` (a shard's n-th: n * shards + the shard).
+[[maybe_unused]] std::string assigned_id(backend_kind kind, std::size_t n, const std::string& group) {
+  if (!sharded(kind)) return std::to_string(n);
+  return std::to_string(n * shards_of(kind) + sharded_backend::shard_of(group, shards_of(kind)));
+}
 
 // A new backend of that kind, on `ex`.
 std::unique_ptr<backend> new_backend(backend_kind kind, asio::any_io_executor ex) {
   switch (kind) {
     case backend_kind::memory: return std::make_unique<memory_backend>(ex);
     case backend_kind::redis: return std::make_unique<redis_backend>(ex, shared_redis());
-    case backend_kind::cluster: break;
+    case backend_kind::cluster: return std::make_unique<redis_backend>(ex, shared_cluster());
+    case backend_kind::sharded_memory:
+      return std::make_unique<sharded_backend>(std::make_shared<memory_backend>(ex), shards_of(kind));
+    case backend_kind::sharded_redis:
+      return std::make_unique<sharded_backend>(std::make_shared<redis_backend>(ex, shared_redis()), shards_of(kind));
+    case backend_kind::sharded_cluster: break;
   }
-  return std::make_unique<redis_backend>(ex, shared_cluster());
+  return std::make_unique<sharded_backend>(std::make_shared<redis_backend>(ex, shared_cluster()), shards_of(kind));
 }
 
 // Backends for one test: the memory backend is one shared object (its state is the queue); on
@@ -58,8 +99,8 @@ class backends {
   backends(asio::io_context& ctx, backend_kind kind) : ctx_(ctx), kind_(kind), queue_(key_prefix() + "q") {}
 
   backend& make() {
-    if (kind_ == backend_kind::memory) {
-      if (made_.empty()) made_.push_back(std::make_unique<memory_backend>(ctx_.get_executor()));
+    if (kind_ == backend_kind::memory || kind_ == backend_kind::sharded_memory) {
+      if (made_.empty()) made_.push_back(new_backend(kind_, ctx_.get_executor()));
       return *made_.front();
     }
     made_.push_back(new_backend(kind_, ctx_.get_executor()));
@@ -229,10 +270,13 @@ struct event {
 
 // doctest_discover_tests hands the names to CMake, which splits a list at ';': a name with one
 // becomes two tests that match no case, and fail.
-#define CONFORMANCE(name)                                                                             \
-  static_assert(std::string_view(name).find(';') == std::string_view::npos, "no ';' in a test name"); \
-  static void DOCTEST_CAT(conformance_, __LINE__)(backend_kind);                                      \
-  TEST_CASE("memory backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::memory); }   \
-  TEST_CASE("redis backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::redis); }     \
-  TEST_CASE("cluster backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::cluster); } \
+#define CONFORMANCE(name)                                                                                             \
+  static_assert(std::string_view(name).find(';') == std::string_view::npos, "no ';' in a test name");                 \
+  static void DOCTEST_CAT(conformance_, __LINE__)(backend_kind);                                                      \
+  TEST_CASE("memory backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::memory); }                   \
+  TEST_CASE("redis backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::redis); }                     \
+  TEST_CASE("cluster backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::cluster); }                 \
+  TEST_CASE("sharded memory backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::sharded_memory); }   \
+  TEST_CASE("sharded redis backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::sharded_redis); }     \
+  TEST_CASE("sharded cluster backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::sharded_cluster); } \
   static void DOCTEST_CAT(conformance_, __LINE__)(backend_kind kind)

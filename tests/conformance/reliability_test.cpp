@@ -463,9 +463,11 @@ CONFORMANCE("dead letters: list, show, requeue to the tail or the head, purge, r
     auto& store = b.make();
     producer p(store, b.queue());
     std::vector<job_spec> specs;
+    // (Sharded, d3 and d4 are in g's shard: the count limit of dead letters is each shard's share.)
+    auto d3_id = beside(kind, "d3", "g"), d4_id = beside(kind, "d4", "g");
     for (int i = 0; i < 5; ++i) {
       auto s = named(fmt::format("d{}", i), i < 3 ? std::optional<std::string>("g") : std::nullopt);
-      s.id = fmt::format("d{}", i);
+      s.id = i == 3 ? d3_id : i == 4 ? d4_id : fmt::format("d{}", i);
       s.max_attempts = 1;
       specs.push_back(s);
     }
@@ -496,7 +498,7 @@ CONFORMANCE("dead letters: list, show, requeue to the tail or the head, purge, r
     // Group g has a pending job now; d1 requeued to the head runs next after it, d0 to the tail last.
     auto pending = named("pending");
     co_await p.enqueue(pending);
-    std::vector<std::string> to_head{"d1"}, to_tail{"d0", "missing"}, d2{"d2"}, d3{"d3"};
+    std::vector<std::string> to_head{"d1"}, to_tail{"d0", "missing"}, d2{"d2"}, d3{d3_id};
     auto head = co_await store.requeue(b.queue(), to_head, true);
     auto tail = co_await store.requeue(b.queue(), to_tail, false);
     CHECK(head == std::vector<std::string>{"d1"});
@@ -520,10 +522,10 @@ CONFORMANCE("dead letters: list, show, requeue to the tail or the head, purge, r
     // All in group g: 'pending' (id 1), d1 (requeued to run next after the head), d0 (to the
     // tail), x (id 2), and the newcomer with d2's id.
     REQUIRE(order.size() == 5);
-    CHECK(order[0] == "g:0|1");
+    CHECK(order[0] == "g:0|" + assigned_id(kind, 1, "g"));
     CHECK(order[1] == "g:0|d1");
     CHECK(order[2] == "g:0|d0");
-    CHECK(order[3] == "g:0|2");
+    CHECK(order[3] == "g:0|" + assigned_id(kind, 2, "g"));
     CHECK(order[4] == "g:0|d2");
 
     CHECK(co_await store.purge(b.queue(), d3) == 1);
@@ -565,7 +567,9 @@ CONFORMANCE("a dead letter never overwrites another, even one whose id looks lik
     auto fence = co_await fail_next();  // dead letter "x"
     // The next two leases get fence + 1 and fence + 2: a job whose id is what the second x's
     // dead letter would be keyed by, then x again.
-    auto lookalike = named("lookalike", std::nullopt);
+    // (Sharded, fences are a shard's: the look-alike goes to x's shard, in a group there.)
+    auto lookalike =
+        named("lookalike", sharded(kind) ? std::optional<std::string>(beside(kind, "l", "x")) : std::nullopt);
     lookalike.id = fmt::format("x#{}", fence + 2);
     co_await p.enqueue(lookalike);
     co_await p.enqueue(x);
@@ -584,10 +588,12 @@ CONFORMANCE("dead letters requeued to the head together run in the order given, 
     auto& store = b.make();
     producer p(store, b.queue());
     std::vector<job_spec> specs;
+    std::vector<std::string> keys;  // (sharded, the ungrouped ones are in g's shard: order is a shard's)
     for (std::string id : {"a0", "a1", "b0", "b1"}) {
       auto s = named(id, id[0] == 'a' ? std::optional<std::string>("g") : std::nullopt);
-      s.id = id;
+      s.id = id[0] == 'a' ? id : beside(kind, id, "g");
       s.max_attempts = 1;
+      keys.push_back(s.id);
       specs.push_back(s);
     }
     co_await p.enqueue_bulk(std::move(specs));
@@ -604,8 +610,9 @@ CONFORMANCE("dead letters requeued to the head together run in the order given, 
     }
     REQUIRE((co_await store.dead_letters(b.queue(), 0, 10)).size() == 4);
     co_await p.enqueue(named("head", std::optional<std::string>("g")));  // the group's head
-    co_await p.enqueue(named("loose", std::nullopt));
-    std::vector<std::string> keys{"a0", "a1", "b0", "b1"};
+    auto loose = named("loose", std::nullopt);
+    if (sharded(kind)) loose.id = beside(kind, "loose", "g");
+    co_await p.enqueue(loose);
     CHECK(co_await store.requeue(b.queue(), keys, true) == keys);
     std::vector<std::string> order;
     claim_options one_at_a_time{"w", 1, std::chrono::seconds(30)};
@@ -1064,8 +1071,11 @@ CONFORMANCE("purge_queue leaves nothing of a queue, and the queue works again af
     auto& store = b.make();
     producer p(store, b.queue());
     std::vector<job_spec> specs;
-    for (int i = 0; i < 20; ++i)
+    for (int i = 0; i < 20; ++i) {
       specs.push_back(make_job("t", {{"i", i}}, i % 2 ? std::optional<std::string>("g") : std::nullopt));
+      // (Fences are a shard's: sharded, the ungrouped jobs go to g's shard too.)
+      if (sharded(kind) && i % 2 == 0) specs.back().id = beside(kind, fmt::format("u{}", i), "g");
+    }
     co_await p.enqueue_bulk(std::move(specs));
     claim_options co{"w", 3, std::chrono::seconds(30)};
     auto claimed = co_await store.claim(b.queue(), co);

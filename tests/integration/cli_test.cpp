@@ -5,6 +5,7 @@
 
 #include <jobrt/metrics.hpp>
 #include <jobrt/redis_backend.hpp>
+#include <jobrt/sharded_backend.hpp>
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -111,8 +112,9 @@ queue_counts wait_counts(const redis::config& cfg, const std::string& queue, Don
   queue_counts counts;
   run([&](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), cfg);
+    sharded_backend shards(store, 0, sharded_backend::when_unknown::look);  // (every shard of a sharded queue)
     co_await eventually([&]() -> awaitable<bool> {
-      counts = co_await store.counts(queue);
+      counts = co_await shards.counts(queue);
       co_return done(counts);
     });
   });
@@ -293,6 +295,8 @@ TEST_CASE("jobrt refuses out-of-range options, empty names, stray arguments and 
       {{"demo", "--redis", "http://x"}, 2, "invalid Redis URL 'http://x'"},
       {{"stats", "--queue", "a}:b"}, 2, "stats: --queue: queue name 'a}:b' holds '{' or '}'"},
       {{"check", "a{b"}, 2, "check: QUEUE: queue name 'a{b' holds '{' or '}'"},
+      {{"stats", "--queue", "q#3"}, 2, "stats: --queue: queue name 'q#3' ends in '#' and digits"},
+      {{"enqueue", "--shards", "0", "--type", "t"}, 2, "enqueue: --shards: '0' is not a number from 1"},
       {{"version", "extra"}, 2, "version: unexpected argument 'extra'"},
   };
   for (auto& c : cases) {
@@ -779,6 +783,17 @@ TEST_CASE("jobrt demo passes its checks on a Redis Cluster given two of its node
   CHECK(out.output.find("FAILED") == std::string::npos);
 }
 
+TEST_CASE("jobrt demo passes its checks on a Redis Cluster with its queue over 16 shards") {
+  auto node = shared_cluster();
+  auto url = fmt::format("redis://127.0.0.1:{}", node.port);
+  auto out = jobrt_cli({"demo", "--jobs", "2000", "--commodities", "50", "--redis", url, "--processes", "2", "--shards",
+                        "16", "--queue", key_prefix() + "demo"});
+  CHECK_MESSAGE(out.status == 0, out.output);
+  CHECK(out.output.find("the queue over 16 shards") != std::string::npos);
+  CHECK(out.output.find("50/50 commodities   ok") != std::string::npos);
+  CHECK(out.output.find("2 of 2 worker processes ran jobs") != std::string::npos);
+}
+
 TEST_CASE("jobrt given a cluster's nodes goes on when the first one does not answer, and names each when none does") {
   auto node = shared_cluster();
   auto url = fmt::format("redis://127.0.0.1:1,127.0.0.1:{}", node.port);  // (nothing listens on port 1)
@@ -855,6 +870,38 @@ TEST_CASE("jobrt worker with --queue given twice runs a worker on each queue") {
   auto twice = jobrt_cli({"worker", "--redis", url, "--queue", a, "--queue", a, "--plugin", "x.so"});
   CHECK(twice.status == 2);
   CHECK(twice.output.find("--queue " + a + " is given twice") != std::string::npos);
+}
+
+TEST_CASE("jobrt enqueue and worker spread a queue over --shards, refuse another count, and the tools see them all") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  auto q = key_prefix() + "sharded";
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", q, "--shards", "4", "--type", "noop", "--count", "40",
+                   "--groups", "8"})
+            .status == 0);
+  CHECK(redis_cli(cfg, {"GET", "jobrt:{" + q + "}:shards"}).find('4') != std::string::npos);
+  for (int k = 0; k < 4; ++k)  // eight groups over four shards: each has some (FNV-1a of g0..g7)
+    CHECK(redis_cli(cfg, {"EXISTS", fmt::format("jobrt:{{{}#{}}}:stats", q, k)}).find('1') != std::string::npos);
+  auto other = jobrt_cli({"enqueue", "--redis", url, "--queue", q, "--shards", "2", "--type", "noop"});
+  CHECK(other.status == 1);
+  CHECK_MESSAGE(other.output.find("queue '" + q + "' has 4 shards; this process was given 2") != std::string::npos,
+                other.output);
+  auto refused =
+      jobrt_cli({"worker", "--redis", url, "--queue", q, "--shards", "8", "--plugin", JOBRT_HANDLERS "/jobrt_noop.so"});
+  CHECK(refused.status == 1);
+  CHECK(refused.output.find("has 4 shards; this process was given 8") != std::string::npos);
+  // A worker given no count takes the stored one.
+  auto out = fmt::format("/tmp/jobrt-cli-shards-{}.out", ::getpid());
+  auto pid = start({"worker", "--redis", url, "--queue", q, "--plugin", JOBRT_HANDLERS "/jobrt_noop.so"}, out);
+  auto c = wait_counts(cfg, q, [](const queue_counts& x) { return x.completed == 40; });
+  ::kill(pid, SIGTERM);
+  CHECK(wait_for(pid, out).status == 0);
+  CHECK(c.completed == 40);
+  auto stats = jobrt_cli({"stats", "--redis", url, "--queue", q, "--json"});
+  CHECK(stats.status == 0);
+  CHECK(stats.output.find("\"completed\":40") != std::string::npos);
+  auto check = jobrt_cli({"check", "--redis", url, "--queue", q});
+  CHECK(check.status == 0);
 }
 
 TEST_CASE("jobrt enqueue --file checks every line, sizes and job options included, before it stores any job") {

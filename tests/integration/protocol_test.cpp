@@ -5,6 +5,7 @@
 #include <jobrt/memory_backend.hpp>
 #include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
+#include <jobrt/sharded_backend.hpp>
 #include <jobrt/worker.hpp>
 
 #include <fmt/format.h>
@@ -125,6 +126,66 @@ TEST_CASE("jobs enqueued with redis-cli by the protocol document run on a C++ wo
     auto counts = co_await store.counts(queue);
     CHECK(counts.enqueued == 5);
     CHECK(counts.completed == 5);
+  });
+}
+
+TEST_CASE("jobs enqueued with redis-cli into a sharded queue by the protocol document run on a C++ worker") {
+  auto cfg = shared_redis();
+  std::string queue = key_prefix() + "protocol-sharded";
+  constexpr std::size_t shards = 4;
+  // 1. The queue's shards, as the first process to use it stored them.
+  redis_cli(cfg, {"SET", fmt::format("jobrt:{{{}}}:shards", queue), std::to_string(shards)});
+  // 2. The group's shard: FNV-1a, 64 bits, with the document's constants, modulo S.
+  auto fnv = [](std::string_view key) {
+    std::uint64_t h = 14695981039346656037ull;
+    for (char c : key) {
+      h ^= static_cast<unsigned char>(c);
+      h *= 1099511628211ull;
+    }
+    return static_cast<std::size_t>(h % shards);
+  };
+  auto k = fnv("crm:acme");
+  CHECK(k == sharded_backend::shard_of("crm:acme", shards));
+  // 3. One call at that shard's keys, its count written <n>:<S>:<k>.
+  std::string p = fmt::format("jobrt:{{{}#{}}}:", queue, k);
+  auto printed =
+      redis_cli_process({"-h", cfg.host, "-p", cfg.port, "--eval", JOBRT_LUA_DIR "/enqueue.lua", p + "ready", p + "seq",
+                         p + "ids", p + "stats", p + "delayed", ",", fmt::format("3:{}:{}", shards, k),
+                         // grouped, ids assigned
+                         "", "crm:acme", R"({"type":"import","payload":{"rows":10}})", "", "", "crm:acme",
+                         R"({"type":"import","payload":{"rows":20}})", "",
+                         // ungrouped, with an id of ours (its shard: any, here the group's)
+                         "order-9", "", R"({"type":"import","payload":{"rows":90}})", ""});
+  // The shard's ids: m * S + k.
+  CHECK(printed == fmt::format("{}\n0\n{}\n0\norder-9\n0\n", 1 * shards + k, 2 * shards + k));
+  // 4. The mark that wakes a waiting worker.
+  auto now = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch());
+  redis_cli(cfg,
+            {"ZADD", fmt::format("jobrt:{{{}}}:marks", queue), "NX", std::to_string(now.count()), std::to_string(k)});
+
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    sharded_backend sharded(store, shards);
+    worker_options o;
+    o.queue = queue;
+    o.claim_wait = std::chrono::seconds(30);  // (woken by the mark, not at the end of a wait)
+    worker w(ctx.get_executor(), sharded, o);
+    std::vector<std::string> ran;
+    w.add_handler("import", [&](job_context& c) -> awaitable<void> {
+      ran.push_back(fmt::format("{}:{}:{}", c.id(), c.group(), c.payload().at("rows").as_int64()));
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually([&] { return ran.size() == 3; }, 10s));
+    co_await w.stop(std::chrono::seconds(5));
+    std::vector<std::string> group_runs;
+    std::copy_if(ran.begin(), ran.end(), std::back_inserter(group_runs),
+                 [](const std::string& r) { return r.find(":crm:acme:") != std::string::npos; });
+    CHECK(group_runs == std::vector<std::string>{fmt::format("{}:crm:acme:10", 1 * shards + k),
+                                                 fmt::format("{}:crm:acme:20", 2 * shards + k)});
+    auto counts = co_await sharded.counts(queue);
+    CHECK(counts.enqueued == 3);
+    CHECK(counts.completed == 3);
   });
 }
 

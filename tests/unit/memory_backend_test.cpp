@@ -574,7 +574,7 @@ TEST_CASE("memory backend - claim_wait and finish from several threads") {
   jobrt::test::run([&](asio::io_context&) { return check_stress_counts(b); });
 }
 
-TEST_CASE("a queue's name may not be empty or hold a brace: producers and workers refuse it, naming it") {
+TEST_CASE("a queue's name may not be empty, hold a brace or name a shard: producers and workers refuse it, naming it") {
   boost::asio::io_context ctx;
   jobrt::memory_backend b(ctx.get_executor());
   CHECK_THROWS_WITH_AS(jobrt::producer(b, ""), "queue name is empty", std::invalid_argument);
@@ -585,5 +585,11 @@ TEST_CASE("a queue's name may not be empty or hold a brace: producers and worker
   o.queue = "{x";
   CHECK_THROWS_WITH_AS(jobrt::worker(ctx.get_executor(), b, o),
                        "queue name '{x' holds '{' or '}', which would break its keys' hash tag", std::invalid_argument);
+  // A shard's name: "<queue>#<k>" (sharded_backend).
+  CHECK_THROWS_WITH_AS(jobrt::producer(b, "orders#12"),
+                       "queue name 'orders#12' ends in '#' and digits, which name a shard of queue 'orders'",
+                       std::invalid_argument);
+  CHECK_NOTHROW(jobrt::producer(b, "orders#eu"));
+  CHECK_NOTHROW(jobrt::producer(b, "orders#"));
   CHECK_NOTHROW(jobrt::producer(b, "orders:eu|1 x"));  // anything else goes
 }

@@ -37,7 +37,7 @@ TEST_CASE("settings - a full config file") {
     "plugins": ["a.so", "b.so"],
     "handlers": {"tenant_import": {"retry": {"initial_ms": 500, "factor": 3, "max_ms": 9000, "jitter": 0}}},
     "queues": [
-      {"name": "imports", "concurrency": 20, "lease_ttl_ms": 6000, "watchdog_ms": 1000, "burst": 2,
+      {"name": "imports", "concurrency": 20, "lease_ttl_ms": 6000, "watchdog_ms": 1000, "burst": 2, "shards": 16,
        "follow": "pipelined", "claim_wait_ms": 2000, "on_failure": "halt", "retry": {"initial_ms": 100},
        "grouping": {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "skip"}]},
        "dead_letters": {"max_count": 50, "max_age_ms": 60000}},
@@ -56,6 +56,8 @@ TEST_CASE("settings - a full config file") {
   CHECK(q.worker.lease_ttl == std::chrono::milliseconds(6000));
   CHECK(q.worker.watchdog_period == std::chrono::milliseconds(1000));
   CHECK(q.worker.burst == 2);
+  CHECK(q.shards == 16);
+  CHECK(s.queues[1].shards == 0);  // (not given: as stored)
   CHECK(q.worker.follow == follow_policy::pipelined);
   CHECK(q.worker.on_failure == failure_policy::halt);
   CHECK(q.worker.retry_backoff.initial == std::chrono::milliseconds(100));

@@ -24,6 +24,7 @@ namespace jobrt {
 /// Throws std::invalid_argument when `queue` cannot name a queue: empty, or holding '{' or '}'.
 /// A queue's keys share the hash tag "{<queue>}"; a brace in a name would end the tag early, and
 /// the keys of queue "a}:b" would start with those of queue "a" (a purge of "a" would take them).
+/// A name ending in '#' and digits is refused too: that names a shard of a sharded queue.
 void check_queue_name(std::string_view queue);
 
 /// A job ready to store: body is the encoded job (see job_codec), group "" for none,
@@ -127,6 +128,11 @@ struct reap_options {
   std::size_t max = 100;               ///< leases, workers and dead letters handled per call at most
   std::size_t dead_max_count = 10000;  ///< dead letters kept (oldest removed first); 0: no limit
   std::chrono::milliseconds dead_max_age = std::chrono::hours(24 * 30);  ///< 0: no limit
+  /// Of a sharded queue (sharded_backend): 0 reaps every shard. Else the call reaps every shard
+  /// only while its process holds the queue's reaper turn, which it takes or keeps for `turn`
+  /// (a worker's reaper gives twice its period), and nothing otherwise: one process at a time
+  /// reaps the shards, so what that costs does not grow with the workers.
+  std::chrono::milliseconds turn{0};
 };
 
 struct reap_result {
@@ -308,6 +314,28 @@ class backend {
   /// atomic call about that group, job, worker or id (runtime/lua/check_fix.lua). O(the queue's
   /// size) calls in all.
   virtual boost::asio::awaitable<check_report> check(std::string queue, bool repair) = 0;
+
+  // --- for sharded queues (sharded_backend keeps a queue's shards, and what finds them work, in
+  // this backend). The defaults throw std::logic_error: a backend without them holds no shards.
+
+  /// The number of shards stored for `queue`. When none is, stores `wanted` and returns it
+  /// (wanted 0: stores nothing, returns 0). Once stored, shard k's queue is "<queue>#<k>", and
+  /// the ids it assigns are n * shards + k (unique across the queue's shards).
+  virtual boost::asio::awaitable<std::size_t> stored_shards(std::string queue, std::size_t wanted);
+  /// Marks shard `shard` of `queue` as one that may have ready work (a set: marking twice is
+  /// marking once; the oldest mark is taken first).
+  virtual boost::asio::awaitable<void> mark_shard(std::string queue, std::size_t shard);
+  /// Takes the oldest mark, waiting up to `wait` for one (without polling); nullopt when none
+  /// came. `worker` names the waiter (on Redis, the blocking connection it waits on). A mark
+  /// taken as the caller is cancelled still comes back: the caller marks it again.
+  virtual boost::asio::awaitable<std::optional<std::size_t>> take_shard_mark(std::string queue, std::string worker,
+                                                                             std::chrono::milliseconds wait);
+  /// Whether `queue` has ready lanes: the backstop for a mark lost on its way.
+  virtual boost::asio::awaitable<bool> has_ready(std::string queue);
+  /// Takes or keeps `queue`'s turn at `task` for `ttl` from now: true when `holder` has it (it
+  /// was free, ran out, or was the holder's already), false while another holder's lasts.
+  virtual boost::asio::awaitable<bool> take_turn(std::string queue, std::string task, std::string holder,
+                                                 std::chrono::milliseconds ttl);
 };
 
 }  // namespace jobrt

@@ -51,6 +51,8 @@ enum class errc {
   bad_due = 23,
   /// resume(skip) while the group's head job runs or waits in the ready list.
   group_busy = 24,
+  /// The queue is stored with another number of shards than the one given.
+  shards_mismatch = 25,
 };
 
 /// The category of jobrt::errc.

@@ -12,6 +12,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -101,6 +103,16 @@ class memory_backend final : public backend {
   boost::asio::awaitable<std::int64_t> group_size(std::string queue, std::string group) override;
   boost::asio::awaitable<check_report> check(std::string queue, bool repair) override;
 
+  /// Stores the count once; the shards' queues then assign ids n * shards + k.
+  boost::asio::awaitable<std::size_t> stored_shards(std::string queue, std::size_t wanted) override;
+  boost::asio::awaitable<void> mark_shard(std::string queue, std::size_t shard) override;
+  /// Waits on a timer that mark_shard cuts short (no polling).
+  boost::asio::awaitable<std::optional<std::size_t>> take_shard_mark(std::string queue, std::string worker,
+                                                                     std::chrono::milliseconds wait) override;
+  boost::asio::awaitable<bool> has_ready(std::string queue) override;
+  boost::asio::awaitable<bool> take_turn(std::string queue, std::string task, std::string holder,
+                                         std::chrono::milliseconds ttl) override;
+
  private:
   struct queue_state;
   struct waiter;
@@ -120,9 +132,17 @@ class memory_backend final : public backend {
 
   boost::asio::any_io_executor executor_;
   std::shared_ptr<detail::wakeups> delayed_wakeups_;
+  std::shared_ptr<detail::wakeups> mark_wakeups_;  // a mark_shard wakes take_shard_mark's waiters
   mutable std::mutex mutex_;
   // Queues are never erased: claim_wait keeps a queue's address across its wait.
   std::unordered_map<std::string, std::unique_ptr<queue_state>> queues_;
+  std::unordered_map<std::string, std::size_t> shards_;             // stored shard counts
+  std::unordered_map<std::string, std::deque<std::size_t>> marks_;  // per queue, oldest first, each once
+  struct turn {
+    std::string holder;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::map<std::pair<std::string, std::string>, turn> turns_;  // by queue and task
 };
 
 }  // namespace jobrt

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 
 namespace jobrt {
@@ -108,6 +109,18 @@ class redis_backend final : public backend {
   boost::asio::awaitable<std::int64_t> group_size(std::string queue, std::string group) override;
   boost::asio::awaitable<check_report> check(std::string queue, bool repair) override;
 
+  /// At <prefix>shards (SET NX). Once known here, the shards' enqueues assign ids n * shards + k.
+  boost::asio::awaitable<std::size_t> stored_shards(std::string queue, std::size_t wanted) override;
+  /// ZADD NX at <prefix>marks, scored by the time (oldest first).
+  boost::asio::awaitable<void> mark_shard(std::string queue, std::size_t shard) override;
+  /// BZPOPMIN on the worker's blocking connection (ZPOPMIN when `wait` is 0).
+  boost::asio::awaitable<std::optional<std::size_t>> take_shard_mark(std::string queue, std::string worker,
+                                                                     std::chrono::milliseconds wait) override;
+  boost::asio::awaitable<bool> has_ready(std::string queue) override;
+  /// At <prefix>turn:<task> (runtime/lua/turn.lua).
+  boost::asio::awaitable<bool> take_turn(std::string queue, std::string task, std::string holder,
+                                         std::chrono::milliseconds ttl) override;
+
  private:
   redis::blocking_connection& blocking_for(const std::string& worker, const redis::config& node);
   redis::request claim_request(const std::string& prefix, const claim_options& opts) const;
@@ -116,6 +129,18 @@ class redis_backend final : public backend {
                                                                  std::vector<finish_item> items,
                                                                  std::chrono::milliseconds lease_ttl,
                                                                  std::vector<std::string>& calls);
+  // A blocking command (BLMOVE and the claim behind it, BZPOPMIN) on the worker's blocking
+  // connection to the node of `prefix`'s queue. A cancellation cuts it short while it waits to be
+  // written; once written, CLIENT UNBLOCK ends the wait so that its reply comes (see claim_wait),
+  // unless none comes soon. Throws operation_aborted when cancelled with no reply; `ec` is set
+  // when the connection dropped. `address` names the node.
+  struct blocked_reply {
+    boost::system::error_code ec;
+    redis::reply r;
+    std::string address;
+  };
+  boost::asio::awaitable<blocked_reply> exec_blocking(const std::string& worker, const std::string& prefix,
+                                                      redis::request req);
   bool take_idle_mark(const std::string& worker);
   void set_idle_mark(const std::string& worker);
   // Ends a blocking claim's wait (CLIENT UNBLOCK on the shared connection, or on a cluster the
@@ -127,7 +152,7 @@ class redis_backend final : public backend {
   redis_backend_options opts_;
   std::shared_ptr<detail::redis_link> link_;  // (shared with the listener)
   redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, requeue_, purge_,
-      check_fix_, advertise_, expire_own_;
+      check_fix_, advertise_, expire_own_, turn_;
   // Wake-ups for delayed jobs: one listener for every queue, started on first use. The
   // wake-ups are shared with the listener, which may outlive the backend briefly.
   std::shared_ptr<detail::wakeups> wakeups_;
@@ -139,6 +164,10 @@ class redis_backend final : public backend {
   // Per worker, ids of finish calls whose answers came: the next call has the script drop their
   // records.
   std::map<std::string, std::vector<std::string>> answered_;
+  // Shard counts this backend was told of (stored_shards), by queue: its shards' enqueues
+  // assign ids that no other shard gives.
+  std::mutex shards_mutex_;
+  std::map<std::string, std::size_t, std::less<>> shards_;
   // Part of every finish call's id: no call of this process is taken for one of another process
   // (a worker restarted under the same id).
   std::uint64_t call_nonce_;

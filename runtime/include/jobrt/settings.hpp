@@ -25,6 +25,9 @@ namespace jobrt {
 struct queue_settings {
   worker_options worker;  ///< worker.queue is the queue's name
   grouping_rules rules;   ///< for producers of this queue
+  /// "shards": how many shards the queue spreads over (sharded_backend); 0 when not given: as
+  /// the queue is stored (1 for a new one).
+  std::size_t shards = 0;
 };
 
 enum class durability : int;  // <jobrt/redis_backend.hpp>

@@ -16,4 +16,5 @@ extern const char* const purge;
 extern const char* const check_fix;
 extern const char* const expire_own;
 extern const char* const advertise;
+extern const char* const turn;
 }  // namespace jobrt::lua

@@ -14,6 +14,9 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/system/system_error.hpp>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <list>
 #include <utility>
 
@@ -65,7 +68,9 @@ struct memory_backend::wait_guard {
 };
 
 memory_backend::memory_backend(asio::any_io_executor ex)
-    : executor_(std::move(ex)), delayed_wakeups_(std::make_shared<detail::wakeups>()) {}
+    : executor_(std::move(ex)),
+      delayed_wakeups_(std::make_shared<detail::wakeups>()),
+      mark_wakeups_(std::make_shared<detail::wakeups>()) {}
 
 memory_backend::~memory_backend() = default;
 
@@ -278,6 +283,70 @@ asio::awaitable<std::int64_t> memory_backend::group_size(std::string queue, std:
 asio::awaitable<check_report> memory_backend::check(std::string queue, bool repair) {
   // The walk and every confirmation at one instant (under the lock): what it finds is so.
   co_return change(queue, [&](detail::queue_model& m) { return m.check(repair); });
+}
+
+asio::awaitable<std::size_t> memory_backend::stored_shards(std::string queue, std::size_t wanted) {
+  std::lock_guard lock(mutex_);
+  auto found = shards_.find(queue);
+  if (found == shards_.end()) {
+    if (wanted == 0) co_return 0;
+    found = shards_.emplace(queue, wanted).first;
+  }
+  if (found->second > 1) {
+    for (std::size_t k = 0; k < found->second; ++k)
+      queue_locked(fmt::format("{}#{}", queue, k))
+          .model.assign_ids(static_cast<std::int64_t>(found->second), static_cast<std::int64_t>(k));
+  }
+  co_return found->second;
+}
+
+asio::awaitable<void> memory_backend::mark_shard(std::string queue, std::size_t shard) {
+  {
+    std::lock_guard lock(mutex_);
+    auto& marks = marks_[queue];
+    if (std::find(marks.begin(), marks.end(), shard) != marks.end()) co_return;
+    marks.push_back(shard);
+  }
+  mark_wakeups_->bump(queue);
+}
+
+asio::awaitable<std::optional<std::size_t>> memory_backend::take_shard_mark(std::string queue, std::string /*worker*/,
+                                                                            std::chrono::milliseconds wait) {
+  auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    auto seen = mark_wakeups_->version(queue);
+    {
+      std::lock_guard lock(mutex_);
+      auto& marks = marks_[queue];
+      if (!marks.empty()) {
+        auto k = marks.front();
+        marks.pop_front();
+        co_return k;
+      }
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) co_return std::nullopt;
+    co_await mark_wakeups_->wait(queue, seen, left);
+    auto state = co_await asio::this_coro::cancellation_state;
+    if (state.cancelled() != asio::cancellation_type::none)
+      throw boost::system::system_error(asio::error::operation_aborted, "take_shard_mark");
+  }
+}
+
+asio::awaitable<bool> memory_backend::take_turn(std::string queue, std::string task, std::string holder,
+                                                std::chrono::milliseconds ttl) {
+  auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(mutex_);
+  auto& t = turns_[{std::move(queue), std::move(task)}];
+  if (t.holder != holder && t.until > now) co_return false;
+  t.holder = std::move(holder);
+  t.until = now + ttl;
+  co_return true;
+}
+
+asio::awaitable<bool> memory_backend::has_ready(std::string queue) {
+  co_return read(
+      queue, [](const detail::queue_model& m) { return m.has_ready(); }, false);
 }
 
 }  // namespace jobrt

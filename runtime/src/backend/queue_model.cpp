@@ -204,7 +204,7 @@ std::vector<enqueue_result> queue_model::enqueue(std::vector<encoded_job> jobs) 
     std::string id = job.id;
     bool duplicate = false;
     if (id.empty()) {
-      id = std::to_string(++next_id);
+      id = std::to_string(++next_id * id_stride_ + id_offset_);
     } else if (!q.ids.insert(id).second) {
       duplicate = true;
     }

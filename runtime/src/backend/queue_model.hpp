@@ -62,6 +62,11 @@ class queue_model {
   void purge_queue();
   std::int64_t group_size(const std::string& group) const;
   check_report check(bool repair);
+  /// Shard `offset` of a queue of `stride` shards: the ids it assigns are n * stride + offset.
+  void assign_ids(std::int64_t stride, std::int64_t offset) noexcept {
+    id_stride_ = stride;
+    id_offset_ = offset;
+  }
 
  private:
   struct queue_state;
@@ -71,6 +76,7 @@ class queue_model {
   clock now_;
   std::unique_ptr<queue_state> s_;
   effects effects_;
+  std::int64_t id_stride_ = 1, id_offset_ = 0;
 };
 
 }  // namespace jobrt::detail

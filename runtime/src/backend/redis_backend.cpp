@@ -103,6 +103,7 @@ redis_backend::redis_backend(asio::any_io_executor ex, std::vector<redis::config
       check_fix_(lua::check_fix),
       advertise_(lua::advertise),
       expire_own_(lua::expire_own),
+      turn_(lua::turn),
       wakeups_(std::make_shared<detail::wakeups>()) {
   std::random_device random;
   call_nonce_ = (std::uint64_t{random()} << 32) ^ random();
@@ -138,7 +139,13 @@ asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string 
   auto p = key_prefix(queue);
   std::vector<std::string_view> args;
   args.reserve(1 + jobs.size() * 4);
+  // A shard's ids: n * shards + k ("<count>:<shards>:<k>", see enqueue.lua).
   std::string n = std::to_string(jobs.size());
+  if (auto hash = queue.rfind('#'); hash != std::string::npos) {
+    std::lock_guard lock(shards_mutex_);
+    if (auto found = shards_.find(std::string_view(queue).substr(0, hash)); found != shards_.end())
+      n = fmt::format("{}:{}:{}", jobs.size(), found->second, std::string_view(queue).substr(hash + 1));
+  }
   args.push_back(n);
   std::vector<std::string> dues;  // '' now, '+<ms>' from now, '<ms>' since the epoch
   dues.reserve(jobs.size());
@@ -243,24 +250,9 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
   // behind it runs and answers at once. When no reply comes soon after all (UNBLOCK refused by
   // an ACL or sent before BLMOVE arrived, or the server silent), the request is abandoned and
   // the connection made again, as for any cancellation: a stop takes that long at most.
-  wait_and_claim.options.keep_once_written = true;
-  wait_and_claim.options.written_cancel_wait = unblock_wait;
-  auto& blocking = blocking_for(opts.worker, co_await link_->node_of(p));
-  auto stop = (co_await asio::this_coro::cancellation_state).slot();
-  auto inner = std::make_shared<asio::cancellation_signal>();
-  if (stop.is_connected()) {
-    stop.assign([this, inner, &blocking](asio::cancellation_type type) {
-      inner->emit(type);
-      unblock(blocking.get_config(), blocking.client_id());
-    });
-  }
-  auto [ec, r] = co_await blocking.async_exec(
-      std::move(wait_and_claim), asio::bind_cancellation_slot(inner->slot(), asio::as_tuple(asio::use_awaitable)));
-  if (stop.is_connected()) stop.clear();
-  if (ec) {
-    auto cs = co_await asio::this_coro::cancellation_state;
-    if (cs.cancelled() != asio::cancellation_type::none)
-      throw boost::system::system_error(asio::error::operation_aborted);
+  auto waited = co_await exec_blocking(opts.worker, p, std::move(wait_and_claim));
+  auto& r = waited.r;
+  if (waited.ec) {
     // The connection dropped: the caller comes again. On a cluster its primary may have died:
     // the claim goes the cluster's way, which waits for a replica to take over.
     if (auto* cluster = co_await link_->cluster()) {
@@ -295,12 +287,35 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
   const auto& moved = r.as_array().at(0);
   if (moved.is_error() && jobs.empty()) {
     if (co_await redirected(moved)) co_return co_await claim(std::move(queue), std::move(opts));
-    throw boost::system::system_error(
-        errc::server_error,
-        fmt::format("BLMOVE on {} refused: {}", blocking.get_config().address(), moved.error_message()));
+    throw boost::system::system_error(errc::server_error,
+                                      fmt::format("BLMOVE on {} refused: {}", waited.address, moved.error_message()));
   }
   if (jobs.size() < std::min(opts.max, max_claim)) set_idle_mark(opts.worker);
   co_return jobs;
+}
+
+asio::awaitable<redis_backend::blocked_reply> redis_backend::exec_blocking(const std::string& worker,
+                                                                           const std::string& prefix, request req) {
+  req.options.keep_once_written = true;
+  req.options.written_cancel_wait = unblock_wait;
+  auto& blocking = blocking_for(worker, co_await link_->node_of(prefix));
+  auto stop = (co_await asio::this_coro::cancellation_state).slot();
+  auto inner = std::make_shared<asio::cancellation_signal>();
+  if (stop.is_connected()) {
+    stop.assign([this, inner, &blocking](asio::cancellation_type type) {
+      inner->emit(type);
+      unblock(blocking.get_config(), blocking.client_id());
+    });
+  }
+  auto [ec, r] = co_await blocking.async_exec(
+      std::move(req), asio::bind_cancellation_slot(inner->slot(), asio::as_tuple(asio::use_awaitable)));
+  if (stop.is_connected()) stop.clear();
+  if (ec) {
+    auto cs = co_await asio::this_coro::cancellation_state;
+    if (cs.cancelled() != asio::cancellation_type::none)
+      throw boost::system::system_error(asio::error::operation_aborted);
+  }
+  co_return blocked_reply{ec, std::move(r), blocking.get_config().address()};
 }
 
 void redis_backend::unblock(const redis::config& node, std::int64_t client_id) {
@@ -969,6 +984,92 @@ asio::awaitable<check_report> redis_backend::check(std::string queue, bool repai
     for (auto& r : found) out.problems.push_back(detail::count_problem(r.at(1).as_integer(), r.at(2).as_integer()));
   }
   co_return out;
+}
+
+asio::awaitable<std::size_t> redis_backend::stored_shards(std::string queue, std::size_t wanted) {
+  auto p = key_prefix(queue);
+  request req;
+  if (wanted > 0) req.push("SET", p + "shards", wanted, "NX");
+  req.push("GET", p + "shards");
+  req.options.resend_safe = true;
+  reply r = co_await link_->exec(std::move(req), p);
+  const reply& got = wanted > 0 ? r.as_array().at(1) : r;
+  if (got.is_nil()) co_return 0;
+  std::size_t stored = 0;
+  auto text = got.as_string();
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), stored);
+  if (ec != std::errc{} || end != text.data() + text.size() || stored == 0)
+    throw boost::system::system_error(errc::shards_mismatch,
+                                      fmt::format("{}shards holds '{}', which is not a number of shards", p, text));
+  std::lock_guard lock(shards_mutex_);
+  shards_.insert_or_assign(queue, stored);
+  co_return stored;
+}
+
+asio::awaitable<void> redis_backend::mark_shard(std::string queue, std::size_t shard) {
+  auto p = key_prefix(queue);
+  auto now = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch());
+  request req("ZADD", p + "marks", "NX", now.count(), shard);
+  req.options.resend_safe = true;
+  co_await link_->exec(std::move(req), p);
+}
+
+namespace {
+std::optional<std::size_t> shard_in(const reply& member) {
+  std::size_t k = 0;
+  auto text = member.as_string();
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), k);
+  if (ec != std::errc{} || end != text.data() + text.size()) return std::nullopt;
+  return k;
+}
+}  // namespace
+
+asio::awaitable<std::optional<std::size_t>> redis_backend::take_shard_mark(std::string queue, std::string worker,
+                                                                           std::chrono::milliseconds wait) {
+  auto p = key_prefix(queue);
+  if (wait.count() <= 0) {  // (BZPOPMIN with timeout 0 would block for ever)
+    reply r = co_await link_->exec(request("ZPOPMIN", p + "marks"), p);
+    if (r.kind() != redis::reply_kind::array || r.as_array().size() < 2) co_return std::nullopt;
+    co_return shard_in(r.as_array()[0]);
+  }
+  request pop("BZPOPMIN", p + "marks", fmt::format("{:.3f}", static_cast<double>(wait.count()) / 1000.0));
+  pop.options.timeout = wait + cfg_.health_interval * 2 + std::chrono::seconds(1);
+  // (A mark taken just as a stop comes still comes back: the caller marks it again.)
+  auto waited = co_await exec_blocking(worker, p, std::move(pop));
+  auto& r = waited.r;
+  if (waited.ec) {
+    if (auto* cluster = co_await link_->cluster()) co_await cluster->refresh();  // (its node may have died)
+    co_return std::nullopt;  // the connection dropped: the caller comes again
+  }
+  if (r.is_error()) {
+    auto* cluster = co_await link_->cluster();
+    if (!cluster || redis::detail::classify(r.error_message()).kind == redis::detail::cluster_error::other)
+      throw boost::system::system_error(errc::server_error,
+                                        fmt::format("BZPOPMIN on {} refused: {}", waited.address, r.error_message()));
+    co_await cluster->refresh();  // the queue's slot moved: the next wait goes where it is now
+    co_return std::nullopt;
+  }
+  if (r.kind() != redis::reply_kind::array || r.as_array().size() < 3) co_return std::nullopt;
+  co_return shard_in(r.as_array()[1]);
+}
+
+asio::awaitable<bool> redis_backend::has_ready(std::string queue) {
+  auto p = key_prefix(queue);
+  request req("LLEN", p + "ready");
+  req.options.resend_safe = true;
+  reply r = co_await link_->exec(std::move(req), p);
+  co_return r.as_integer() > 0;
+}
+
+asio::awaitable<bool> redis_backend::take_turn(std::string queue, std::string task, std::string holder,
+                                               std::chrono::milliseconds ttl) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 1> keys{p + "turn:" + task};
+  std::array<std::string, 2> args{std::move(holder), std::to_string(ttl.count())};
+  auto req = turn_.make_request(keys, args);
+  req.options.resend_safe = true;  // (the same holder twice: the same outcome)
+  reply r = co_await link_->run(turn_, std::move(req), p);
+  co_return r.as_integer() == 1;
 }
 
 asio::awaitable<std::int64_t> redis_backend::purge_queue(std::string queue) {

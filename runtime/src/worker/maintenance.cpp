@@ -58,6 +58,9 @@ asio::awaitable<void> maintenance::reap_loop(std::shared_ptr<maintenance> self) 
   while (!self->stopped_) {
     reap_result r;
     std::string failure;
+    // A sharded queue is reaped by one worker at a time (the one whose turn it is), but at once
+    // by this one when leases were made reapable now.
+    ro.turn = self->reap_now_ ? std::chrono::milliseconds(0) : self->opts_.reap_period * 2;
     try {
       r = co_await stoppable(
           self->reap_stop_, self->strand_,

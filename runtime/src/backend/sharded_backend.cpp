@@ -1,0 +1,670 @@
+// A queue as S queues of another backend; see sharded_backend.hpp.
+#include <jobrt/sharded_backend.hpp>
+
+#include "backend/job_codec.hpp"
+
+#include <jobrt/error.hpp>
+#include <jobrt/log.hpp>
+
+#include <fmt/format.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/deferred.hpp>
+#include <boost/asio/experimental/parallel_group.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/system/system_error.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <deque>
+#include <random>
+#include <stdexcept>
+
+namespace jobrt {
+
+namespace asio = boost::asio;
+using asio::awaitable;
+using clock = std::chrono::steady_clock;
+
+// --- the backend's defaults: no shards ---
+
+namespace {
+[[noreturn]] void no_shards(const char* what) {
+  throw std::logic_error(fmt::format("this backend keeps no sharded queues ({})", what));
+}
+}  // namespace
+
+awaitable<std::size_t> backend::stored_shards(std::string, std::size_t) { no_shards("stored_shards"); }
+awaitable<void> backend::mark_shard(std::string, std::size_t) { no_shards("mark_shard"); }
+awaitable<std::optional<std::size_t>> backend::take_shard_mark(std::string, std::string, std::chrono::milliseconds) {
+  no_shards("take_shard_mark");
+}
+awaitable<bool> backend::has_ready(std::string) { no_shards("has_ready"); }
+awaitable<bool> backend::take_turn(std::string, std::string, std::string, std::chrono::milliseconds) {
+  no_shards("take_turn");
+}
+
+// --- per queue ---
+
+struct sharded_backend::queue_state {
+  std::size_t shards = 1;
+  std::vector<std::string> names;  // each shard's queue (with one shard, the queue itself)
+  std::size_t next_spread = 0;     // the shard of the next ungrouped job without an id
+  std::deque<std::size_t> full;    // shards whose last claim here got all it asked for, in turn
+  std::vector<bool> in_full;
+  std::size_t next_reap = 0;  // the shard the next one-shard reap looks at
+  // Promotion: per shard, its delayed version when it was last promoted, and when its next
+  // entry is due then (time_point::max(): none; min(): not known, promote it).
+  std::vector<std::uint64_t> promoted_version;
+  std::vector<clock::time_point> next_due;
+  std::size_t next_sweep = 0;  // the shard every promote looks at besides (a missed wake-up)
+};
+
+namespace {
+
+std::size_t start_offset() {
+  std::random_device random;
+  return random();
+}
+
+// "<k>/<token>" -> k and the token; a token without one stays whole, in shard 0 (where it is
+// not held: it answers as a lost lease).
+std::pair<std::size_t, std::string> split_token(const std::string& token, std::size_t shards) {
+  auto slash = token.find('/');
+  std::size_t k = 0;
+  if (slash == std::string::npos) return {0, token};
+  auto [end, ec] = std::from_chars(token.data(), token.data() + slash, k);
+  if (ec != std::errc{} || end != token.data() + slash || k >= shards) return {0, token};
+  return {k, token.substr(slash + 1)};
+}
+
+// Items split by shard, each remembering its place in the call.
+template <class T>
+struct per_shard {
+  std::vector<std::vector<T>> items;
+  std::vector<std::vector<std::size_t>> places;
+  explicit per_shard(std::size_t shards) : items(shards), places(shards) {}
+  void add(std::size_t k, T item, std::size_t place) {
+    items[k].push_back(std::move(item));
+    places[k].push_back(place);
+  }
+};
+
+void prefix_token(std::string& token, std::size_t k) { token = fmt::format("{}/{}", k, token); }
+
+}  // namespace
+
+namespace {
+std::string holder_name() {
+  std::random_device random;
+  return fmt::format("{:08x}{:08x}", random(), random());
+}
+}  // namespace
+
+sharded_backend::sharded_backend(backend& inner, std::size_t shards, when_unknown unknown)
+    : inner_(inner), shards_(shards), unknown_(unknown), holder_(holder_name()) {}
+
+sharded_backend::sharded_backend(std::shared_ptr<backend> inner, std::size_t shards, when_unknown unknown)
+    : owned_(std::move(inner)), inner_(*owned_), shards_(shards), unknown_(unknown), holder_(holder_name()) {}
+
+std::string sharded_backend::shard_queue(std::string_view queue, std::size_t k) {
+  return fmt::format("{}#{}", queue, k);
+}
+
+std::size_t sharded_backend::shard_of(std::string_view key, std::size_t shards) noexcept {
+  std::uint64_t h = 14695981039346656037ull;  // FNV-1a, 64 bits: the same in every process and build
+  for (char c : key) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return shards <= 1 ? 0 : static_cast<std::size_t>(h % shards);
+}
+
+awaitable<std::shared_ptr<sharded_backend::queue_state>> sharded_backend::state_of(const std::string& queue) {
+  {
+    std::lock_guard lock(mutex_);
+    if (auto found = queues_.find(queue); found != queues_.end()) co_return found->second;
+  }
+  // (A process given none stores one: a producer given S later is refused, where it would
+  // otherwise fill shards this process never looks at.)
+  std::size_t wanted = unknown_ == when_unknown::look ? 0 : std::max<std::size_t>(shards_, 1);
+  auto stored = co_await inner_.stored_shards(queue, wanted);
+  if (shards_ != 0 && stored != shards_)
+    throw boost::system::system_error(
+        errc::shards_mismatch,
+        fmt::format("queue '{}' has {} shards; this process was given {} (--shards, or `shards` in its config)", queue,
+                    stored, shards_));
+  auto q = std::make_shared<queue_state>();
+  q->shards = std::max<std::size_t>(stored, 1);
+  if (q->shards == 1) {
+    q->names.push_back(queue);
+  } else {
+    for (std::size_t k = 0; k < q->shards; ++k) q->names.push_back(shard_queue(queue, k));
+  }
+  q->in_full.assign(q->shards, false);
+  // Processes start their walks at different shards, so that together they cover them sooner.
+  q->next_spread = start_offset() % q->shards;
+  q->next_reap = start_offset() % q->shards;
+  q->next_sweep = start_offset() % q->shards;
+  q->promoted_version.assign(q->shards, 0);
+  q->next_due.assign(q->shards, clock::time_point::min());
+  std::lock_guard lock(mutex_);
+  co_return queues_.try_emplace(queue, std::move(q)).first->second;
+}
+
+awaitable<std::size_t> sharded_backend::shards_of(std::string queue) { co_return (co_await state_of(queue))->shards; }
+
+// A mark that fails is not the caller's failure (what it marks for is stored): the reapers'
+// walk finds the shard's work instead.
+awaitable<void> sharded_backend::mark(const std::string& queue, std::size_t k) {
+  try {
+    co_await inner_.mark_shard(queue, k);
+  } catch (const boost::system::system_error& e) {
+    if (e.code() == asio::error::operation_aborted) throw;
+    jobrt::log(log_level::warn, "shards", "marking shard {} of queue '{}' failed: {}", k, queue, e.what());
+  }
+}
+
+// --- jobs ---
+
+awaitable<std::vector<enqueue_result>> sharded_backend::enqueue(std::string queue, std::vector<encoded_job> jobs) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.enqueue(q->names[0], std::move(jobs));
+  // The whole batch is checked before any shard stores a part (as one script checks it).
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    if (auto problem = detail::id_refusal(jobs[i].id); !problem.empty())
+      throw boost::system::system_error(errc::bad_job_id, problem);
+    if (auto problem = detail::body_refusal(jobs[i].body); !problem.empty())
+      throw boost::system::system_error(errc::bad_max_attempts, problem);
+    if (auto problem = detail::due_refusal(jobs[i], i); !problem.empty())
+      throw boost::system::system_error(errc::bad_due, problem);
+  }
+  per_shard<encoded_job> split(q->shards);
+  auto now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  std::vector<bool> due_now(q->shards, false), due_later(q->shards, false);
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    auto& j = jobs[i];
+    std::size_t k;
+    if (!j.group.empty()) {
+      k = shard_of(j.group, q->shards);
+    } else if (!j.id.empty()) {
+      k = shard_of(j.id, q->shards);
+    } else {
+      std::lock_guard lock(mutex_);
+      k = q->next_spread++ % q->shards;
+    }
+    // (A time already past, or about to be by the server's clock, is due now.)
+    bool later = j.delay_ms > 0 || j.run_at_ms > now_ms + 1000;
+    (later ? due_later : due_now)[k] = true;
+    split.add(k, std::move(j), i);
+  }
+  // One call per shard, in turn: a failure leaves the earlier shards' jobs stored (a producer's
+  // retry of the batch finds those with ids it gave as duplicates).
+  std::vector<enqueue_result> out(jobs.size());
+  for (std::size_t k = 0; k < q->shards; ++k) {
+    if (split.items[k].empty()) continue;
+    auto stored = co_await inner_.enqueue(q->names[k], std::move(split.items[k]));
+    for (std::size_t i = 0; i < stored.size(); ++i) out[split.places[k][i]] = std::move(stored[i]);
+    if (due_now[k]) co_await mark(queue, k);
+    if (due_later[k]) {  // this process's promoter looks at that shard next time
+      std::lock_guard lock(mutex_);
+      q->next_due[k] = clock::time_point::min();
+    }
+  }
+  co_return out;
+}
+
+awaitable<std::vector<claimed_job>> sharded_backend::claim_in(const std::string& queue, queue_state& q, std::size_t k,
+                                                              const claim_options& opts) {
+  auto jobs = co_await inner_.claim(q.names[k], opts);
+  for (auto& j : jobs) prefix_token(j.token, k);
+  bool full = opts.max > 0 && jobs.size() >= std::min(opts.max, max_claim);
+  {
+    std::lock_guard lock(mutex_);
+    if (full && !q.in_full[k]) q.full.push_back(k);
+    if (full) q.in_full[k] = true;
+    if (!full && q.in_full[k]) {
+      q.in_full[k] = false;
+      q.full.erase(std::find(q.full.begin(), q.full.end(), k));
+    }
+  }
+  // More may be ready there: the next idle worker anywhere looks too.
+  if (full) co_await mark(queue, k);
+  co_return jobs;
+}
+
+// Claims in the shards known here to have work, then in marked ones, until it has what it asked
+// for or no mark is left.
+awaitable<std::vector<claimed_job>> sharded_backend::claim_more(const std::string& queue, queue_state& q,
+                                                                const claim_options& opts, std::vector<claimed_job> got,
+                                                                bool known_first) {
+  auto want = std::min(opts.max, max_claim);
+  std::vector<std::size_t> known;
+  if (known_first) {
+    std::lock_guard lock(mutex_);
+    known.assign(q.full.begin(), q.full.end());
+  }
+  auto add = [&](std::vector<claimed_job> jobs) {
+    got.insert(got.end(), std::make_move_iterator(jobs.begin()), std::make_move_iterator(jobs.end()));
+  };
+  for (auto k : known) {
+    if (got.size() >= want) break;
+    auto rest = opts;
+    rest.max = want - got.size();
+    add(co_await claim_in(queue, q, k, rest));
+  }
+  while (got.size() < want) {
+    auto k = co_await inner_.take_shard_mark(queue, opts.worker, std::chrono::milliseconds(0));
+    if (!k) break;
+    if (*k >= q.shards) continue;  // (not one of ours: a mark written by hand)
+    auto rest = opts;
+    rest.max = want - got.size();
+    add(co_await claim_in(queue, q, *k, rest));
+  }
+  co_return got;
+}
+
+awaitable<std::vector<claimed_job>> sharded_backend::claim(std::string queue, claim_options opts) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.claim(q->names[0], std::move(opts));
+  if (opts.max == 0) co_return std::vector<claimed_job>{};
+  std::vector<claimed_job> none;
+  co_return co_await claim_more(queue, *q, opts, std::move(none), true);
+}
+
+awaitable<std::vector<claimed_job>> sharded_backend::claim_wait(std::string queue, claim_options opts,
+                                                                std::chrono::milliseconds wait) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.claim_wait(q->names[0], std::move(opts), wait);
+  if (opts.max == 0) co_return std::vector<claimed_job>{};
+  auto deadline = clock::now() + wait;
+  for (;;) {
+    auto state = co_await asio::this_coro::cancellation_state;
+    if (state.cancelled() != asio::cancellation_type::none)
+      throw boost::system::system_error(asio::error::operation_aborted, "claim_wait");
+    // First the shards whose last claim here was full, in turn (no mark to wait for).
+    std::optional<std::size_t> next;
+    {
+      std::lock_guard lock(mutex_);
+      if (!q->full.empty()) {
+        next = q->full.front();
+        q->full.pop_front();
+        q->full.push_back(*next);
+      }
+    }
+    if (next) {
+      auto jobs = co_await claim_in(queue, *q, *next, opts);
+      if (!jobs.empty()) co_return jobs;
+      continue;
+    }
+    // Then a mark, waited for (BZPOPMIN returns at once while there is one).
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+    if (left.count() <= 0) co_return std::vector<claimed_job>{};
+    auto k = co_await inner_.take_shard_mark(queue, opts.worker, left);
+    if (!k) co_return std::vector<claimed_job>{};
+    if (*k >= q->shards) continue;  // (not one of ours: a mark written by hand)
+    auto cs = co_await asio::this_coro::cancellation_state;
+    if (cs.cancelled() != asio::cancellation_type::none) {
+      co_await mark(queue, *k);  // for another worker
+      throw boost::system::system_error(asio::error::operation_aborted, "claim_wait");
+    }
+    auto jobs = co_await claim_in(queue, *q, *k, opts);
+    if (jobs.empty()) continue;
+    // Fewer than asked: other marked shards may have the rest.
+    if (jobs.size() < std::min(opts.max, max_claim))
+      jobs = co_await claim_more(queue, *q, opts, std::move(jobs), false);
+    co_return jobs;
+  }
+}
+
+awaitable<std::vector<finish_result>> sharded_backend::finish(std::string queue, std::string worker,
+                                                              std::vector<finish_item> items,
+                                                              std::chrono::milliseconds lease_ttl) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.finish(q->names[0], std::move(worker), std::move(items), lease_ttl);
+  per_shard<finish_item> split(q->shards);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    auto at = split_token(items[i].token, q->shards);
+    items[i].token = std::move(at.second);
+    split.add(at.first, std::move(items[i]), i);
+  }
+  std::vector<finish_result> out(items.size());
+  for (std::size_t k = 0; k < q->shards; ++k) {
+    if (split.items[k].empty()) continue;
+    // Whether a lane may go back to ready: a grouped job's lane (a token is '<fence>|<lane>',
+    // 'g:<group>' for a group's) unless its next job came back with the answer, an ungrouped
+    // job's for a release or a retry.
+    std::vector<bool> may_ready;
+    for (const auto& item : split.items[k]) {
+      bool grouped = item.token.find("|g:") != std::string::npos;
+      bool back = item.kind != finish_kind::ack && item.kind != finish_kind::keep && item.kind != finish_kind::fail &&
+                  item.kind != finish_kind::give_up;
+      may_ready.push_back(grouped || back);
+    }
+    auto done = co_await inner_.finish(q->names[k], worker, std::move(split.items[k]), lease_ttl);
+    bool marks = false;
+    for (std::size_t i = 0; i < done.size(); ++i) {
+      if (done[i].next) prefix_token(done[i].next->token, k);
+      marks = marks || (may_ready[i] && done[i].lease_held && !done[i].next);
+      out[split.places[k][i]] = std::move(done[i]);
+    }
+    if (marks) co_await mark(queue, k);
+  }
+  co_return out;
+}
+
+awaitable<std::vector<bool>> sharded_backend::extend(std::string queue, std::string worker,
+                                                     std::vector<std::string> tokens,
+                                                     std::chrono::milliseconds lease_ttl) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.extend(q->names[0], std::move(worker), std::move(tokens), lease_ttl);
+  // A heartbeat without tokens goes nowhere: it is for lanes a blocking claim took and no
+  // claim leased yet, and a sharded queue's claims never block in a shard.
+  per_shard<std::string> split(q->shards);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    auto at = split_token(tokens[i], q->shards);
+    split.add(at.first, std::move(at.second), i);
+  }
+  std::vector<bool> out(tokens.size(), false);
+  for (std::size_t k = 0; k < q->shards; ++k) {
+    if (split.items[k].empty()) continue;
+    auto held = co_await inner_.extend(q->names[k], worker, std::move(split.items[k]), lease_ttl);
+    for (std::size_t i = 0; i < held.size(); ++i) out[split.places[k][i]] = held[i];
+  }
+  co_return out;
+}
+
+awaitable<void> sharded_backend::advertise(std::string queue, std::vector<std::string> types,
+                                           std::chrono::milliseconds ttl) {
+  co_await state_of(queue);
+  co_await inner_.advertise(std::move(queue), std::move(types), ttl);  // (the queue's own: one record)
+}
+
+awaitable<std::chrono::milliseconds> sharded_backend::unrunnable_for(std::string queue, std::string type) {
+  co_await state_of(queue);
+  co_return co_await inner_.unrunnable_for(std::move(queue), std::move(type));
+}
+
+awaitable<std::int64_t> sharded_backend::expire_own(std::string queue, std::string worker) {
+  auto q = co_await state_of(queue);
+  std::int64_t expired = 0;
+  for (const auto& name : q->names) expired += co_await inner_.expire_own(name, worker);
+  co_return expired;
+}
+
+awaitable<void> sharded_backend::release(std::string queue, std::string worker, std::vector<std::string> tokens) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.release(q->names[0], std::move(worker), std::move(tokens));
+  per_shard<std::string> split(q->shards);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    auto at = split_token(tokens[i], q->shards);
+    split.add(at.first, std::move(at.second), i);
+  }
+  for (std::size_t k = 0; k < q->shards; ++k) {
+    if (split.items[k].empty()) continue;
+    co_await inner_.release(q->names[k], worker, std::move(split.items[k]));
+    co_await mark(queue, k);
+  }
+}
+
+awaitable<reap_result> sharded_backend::reap(std::string queue, reap_options opts) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.reap(q->names[0], opts);
+  reap_result sum;
+  // Workers take turns: the one whose turn it is reaps every shard, so that a crashed worker's
+  // leases come back as soon as on one queue, and the others ask only whose turn it is.
+  if (opts.turn.count() > 0) {
+    bool mine = co_await inner_.take_turn(queue, "reap", holder_, opts.turn);
+    if (!mine) co_return sum;
+  }
+  // The dead letters' count limit is the queue's: each shard keeps its part.
+  if (opts.dead_max_count > 0) opts.dead_max_count = (opts.dead_max_count + q->shards - 1) / q->shards;
+  std::size_t check;  // the shard whose ready list is looked at (a mark lost with a crashed worker)
+  {
+    std::lock_guard lock(mutex_);
+    check = q->next_reap++ % q->shards;
+  }
+  // All at once (on a cluster they are at several nodes; on one server, one round trip).
+  auto ex = co_await asio::this_coro::executor;
+  using reap_op = decltype(asio::co_spawn(ex, inner_.reap("", opts), asio::deferred));
+  std::vector<reap_op> reaps;
+  reaps.reserve(q->shards);
+  for (const auto& name : q->names) reaps.push_back(asio::co_spawn(ex, inner_.reap(name, opts), asio::deferred));
+  auto all = co_await asio::experimental::make_parallel_group(std::move(reaps))
+                 .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
+  for (auto& e : std::get<1>(all))
+    if (e) std::rethrow_exception(e);
+  auto& results = std::get<2>(all);
+  for (std::size_t k = 0; k < q->shards; ++k) {
+    auto& r = results[k];
+    bool ready = r.leases > 0 || r.lanes > 0;
+    if (!ready && k == check) ready = co_await inner_.has_ready(q->names[k]);
+    if (ready) co_await mark(queue, k);
+    sum.leases += r.leases;
+    sum.workers += r.workers;
+    sum.lanes += r.lanes;
+    sum.dead_removed += r.dead_removed;
+    sum.recovered_types.insert(sum.recovered_types.end(), std::make_move_iterator(r.recovered_types.begin()),
+                               std::make_move_iterator(r.recovered_types.end()));
+  }
+  co_return sum;
+}
+
+awaitable<queue_counts> sharded_backend::counts(std::string queue) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.counts(q->names[0]);
+  queue_counts sum;
+  for (const auto& name : q->names) {
+    auto c = co_await inner_.counts(name);
+    sum.ready_lanes += c.ready_lanes;
+    sum.running += c.running;
+    sum.delayed += c.delayed;
+    sum.paused += c.paused;
+    sum.groups += c.groups;
+    sum.dead += c.dead;
+    sum.enqueued += c.enqueued;
+    sum.started += c.started;
+    sum.completed += c.completed;
+    sum.failed += c.failed;
+    sum.retried += c.retried;
+    sum.deferred += c.deferred;
+    sum.unhandled += c.unhandled;
+    sum.halted += c.halted;
+    sum.recovered += c.recovered;
+    if (c.next_enqueued_ms != 0 && (sum.next_enqueued_ms == 0 || c.next_enqueued_ms < sum.next_enqueued_ms))
+      sum.next_enqueued_ms = c.next_enqueued_ms;
+  }
+  co_return sum;
+}
+
+// --- delayed jobs ---
+
+awaitable<promote_result> sharded_backend::promote(std::string queue, std::size_t max) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.promote(q->names[0], max);
+  // The shards with an entry due, one whose wake-up came (its version moved), one whose next
+  // due time is not known here, and one more in turn (a wake-up missed).
+  promote_result sum;
+  auto now = clock::now();
+  std::size_t sweep;
+  {
+    std::lock_guard lock(mutex_);
+    sweep = q->next_sweep++ % q->shards;
+  }
+  for (std::size_t k = 0; k < q->shards; ++k) {
+    auto version = inner_.delayed_version(q->names[k]);
+    bool due;
+    {
+      std::lock_guard lock(mutex_);
+      due = k == sweep || q->next_due[k] <= now || version != q->promoted_version[k];
+    }
+    if (!due) continue;
+    auto r = co_await inner_.promote(q->names[k], max);
+    if (r.moved > 0) co_await mark(queue, k);
+    {
+      std::lock_guard lock(mutex_);
+      q->promoted_version[k] = version;
+      q->next_due[k] = r.next_due ? clock::now() + *r.next_due : clock::time_point::max();
+      if (r.moved >= static_cast<std::int64_t>(max)) q->next_due[k] = clock::time_point::min();  // more are due
+    }
+    sum.moved += r.moved;
+  }
+  std::lock_guard lock(mutex_);
+  auto first = *std::min_element(q->next_due.begin(), q->next_due.end());
+  if (first != clock::time_point::max())
+    sum.next_due = std::max(std::chrono::milliseconds(0),
+                            std::chrono::duration_cast<std::chrono::milliseconds>(first - clock::now()));
+  co_return sum;
+}
+
+std::uint64_t sharded_backend::delayed_version(const std::string& queue) {
+  std::shared_ptr<queue_state> q;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto found = queues_.find(queue); found != queues_.end()) q = found->second;
+  }
+  if (!q) return 0;  // (promote has not run yet: it will, before any wait counts)
+  std::uint64_t sum = 0;
+  for (const auto& name : q->names) sum += inner_.delayed_version(name);
+  return sum;
+}
+
+awaitable<void> sharded_backend::wait_delayed(std::string queue, std::uint64_t seen,
+                                              std::chrono::milliseconds timeout) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.wait_delayed(q->names[0], seen, timeout);
+  // Each version only grows: while their sum is `seen`, each is what it was then.
+  if (delayed_version(queue) != seen) co_return;
+  auto ex = co_await asio::this_coro::executor;
+  using wait_op = decltype(asio::co_spawn(ex, inner_.wait_delayed("", 0, timeout), asio::deferred));
+  std::vector<wait_op> waits;
+  waits.reserve(q->shards);
+  for (const auto& name : q->names)
+    waits.push_back(
+        asio::co_spawn(ex, inner_.wait_delayed(name, inner_.delayed_version(name), timeout), asio::deferred));
+  co_await asio::experimental::make_parallel_group(std::move(waits))
+      .async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
+  auto cs = co_await asio::this_coro::cancellation_state;
+  if (cs.cancelled() != asio::cancellation_type::none)
+    throw boost::system::system_error(asio::error::operation_aborted, "wait_delayed");
+}
+
+// --- dead letters ---
+//
+// A dead letter's key is its shard's (the job's id, unique in the queue unless a producer gave
+// one id to jobs of different groups): calls about keys ask every shard, each once per call.
+
+awaitable<std::vector<dead_letter>> sharded_backend::dead_letters(std::string queue, std::size_t offset,
+                                                                  std::size_t limit) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.dead_letters(q->names[0], offset, limit);
+  // The first offset + limit of each shard, merged oldest first.
+  std::vector<dead_letter> all;
+  for (const auto& name : q->names) {
+    auto some = co_await inner_.dead_letters(name, 0, offset + limit);
+    all.insert(all.end(), std::make_move_iterator(some.begin()), std::make_move_iterator(some.end()));
+  }
+  std::stable_sort(all.begin(), all.end(),
+                   [](const dead_letter& a, const dead_letter& b) { return a.at_ms < b.at_ms; });
+  if (offset >= all.size()) co_return std::vector<dead_letter>{};
+  all.erase(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(offset));
+  if (all.size() > limit) all.resize(limit);
+  co_return all;
+}
+
+awaitable<std::optional<dead_letter>> sharded_backend::dead_letter_of(std::string queue, std::string id) {
+  auto q = co_await state_of(queue);
+  for (const auto& name : q->names)
+    if (auto d = co_await inner_.dead_letter_of(name, id)) co_return d;
+  co_return std::nullopt;
+}
+
+awaitable<std::vector<std::string>> sharded_backend::requeue(std::string queue, std::vector<std::string> ids,
+                                                             bool at_head) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.requeue(q->names[0], std::move(ids), at_head);
+  std::vector<std::string> out;
+  for (std::size_t k = 0; k < q->shards && !ids.empty(); ++k) {
+    auto done = co_await inner_.requeue(q->names[k], ids, at_head);
+    if (done.empty()) continue;
+    co_await mark(queue, k);
+    for (auto& id : done) std::erase(ids, id);
+    out.insert(out.end(), std::make_move_iterator(done.begin()), std::make_move_iterator(done.end()));
+  }
+  co_return out;
+}
+
+awaitable<std::int64_t> sharded_backend::purge(std::string queue, std::vector<std::string> ids) {
+  auto q = co_await state_of(queue);
+  std::int64_t purged = 0;
+  for (const auto& name : q->names) purged += co_await inner_.purge(name, ids);
+  co_return purged;
+}
+
+// --- groups ---
+
+awaitable<bool> sharded_backend::pause(std::string queue, std::string group) {
+  auto q = co_await state_of(queue);
+  co_return co_await inner_.pause(q->names[shard_of(group, q->shards)], std::move(group));
+}
+
+awaitable<bool> sharded_backend::resume(std::string queue, std::string group, resume_mode mode) {
+  auto q = co_await state_of(queue);
+  auto k = shard_of(group, q->shards);
+  bool resumed = co_await inner_.resume(q->names[k], std::move(group), mode);
+  if (resumed && q->shards > 1) co_await mark(queue, k);
+  co_return resumed;
+}
+
+awaitable<std::vector<paused_group>> sharded_backend::paused_groups(std::string queue) {
+  auto q = co_await state_of(queue);
+  std::vector<paused_group> all;
+  for (const auto& name : q->names) {
+    auto some = co_await inner_.paused_groups(name);
+    all.insert(all.end(), std::make_move_iterator(some.begin()), std::make_move_iterator(some.end()));
+  }
+  co_return all;
+}
+
+awaitable<std::int64_t> sharded_backend::purge_queue(std::string queue) {
+  auto q = co_await state_of(queue);
+  std::int64_t removed = 0;
+  if (q->shards > 1)
+    for (const auto& name : q->names) removed += co_await inner_.purge_queue(name);
+  removed += co_await inner_.purge_queue(queue);  // (its own keys: the stored count, the marks, the types)
+  std::lock_guard lock(mutex_);
+  queues_.erase(queue);
+  co_return removed;
+}
+
+awaitable<std::int64_t> sharded_backend::group_size(std::string queue, std::string group) {
+  auto q = co_await state_of(queue);
+  co_return co_await inner_.group_size(q->names[shard_of(group, q->shards)], std::move(group));
+}
+
+awaitable<check_report> sharded_backend::check(std::string queue, bool repair) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.check(q->names[0], repair);
+  check_report sum;
+  for (std::size_t k = 0; k < q->shards; ++k) {
+    auto r = co_await inner_.check(q->names[k], repair);
+    sum.groups += r.groups;
+    sum.jobs += r.jobs;
+    if (r.oldest_enqueued_ms != 0 && (sum.oldest_enqueued_ms == 0 || r.oldest_enqueued_ms < sum.oldest_enqueued_ms))
+      sum.oldest_enqueued_ms = r.oldest_enqueued_ms;
+    sum.stuck_groups += r.stuck_groups;
+    sum.repaired += r.repaired;
+    for (auto& p : r.problems) sum.problems.push_back(fmt::format("shard {}: {}", k, p));
+    sum.calls += r.calls;
+    // Repaired lanes, or work that waits unmarked: an idle worker is to look there.
+    if (!repair) continue;
+    bool ready = r.repaired > 0;
+    if (!ready) ready = co_await inner_.has_ready(q->names[k]);  // (g++ 12: no co_await inside ||)
+    if (ready) co_await mark(queue, k);
+  }
+  co_return sum;
+}
+
+}  // namespace jobrt
