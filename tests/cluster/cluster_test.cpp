@@ -5,7 +5,7 @@
 // requests reach their keys' primaries, through a migration and after it, and through a failover.
 // The Redis backend on a cluster: a worker waiting for work follows its queue to a new primary,
 // and the demo's checks hold while its queue's slot moves by hand and a third of the slots are
-// resharded.
+// resharded. A queue of 16 shards: 100 idle workers cost the cluster few commands.
 #include "redis/cluster_map.hpp"
 
 #include <jobrt/mutex.hpp>
@@ -14,6 +14,7 @@
 #include <jobrt/redis/connection.hpp>
 #include <jobrt/redis/script.hpp>
 #include <jobrt/redis_backend.hpp>
+#include <jobrt/sharded_backend.hpp>
 #include <jobrt/worker.hpp>
 
 #include "support/redis_cluster.hpp"
@@ -991,4 +992,72 @@ TEST_CASE("cluster backend: a primary killed under load - workers carry on, and 
     CHECK(got.former_let_go);
     if (mode == durability::replicated) CHECK(got.lost == 0);
   }
+}
+
+namespace {
+// Commands the cluster's primaries ran so far, by their INFO commandstats (INFO's own left out),
+// and how many INFO calls that took.
+std::int64_t primaries_calls(const redis_cluster& c) {
+  std::int64_t calls = 0;
+  for (int i = 0; i < redis_cluster::nodes; ++i) {
+    if (c.cli(i, {"INFO", "replication"}).find("role:master") == std::string::npos) continue;
+    std::istringstream stats(c.cli(i, {"INFO", "commandstats"}));
+    for (std::string line; std::getline(stats, line);) {
+      if (!line.starts_with("cmdstat_") || line.starts_with("cmdstat_info:")) continue;
+      auto at = line.find("calls=");
+      if (at != std::string::npos) calls += std::stoll(line.substr(at + 6));
+    }
+  }
+  return calls;
+}
+}  // namespace
+
+TEST_CASE("cluster backend: 100 idle workers on a queue of 16 shards cost the cluster under 50 commands a second") {
+  redis_cluster cluster;  // (its own: the counts are this test's alone)
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        auto queue = key_prefix() + "idle";
+        std::vector<config> seeds{cluster.config(0), cluster.config(1)};
+        // Four processes' worth, of 25 slots each, with the defaults (claims wait 5 s, leases of 5 s).
+        std::vector<std::unique_ptr<redis_backend>> stores;
+        std::vector<std::unique_ptr<sharded_backend>> shards;
+        std::vector<std::unique_ptr<worker>> workers;
+        std::atomic<int> ran{0};
+        for (int i = 0; i < 4; ++i) {
+          stores.push_back(std::make_unique<redis_backend>(ctx.get_executor(), seeds));
+          shards.push_back(std::make_unique<sharded_backend>(*stores.back(), std::size_t{16}));
+          worker_options o;
+          o.queue = queue;
+          o.concurrency = 25;
+          workers.push_back(std::make_unique<worker>(ctx.get_executor(), *shards.back(), o));
+          workers.back()->add_handler("t", [&](job_context&) -> awaitable<void> {
+            ++ran;
+            co_return;
+          });
+          workers.back()->start();
+        }
+        co_await sleep_for(3s);  // started: connected, scripts loaded
+        auto before = primaries_calls(cluster);
+        auto began = steady::now();
+        co_await sleep_for(10s);
+        auto after = primaries_calls(cluster);
+        auto secs = std::chrono::duration<double>(steady::now() - began).count();
+        auto rate = static_cast<double>(after - before) / secs;
+        MESSAGE(fmt::format("100 idle workers, 16 shards, 3 primaries: {:.1f} commands/s ({} in {:.1f} s)", rate,
+                            after - before, secs));
+        CHECK(rate < 50);
+        // And they are waiting, not gone: work in every shard is picked up.
+        producer p(*shards.front(), queue);
+        std::vector<job_spec> specs;
+        for (int i = 0; i < 64; ++i) {
+          job_spec s;
+          s.type = "t";
+          s.group = fmt::format("g{}", i);
+          specs.push_back(std::move(s));
+        }
+        co_await p.enqueue_bulk(std::move(specs));
+        CHECK(co_await eventually([&] { return ran.load() == 64; }, 10s));
+        for (auto& w : workers) co_await w->stop(5s);
+      },
+      90s);
 }

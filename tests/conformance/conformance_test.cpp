@@ -701,7 +701,9 @@ CONFORMANCE("crash recovery: a lease nobody renews expires and a live worker run
     auto took = recovered_at - started;
     MESSAGE("recovered " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
                          << " ms after the claim (lease 300 ms, reaper every 200 ms)");
-    CHECK(took < std::chrono::milliseconds(300 + 200 + 200));
+    // (Sharded, the reaper learns where leases may have run out from the notes their holders
+    // make with each renewal, a third of a TTL ahead: that much later.)
+    CHECK(took < std::chrono::milliseconds(300 + 200 + 200 + (sharded(kind) ? 100 : 0)));
     CHECK(w.counters().recovered == 2);
     auto counts = co_await b.make().counts(b.queue());
     CHECK(counts.recovered == 2);

@@ -332,10 +332,17 @@ class backend {
                                                                              std::chrono::milliseconds wait);
   /// Whether `queue` has ready lanes: the backstop for a mark lost on its way.
   virtual boost::asio::awaitable<bool> has_ready(std::string queue);
-  /// Takes or keeps `queue`'s turn at `task` for `ttl` from now: true when `holder` has it (it
-  /// was free, ran out, or was the holder's already), false while another holder's lasts.
-  virtual boost::asio::awaitable<bool> take_turn(std::string queue, std::string task, std::string holder,
-                                                 std::chrono::milliseconds ttl);
+  /// Notes until when a process holds leases in shards of `queue`: entries of '<shard>|<holder>'
+  /// and a time in ms since the epoch (by the caller's clock), each kept at the later of its old
+  /// and new time.
+  virtual boost::asio::awaitable<void> note_leases(std::string queue,
+                                                   std::vector<std::pair<std::string, std::int64_t>> until);
+  /// Takes or keeps `queue`'s reaping turn for `ttl`: nullopt while another holder has it; else
+  /// the entries noted (note_leases) whose time is at most `now_ms`, taken out.
+  virtual boost::asio::awaitable<std::optional<std::vector<std::string>>> take_reap_turn(std::string queue,
+                                                                                         std::string holder,
+                                                                                         std::chrono::milliseconds ttl,
+                                                                                         std::int64_t now_ms);
 };
 
 }  // namespace jobrt

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -110,8 +111,11 @@ class memory_backend final : public backend {
   boost::asio::awaitable<std::optional<std::size_t>> take_shard_mark(std::string queue, std::string worker,
                                                                      std::chrono::milliseconds wait) override;
   boost::asio::awaitable<bool> has_ready(std::string queue) override;
-  boost::asio::awaitable<bool> take_turn(std::string queue, std::string task, std::string holder,
-                                         std::chrono::milliseconds ttl) override;
+  boost::asio::awaitable<void> note_leases(std::string queue,
+                                           std::vector<std::pair<std::string, std::int64_t>> until) override;
+  boost::asio::awaitable<std::optional<std::vector<std::string>>> take_reap_turn(std::string queue, std::string holder,
+                                                                                 std::chrono::milliseconds ttl,
+                                                                                 std::int64_t now_ms) override;
 
  private:
   struct queue_state;
@@ -138,11 +142,12 @@ class memory_backend final : public backend {
   std::unordered_map<std::string, std::unique_ptr<queue_state>> queues_;
   std::unordered_map<std::string, std::size_t> shards_;             // stored shard counts
   std::unordered_map<std::string, std::deque<std::size_t>> marks_;  // per queue, oldest first, each once
-  struct turn {
-    std::string holder;
+  struct reaping {
+    std::string holder;  // whose turn it is
     std::chrono::steady_clock::time_point until;
+    std::map<std::string, std::int64_t> leased;  // note_leases' entries
   };
-  std::map<std::pair<std::string, std::string>, turn> turns_;  // by queue and task
+  std::unordered_map<std::string, reaping> reaping_;  // by queue
 };
 
 }  // namespace jobrt

@@ -117,9 +117,13 @@ class redis_backend final : public backend {
   boost::asio::awaitable<std::optional<std::size_t>> take_shard_mark(std::string queue, std::string worker,
                                                                      std::chrono::milliseconds wait) override;
   boost::asio::awaitable<bool> has_ready(std::string queue) override;
-  /// At <prefix>turn:<task> (runtime/lua/turn.lua).
-  boost::asio::awaitable<bool> take_turn(std::string queue, std::string task, std::string holder,
-                                         std::chrono::milliseconds ttl) override;
+  /// ZADD GT at <prefix>leased.
+  boost::asio::awaitable<void> note_leases(std::string queue,
+                                           std::vector<std::pair<std::string, std::int64_t>> until) override;
+  /// At <prefix>turn:reap and <prefix>leased (runtime/lua/reap_turn.lua).
+  boost::asio::awaitable<std::optional<std::vector<std::string>>> take_reap_turn(std::string queue, std::string holder,
+                                                                                 std::chrono::milliseconds ttl,
+                                                                                 std::int64_t now_ms) override;
 
  private:
   redis::blocking_connection& blocking_for(const std::string& worker, const redis::config& node);
@@ -152,7 +156,7 @@ class redis_backend final : public backend {
   redis_backend_options opts_;
   std::shared_ptr<detail::redis_link> link_;  // (shared with the listener)
   redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, requeue_, purge_,
-      check_fix_, advertise_, expire_own_, turn_;
+      check_fix_, advertise_, expire_own_, reap_turn_;
   // Wake-ups for delayed jobs: one listener for every queue, started on first use. The
   // wake-ups are shared with the listener, which may outlive the backend briefly.
   std::shared_ptr<detail::wakeups> wakeups_;

@@ -13,9 +13,10 @@
 // node). An idle worker waits for a mark (backend::take_shard_mark: BZPOPMIN), claims in that
 // shard, and when the claim got all it asked for marks the shard again for the next one. A
 // process also remembers the shards whose last claim was full and claims there first, in turn.
-// The reaper whose turn it is (one process at a time) reaps every shard, and looks at one shard's
-// ready list per call, in turn, marking it when it has work (a mark lost with a worker that took
-// it and crashed).
+// Reaping takes turns: the reaper whose turn it is (one process at a time) reaps the shards where
+// a lease may have run out (processes note where they hold leases, with their renewals) and one
+// more in turn, whose ready list it also looks at, marking it when it has work (a mark lost with
+// a worker that took it and crashed).
 //
 // With S = 1 every call goes to the queue itself, as with the inner backend alone (the stored
 // count is checked at the first call).
@@ -100,6 +101,9 @@ class sharded_backend final : public backend {
   // A claim in shard k, its tokens prefixed; marks k again (and remembers it) when it was full.
   boost::asio::awaitable<std::vector<claimed_job>> claim_in(const std::string& queue, queue_state& q, std::size_t k,
                                                             const claim_options& opts);
+  // Notes for the reaper that this process holds leases in these shards for `ttl` from now.
+  boost::asio::awaitable<void> note(const std::string& queue, queue_state& q, const std::vector<std::size_t>& shards,
+                                    std::chrono::milliseconds ttl);
   // Adds to `got` claims in the shards whose last claim here was full (known_first), then in
   // marked ones, until it holds opts.max jobs or no mark is left.
   boost::asio::awaitable<std::vector<claimed_job>> claim_more(const std::string& queue, queue_state& q,

@@ -16,5 +16,5 @@ extern const char* const purge;
 extern const char* const check_fix;
 extern const char* const expire_own;
 extern const char* const advertise;
-extern const char* const turn;
+extern const char* const reap_turn;
 }  // namespace jobrt::lua

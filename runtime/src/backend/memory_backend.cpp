@@ -333,15 +333,37 @@ asio::awaitable<std::optional<std::size_t>> memory_backend::take_shard_mark(std:
   }
 }
 
-asio::awaitable<bool> memory_backend::take_turn(std::string queue, std::string task, std::string holder,
-                                                std::chrono::milliseconds ttl) {
+asio::awaitable<void> memory_backend::note_leases(std::string queue,
+                                                  std::vector<std::pair<std::string, std::int64_t>> until) {
+  std::lock_guard lock(mutex_);
+  auto& leased = reaping_[queue].leased;
+  for (auto& [member, at] : until) {
+    auto& kept = leased[member];
+    kept = std::max(kept, at);
+  }
+  co_return;
+}
+
+asio::awaitable<std::optional<std::vector<std::string>>> memory_backend::take_reap_turn(std::string queue,
+                                                                                        std::string holder,
+                                                                                        std::chrono::milliseconds ttl,
+                                                                                        std::int64_t now_ms) {
   auto now = std::chrono::steady_clock::now();
   std::lock_guard lock(mutex_);
-  auto& t = turns_[{std::move(queue), std::move(task)}];
-  if (t.holder != holder && t.until > now) co_return false;
-  t.holder = std::move(holder);
-  t.until = now + ttl;
-  co_return true;
+  auto& r = reaping_[queue];
+  if (r.holder != holder && r.until > now) co_return std::nullopt;
+  r.holder = std::move(holder);
+  r.until = now + ttl;
+  std::vector<std::string> due;
+  for (auto it = r.leased.begin(); it != r.leased.end();) {
+    if (it->second <= now_ms) {
+      due.push_back(it->first);
+      it = r.leased.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  co_return due;
 }
 
 asio::awaitable<bool> memory_backend::has_ready(std::string queue) {

@@ -103,7 +103,7 @@ redis_backend::redis_backend(asio::any_io_executor ex, std::vector<redis::config
       check_fix_(lua::check_fix),
       advertise_(lua::advertise),
       expire_own_(lua::expire_own),
-      turn_(lua::turn),
+      reap_turn_(lua::reap_turn),
       wakeups_(std::make_shared<detail::wakeups>()) {
   std::random_device random;
   call_nonce_ = (std::uint64_t{random()} << 32) ^ random();
@@ -1061,15 +1061,36 @@ asio::awaitable<bool> redis_backend::has_ready(std::string queue) {
   co_return r.as_integer() > 0;
 }
 
-asio::awaitable<bool> redis_backend::take_turn(std::string queue, std::string task, std::string holder,
-                                               std::chrono::milliseconds ttl) {
+asio::awaitable<void> redis_backend::note_leases(std::string queue,
+                                                 std::vector<std::pair<std::string, std::int64_t>> until) {
+  if (until.empty()) co_return;
   auto p = key_prefix(queue);
-  std::array<std::string, 1> keys{p + "turn:" + task};
-  std::array<std::string, 2> args{std::move(holder), std::to_string(ttl.count())};
-  auto req = turn_.make_request(keys, args);
-  req.options.resend_safe = true;  // (the same holder twice: the same outcome)
-  reply r = co_await link_->run(turn_, std::move(req), p);
-  co_return r.as_integer() == 1;
+  std::vector<std::string> scored;
+  for (auto& [member, at] : until) {
+    scored.push_back(std::to_string(at));
+    scored.push_back(std::move(member));
+  }
+  request req("ZADD", p + "leased", "GT", scored);
+  req.options.resend_safe = true;  // (GT: the same times twice change nothing)
+  co_await link_->exec(std::move(req), p);
+}
+
+asio::awaitable<std::optional<std::vector<std::string>>> redis_backend::take_reap_turn(std::string queue,
+                                                                                       std::string holder,
+                                                                                       std::chrono::milliseconds ttl,
+                                                                                       std::int64_t now_ms) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 2> keys{p + "turn:reap", p + "leased"};
+  std::array<std::string, 3> args{std::move(holder), std::to_string(ttl.count()), std::to_string(now_ms)};
+  // (Sent again after a lost reply, the entries it took are gone: the holder's walk over the
+  // shards, one a turn, reaps them in time.)
+  auto req = reap_turn_.make_request(keys, args);
+  reply r = co_await link_->run(reap_turn_, std::move(req), p);
+  const auto& e = r.as_array();
+  if (e.empty() || e[0].as_integer() != 1) co_return std::nullopt;
+  std::vector<std::string> due;
+  for (std::size_t i = 1; i < e.size(); ++i) due.push_back(e[i].as_string());
+  co_return due;
 }
 
 asio::awaitable<std::int64_t> redis_backend::purge_queue(std::string queue) {

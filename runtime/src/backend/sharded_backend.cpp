@@ -40,8 +40,12 @@ awaitable<std::optional<std::size_t>> backend::take_shard_mark(std::string, std:
   no_shards("take_shard_mark");
 }
 awaitable<bool> backend::has_ready(std::string) { no_shards("has_ready"); }
-awaitable<bool> backend::take_turn(std::string, std::string, std::string, std::chrono::milliseconds) {
-  no_shards("take_turn");
+awaitable<void> backend::note_leases(std::string, std::vector<std::pair<std::string, std::int64_t>>) {
+  no_shards("note_leases");
+}
+awaitable<std::optional<std::vector<std::string>>> backend::take_reap_turn(std::string, std::string,
+                                                                           std::chrono::milliseconds, std::int64_t) {
+  no_shards("take_reap_turn");
 }
 
 // --- per queue ---
@@ -52,7 +56,9 @@ struct sharded_backend::queue_state {
   std::size_t next_spread = 0;     // the shard of the next ungrouped job without an id
   std::deque<std::size_t> full;    // shards whose last claim here got all it asked for, in turn
   std::vector<bool> in_full;
-  std::size_t next_reap = 0;  // the shard the next one-shard reap looks at
+  std::size_t next_reap = 0;  // the shard the reaper's walk looks at next
+  // Until when this process noted that it holds leases in each shard (ms since the epoch).
+  std::vector<std::int64_t> noted_until;
   // Promotion: per shard, its delayed version when it was last promoted, and when its next
   // entry is due then (time_point::max(): none; min(): not known, promote it).
   std::vector<std::uint64_t> promoted_version;
@@ -142,6 +148,7 @@ awaitable<std::shared_ptr<sharded_backend::queue_state>> sharded_backend::state_
     for (std::size_t k = 0; k < q->shards; ++k) q->names.push_back(shard_queue(queue, k));
   }
   q->in_full.assign(q->shards, false);
+  q->noted_until.assign(q->shards, 0);
   // Processes start their walks at different shards, so that together they cover them sooner.
   q->next_spread = start_offset() % q->shards;
   q->next_reap = start_offset() % q->shards;
@@ -154,14 +161,50 @@ awaitable<std::shared_ptr<sharded_backend::queue_state>> sharded_backend::state_
 
 awaitable<std::size_t> sharded_backend::shards_of(std::string queue) { co_return (co_await state_of(queue))->shards; }
 
-// A mark that fails is not the caller's failure (what it marks for is stored): the reapers'
-// walk finds the shard's work instead.
+// A mark that fails, or is cut short by the caller's cancellation, is not the caller's failure
+// (what it marks for is stored): the reaper's walk over the shards finds that work instead.
 awaitable<void> sharded_backend::mark(const std::string& queue, std::size_t k) {
+  if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none) co_return;
   try {
     co_await inner_.mark_shard(queue, k);
-  } catch (const boost::system::system_error& e) {
-    if (e.code() == asio::error::operation_aborted) throw;
-    jobrt::log(log_level::warn, "shards", "marking shard {} of queue '{}' failed: {}", k, queue, e.what());
+  } catch (const std::exception& e) {
+    auto* failure = dynamic_cast<const boost::system::system_error*>(&e);
+    if (!failure || failure->code() != asio::error::operation_aborted)
+      jobrt::log(log_level::warn, "shards", "marking shard {} of queue '{}' failed: {}", k, queue, e.what());
+  }
+}
+
+namespace {
+std::int64_t epoch_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+// Leases taken or renewed in these shards last `ttl` from now: noted for the reaper (see
+// reap), each until a third of a TTL past that, so that the noting goes with the watchdog's
+// renewals (every third of a TTL) and claims in between note nothing. A failed note is not the
+// caller's failure: the reaper's walk over the shards finds those leases too, later.
+awaitable<void> sharded_backend::note(const std::string& queue, queue_state& q, const std::vector<std::size_t>& shards,
+                                      std::chrono::milliseconds ttl) {
+  auto now = epoch_ms();
+  std::vector<std::pair<std::string, std::int64_t>> until;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto k : shards) {
+      if (q.noted_until[k] >= now + ttl.count()) continue;
+      q.noted_until[k] = now + ttl.count() + ttl.count() / 3;
+      until.emplace_back(fmt::format("{}|{}", k, holder_), q.noted_until[k]);
+    }
+  }
+  if (until.empty()) co_return;
+  if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none) co_return;
+  try {
+    co_await inner_.note_leases(queue, std::move(until));
+  } catch (const std::exception& e) {
+    auto* failure = dynamic_cast<const boost::system::system_error*>(&e);
+    if (!failure || failure->code() != asio::error::operation_aborted)
+      jobrt::log(log_level::warn, "shards", "noting the leases of queue '{}' failed: {}", queue, e.what());
   }
 }
 
@@ -220,6 +263,10 @@ awaitable<std::vector<claimed_job>> sharded_backend::claim_in(const std::string&
                                                               const claim_options& opts) {
   auto jobs = co_await inner_.claim(q.names[k], opts);
   for (auto& j : jobs) prefix_token(j.token, k);
+  if (!jobs.empty()) {
+    std::vector<std::size_t> at(1, k);
+    co_await note(queue, q, at, opts.lease_ttl);
+  }
   bool full = opts.max > 0 && jobs.size() >= std::min(opts.max, max_claim);
   {
     std::lock_guard lock(mutex_);
@@ -307,7 +354,8 @@ awaitable<std::vector<claimed_job>> sharded_backend::claim_wait(std::string queu
     if (*k >= q->shards) continue;  // (not one of ours: a mark written by hand)
     auto cs = co_await asio::this_coro::cancellation_state;
     if (cs.cancelled() != asio::cancellation_type::none) {
-      co_await mark(queue, *k);  // for another worker
+      co_await asio::this_coro::reset_cancellation_state();  // (or the mark would be cut short too)
+      co_await mark(queue, *k);                              // for another worker
       throw boost::system::system_error(asio::error::operation_aborted, "claim_wait");
     }
     auto jobs = co_await claim_in(queue, *q, *k, opts);
@@ -337,11 +385,25 @@ awaitable<std::vector<finish_result>> sharded_backend::finish(std::string queue,
     // 'g:<group>' for a group's) unless its next job came back with the answer, an ungrouped
     // job's for a release or a retry.
     std::vector<bool> may_ready;
+    bool handed_back = false;
     for (const auto& item : split.items[k]) {
       bool grouped = item.token.find("|g:") != std::string::npos;
-      bool back = item.kind != finish_kind::ack && item.kind != finish_kind::keep && item.kind != finish_kind::fail &&
-                  item.kind != finish_kind::give_up;
-      may_ready.push_back(grouped || back);
+      bool again = item.kind == finish_kind::retry || item.kind == finish_kind::defer ||
+                   item.kind == finish_kind::hand_back;  // (after a delay: the promoter marks it)
+      bool now = item.kind == finish_kind::release || (again && item.delay.count() <= 0);
+      bool ends = item.kind == finish_kind::ack || item.kind == finish_kind::keep || item.kind == finish_kind::fail ||
+                  item.kind == finish_kind::give_up;
+      may_ready.push_back(now || (grouped && ends));
+      handed_back = handed_back || item.kind == finish_kind::hand_back;
+    }
+    // A job this process cannot run came from that shard: it leaves the shard to the others' marks
+    // rather than claiming there first again, and taking that job back before they can.
+    if (handed_back) {
+      std::lock_guard lock(mutex_);
+      if (q->in_full[k]) {
+        q->in_full[k] = false;
+        q->full.erase(std::find(q->full.begin(), q->full.end(), k));
+      }
     }
     auto done = co_await inner_.finish(q->names[k], worker, std::move(split.items[k]), lease_ttl);
     bool marks = false;
@@ -368,6 +430,10 @@ awaitable<std::vector<bool>> sharded_backend::extend(std::string queue, std::str
     split.add(at.first, std::move(at.second), i);
   }
   std::vector<bool> out(tokens.size(), false);
+  std::vector<std::size_t> holding;
+  for (std::size_t k = 0; k < q->shards; ++k)
+    if (!split.items[k].empty()) holding.push_back(k);
+  co_await note(queue, *q, holding, lease_ttl);
   for (std::size_t k = 0; k < q->shards; ++k) {
     if (split.items[k].empty()) continue;
     auto held = co_await inner_.extend(q->names[k], worker, std::move(split.items[k]), lease_ttl);
@@ -413,34 +479,50 @@ awaitable<reap_result> sharded_backend::reap(std::string queue, reap_options opt
   auto q = co_await state_of(queue);
   if (q->shards == 1) co_return co_await inner_.reap(q->names[0], opts);
   reap_result sum;
-  // Workers take turns: the one whose turn it is reaps every shard, so that a crashed worker's
-  // leases come back as soon as on one queue, and the others ask only whose turn it is.
+  // The shards to reap: all of them, or for a worker's reaper, while its process has the turn,
+  // those where a lease may have run out (its holder noted leases there, and stopped renewing
+  // the note), and one more in turn: the walk that applies the dead letters' limits, and looks
+  // at that shard's ready list (a mark lost with a worker that took it and crashed). The others
+  // only ask whose turn it is. So the reaping of an idle queue costs a few calls a period, not
+  // one per shard, and a crashed worker's leases come back within a TTL, a third and a period.
+  std::vector<bool> reaping(q->shards, opts.turn.count() == 0);
+  std::size_t walk;
+  {
+    std::lock_guard lock(mutex_);
+    walk = q->next_reap++ % q->shards;
+  }
+  reaping[walk] = true;
   if (opts.turn.count() > 0) {
-    bool mine = co_await inner_.take_turn(queue, "reap", holder_, opts.turn);
-    if (!mine) co_return sum;
+    auto due = co_await inner_.take_reap_turn(queue, holder_, opts.turn, epoch_ms());
+    if (!due) co_return sum;
+    for (const auto& member : *due) {
+      std::size_t k = 0;
+      auto read = std::from_chars(member.data(), member.data() + member.size(), k);  // ('<k>|<holder>')
+      if (read.ec == std::errc{} && read.ptr != member.data() && k < q->shards) reaping[k] = true;
+    }
   }
   // The dead letters' count limit is the queue's: each shard keeps its part.
   if (opts.dead_max_count > 0) opts.dead_max_count = (opts.dead_max_count + q->shards - 1) / q->shards;
-  std::size_t check;  // the shard whose ready list is looked at (a mark lost with a crashed worker)
-  {
-    std::lock_guard lock(mutex_);
-    check = q->next_reap++ % q->shards;
-  }
   // All at once (on a cluster they are at several nodes; on one server, one round trip).
   auto ex = co_await asio::this_coro::executor;
   using reap_op = decltype(asio::co_spawn(ex, inner_.reap("", opts), asio::deferred));
   std::vector<reap_op> reaps;
-  reaps.reserve(q->shards);
-  for (const auto& name : q->names) reaps.push_back(asio::co_spawn(ex, inner_.reap(name, opts), asio::deferred));
+  std::vector<std::size_t> which;
+  for (std::size_t k = 0; k < q->shards; ++k) {
+    if (!reaping[k]) continue;
+    reaps.push_back(asio::co_spawn(ex, inner_.reap(q->names[k], opts), asio::deferred));
+    which.push_back(k);
+  }
   auto all = co_await asio::experimental::make_parallel_group(std::move(reaps))
                  .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
   for (auto& e : std::get<1>(all))
     if (e) std::rethrow_exception(e);
   auto& results = std::get<2>(all);
-  for (std::size_t k = 0; k < q->shards; ++k) {
-    auto& r = results[k];
+  for (std::size_t i = 0; i < which.size(); ++i) {
+    auto k = which[i];
+    auto& r = results[i];
     bool ready = r.leases > 0 || r.lanes > 0;
-    if (!ready && k == check) ready = co_await inner_.has_ready(q->names[k]);
+    if (!ready && k == walk) ready = co_await inner_.has_ready(q->names[k]);
     if (ready) co_await mark(queue, k);
     sum.leases += r.leases;
     sum.workers += r.workers;

@@ -55,12 +55,13 @@ asio::awaitable<void> maintenance::stop() {
 asio::awaitable<void> maintenance::reap_loop(std::shared_ptr<maintenance> self) {
   constexpr std::size_t batch = 100;
   reap_options ro{batch, self->opts_.dead_max_count, self->opts_.dead_max_age};
+  bool all = false;  // reap_now came: every shard of a sharded queue
   while (!self->stopped_) {
     reap_result r;
     std::string failure;
-    // A sharded queue is reaped by one worker at a time (the one whose turn it is), but at once
-    // by this one when leases were made reapable now.
-    ro.turn = self->reap_now_ ? std::chrono::milliseconds(0) : self->opts_.reap_period * 2;
+    // A sharded queue is reaped by one worker at a time (the one whose turn it is), but every
+    // shard of it at once by this one when leases were made reapable now.
+    ro.turn = std::exchange(all, false) ? std::chrono::milliseconds(0) : self->opts_.reap_period * 2;
     try {
       r = co_await stoppable(
           self->reap_stop_, self->strand_,
@@ -77,13 +78,14 @@ asio::awaitable<void> maintenance::reap_loop(std::shared_ptr<maintenance> self) 
     if (r.leases == static_cast<std::int64_t>(batch) || r.workers == static_cast<std::int64_t>(batch) ||
         r.dead_removed == static_cast<std::int64_t>(batch))
       continue;  // more to do: at once
-    if (std::exchange(self->reap_now_, false)) continue;
+    if ((all = std::exchange(self->reap_now_, false))) continue;
     co_await self->about_types();
     if (self->stopped_) break;  // (stop's cancel of the timer came while about_types was in a call)
     // reap_now's cancel of the timer, too, may have come during that call, before the wait
     // below: the flag says so.
-    if (std::exchange(self->reap_now_, false)) continue;
+    if ((all = std::exchange(self->reap_now_, false))) continue;
     co_await wait_on(self->reap_timer_, clock::now() + self->opts_.reap_period);
+    all = std::exchange(self->reap_now_, false);
   }
   self->reaping_ = false;
   self->ended_.cancel();
