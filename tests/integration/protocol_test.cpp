@@ -189,6 +189,47 @@ TEST_CASE("jobs enqueued with redis-cli into a sharded queue by the protocol doc
   });
 }
 
+TEST_CASE("a worker's finish calls across a sharded queue drop their records in each shard as answers come") {
+  auto cfg = shared_redis();
+  std::string queue = key_prefix() + "sharded-answers";
+  constexpr std::size_t shards = 4;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    sharded_backend sharded(store, shards);
+    producer p(sharded, queue);
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 400; ++i) {
+      job_spec s;
+      s.type = "t";
+      s.group = fmt::format("g{}", i % 16);  // (over every shard)
+      specs.push_back(std::move(s));
+    }
+    co_await p.enqueue_bulk(std::move(specs));
+    claim_options co{"w", 16, std::chrono::seconds(30)};
+    for (int round = 0; round < 60; ++round) {
+      auto claimed = co_await sharded.claim(queue, co);
+      if (claimed.empty()) break;
+      std::vector<finish_item> acks;
+      for (auto& c : claimed) {
+        finish_item f;
+        f.token = c.token;
+        acks.push_back(std::move(f));
+      }
+      auto done = co_await sharded.finish(queue, "w", std::move(acks), std::chrono::seconds(30));
+      for (auto& r : done) CHECK(r.lease_held);
+    }
+    CHECK((co_await sharded.counts(queue)).completed == 400);
+    // Each call's record stays until the worker's next call to that shard says its answer came:
+    // one a shard at most, not one a call.
+    for (std::size_t k = 0; k < shards; ++k) {
+      auto key = fmt::format("jobrt:{{{}#{}}}:answers:w", queue, k);
+      auto held = (co_await redis::exec(store.connection(), redis::request("HLEN", key))).as_integer();
+      CAPTURE(key);
+      CHECK(held <= 1);
+    }
+  });
+}
+
 TEST_CASE("on a server without sharded pub/sub (before Redis 7) delayed-job wake-ups come by SUBSCRIBE and PUBLISH") {
   // SSUBSCRIBE and SPUBLISH renamed away are unknown commands, as on Redis 6.2.
   std::vector<std::string> args{"--rename-command", "SSUBSCRIBE", "", "--rename-command", "SPUBLISH", ""};

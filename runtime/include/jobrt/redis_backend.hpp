@@ -165,8 +165,8 @@ class redis_backend final : public backend {
   std::mutex blocking_mutex_;  // guards blocking_, idle_ and answered_
   std::map<std::string, std::unique_ptr<redis::blocking_connection>> blocking_;
   std::set<std::string> idle_;  // workers whose last claim got fewer jobs than it asked for
-  // Per worker, ids of finish calls whose answers came: the next call has the script drop their
-  // records.
+  // Per answers:<worker> key (a worker's, in one queue), ids of finish calls whose answers came:
+  // the next call there has the script drop their records.
   std::map<std::string, std::vector<std::string>> answered_;
   // Shard counts this backend was told of (stored_shards), by queue: its shards' enqueues
   // assign ids that no other shard gives.

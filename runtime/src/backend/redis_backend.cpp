@@ -361,7 +361,7 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
     }
   }
   std::lock_guard lock(blocking_mutex_);
-  auto& answered = answered_[worker];
+  auto& answered = answered_[key_prefix(queue) + "answers:" + worker];
   answered.insert(answered.end(), std::make_move_iterator(calls.begin()), std::make_move_iterator(calls.end()));
   co_return all;
 }
@@ -388,7 +388,7 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
   std::vector<std::string> forget;
   {
     std::lock_guard lock(blocking_mutex_);
-    forget = answered_[worker];
+    forget = answered_[keys[7]];  // (answers:<worker> of this queue: another's ids mean nothing here)
   }
   for (auto& it : items) {
     mix(it.token);
@@ -396,6 +396,9 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
     mix(std::string_view(reinterpret_cast<const char*>(&it.kind), sizeof it.kind));
   }
   std::string call = fmt::format("{:016x}", id);
+  // A call sent again after a failure that came after its answer (a later part of the batch
+  // failed) must still find its record: its own id is not among those to drop.
+  std::erase(forget, call);
   auto forgotten = fmt::format("{}", fmt::join(forget, " "));
   std::vector<std::string_view> args{ttl, n, call, forgotten};
   args.reserve(4 + items.size() * 4);
@@ -447,7 +450,7 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
     r = co_await link_->run(finish_, std::move(req), p);
   {
     std::lock_guard lock(blocking_mutex_);
-    auto& answered = answered_[worker];
+    auto& answered = answered_[keys[7]];
     std::erase_if(answered,
                   [&](const std::string& a) { return std::find(forget.begin(), forget.end(), a) != forget.end(); });
   }

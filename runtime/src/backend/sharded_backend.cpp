@@ -59,6 +59,7 @@ struct sharded_backend::queue_state {
   std::size_t next_reap = 0;  // the shard the reaper's walk looks at next
   // Until when this process noted that it holds leases in each shard (ms since the epoch).
   std::vector<std::int64_t> noted_until;
+  std::vector<bool> reap_again;  // shards whose last reap here did not finish (a batch full, a failure)
   // Promotion: per shard, its delayed version when it was last promoted, and when its next
   // entry is due then (time_point::max(): none; min(): not known, promote it).
   std::vector<std::uint64_t> promoted_version;
@@ -149,6 +150,7 @@ awaitable<std::shared_ptr<sharded_backend::queue_state>> sharded_backend::state_
   }
   q->in_full.assign(q->shards, false);
   q->noted_until.assign(q->shards, 0);
+  q->reap_again.assign(q->shards, false);
   // Processes start their walks at different shards, so that together they cover them sooner.
   q->next_spread = start_offset() % q->shards;
   q->next_reap = start_offset() % q->shards;
@@ -188,19 +190,23 @@ std::int64_t epoch_ms() {
 awaitable<void> sharded_backend::note(const std::string& queue, queue_state& q, const std::vector<std::size_t>& shards,
                                       std::chrono::milliseconds ttl) {
   auto now = epoch_ms();
+  auto at = now + ttl.count() + ttl.count() / 3;
   std::vector<std::pair<std::string, std::int64_t>> until;
+  std::vector<std::size_t> noting;
   {
     std::lock_guard lock(mutex_);
     for (auto k : shards) {
       if (q.noted_until[k] >= now + ttl.count()) continue;
-      q.noted_until[k] = now + ttl.count() + ttl.count() / 3;
-      until.emplace_back(fmt::format("{}|{}", k, holder_), q.noted_until[k]);
+      until.emplace_back(fmt::format("{}|{}", k, holder_), at);
+      noting.push_back(k);
     }
   }
   if (until.empty()) co_return;
   if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none) co_return;
   try {
     co_await inner_.note_leases(queue, std::move(until));
+    std::lock_guard lock(mutex_);
+    for (auto k : noting) q.noted_until[k] = std::max(q.noted_until[k], at);
   } catch (const std::exception& e) {
     auto* failure = dynamic_cast<const boost::system::system_error*>(&e);
     if (!failure || failure->code() != asio::error::operation_aborted)
@@ -296,20 +302,28 @@ awaitable<std::vector<claimed_job>> sharded_backend::claim_more(const std::strin
   auto add = [&](std::vector<claimed_job> jobs) {
     got.insert(got.end(), std::make_move_iterator(jobs.begin()), std::make_move_iterator(jobs.end()));
   };
-  for (auto k : known) {
-    if (got.size() >= want) break;
-    auto rest = opts;
-    rest.max = want - got.size();
-    add(co_await claim_in(queue, q, k, rest));
+  // Jobs leased are the caller's whatever comes after: a failure (or the caller's stop) in a
+  // later shard returns them rather than leaving them leased to nobody.
+  std::exception_ptr failure;
+  try {
+    for (auto k : known) {
+      if (got.size() >= want) break;
+      auto rest = opts;
+      rest.max = want - got.size();
+      add(co_await claim_in(queue, q, k, rest));
+    }
+    while (got.size() < want) {
+      auto k = co_await inner_.take_shard_mark(queue, opts.worker, std::chrono::milliseconds(0));
+      if (!k) break;
+      if (*k >= q.shards) continue;  // (not one of ours: a mark written by hand)
+      auto rest = opts;
+      rest.max = want - got.size();
+      add(co_await claim_in(queue, q, *k, rest));
+    }
+  } catch (...) {
+    failure = std::current_exception();
   }
-  while (got.size() < want) {
-    auto k = co_await inner_.take_shard_mark(queue, opts.worker, std::chrono::milliseconds(0));
-    if (!k) break;
-    if (*k >= q.shards) continue;  // (not one of ours: a mark written by hand)
-    auto rest = opts;
-    rest.max = want - got.size();
-    add(co_await claim_in(queue, q, *k, rest));
-  }
+  if (failure && got.empty()) std::rethrow_exception(failure);
   co_return got;
 }
 
@@ -358,7 +372,17 @@ awaitable<std::vector<claimed_job>> sharded_backend::claim_wait(std::string queu
       co_await mark(queue, *k);                              // for another worker
       throw boost::system::system_error(asio::error::operation_aborted, "claim_wait");
     }
-    auto jobs = co_await claim_in(queue, *q, *k, opts);
+    std::vector<claimed_job> jobs;
+    std::exception_ptr failure;
+    try {
+      jobs = co_await claim_in(queue, *q, *k, opts);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (failure) {  // the shard's work is still there: its mark goes back, for whoever comes next
+      co_await mark(queue, *k);
+      std::rethrow_exception(failure);
+    }
     if (jobs.empty()) continue;
     // Fewer than asked: other marked shards may have the rest.
     if (jobs.size() < std::min(opts.max, max_claim))
@@ -406,11 +430,16 @@ awaitable<std::vector<finish_result>> sharded_backend::finish(std::string queue,
       }
     }
     auto done = co_await inner_.finish(q->names[k], worker, std::move(split.items[k]), lease_ttl);
-    bool marks = false;
+    bool marks = false, leased = false;
     for (std::size_t i = 0; i < done.size(); ++i) {
       if (done[i].next) prefix_token(done[i].next->token, k);
+      leased = leased || done[i].next.has_value();
       marks = marks || (may_ready[i] && done[i].lease_held && !done[i].next);
       out[split.places[k][i]] = std::move(done[i]);
+    }
+    if (leased) {  // (a burst's next lease, for the reaper as a claim's)
+      std::vector<std::size_t> at(1, k);
+      co_await note(queue, *q, at, lease_ttl);
     }
     if (marks) co_await mark(queue, k);
   }
@@ -495,6 +524,14 @@ awaitable<reap_result> sharded_backend::reap(std::string queue, reap_options opt
   if (opts.turn.count() > 0) {
     auto due = co_await inner_.take_reap_turn(queue, holder_, opts.turn, epoch_ms());
     if (!due) co_return sum;
+    {
+      std::lock_guard lock(mutex_);
+      for (std::size_t k = 0; k < q->shards; ++k)
+        if (q->reap_again[k]) {
+          q->reap_again[k] = false;
+          reaping[k] = true;
+        }
+    }
     for (const auto& member : *due) {
       std::size_t k = 0;
       auto read = std::from_chars(member.data(), member.data() + member.size(), k);  // ('<k>|<holder>')
@@ -515,12 +552,22 @@ awaitable<reap_result> sharded_backend::reap(std::string queue, reap_options opt
   }
   auto all = co_await asio::experimental::make_parallel_group(std::move(reaps))
                  .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
-  for (auto& e : std::get<1>(all))
-    if (e) std::rethrow_exception(e);
+  auto& errors = std::get<1>(all);
   auto& results = std::get<2>(all);
+  std::exception_ptr failure;
   for (std::size_t i = 0; i < which.size(); ++i) {
     auto k = which[i];
     auto& r = results[i];
+    // Not done there (its note is gone): the next turn of this process reaps it again.
+    auto batch = static_cast<std::int64_t>(opts.max);
+    if (errors[i] || r.leases >= batch || r.workers >= batch || r.dead_removed >= batch) {
+      std::lock_guard lock(mutex_);
+      q->reap_again[k] = true;
+    }
+    if (errors[i]) {
+      if (!failure) failure = errors[i];
+      continue;
+    }
     bool ready = r.leases > 0 || r.lanes > 0;
     if (!ready && k == walk) ready = co_await inner_.has_ready(q->names[k]);
     if (ready) co_await mark(queue, k);
@@ -531,6 +578,7 @@ awaitable<reap_result> sharded_backend::reap(std::string queue, reap_options opt
     sum.recovered_types.insert(sum.recovered_types.end(), std::make_move_iterator(r.recovered_types.begin()),
                                std::make_move_iterator(r.recovered_types.end()));
   }
+  if (failure) std::rethrow_exception(failure);  // (the shards reaped are marked)
   co_return sum;
 }
 
@@ -595,9 +643,11 @@ awaitable<promote_result> sharded_backend::promote(std::string queue, std::size_
   }
   std::lock_guard lock(mutex_);
   auto first = *std::min_element(q->next_due.begin(), q->next_due.end());
-  if (first != clock::time_point::max())
-    sum.next_due = std::max(std::chrono::milliseconds(0),
-                            std::chrono::duration_cast<std::chrono::milliseconds>(first - clock::now()));
+  auto now_then = clock::now();
+  if (first <= now_then)  // (more due now: time_point::min() marks a shard that moved `max`)
+    sum.next_due = std::chrono::milliseconds(0);
+  else if (first != clock::time_point::max())
+    sum.next_due = std::chrono::duration_cast<std::chrono::milliseconds>(first - now_then);
   co_return sum;
 }
 
@@ -617,15 +667,18 @@ awaitable<void> sharded_backend::wait_delayed(std::string queue, std::uint64_t s
                                               std::chrono::milliseconds timeout) {
   auto q = co_await state_of(queue);
   if (q->shards == 1) co_return co_await inner_.wait_delayed(q->names[0], seen, timeout);
-  // Each version only grows: while their sum is `seen`, each is what it was then.
-  if (delayed_version(queue) != seen) co_return;
+  // Each version only grows: while their sum is `seen`, each is what it was then. (Read once:
+  // a wake-up between the sum and a shard's wait makes that wait return at once.)
+  std::vector<std::uint64_t> versions;
+  std::uint64_t sum = 0;
+  for (const auto& name : q->names) sum += versions.emplace_back(inner_.delayed_version(name));
+  if (sum != seen) co_return;
   auto ex = co_await asio::this_coro::executor;
   using wait_op = decltype(asio::co_spawn(ex, inner_.wait_delayed("", 0, timeout), asio::deferred));
   std::vector<wait_op> waits;
   waits.reserve(q->shards);
-  for (const auto& name : q->names)
-    waits.push_back(
-        asio::co_spawn(ex, inner_.wait_delayed(name, inner_.delayed_version(name), timeout), asio::deferred));
+  for (std::size_t k = 0; k < q->shards; ++k)
+    waits.push_back(asio::co_spawn(ex, inner_.wait_delayed(q->names[k], versions[k], timeout), asio::deferred));
   co_await asio::experimental::make_parallel_group(std::move(waits))
       .async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
   auto cs = co_await asio::this_coro::cancellation_state;
