@@ -1,6 +1,9 @@
 -- Stores a batch of jobs, in order.
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>seq  KEYS[3] <prefix>ids  KEYS[4] <prefix>stats
 -- KEYS[5] <prefix>delayed
+-- KEYS[6] (optional, shard k of a sharded queue on one server) jobrt:{<queue>}:marks: when a job
+--   due now is stored, the shard is marked there (ZADD NX, scored by the time in ms) as a
+--   producer would after the call (see PROTOCOL.md)
 -- ARGV[1] n (or '<n>:<shards>:<k>' for shard k of a sharded queue), then n times: id ('' =
 --   assign one), group ('' = ungrouped), body, due ('' = now, '+<ms>' = that long from now,
 --   '<ms>' = at that time in milliseconds since the epoch)
@@ -21,13 +24,14 @@ local probe = redis.pcall('EXISTS', prefix .. 'probe')
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
 local n = tonumber(ARGV[1])
 -- Shard k of a queue of S shards ('<n>:<S>:<k>') assigns the ids m * S + k (see PROTOCOL.md).
-local stride, offset = 1, 0
+local stride, offset, marks = 1, 0, nil
 if not n then
   local count, shards, shard = string.match(ARGV[1], '^(%d+):(%d+):(%d+)$')
   if count and tonumber(shards) > 0 and tonumber(shard) < tonumber(shards) then
-    n, stride, offset = tonumber(count), tonumber(shards), tonumber(shard)
+    n, stride, offset, marks = tonumber(count), tonumber(shards), tonumber(shard), KEYS[6]
   end
 end
+local function ms(time) return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) end
 if not n or n < 0 or n % 1 ~= 0 then
   return redis.error_reply("JOBRT:20 job count '" .. ARGV[1] .. "' is not a whole number")
 end
@@ -59,6 +63,7 @@ if n == 1 and ARGV[5] == '' and not string.find(ARGV[4], '"max"', 1, true) and
     redis.call('HINCRBY', stats, 'groups', '1')
   end
   redis.call('HINCRBY', stats, 'enqueued', '1')
+  if marks then redis.call('ZADD', marks, 'NX', ms(redis.call('TIME')), string.format('%d', offset)) end
   return {id, 0}
 end
 
@@ -114,13 +119,10 @@ if missing + timed_grouped > 0 then
   next_order = next_id + missing
 end
 local now = 0
-if timed then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-end
+if timed then now = ms(redis.call('TIME')) end
 
 local out, lanes, groups, order, slot, later = {}, {}, {}, {}, {}, {}
-local stored, earliest, duplicates = 0, nil, 0
+local stored, earliest, duplicates, due_now = 0, nil, 0, 0
 for i = 0, n - 1 do
   local id, group, body, due = ARGV[2 + i * 4], ARGV[3 + i * 4], ARGV[4 + i * 4], ARGV[5 + i * 4]
   local duplicate = 0
@@ -151,8 +153,10 @@ for i = 0, n - 1 do
       later[#later + 1] = member
       if not earliest or at < earliest then earliest = at end
     elseif group == '' then
+      due_now = due_now + 1
       lanes[#lanes + 1] = 'j:' .. record
     else
+      due_now = due_now + 1
       local list = groups[group]
       if not list then
         list = {}
@@ -190,4 +194,5 @@ end
 if stored > 0 then redis.call('HINCRBY', stats, 'enqueued', string.format('%d', stored)) end
 if new_groups > 0 then redis.call('HINCRBY', stats, 'groups', string.format('%d', new_groups)) end
 if duplicates > 0 then redis.call('HINCRBY', stats, 'duplicates', string.format('%d', duplicates)) end
+if marks and due_now > 0 then redis.call('ZADD', marks, 'NX', ms(redis.call('TIME')), string.format('%d', offset)) end
 return out

@@ -189,6 +189,54 @@ TEST_CASE("jobs enqueued with redis-cli into a sharded queue by the protocol doc
   });
 }
 
+TEST_CASE("on one server the enqueue script given the marks key marks its shard when it stores a job due now") {
+  auto cfg = shared_redis();
+  std::string queue = key_prefix() + "protocol-marks";
+  std::string marks = fmt::format("jobrt:{{{}}}:marks", queue);
+  constexpr std::size_t shards = 4, k = 3;
+  std::string p = fmt::format("jobrt:{{{}#{}}}:", queue, k);
+  auto enqueue = [&](std::vector<std::string> jobs) {
+    std::vector<std::string> args{"-h",          cfg.host,
+                                  "-p",          cfg.port,
+                                  "--eval",      JOBRT_LUA_DIR "/enqueue.lua",
+                                  p + "ready",   p + "seq",
+                                  p + "ids",     p + "stats",
+                                  p + "delayed", marks,
+                                  ",",           fmt::format("{}:{}:{}", jobs.size() / 4, shards, k)};
+    args.insert(args.end(), jobs.begin(), jobs.end());
+    return redis_cli_process(args);
+  };
+  auto marked = [&] {  // (a RESP reply: "$-1" is nil)
+    auto score = redis_cli(cfg, {"ZSCORE", marks, std::to_string(k)});
+    return score.starts_with("$") && !score.starts_with("$-1");
+  };
+  // Jobs due later: the promoter marks the shard when they are due, not the enqueue.
+  enqueue({"late-1", "", R"({"type":"t"})", "+60000", "late-2", "g", R"({"type":"t"})", "+60000"});
+  CHECK_FALSE(marked());
+  // One job due now (the script's short path), then several (its general path).
+  enqueue({"now-1", "", R"({"type":"t"})", ""});
+  CHECK(marked());
+  redis_cli(cfg, {"DEL", marks});
+  enqueue({"now-2", "g", R"({"type":"t"})", "", "now-3", "", R"({"type":"t"})", "+60000"});
+  CHECK(marked());
+  redis_cli(cfg, {"DEL", marks});
+  // A duplicate stores nothing.
+  enqueue({"now-1", "", R"({"type":"t"})", ""});
+  CHECK_FALSE(marked());
+  // Through the backend on one server: the enqueue call marks.
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    co_await store.stored_shards(queue, shards);
+    encoded_job j;
+    j.body = R"({"type":"t"})";
+    std::vector<encoded_job> jobs(1, j);
+    auto got = co_await store.enqueue_in_shard(queue, k, std::move(jobs));
+    CHECK(got.marked);
+    CHECK(got.results.size() == 1);
+    CHECK(marked());
+  });
+}
+
 TEST_CASE("a worker's finish calls across a sharded queue drop their records in each shard as answers come") {
   auto cfg = shared_redis();
   std::string queue = key_prefix() + "sharded-answers";

@@ -46,6 +46,12 @@ struct enqueue_result {
   bool duplicate = false;  ///< a job with this id was already pending or running: nothing stored
 };
 
+/// What backend::enqueue_in_shard did.
+struct shard_enqueued {
+  std::vector<enqueue_result> results;  ///< enqueue's
+  bool marked = false;                  ///< the shard was marked in the same call, if a job due now was stored
+};
+
 /// A stored job as a backend hands it out: its record (docs/PROTOCOL.md) split into its parts.
 struct job_record {
   std::string id;             ///< "" when the record has none
@@ -325,6 +331,11 @@ class backend {
   /// Marks shard `shard` of `queue` as one that may have ready work (a set: marking twice is
   /// marking once; the oldest mark is taken first).
   virtual boost::asio::awaitable<void> mark_shard(std::string queue, std::size_t shard);
+  /// Stores `jobs` in shard `shard` of `queue` (its queue "<queue>#<shard>", as enqueue would)
+  /// and, where the backend can do both in one call, marks that shard when a job due now was
+  /// stored. The default only enqueues: the caller marks.
+  virtual boost::asio::awaitable<shard_enqueued> enqueue_in_shard(std::string queue, std::size_t shard,
+                                                                  std::vector<encoded_job> jobs);
   /// Takes the oldest mark, waiting up to `wait` for one (without polling); nullopt when none
   /// came. `worker` names the waiter (on Redis, the blocking connection it waits on). A mark
   /// taken as the caller is cancelled still comes back: the caller marks it again.

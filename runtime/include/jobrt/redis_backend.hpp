@@ -113,6 +113,10 @@ class redis_backend final : public backend {
   boost::asio::awaitable<std::size_t> stored_shards(std::string queue, std::size_t wanted) override;
   /// ZADD NX at <prefix>marks, scored by the time (oldest first).
   boost::asio::awaitable<void> mark_shard(std::string queue, std::size_t shard) override;
+  /// On one server, the enqueue script marks the shard too (one round trip, not two). On a
+  /// cluster the shard and its queue's marks are in different slots: the caller marks.
+  boost::asio::awaitable<shard_enqueued> enqueue_in_shard(std::string queue, std::size_t shard,
+                                                          std::vector<encoded_job> jobs) override;
   /// BZPOPMIN on the worker's blocking connection (ZPOPMIN when `wait` is 0).
   boost::asio::awaitable<std::optional<std::size_t>> take_shard_mark(std::string queue, std::string worker,
                                                                      std::chrono::milliseconds wait) override;
@@ -126,6 +130,10 @@ class redis_backend final : public backend {
                                                                                  std::int64_t now_ms) override;
 
  private:
+  // enqueue's call; with `marks` (a sharded queue's marks key, on one server) the script marks
+  // the shard too.
+  boost::asio::awaitable<std::vector<enqueue_result>> store_jobs(std::string queue, std::vector<encoded_job> jobs,
+                                                                 std::string marks);
   redis::blocking_connection& blocking_for(const std::string& worker, const redis::config& node);
   redis::request claim_request(const std::string& prefix, const claim_options& opts) const;
   // One finish call of at most max_batch items; its id is added to `calls`.

@@ -1,5 +1,6 @@
 #include <jobrt/log.hpp>
 #include <jobrt/redis_backend.hpp>
+#include <jobrt/sharded_backend.hpp>
 
 #include "backend/check_walk.hpp"
 #include "backend/finish_parts.hpp"
@@ -132,6 +133,20 @@ std::array<std::string, 5> redis_backend::enqueue_keys(std::string_view queue) {
 }
 
 asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string queue, std::vector<encoded_job> jobs) {
+  co_return co_await store_jobs(std::move(queue), std::move(jobs), std::string());
+}
+
+asio::awaitable<shard_enqueued> redis_backend::enqueue_in_shard(std::string queue, std::size_t shard,
+                                                                std::vector<encoded_job> jobs) {
+  shard_enqueued out;
+  out.marked = (co_await link_->cluster()) == nullptr;  // (on one server every key is at hand)
+  auto marks = out.marked ? key_prefix(queue) + "marks" : std::string();
+  out.results = co_await store_jobs(sharded_backend::shard_queue(queue, shard), std::move(jobs), std::move(marks));
+  co_return out;
+}
+
+asio::awaitable<std::vector<enqueue_result>> redis_backend::store_jobs(std::string queue, std::vector<encoded_job> jobs,
+                                                                       std::string marks) {
   if (jobs.empty()) co_return std::vector<enqueue_result>{};
   for (std::size_t i = 0; i < jobs.size(); ++i)
     if (auto problem = detail::due_refusal(jobs[i], i); !problem.empty())
@@ -160,12 +175,15 @@ asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string 
     args.push_back(jobs[i].body);
     args.push_back(dues[i]);
   }
+  auto named = enqueue_keys(queue);
+  std::vector<std::string> keys(named.begin(), named.end());
+  if (!marks.empty()) keys.push_back(std::move(marks));
   reply r;
   if (opts_.durability == durability::replicated)
-    r = co_await link_->run_replicated(enqueue_, enqueue_.make_request(enqueue_keys(queue), args), p, opts_.replicas,
+    r = co_await link_->run_replicated(enqueue_, enqueue_.make_request(keys, args), p, opts_.replicas,
                                        opts_.replica_wait);
   else
-    r = co_await link_->run(enqueue_, enqueue_.make_request(enqueue_keys(queue), args), p);
+    r = co_await link_->run(enqueue_, enqueue_.make_request(keys, args), p);
   const auto& e = r.as_array();
   std::vector<enqueue_result> out;
   out.reserve(jobs.size());

@@ -36,6 +36,12 @@ namespace {
 
 awaitable<std::size_t> backend::stored_shards(std::string, std::size_t) { no_shards("stored_shards"); }
 awaitable<void> backend::mark_shard(std::string, std::size_t) { no_shards("mark_shard"); }
+awaitable<shard_enqueued> backend::enqueue_in_shard(std::string queue, std::size_t shard,
+                                                    std::vector<encoded_job> jobs) {
+  shard_enqueued out;
+  out.results = co_await enqueue(sharded_backend::shard_queue(queue, shard), std::move(jobs));
+  co_return out;
+}
 awaitable<std::optional<std::size_t>> backend::take_shard_mark(std::string, std::string, std::chrono::milliseconds) {
   no_shards("take_shard_mark");
 }
@@ -95,9 +101,56 @@ struct per_shard {
     items[k].push_back(std::move(item));
     places[k].push_back(place);
   }
+  // The shards with items.
+  std::vector<std::size_t> used() const {
+    std::vector<std::size_t> out;
+    for (std::size_t k = 0; k < places.size(); ++k)
+      if (!places[k].empty()) out.push_back(k);
+    return out;
+  }
 };
 
 void prefix_token(std::string& token, std::size_t k) { token = fmt::format("{}/{}", k, token); }
+
+// What at_once's calls gave, in the order of its shards: a failure, or else a result.
+template <class T>
+struct outcomes {
+  std::vector<std::exception_ptr> errors;
+  std::vector<T> results;
+  // The first failure, thrown (after all have ended: the others' results are in).
+  void rethrow() const {
+    for (const auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+};
+
+// Runs `call(k)` for each of `shards` at once and waits for all: on a cluster they go to several
+// nodes together, on one server down one connection in one write. (One shard: called here.)
+template <class T, class Call>
+awaitable<outcomes<T>> at_once(std::vector<std::size_t> shards, Call call) {
+  outcomes<T> out;
+  if (shards.size() == 1) {
+    try {
+      out.results.push_back(co_await call(shards[0]));
+      out.errors.emplace_back();
+    } catch (...) {
+      out.errors.push_back(std::current_exception());
+      out.results.emplace_back();
+    }
+    co_return out;
+  }
+  if (shards.empty()) co_return out;
+  auto ex = co_await asio::this_coro::executor;
+  using op = decltype(asio::co_spawn(ex, call(std::size_t{0}), asio::deferred));
+  std::vector<op> ops;
+  ops.reserve(shards.size());
+  for (auto k : shards) ops.push_back(asio::co_spawn(ex, call(k), asio::deferred));
+  auto all = co_await asio::experimental::make_parallel_group(std::move(ops))
+                 .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
+  out.errors = std::move(std::get<1>(all));
+  out.results = std::move(std::get<2>(all));
+  co_return out;
+}
 
 }  // namespace
 
@@ -229,9 +282,7 @@ awaitable<std::vector<enqueue_result>> sharded_backend::enqueue(std::string queu
       throw boost::system::system_error(errc::bad_due, problem);
   }
   per_shard<encoded_job> split(q->shards);
-  auto now_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count();
+  auto now_ms = epoch_ms();
   std::vector<bool> due_now(q->shards, false), due_later(q->shards, false);
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     auto& j = jobs[i];
@@ -249,19 +300,25 @@ awaitable<std::vector<enqueue_result>> sharded_backend::enqueue(std::string queu
     (later ? due_later : due_now)[k] = true;
     split.add(k, std::move(j), i);
   }
-  // One call per shard, in turn: a failure leaves the earlier shards' jobs stored (a producer's
-  // retry of the batch finds those with ids it gave as duplicates).
-  std::vector<enqueue_result> out(jobs.size());
-  for (std::size_t k = 0; k < q->shards; ++k) {
-    if (split.items[k].empty()) continue;
-    auto stored = co_await inner_.enqueue(q->names[k], std::move(split.items[k]));
-    for (std::size_t i = 0; i < stored.size(); ++i) out[split.places[k][i]] = std::move(stored[i]);
-    if (due_now[k]) co_await mark(queue, k);
-    if (due_later[k]) {  // this process's promoter looks at that shard next time
-      std::lock_guard lock(mutex_);
-      q->next_due[k] = clock::time_point::min();
-    }
+  // One call per shard, all at once: a failure leaves the other shards' jobs stored (a
+  // producer's retry of the batch finds those with ids it gave as duplicates).
+  auto stored = co_await at_once<std::vector<enqueue_result>>(
+      split.used(), [&](std::size_t k) -> awaitable<std::vector<enqueue_result>> {
+        auto r = co_await inner_.enqueue_in_shard(queue, k, std::move(split.items[k]));
+        if (due_now[k] && !r.marked) co_await mark(queue, k);
+        co_return std::move(r.results);
+      });
+  {
+    std::lock_guard lock(mutex_);
+    for (std::size_t k = 0; k < q->shards; ++k)
+      if (due_later[k]) q->next_due[k] = clock::time_point::min();  // this process's promoter looks there next
   }
+  stored.rethrow();
+  std::vector<enqueue_result> out(jobs.size());
+  auto used = split.used();
+  for (std::size_t u = 0; u < used.size(); ++u)
+    for (std::size_t i = 0; i < stored.results[u].size(); ++i)
+      out[split.places[used[u]][i]] = std::move(stored.results[u][i]);
   co_return out;
 }
 
@@ -384,9 +441,6 @@ awaitable<std::vector<claimed_job>> sharded_backend::claim_wait(std::string queu
       std::rethrow_exception(failure);
     }
     if (jobs.empty()) continue;
-    // Fewer than asked: other marked shards may have the rest.
-    if (jobs.size() < std::min(opts.max, max_claim))
-      jobs = co_await claim_more(queue, *q, opts, std::move(jobs), false);
     co_return jobs;
   }
 }
@@ -402,47 +456,52 @@ awaitable<std::vector<finish_result>> sharded_backend::finish(std::string queue,
     items[i].token = std::move(at.second);
     split.add(at.first, std::move(items[i]), i);
   }
+  auto used = split.used();
+  auto done =
+      co_await at_once<std::vector<finish_result>>(used, [&](std::size_t k) -> awaitable<std::vector<finish_result>> {
+        // Whether a lane may go back to ready: a grouped job's lane (a token is '<fence>|<lane>',
+        // 'g:<group>' for a group's) unless its next job came back with the answer, an ungrouped
+        // job's for a release or a retry.
+        std::vector<bool> may_ready;
+        bool handed_back = false;
+        for (const auto& item : split.items[k]) {
+          bool grouped = item.token.find("|g:") != std::string::npos;
+          bool again = item.kind == finish_kind::retry || item.kind == finish_kind::defer ||
+                       item.kind == finish_kind::hand_back;  // (after a delay: the promoter marks it)
+          bool now = item.kind == finish_kind::release || (again && item.delay.count() <= 0);
+          bool ends = item.kind == finish_kind::ack || item.kind == finish_kind::keep ||
+                      item.kind == finish_kind::fail || item.kind == finish_kind::give_up;
+          may_ready.push_back(now || (grouped && ends));
+          handed_back = handed_back || item.kind == finish_kind::hand_back;
+        }
+        // A job this process cannot run came from that shard: it leaves the shard to the others' marks
+        // rather than claiming there first again, and taking that job back before they can.
+        if (handed_back) {
+          std::lock_guard lock(mutex_);
+          if (q->in_full[k]) {
+            q->in_full[k] = false;
+            q->full.erase(std::find(q->full.begin(), q->full.end(), k));
+          }
+        }
+        auto results = co_await inner_.finish(q->names[k], worker, std::move(split.items[k]), lease_ttl);
+        bool marks = false;
+        for (std::size_t i = 0; i < results.size(); ++i) {
+          if (results[i].next) prefix_token(results[i].next->token, k);
+          marks = marks || (may_ready[i] && results[i].lease_held && !results[i].next);
+        }
+        if (marks) co_await mark(queue, k);
+        co_return results;
+      });
   std::vector<finish_result> out(items.size());
-  for (std::size_t k = 0; k < q->shards; ++k) {
-    if (split.items[k].empty()) continue;
-    // Whether a lane may go back to ready: a grouped job's lane (a token is '<fence>|<lane>',
-    // 'g:<group>' for a group's) unless its next job came back with the answer, an ungrouped
-    // job's for a release or a retry.
-    std::vector<bool> may_ready;
-    bool handed_back = false;
-    for (const auto& item : split.items[k]) {
-      bool grouped = item.token.find("|g:") != std::string::npos;
-      bool again = item.kind == finish_kind::retry || item.kind == finish_kind::defer ||
-                   item.kind == finish_kind::hand_back;  // (after a delay: the promoter marks it)
-      bool now = item.kind == finish_kind::release || (again && item.delay.count() <= 0);
-      bool ends = item.kind == finish_kind::ack || item.kind == finish_kind::keep || item.kind == finish_kind::fail ||
-                  item.kind == finish_kind::give_up;
-      may_ready.push_back(now || (grouped && ends));
-      handed_back = handed_back || item.kind == finish_kind::hand_back;
+  std::vector<std::size_t> leased;  // (a burst's next lease, noted for the reaper as a claim's)
+  for (std::size_t u = 0; u < used.size(); ++u) {
+    for (std::size_t i = 0; i < done.results[u].size(); ++i) {
+      if (done.results[u][i].next && (leased.empty() || leased.back() != used[u])) leased.push_back(used[u]);
+      out[split.places[used[u]][i]] = std::move(done.results[u][i]);
     }
-    // A job this process cannot run came from that shard: it leaves the shard to the others' marks
-    // rather than claiming there first again, and taking that job back before they can.
-    if (handed_back) {
-      std::lock_guard lock(mutex_);
-      if (q->in_full[k]) {
-        q->in_full[k] = false;
-        q->full.erase(std::find(q->full.begin(), q->full.end(), k));
-      }
-    }
-    auto done = co_await inner_.finish(q->names[k], worker, std::move(split.items[k]), lease_ttl);
-    bool marks = false, leased = false;
-    for (std::size_t i = 0; i < done.size(); ++i) {
-      if (done[i].next) prefix_token(done[i].next->token, k);
-      leased = leased || done[i].next.has_value();
-      marks = marks || (may_ready[i] && done[i].lease_held && !done[i].next);
-      out[split.places[k][i]] = std::move(done[i]);
-    }
-    if (leased) {  // (a burst's next lease, for the reaper as a claim's)
-      std::vector<std::size_t> at(1, k);
-      co_await note(queue, *q, at, lease_ttl);
-    }
-    if (marks) co_await mark(queue, k);
   }
+  co_await note(queue, *q, leased, lease_ttl);
+  done.rethrow();
   co_return out;
 }
 
@@ -459,15 +518,13 @@ awaitable<std::vector<bool>> sharded_backend::extend(std::string queue, std::str
     split.add(at.first, std::move(at.second), i);
   }
   std::vector<bool> out(tokens.size(), false);
-  std::vector<std::size_t> holding;
-  for (std::size_t k = 0; k < q->shards; ++k)
-    if (!split.items[k].empty()) holding.push_back(k);
+  auto holding = split.used();
   co_await note(queue, *q, holding, lease_ttl);
-  for (std::size_t k = 0; k < q->shards; ++k) {
-    if (split.items[k].empty()) continue;
-    auto held = co_await inner_.extend(q->names[k], worker, std::move(split.items[k]), lease_ttl);
-    for (std::size_t i = 0; i < held.size(); ++i) out[split.places[k][i]] = held[i];
-  }
+  auto held = co_await at_once<std::vector<bool>>(
+      holding, [&](std::size_t k) { return inner_.extend(q->names[k], worker, std::move(split.items[k]), lease_ttl); });
+  held.rethrow();
+  for (std::size_t u = 0; u < holding.size(); ++u)
+    for (std::size_t i = 0; i < held.results[u].size(); ++i) out[split.places[holding[u]][i]] = held.results[u][i];
   co_return out;
 }
 
@@ -540,20 +597,12 @@ awaitable<reap_result> sharded_backend::reap(std::string queue, reap_options opt
   }
   // The dead letters' count limit is the queue's: each shard keeps its part.
   if (opts.dead_max_count > 0) opts.dead_max_count = (opts.dead_max_count + q->shards - 1) / q->shards;
-  // All at once (on a cluster they are at several nodes; on one server, one round trip).
-  auto ex = co_await asio::this_coro::executor;
-  using reap_op = decltype(asio::co_spawn(ex, inner_.reap("", opts), asio::deferred));
-  std::vector<reap_op> reaps;
   std::vector<std::size_t> which;
-  for (std::size_t k = 0; k < q->shards; ++k) {
-    if (!reaping[k]) continue;
-    reaps.push_back(asio::co_spawn(ex, inner_.reap(q->names[k], opts), asio::deferred));
-    which.push_back(k);
-  }
-  auto all = co_await asio::experimental::make_parallel_group(std::move(reaps))
-                 .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
-  auto& errors = std::get<1>(all);
-  auto& results = std::get<2>(all);
+  for (std::size_t k = 0; k < q->shards; ++k)
+    if (reaping[k]) which.push_back(k);
+  auto reaped = co_await at_once<reap_result>(which, [&](std::size_t k) { return inner_.reap(q->names[k], opts); });
+  auto& errors = reaped.errors;
+  auto& results = reaped.results;
   std::exception_ptr failure;
   for (std::size_t i = 0; i < which.size(); ++i) {
     auto k = which[i];
@@ -585,9 +634,12 @@ awaitable<reap_result> sharded_backend::reap(std::string queue, reap_options opt
 awaitable<queue_counts> sharded_backend::counts(std::string queue) {
   auto q = co_await state_of(queue);
   if (q->shards == 1) co_return co_await inner_.counts(q->names[0]);
+  std::vector<std::size_t> all(q->shards);
+  for (std::size_t k = 0; k < q->shards; ++k) all[k] = k;
+  auto each = co_await at_once<queue_counts>(all, [&](std::size_t k) { return inner_.counts(q->names[k]); });
+  each.rethrow();
   queue_counts sum;
-  for (const auto& name : q->names) {
-    auto c = co_await inner_.counts(name);
+  for (const auto& c : each.results) {
     sum.ready_lanes += c.ready_lanes;
     sum.running += c.running;
     sum.delayed += c.delayed;
