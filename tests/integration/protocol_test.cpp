@@ -237,6 +237,39 @@ TEST_CASE("on one server the enqueue script given the marks key marks its shard 
   });
 }
 
+TEST_CASE("a worker on a queue of one shard, as the jobrt command runs it, hears the wake-up of a job delayed later") {
+  auto cfg = shared_redis();
+  std::string queue = key_prefix() + "one-shard-wakeup";
+  auto now_ms = [] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    sharded_backend one(store, 1);
+    worker_options o;
+    o.queue = queue;
+    o.promote_backstop = std::chrono::seconds(60);  // (the default: no promotion comes from it here)
+    worker w(ctx.get_executor(), one, o);
+    std::int64_t ran_at = 0;
+    w.add_handler("t", [&](job_context&) -> awaitable<void> {
+      ran_at = now_ms();
+      co_return;
+    });
+    w.start();
+    co_await sleep_for(std::chrono::milliseconds(500));  // the promoter waits, with nothing delayed
+    producer p(one, queue);
+    job_spec s;
+    s.type = "t";
+    s.delay = std::chrono::milliseconds(200);
+    auto enqueued_at = now_ms();
+    co_await p.enqueue(std::move(s));
+    CHECK(co_await eventually([&] { return ran_at != 0; }, std::chrono::seconds(5)));
+    CHECK(ran_at >= enqueued_at + 200);
+    co_await w.stop(std::chrono::seconds(5));
+  });
+}
+
 TEST_CASE("a worker's finish calls across a sharded queue drop their records in each shard as answers come") {
   auto cfg = shared_redis();
   std::string queue = key_prefix() + "sharded-answers";

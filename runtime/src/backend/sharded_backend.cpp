@@ -718,7 +718,12 @@ std::uint64_t sharded_backend::delayed_version(const std::string& queue) {
 awaitable<void> sharded_backend::wait_delayed(std::string queue, std::uint64_t seen,
                                               std::chrono::milliseconds timeout) {
   auto q = co_await state_of(queue);
-  if (q->shards == 1) co_return co_await inner_.wait_delayed(q->names[0], seen, timeout);
+  // (delayed_version, called before promote knew the queue, said 0 without asking the inner
+  // backend: its versions are read here, which on Redis subscribes to the wake-ups.)
+  if (q->shards == 1) {
+    if (inner_.delayed_version(q->names[0]) != seen) co_return;
+    co_return co_await inner_.wait_delayed(q->names[0], seen, timeout);
+  }
   // Each version only grows: while their sum is `seen`, each is what it was then. (Read once:
   // a wake-up between the sum and a shard's wait makes that wait return at once.)
   std::vector<std::uint64_t> versions;
