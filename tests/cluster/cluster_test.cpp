@@ -117,11 +117,7 @@ void migrate_key(const redis_cluster& c, const node_address& from, const node_ad
   c.cli(from.port - c.first(), args);
 }
 
-std::string id_of(const redis_cluster& c, int port) {
-  auto out = c.cli(port - c.first(), {"CLUSTER", "MYID"});
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
-}
+std::string id_of(const redis_cluster& c, int port) { return c.id_of(port); }
 
 // The replica of a primary (CLUSTER REPLICAS: node lines, "<id> <host>:<port>@<bus> ...").
 node_address replica_of(const redis_cluster& c, const node_address& primary) {
@@ -140,21 +136,8 @@ int keys_at(const redis_cluster& c, const node_address& node) {
 }
 
 // Moves a slot, with its keys, from one primary to another, as `redis-cli --cluster reshard` does.
-void move_slot(const redis_cluster& c, std::uint16_t slot, const node_address& from, const node_address& to,
-               const std::vector<node_address>& primaries) {
-  auto from_id = id_of(c, from.port), to_id = id_of(c, to.port);
-  set_slot(c, to, slot, "IMPORTING", from_id);
-  set_slot(c, from, slot, "MIGRATING", to_id);
-  for (;;) {  // a hundred keys a MIGRATE, as redis-cli --cluster reshard moves them
-    std::vector<std::string> list{"CLUSTER", "GETKEYSINSLOT", std::to_string(slot), "100"};
-    std::istringstream keys(c.cli(from.port - c.first(), list));
-    std::vector<std::string> migrate{"MIGRATE", "127.0.0.1", std::to_string(to.port), "", "0", "5000", "KEYS"};
-    for (std::string key; std::getline(keys, key);)
-      if (!key.empty()) migrate.push_back(key);
-    if (migrate.size() == 7) break;
-    c.cli(from.port - c.first(), migrate);
-  }
-  for (const auto& node : primaries) set_slot(c, node, slot, "NODE", to_id);
+void move_slot(const redis_cluster& c, std::uint16_t slot, const node_address& from, const node_address& to) {
+  c.move_slot(slot, from.port, to.port);
 }
 
 // A job of type "t" whose payload is {"i": i}.
@@ -620,7 +603,7 @@ TEST_CASE("cluster backend: a worker waiting for work follows its queue when the
               std::string::npos&& list.as_string().find("cmd=blmove") != std::string::npos;
         };
         CHECK(co_await eventually([&]() -> awaitable<bool> { co_return co_await blocked_at(from); }, 5s));
-        move_slot(cluster, slot, from, to, primaries);
+        move_slot(cluster, slot, from, to);
         // Redis answers the blocked BLMOVE with MOVED (within a second: its clients cron); the
         // worker reads the map again and waits at the new primary.
         CHECK(co_await eventually([&]() -> awaitable<bool> { co_return co_await blocked_at(to); }, 10s));
@@ -696,7 +679,7 @@ TEST_CASE(
         CHECK(co_await subscriber_at(from));
 
         // The slot moves: its old primary drops the channel, and the listener goes to the new one.
-        move_slot(cluster, slot, from, to, primaries);
+        move_slot(cluster, slot, from, to);
         CHECK(co_await eventually([&]() -> awaitable<bool> { co_return co_await listening_at(to); }, 10s));
         CHECK(co_await woken(300'000ms));
         CHECK_FALSE(co_await listening_at(from));
@@ -834,7 +817,7 @@ TEST_CASE("cluster backend: the demo's checks hold while its queue's slot moves 
         auto primaries = map.primaries();
         auto to = from == primaries[0] ? primaries[1] : primaries[0];
         auto began = steady::now();
-        move_slot(cluster, slot, from, to, primaries);  // ASK and TRYAGAIN while its keys move
+        move_slot(cluster, slot, from, to);  // ASK and TRYAGAIN while its keys move
         auto moved_in = steady::now() - began;
         CHECK_MESSAGE(!demo_done, "the run ended before its queue's slot had moved: nothing was tested");
         MESSAGE("the queue's slot moved in " << std::chrono::duration_cast<std::chrono::milliseconds>(moved_in).count()
@@ -872,23 +855,26 @@ struct failover_run {
 };
 
 // 3,000 jobs over 50 groups, enqueued 10 a call while a worker runs them; after 1,000 the
-// queue's primary is killed (kill -9), its replica takes over, and 5 s later the old primary is
-// started again, empty: it syncs as the new primary's replica. A call that fails meanwhile is
-// sent again (the producer's ids keep a stored job from being stored twice).
-awaitable<failover_run> through_failover(asio::io_context& ctx, const redis_cluster& cluster, durability mode) {
+// queue's primary (with shards, shard 0's) is killed (kill -9), its replica takes over, and 5 s
+// later the old primary is started again, empty: it syncs as the new primary's replica. A call
+// that fails meanwhile is sent again (the producer's ids keep a stored job from being stored
+// twice).
+awaitable<failover_run> through_failover(asio::io_context& ctx, const redis_cluster& cluster, durability mode,
+                                         std::size_t shards) {
   constexpr int groups = 50, total = 3000, batch = 10;
   redis_backend_options bo;
   bo.durability = mode;
   bo.replica_wait = 2s;
   redis_backend store(ctx.get_executor(), cluster_seeds(cluster.url()), bo);
+  sharded_backend sharded(store, shards);
   const std::string queue = "failover";
-  auto p = redis_backend::key_prefix(queue);
+  auto p = redis_backend::key_prefix(shards > 1 ? sharded_backend::shard_queue(queue, 0) : queue);
   failover_run out;
   std::vector<int> runs(total, 0), last_first(groups, -1);
   worker_options o;
   o.queue = queue;
   o.concurrency = 16;
-  worker w(ctx.get_executor(), store, o);
+  worker w(ctx.get_executor(), sharded, o);
   w.add_handler("t", [&](job_context& job) -> awaitable<void> {
     auto i = static_cast<int>(job.payload().as_object().at("i").as_int64());
     if (runs[static_cast<std::size_t>(i)]++ == 0) {
@@ -901,7 +887,7 @@ awaitable<failover_run> through_failover(asio::io_context& ctx, const redis_clus
   w.start();
   auto primary = co_await store.node_of(p);
   int dead = std::stoi(primary.port) - cluster.first();
-  producer prod(store, queue);
+  producer prod(sharded, queue);
   std::optional<steady::time_point> killed, restarted, served_again;
   for (int i = 0; i < total;) {
     std::vector<job_spec> specs;
@@ -936,7 +922,7 @@ awaitable<failover_run> through_failover(asio::io_context& ctx, const redis_clus
     out.failover_ms = std::chrono::duration_cast<std::chrono::milliseconds>(*served_again - *killed).count();
   // Done when nothing is left to run (jobs lost with the primary never will be).
   auto drained = [&]() -> awaitable<bool> {
-    auto c = co_await store.counts(queue);
+    auto c = co_await sharded.counts(queue);
     co_return c.ready_lanes == 0 && c.running == 0 && c.delayed == 0;
   };
   CHECK(co_await eventually(drained, 60s));
@@ -982,10 +968,33 @@ TEST_CASE("cluster backend: a primary killed under load - workers carry on, and 
     CAPTURE(name);
     redis_cluster cluster;
     failover_run got;
-    run([&](asio::io_context& ctx) -> awaitable<void> { got = co_await through_failover(ctx, cluster, mode); }, 150s);
+    run([&](asio::io_context& ctx) -> awaitable<void> { got = co_await through_failover(ctx, cluster, mode, 1); },
+        150s);
     MESSAGE("durability " << name << ": " << got.acknowledged << " acknowledged, " << got.lost << " lost, "
                           << got.ran_twice << " ran twice, " << got.inversions << " order inversions; enqueues "
                           << "served again " << got.failover_ms << " ms after the kill");
+    CHECK(got.acknowledged == 3000);
+    CHECK(got.inversions == 0);
+    CHECK(got.wakeups_followed);
+    CHECK(got.former_let_go);
+    if (mode == durability::replicated) CHECK(got.lost == 0);
+  }
+}
+
+TEST_CASE(
+    "cluster backend: a primary killed under load on a queue of 16 shards - workers carry on, and replicated loses "
+    "no acknowledged job") {
+  for (auto mode : {durability::primary, durability::replicated}) {
+    std::string name = mode == durability::primary ? "primary" : "replicated";
+    CAPTURE(name);
+    redis_cluster cluster;
+    failover_run got;
+    run([&](asio::io_context& ctx) -> awaitable<void> { got = co_await through_failover(ctx, cluster, mode, 16); },
+        150s);
+    MESSAGE("16 shards, durability " << name << ": " << got.acknowledged << " acknowledged, " << got.lost << " lost, "
+                                     << got.ran_twice << " ran twice, " << got.inversions
+                                     << " order inversions; enqueues served again " << got.failover_ms
+                                     << " ms after the kill");
     CHECK(got.acknowledged == 3000);
     CHECK(got.inversions == 0);
     CHECK(got.wakeups_followed);

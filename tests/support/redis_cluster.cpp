@@ -11,6 +11,7 @@
 #include <memory>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 namespace jobrt::test {
 
@@ -70,6 +71,86 @@ redis::config shared_cluster() {
 }
 
 std::string redis_cluster::url() const { return fmt::format("redis://127.0.0.1:{},127.0.0.1:{}", first_, first_ + 1); }
+
+std::string redis_cluster::id_of(int port) const {
+  auto out = cli(port - first_, {"CLUSTER", "MYID"});
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+namespace {
+// CLUSTER NODES' primaries: port → the slot ranges it serves ("<first>-<last>" or "<slot>").
+std::vector<std::pair<int, std::vector<std::string>>> primaries_in(const std::string& nodes) {
+  std::vector<std::pair<int, std::vector<std::string>>> out;
+  std::istringstream lines(nodes);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::string id, address, flags, master, ping, pong, epoch, link;
+    if (!(fields >> id >> address >> flags >> master >> ping >> pong >> epoch >> link)) continue;
+    if (flags.find("master") == std::string::npos || flags.find("fail") != std::string::npos) continue;
+    auto colon = address.rfind(':', address.find('@'));
+    std::vector<std::string> ranges;
+    for (std::string range; fields >> range;)
+      if (range.front() != '[') ranges.push_back(range);  // (not "[slot->-id]", a migration under way)
+    out.emplace_back(std::atoi(address.c_str() + colon + 1), std::move(ranges));
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<int> redis_cluster::primaries() const {
+  std::vector<int> out;
+  for (auto& p : primaries_in(cli(0, {"CLUSTER", "NODES"}))) out.push_back(p.first);
+  return out;
+}
+
+int redis_cluster::owner_of(int slot) const {
+  for (auto& [port, ranges] : primaries_in(cli(0, {"CLUSTER", "NODES"}))) {
+    for (auto& range : ranges) {
+      auto dash = range.find('-');
+      int first = std::atoi(range.c_str());
+      int last = dash == std::string::npos ? first : std::atoi(range.c_str() + dash + 1);
+      if (slot >= first && slot <= last) return port;
+    }
+  }
+  throw std::runtime_error(fmt::format("no primary serves slot {}", slot));
+}
+
+int redis_cluster::slot_of(const std::string& key) const {
+  return std::atoi(cli(0, {"CLUSTER", "KEYSLOT", key}).c_str());
+}
+
+void redis_cluster::move_slot(int slot, int from, int to, int step, std::chrono::milliseconds pause) const {
+  auto from_id = id_of(from), to_id = id_of(to);
+  auto s = std::to_string(slot);
+  cli(to - first_, {"CLUSTER", "SETSLOT", s, "IMPORTING", from_id});
+  cli(from - first_, {"CLUSTER", "SETSLOT", s, "MIGRATING", to_id});
+  for (;;) {  // (redis-cli --cluster reshard moves a hundred keys a MIGRATE)
+    std::istringstream keys(cli(from - first_, {"CLUSTER", "GETKEYSINSLOT", s, std::to_string(step)}));
+    std::vector<std::string> migrate{"MIGRATE", "127.0.0.1", std::to_string(to), "", "0", "5000", "KEYS"};
+    for (std::string key; std::getline(keys, key);)
+      if (!key.empty()) migrate.push_back(key);
+    if (migrate.size() == 7) break;
+    cli(from - first_, migrate);
+    std::this_thread::sleep_for(pause);
+  }
+  for (int port : primaries()) cli(port - first_, {"CLUSTER", "SETSLOT", s, "NODE", to_id});
+}
+
+long redis_cluster::errors(const std::string& kind) const {
+  long sum = 0;
+  for (int node = 0; node < nodes; ++node) {
+    std::string stats;
+    try {
+      stats = cli(node, {"INFO", "errorstats"});
+    } catch (const std::exception&) {
+      continue;  // (a node down)
+    }
+    auto at = stats.find("errorstat_" + kind + ":count=");
+    if (at != std::string::npos) sum += std::atol(stats.c_str() + at + kind.size() + 17);
+  }
+  return sum;
+}
 
 std::string redis_cluster::cli(int node, const std::vector<std::string>& args) const {
   std::string command = fmt::format("redis-cli -p {}", first_ + node);

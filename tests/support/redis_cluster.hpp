@@ -4,6 +4,7 @@
 
 #include <jobrt/redis/config.hpp>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,24 @@ class redis_cluster {
   void restart(int node) const;
   /// redis://127.0.0.1:<first>,127.0.0.1:<first + 1>: two seeds.
   std::string url() const;
+
+  // Slots, by redis-cli (outside coroutines: g++ 12 does not take some braced lists in them).
+  /// The node id of the node at `port` (CLUSTER MYID).
+  std::string id_of(int port) const;
+  /// The ports of the primaries, and of the one serving `slot` (CLUSTER NODES, as node 0 sees it).
+  std::vector<int> primaries() const;
+  int owner_of(int slot) const;
+  /// The slot of a key (CLUSTER KEYSLOT).
+  int slot_of(const std::string& key) const;
+  /// Moves `slot` with its keys from the primary at port `from` to the one at `to` by hand, as
+  /// `redis-cli --cluster reshard` does: IMPORTING at `to`, MIGRATING at `from`, MIGRATE `step`
+  /// keys at a time (so ASK and TRYAGAIN meet the clients meanwhile), `pause` between steps,
+  /// then SETSLOT NODE at every primary.
+  void move_slot(int slot, int from, int to, int step = 100,
+                 std::chrono::milliseconds pause = std::chrono::milliseconds(0)) const;
+  /// Error replies of a kind ("MOVED", "ASK", "TRYAGAIN", ...) the primaries and replicas gave
+  /// since they started, summed (INFO errorstats).
+  long errors(const std::string& kind) const;
 
  private:
   int first_ = 0;
