@@ -19,6 +19,12 @@
 //     one worker process on queue "bench" until the queue has completed N jobs (its counters,
 //     read every 5 ms); prints its own jobs, the wall-clock times (µs since the epoch) of its
 //     start and of its last handler run, and its CPU time (getrusage).
+//   jobrt_bench_jobs URL scale N CONCURRENCY GROUPS SHARDS NODE_URL...
+//     throughput's run on a queue of SHARDS shards (sharded_backend) at URL, one server or a
+//     Redis Cluster; NODE_URL... are the servers whose CPU is counted (every primary of a
+//     cluster; they are flushed). Prints jobs/s, Redis CPU per job summed over the nodes, the
+//     busiest node's CPU seconds and share of the sum, and jobs per CPU second of the busiest
+//     node (the capacity with one core a node).
 //   jobrt_bench_jobs URL depth DEPTH
 //     one queue 1,000 deep and one DEPTH deep; 100 claims of 10 jobs from each, alternating;
 //     prints the median server time of a claim script call at each depth, and their ratio.
@@ -43,9 +49,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace asio = boost::asio;
 using namespace jobrt;
@@ -153,6 +161,63 @@ awaitable<void> throughput(asio::io_context& ctx, redis::config cfg, long n, std
       per_job(static_cast<double>(s1.used_memory - s0.used_memory)), per_job((c3 - c2) * 1e6));
   if (std::getenv("JOBRT_BENCH_VERBOSE"))
     for (auto& [k, v] : s2.commandstats) fmt::print("  {} {}\n", k, v);
+}
+
+awaitable<void> scale(asio::io_context& ctx, redis::config cfg, long n, std::size_t concurrency, long groups,
+                      std::size_t shards, std::vector<redis::config> nodes) {
+  std::vector<std::unique_ptr<redis::connection>> at;
+  for (auto& node : nodes) {
+    at.push_back(std::make_unique<redis::connection>(ctx.get_executor(), node));
+    at.back()->start();
+    co_await redis::exec(*at.back(), redis::request("FLUSHALL"));
+    co_await redis::exec(*at.back(), redis::request("CONFIG", "RESETSTAT"));
+  }
+  auto cpu = [&]() -> awaitable<std::vector<double>> {
+    std::vector<double> out;
+    for (auto& c : at) out.push_back((co_await read_stats(*c)).cpu_seconds);
+    co_return out;
+  };
+  std::vector<redis::config> seeds(1, cfg);
+  redis_backend redis(ctx.get_executor(), seeds);
+  sharded_backend store(redis, shards);
+  producer p(store, "bench", bulk);
+  auto before = co_await cpu();
+  auto t0 = clock_type::now();
+  co_await p.enqueue_bulk(noop_jobs(n, groups));
+  auto enqueued = co_await cpu();
+  long done = 0;
+  worker_options o;
+  o.queue = "bench";
+  o.concurrency = concurrency;
+  worker w(ctx.get_executor(), store, o);
+  w.add_handler("noop", [&](job_context&) -> awaitable<void> {
+    ++done;
+    co_return;
+  });
+  w.start();
+  while (done < n) co_await sleep_for(std::chrono::microseconds(500));
+  auto t1 = clock_type::now();
+  co_await w.stop(std::chrono::seconds(5));
+  auto after = co_await cpu();
+  double sum = 0, busiest = 0, enqueuing = 0;
+  std::string each;
+  for (std::size_t i = 0; i < at.size(); ++i) {
+    auto used = after[i] - before[i];
+    enqueuing += enqueued[i] - before[i];
+    sum += used;
+    busiest = std::max(busiest, used);
+    each += fmt::format("{}{:.2f}", each.empty() ? "" : ",", used);
+  }
+  fmt::print(
+      "scale groups={} shards={} nodes={} n={} concurrency={} jobs_per_sec={:.0f} redis_cpu_us_per_job={:.2f} "
+      "enqueue_cpu_us_per_job={:.2f} node_cpu_s={} busiest_cpu_s={:.2f} busiest_share={:.3f} "
+      "jobs_per_busiest_cpu_s={:.0f}\n",
+      groups, shards, at.size(), n, concurrency,
+      static_cast<double>(n) / std::chrono::duration<double>(t1 - t0).count(), sum * 1e6 / static_cast<double>(n),
+      enqueuing * 1e6 / static_cast<double>(n), each, busiest, busiest / sum, static_cast<double>(n) / busiest);
+  if (std::getenv("JOBRT_BENCH_VERBOSE"))  // (the counters were reset at the start)
+    for (auto& c : at)
+      for (auto& [k, v] : (co_await read_stats(*c)).commandstats) fmt::print("  {} {}\n", k, v);
 }
 
 awaitable<void> fill_only(asio::io_context& ctx, redis::config cfg, long n, long groups) {
@@ -310,7 +375,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr,
                "usage: {} URL throughput N C GROUPS [BURST] [FOLLOW] | fill N GROUPS | work N C [BURST] | pickup N "
                "GROUPED [GAP_US] [SHARDS] | "
-               "depth DEPTH\n",
+               "scale N C GROUPS SHARDS NODE_URL... | depth DEPTH\n",
                argv[0]);
     return 2;
   }
@@ -346,7 +411,14 @@ int main(int argc, char** argv) {
     asio::co_spawn(
         ctx, work(ctx, cfg, arg(3, 100000), static_cast<std::size_t>(arg(4, 100)), static_cast<std::size_t>(arg(5, 4))),
         done);
-  else if (mode == "depth")
+  else if (mode == "scale" && argc > 7) {
+    std::vector<redis::config> nodes;
+    for (int i = 7; i < argc; ++i) nodes.push_back(redis::config::from_url(argv[i]));
+    asio::co_spawn(ctx,
+                   scale(ctx, cfg, arg(3, 100000), static_cast<std::size_t>(arg(4, 100)), arg(5, 0),
+                         static_cast<std::size_t>(std::max(1L, arg(6, 1))), std::move(nodes)),
+                   done);
+  } else if (mode == "depth")
     asio::co_spawn(ctx, depth(ctx, cfg, arg(3, 1000)), done);
   else {
     fmt::print(stderr, "unknown mode {}\n", mode);
