@@ -328,9 +328,9 @@ class backend {
   /// (wanted 0: stores nothing, returns 0). Once stored, shard k's queue is "<queue>#<k>", and
   /// the ids it assigns are n * shards + k (unique across the queue's shards).
   virtual boost::asio::awaitable<std::size_t> stored_shards(std::string queue, std::size_t wanted);
-  /// Marks shard `shard` of `queue` as one that may have ready work (a set: marking twice is
-  /// marking once; the oldest mark is taken first).
-  virtual boost::asio::awaitable<void> mark_shard(std::string queue, std::size_t shard);
+  /// Marks shards of `queue` as ones that may have ready work (a set: marking twice is marking
+  /// once; the oldest mark is taken first).
+  virtual boost::asio::awaitable<void> mark_shards(std::string queue, std::vector<std::size_t> shards);
   /// Stores `jobs` in shard `shard` of `queue` (its queue "<queue>#<shard>", as enqueue would)
   /// and, where the backend can do both in one call, marks that shard when a job due now was
   /// stored. The default only enqueues: the caller marks.

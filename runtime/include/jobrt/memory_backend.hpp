@@ -106,8 +106,8 @@ class memory_backend final : public backend {
 
   /// Stores the count once; the shards' queues then assign ids n * shards + k.
   boost::asio::awaitable<std::size_t> stored_shards(std::string queue, std::size_t wanted) override;
-  boost::asio::awaitable<void> mark_shard(std::string queue, std::size_t shard) override;
-  /// Waits on a timer that mark_shard cuts short (no polling).
+  boost::asio::awaitable<void> mark_shards(std::string queue, std::vector<std::size_t> shards) override;
+  /// Waits on a timer that mark_shards cuts short (no polling).
   boost::asio::awaitable<std::optional<std::size_t>> take_shard_mark(std::string queue, std::string worker,
                                                                      std::chrono::milliseconds wait) override;
   boost::asio::awaitable<bool> has_ready(std::string queue) override;
@@ -136,7 +136,7 @@ class memory_backend final : public backend {
 
   boost::asio::any_io_executor executor_;
   std::shared_ptr<detail::wakeups> delayed_wakeups_;
-  std::shared_ptr<detail::wakeups> mark_wakeups_;  // a mark_shard wakes take_shard_mark's waiters
+  std::shared_ptr<detail::wakeups> mark_wakeups_;  // a mark_shards wakes take_shard_mark's waiters
   mutable std::mutex mutex_;
   // Queues are never erased: claim_wait keeps a queue's address across its wait.
   std::unordered_map<std::string, std::unique_ptr<queue_state>> queues_;

@@ -111,8 +111,8 @@ class redis_backend final : public backend {
 
   /// At <prefix>shards (SET NX). Once known here, the shards' enqueues assign ids n * shards + k.
   boost::asio::awaitable<std::size_t> stored_shards(std::string queue, std::size_t wanted) override;
-  /// ZADD NX at <prefix>marks, scored by the time (oldest first).
-  boost::asio::awaitable<void> mark_shard(std::string queue, std::size_t shard) override;
+  /// One ZADD NX at <prefix>marks, scored by the time (oldest first).
+  boost::asio::awaitable<void> mark_shards(std::string queue, std::vector<std::size_t> shards) override;
   /// On one server, the enqueue script marks the shard too (one round trip, not two). On a
   /// cluster the shard and its queue's marks are in different slots: the caller marks.
   boost::asio::awaitable<shard_enqueued> enqueue_in_shard(std::string queue, std::size_t shard,

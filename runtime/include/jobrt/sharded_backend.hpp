@@ -9,14 +9,13 @@
 //
 // Finding work without polling: every call that may make a shard's ready list non-empty
 // (enqueue, a finish that sends a lane back, release, reap, promote, requeue, resume) marks the
-// shard in the queue's set of marks (backend::mark_shard: one ZADD on Redis, at the queue's own
-// node). An idle worker waits for a mark (backend::take_shard_mark: BZPOPMIN), claims in that
-// shard, and when the claim got all it asked for marks the shard again for the next one. A
-// process also remembers the shards whose last claim was full and claims there first, in turn.
-// Reaping takes turns: the reaper whose turn it is (one process at a time) reaps the shards where
-// a lease may have run out (processes note where they hold leases, with their renewals) and one
-// more in turn, whose ready list it also looks at, marking it when it has work (a mark lost with
-// a worker that took it and crashed).
+// shard in the queue's set of marks (backend::mark_shards: one ZADD on Redis, at the queue's own
+// node, for every shard a call marks; on one server an enqueue's script marks too). An idle worker waits for a mark
+// (backend::take_shard_mark: BZPOPMIN), claims in that shard, and when the claim got all it asked for marks the shard
+// again for the next one. A process also remembers the shards whose last claim was full and claims there first, in
+// turn. Reaping takes turns: the reaper whose turn it is (one process at a time) reaps the shards where a lease may
+// have run out (processes note where they hold leases, with their renewals) and one more in turn, whose ready list it
+// also looks at, marking it when it has work (a mark lost with a worker that took it and crashed).
 //
 // With S = 1 every call goes to the queue itself, as with the inner backend alone (the stored
 // count is checked at the first call).
@@ -97,6 +96,8 @@ class sharded_backend final : public backend {
   struct queue_state;
   // The queue's state, with its shards known (asks the store at the first call).
   boost::asio::awaitable<std::shared_ptr<queue_state>> state_of(const std::string& queue);
+  // Marks shards (one call; none: nothing); a failure is logged, not thrown.
+  boost::asio::awaitable<void> mark(const std::string& queue, std::vector<std::size_t> shards);
   boost::asio::awaitable<void> mark(const std::string& queue, std::size_t k);
   // A claim in shard k, its tokens prefixed; marks k again (and remembers it) when it was full.
   boost::asio::awaitable<std::vector<claimed_job>> claim_in(const std::string& queue, queue_state& q, std::size_t k,

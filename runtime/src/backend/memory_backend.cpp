@@ -300,14 +300,19 @@ asio::awaitable<std::size_t> memory_backend::stored_shards(std::string queue, st
   co_return found->second;
 }
 
-asio::awaitable<void> memory_backend::mark_shard(std::string queue, std::size_t shard) {
+asio::awaitable<void> memory_backend::mark_shards(std::string queue, std::vector<std::size_t> shards) {
+  bool added = false;
   {
     std::lock_guard lock(mutex_);
     auto& marks = marks_[queue];
-    if (std::find(marks.begin(), marks.end(), shard) != marks.end()) co_return;
-    marks.push_back(shard);
+    for (auto shard : shards) {
+      if (std::find(marks.begin(), marks.end(), shard) != marks.end()) continue;
+      marks.push_back(shard);
+      added = true;
+    }
   }
-  mark_wakeups_->bump(queue);
+  if (added) mark_wakeups_->bump(queue);
+  co_return;
 }
 
 asio::awaitable<std::optional<std::size_t>> memory_backend::take_shard_mark(std::string queue, std::string /*worker*/,

@@ -139,7 +139,12 @@ asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string 
 asio::awaitable<shard_enqueued> redis_backend::enqueue_in_shard(std::string queue, std::size_t shard,
                                                                 std::vector<encoded_job> jobs) {
   shard_enqueued out;
-  out.marked = (co_await link_->cluster()) == nullptr;  // (on one server every key is at hand)
+  bool known;  // (the shard form of the script's count, which the mark needs: see store_jobs)
+  {
+    std::lock_guard lock(shards_mutex_);
+    known = shards_.contains(queue);
+  }
+  out.marked = known && (co_await link_->cluster()) == nullptr;  // (on one server every key is at hand)
   auto marks = out.marked ? key_prefix(queue) + "marks" : std::string();
   out.results = co_await store_jobs(sharded_backend::shard_queue(queue, shard), std::move(jobs), std::move(marks));
   co_return out;
@@ -1027,10 +1032,17 @@ asio::awaitable<std::size_t> redis_backend::stored_shards(std::string queue, std
   co_return stored;
 }
 
-asio::awaitable<void> redis_backend::mark_shard(std::string queue, std::size_t shard) {
+asio::awaitable<void> redis_backend::mark_shards(std::string queue, std::vector<std::size_t> shards) {
+  if (shards.empty()) co_return;
   auto p = key_prefix(queue);
   auto now = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch());
-  request req("ZADD", p + "marks", "NX", now.count(), shard);
+  std::vector<std::string> scored;  // score, member, ...
+  scored.reserve(shards.size() * 2);
+  for (auto shard : shards) {
+    scored.push_back(std::to_string(now.count()));
+    scored.push_back(std::to_string(shard));
+  }
+  request req("ZADD", p + "marks", "NX", scored);
   req.options.resend_safe = true;
   co_await link_->exec(std::move(req), p);
 }

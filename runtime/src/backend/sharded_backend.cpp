@@ -35,7 +35,7 @@ namespace {
 }  // namespace
 
 awaitable<std::size_t> backend::stored_shards(std::string, std::size_t) { no_shards("stored_shards"); }
-awaitable<void> backend::mark_shard(std::string, std::size_t) { no_shards("mark_shard"); }
+awaitable<void> backend::mark_shards(std::string, std::vector<std::size_t>) { no_shards("mark_shards"); }
 awaitable<shard_enqueued> backend::enqueue_in_shard(std::string queue, std::size_t shard,
                                                     std::vector<encoded_job> jobs) {
   shard_enqueued out;
@@ -124,6 +124,14 @@ struct outcomes {
   }
 };
 
+// One of at_once's calls, on a coroutine thread of its own that takes the caller's
+// throw_if_cancelled (a worker's finish sets it false: its acks must go on through a stop).
+template <class T, class Call>
+awaitable<T> one_shard(Call& call, std::size_t k, bool throws) {
+  co_await asio::this_coro::throw_if_cancelled(throws);
+  co_return co_await call(k);
+}
+
 // Runs `call(k)` for each of `shards` at once and waits for all: on a cluster they go to several
 // nodes together, on one server down one connection in one write. (One shard: called here.)
 template <class T, class Call>
@@ -141,10 +149,11 @@ awaitable<outcomes<T>> at_once(std::vector<std::size_t> shards, Call call) {
   }
   if (shards.empty()) co_return out;
   auto ex = co_await asio::this_coro::executor;
-  using op = decltype(asio::co_spawn(ex, call(std::size_t{0}), asio::deferred));
+  bool throws = co_await asio::this_coro::throw_if_cancelled();
+  using op = decltype(asio::co_spawn(ex, one_shard<T>(call, 0, throws), asio::deferred));
   std::vector<op> ops;
   ops.reserve(shards.size());
-  for (auto k : shards) ops.push_back(asio::co_spawn(ex, call(k), asio::deferred));
+  for (auto k : shards) ops.push_back(asio::co_spawn(ex, one_shard<T>(call, k, throws), asio::deferred));
   auto all = co_await asio::experimental::make_parallel_group(std::move(ops))
                  .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
   out.errors = std::move(std::get<1>(all));
@@ -218,15 +227,22 @@ awaitable<std::size_t> sharded_backend::shards_of(std::string queue) { co_return
 
 // A mark that fails, or is cut short by the caller's cancellation, is not the caller's failure
 // (what it marks for is stored): the reaper's walk over the shards finds that work instead.
-awaitable<void> sharded_backend::mark(const std::string& queue, std::size_t k) {
+awaitable<void> sharded_backend::mark(const std::string& queue, std::vector<std::size_t> shards) {
+  if (shards.empty()) co_return;
   if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none) co_return;
+  auto count = shards.size();
   try {
-    co_await inner_.mark_shard(queue, k);
+    co_await inner_.mark_shards(queue, std::move(shards));
   } catch (const std::exception& e) {
     auto* failure = dynamic_cast<const boost::system::system_error*>(&e);
     if (!failure || failure->code() != asio::error::operation_aborted)
-      jobrt::log(log_level::warn, "shards", "marking shard {} of queue '{}' failed: {}", k, queue, e.what());
+      jobrt::log(log_level::warn, "shards", "marking {} shards of queue '{}' failed: {}", count, queue, e.what());
   }
+}
+
+awaitable<void> sharded_backend::mark(const std::string& queue, std::size_t k) {
+  std::vector<std::size_t> one(1, k);
+  co_await mark(queue, std::move(one));
 }
 
 namespace {
@@ -301,13 +317,15 @@ awaitable<std::vector<enqueue_result>> sharded_backend::enqueue(std::string queu
     split.add(k, std::move(j), i);
   }
   // One call per shard, all at once: a failure leaves the other shards' jobs stored (a
-  // producer's retry of the batch finds those with ids it gave as duplicates).
-  auto stored = co_await at_once<std::vector<enqueue_result>>(
-      split.used(), [&](std::size_t k) -> awaitable<std::vector<enqueue_result>> {
-        auto r = co_await inner_.enqueue_in_shard(queue, k, std::move(split.items[k]));
-        if (due_now[k] && !r.marked) co_await mark(queue, k);
-        co_return std::move(r.results);
-      });
+  // producer's retry of the batch finds those with ids it gave as duplicates). Then one mark for
+  // the shards that stored a job due now, where their calls did not mark them.
+  auto used = split.used();
+  auto stored = co_await at_once<shard_enqueued>(
+      used, [&](std::size_t k) { return inner_.enqueue_in_shard(queue, k, std::move(split.items[k])); });
+  std::vector<std::size_t> marking;
+  for (std::size_t u = 0; u < used.size(); ++u)
+    if (!stored.errors[u] && due_now[used[u]] && !stored.results[u].marked) marking.push_back(used[u]);
+  co_await mark(queue, std::move(marking));
   {
     std::lock_guard lock(mutex_);
     for (std::size_t k = 0; k < q->shards; ++k)
@@ -315,10 +333,9 @@ awaitable<std::vector<enqueue_result>> sharded_backend::enqueue(std::string queu
   }
   stored.rethrow();
   std::vector<enqueue_result> out(jobs.size());
-  auto used = split.used();
   for (std::size_t u = 0; u < used.size(); ++u)
-    for (std::size_t i = 0; i < stored.results[u].size(); ++i)
-      out[split.places[used[u]][i]] = std::move(stored.results[u][i]);
+    for (std::size_t i = 0; i < stored.results[u].results.size(); ++i)
+      out[split.places[used[u]][i]] = std::move(stored.results[u].results[i]);
   co_return out;
 }
 
@@ -456,50 +473,56 @@ awaitable<std::vector<finish_result>> sharded_backend::finish(std::string queue,
     items[i].token = std::move(at.second);
     split.add(at.first, std::move(items[i]), i);
   }
+  // Each shard's results, and whether a lane went back to its ready list.
+  struct shard_finished {
+    std::vector<finish_result> results;
+    bool ready = false;
+  };
   auto used = split.used();
-  auto done =
-      co_await at_once<std::vector<finish_result>>(used, [&](std::size_t k) -> awaitable<std::vector<finish_result>> {
-        // Whether a lane may go back to ready: a grouped job's lane (a token is '<fence>|<lane>',
-        // 'g:<group>' for a group's) unless its next job came back with the answer, an ungrouped
-        // job's for a release or a retry.
-        std::vector<bool> may_ready;
-        bool handed_back = false;
-        for (const auto& item : split.items[k]) {
-          bool grouped = item.token.find("|g:") != std::string::npos;
-          bool again = item.kind == finish_kind::retry || item.kind == finish_kind::defer ||
-                       item.kind == finish_kind::hand_back;  // (after a delay: the promoter marks it)
-          bool now = item.kind == finish_kind::release || (again && item.delay.count() <= 0);
-          bool ends = item.kind == finish_kind::ack || item.kind == finish_kind::keep ||
-                      item.kind == finish_kind::fail || item.kind == finish_kind::give_up;
-          may_ready.push_back(now || (grouped && ends));
-          handed_back = handed_back || item.kind == finish_kind::hand_back;
-        }
-        // A job this process cannot run came from that shard: it leaves the shard to the others' marks
-        // rather than claiming there first again, and taking that job back before they can.
-        if (handed_back) {
-          std::lock_guard lock(mutex_);
-          if (q->in_full[k]) {
-            q->in_full[k] = false;
-            q->full.erase(std::find(q->full.begin(), q->full.end(), k));
-          }
-        }
-        auto results = co_await inner_.finish(q->names[k], worker, std::move(split.items[k]), lease_ttl);
-        bool marks = false;
-        for (std::size_t i = 0; i < results.size(); ++i) {
-          if (results[i].next) prefix_token(results[i].next->token, k);
-          marks = marks || (may_ready[i] && results[i].lease_held && !results[i].next);
-        }
-        if (marks) co_await mark(queue, k);
-        co_return results;
-      });
+  auto done = co_await at_once<shard_finished>(used, [&](std::size_t k) -> awaitable<shard_finished> {
+    // Whether a lane may go back to ready: a grouped job's lane (a token is '<fence>|<lane>',
+    // 'g:<group>' for a group's) unless its next job came back with the answer, an ungrouped
+    // job's for a release or a retry.
+    std::vector<bool> may_ready;
+    bool handed_back = false;
+    for (const auto& item : split.items[k]) {
+      bool grouped = item.token.find("|g:") != std::string::npos;
+      bool again = item.kind == finish_kind::retry || item.kind == finish_kind::defer ||
+                   item.kind == finish_kind::hand_back;  // (after a delay: the promoter marks it)
+      bool now = item.kind == finish_kind::release || (again && item.delay.count() <= 0);
+      bool ends = item.kind == finish_kind::ack || item.kind == finish_kind::keep || item.kind == finish_kind::fail ||
+                  item.kind == finish_kind::give_up;
+      may_ready.push_back(now || (grouped && ends));
+      handed_back = handed_back || item.kind == finish_kind::hand_back;
+    }
+    // A job this process cannot run came from that shard: it leaves the shard to the others' marks
+    // rather than claiming there first again, and taking that job back before they can.
+    if (handed_back) {
+      std::lock_guard lock(mutex_);
+      if (q->in_full[k]) {
+        q->in_full[k] = false;
+        q->full.erase(std::find(q->full.begin(), q->full.end(), k));
+      }
+    }
+    shard_finished out;
+    out.results = co_await inner_.finish(q->names[k], worker, std::move(split.items[k]), lease_ttl);
+    for (std::size_t i = 0; i < out.results.size(); ++i) {
+      if (out.results[i].next) prefix_token(out.results[i].next->token, k);
+      out.ready = out.ready || (may_ready[i] && out.results[i].lease_held && !out.results[i].next);
+    }
+    co_return out;
+  });
   std::vector<finish_result> out(items.size());
-  std::vector<std::size_t> leased;  // (a burst's next lease, noted for the reaper as a claim's)
+  std::vector<std::size_t> marking, leased;  // (a burst's next lease, noted for the reaper as a claim's)
   for (std::size_t u = 0; u < used.size(); ++u) {
-    for (std::size_t i = 0; i < done.results[u].size(); ++i) {
-      if (done.results[u][i].next && (leased.empty() || leased.back() != used[u])) leased.push_back(used[u]);
-      out[split.places[used[u]][i]] = std::move(done.results[u][i]);
+    if (done.results[u].ready) marking.push_back(used[u]);
+    for (std::size_t i = 0; i < done.results[u].results.size(); ++i) {
+      auto& r = done.results[u].results[i];
+      if (r.next && (leased.empty() || leased.back() != used[u])) leased.push_back(used[u]);
+      out[split.places[used[u]][i]] = std::move(r);
     }
   }
+  co_await mark(queue, std::move(marking));
   co_await note(queue, *q, leased, lease_ttl);
   done.rethrow();
   co_return out;
@@ -604,6 +627,7 @@ awaitable<reap_result> sharded_backend::reap(std::string queue, reap_options opt
   auto& errors = reaped.errors;
   auto& results = reaped.results;
   std::exception_ptr failure;
+  std::vector<std::size_t> marking;
   for (std::size_t i = 0; i < which.size(); ++i) {
     auto k = which[i];
     auto& r = results[i];
@@ -619,7 +643,7 @@ awaitable<reap_result> sharded_backend::reap(std::string queue, reap_options opt
     }
     bool ready = r.leases > 0 || r.lanes > 0;
     if (!ready && k == walk) ready = co_await inner_.has_ready(q->names[k]);
-    if (ready) co_await mark(queue, k);
+    if (ready) marking.push_back(k);
     sum.leases += r.leases;
     sum.workers += r.workers;
     sum.lanes += r.lanes;
@@ -627,6 +651,7 @@ awaitable<reap_result> sharded_backend::reap(std::string queue, reap_options opt
     sum.recovered_types.insert(sum.recovered_types.end(), std::make_move_iterator(r.recovered_types.begin()),
                                std::make_move_iterator(r.recovered_types.end()));
   }
+  co_await mark(queue, std::move(marking));
   if (failure) std::rethrow_exception(failure);  // (the shards reaped are marked)
   co_return sum;
 }
