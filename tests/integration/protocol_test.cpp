@@ -270,6 +270,72 @@ TEST_CASE("a worker on a queue of one shard, as the jobrt command runs it, hears
   });
 }
 
+TEST_CASE("a finish across shards that fails in one is sent again whole and gets the other shards' first answers") {
+  auto cfg = shared_redis();
+  std::string queue = key_prefix() + "sharded-partial";
+  constexpr std::size_t shards = 2;
+  std::string in0, in1;  // a group of each shard
+  for (int i = 0; in0.empty() || in1.empty(); ++i) {
+    auto g = fmt::format("g{}", i);
+    auto& slot = sharded_backend::shard_of(g, shards) == 0 ? in0 : in1;
+    if (slot.empty()) slot = g;
+  }
+  // Shard 1's finish fails while its answers key holds a string (WRONGTYPE).
+  auto broken = redis_backend::key_prefix(sharded_backend::shard_queue(queue, 1)) + "answers:w";
+  auto break_shard = [&] { redis_cli(cfg, {"SET", broken, "x"}); };
+  auto mend_shard = [&] { redis_cli(cfg, {"DEL", broken}); };
+  std::vector<job_spec> specs;  // (g++ 12: braced lists outside the coroutine)
+  for (auto [id, group] : {std::pair{"a1", in0}, std::pair{"a2", in0}, std::pair{"b1", in1}}) {
+    job_spec s;
+    s.type = "t";
+    s.id = id;
+    s.group = group;
+    specs.push_back(std::move(s));
+  }
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    sharded_backend sharded(store, shards);
+    producer p(sharded, queue);
+    co_await p.enqueue_bulk(specs);
+    claim_options co;
+    co.worker = "w";
+    co.max = 10;
+    std::vector<claimed_job> got;
+    for (int i = 0; i < 5 && got.size() < 2; ++i) {
+      auto more = co_await sharded.claim(queue, co);
+      got.insert(got.end(), more.begin(), more.end());
+    }
+    REQUIRE(got.size() == 2);
+    std::vector<finish_item> items(2);
+    for (auto& j : got) {
+      auto& item = items[j.group == in0 ? 0 : 1];
+      item.token = j.token;
+      item.want_next = finish_item::next_policy::yes;
+    }
+    break_shard();
+    bool failed = false;
+    try {
+      co_await sharded.finish(queue, "w", items, std::chrono::seconds(30));
+    } catch (const std::exception&) {
+      failed = true;
+    }
+    CHECK(failed);
+    mend_shard();
+    // Meanwhile another finish call of the worker goes to shard 0 (a worker has two on their way
+    // at once): it must not drop the record of the first one's part there.
+    std::vector<finish_item> other(1);
+    other[0].token = "0/1|g:nobody";
+    auto lost = co_await sharded.finish(queue, "w", other, std::chrono::seconds(30));
+    CHECK_FALSE(lost.at(0).lease_held);
+    // The batch again, whole: shard 0's part answers as it did (a1 acked, a2 leased to it).
+    auto again = co_await sharded.finish(queue, "w", items, std::chrono::seconds(30));
+    CHECK(again.at(0).lease_held);
+    REQUIRE(again.at(0).next.has_value());
+    CHECK(again.at(0).next->job.id == "a2");
+    CHECK(again.at(1).lease_held);
+  });
+}
+
 TEST_CASE("a worker's finish calls across a sharded queue drop their records in each shard as answers come") {
   auto cfg = shared_redis();
   std::string queue = key_prefix() + "sharded-answers";

@@ -331,6 +331,16 @@ class backend {
   /// Marks shards of `queue` as ones that may have ready work (a set: marking twice is marking
   /// once; the oldest mark is taken first).
   virtual boost::asio::awaitable<void> mark_shards(std::string queue, std::vector<std::size_t> shards);
+  /// finish, for a part of a caller's batch (a shard's): the calls it makes are not counted as
+  /// answered (whose records a later call may drop) until finish_answered is given them, once
+  /// the whole batch got through; a batch sent again after a failure in another part must find
+  /// them. Their names are added to `calls`. The default is finish, and calls stays as it is.
+  virtual boost::asio::awaitable<std::vector<finish_result>> finish_part(std::string queue, std::string worker,
+                                                                         std::vector<finish_item> items,
+                                                                         std::chrono::milliseconds lease_ttl,
+                                                                         std::vector<std::string>& calls);
+  /// Counts finish_part's calls as answered.
+  virtual void finish_answered(const std::string& queue, const std::string& worker, std::vector<std::string> calls);
   /// Stores `jobs` in shard `shard` of `queue` (its queue "<queue>#<shard>", as enqueue would)
   /// and, where the backend can do both in one call, marks that shard when a job due now was
   /// stored. The default only enqueues: the caller marks.

@@ -113,6 +113,11 @@ class redis_backend final : public backend {
   boost::asio::awaitable<std::size_t> stored_shards(std::string queue, std::size_t wanted) override;
   /// One ZADD NX at <prefix>marks, scored by the time (oldest first).
   boost::asio::awaitable<void> mark_shards(std::string queue, std::vector<std::size_t> shards) override;
+  boost::asio::awaitable<std::vector<finish_result>> finish_part(std::string queue, std::string worker,
+                                                                 std::vector<finish_item> items,
+                                                                 std::chrono::milliseconds lease_ttl,
+                                                                 std::vector<std::string>& calls) override;
+  void finish_answered(const std::string& queue, const std::string& worker, std::vector<std::string> calls) override;
   /// On one server, the enqueue script marks the shard too (one round trip, not two). On a
   /// cluster the shard and its queue's marks are in different slots: the caller marks.
   boost::asio::awaitable<shard_enqueued> enqueue_in_shard(std::string queue, std::size_t shard,

@@ -366,11 +366,27 @@ void redis_backend::set_idle_mark(const std::string& worker) {
 asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string queue, std::string worker,
                                                                   std::vector<finish_item> items,
                                                                   std::chrono::milliseconds lease_ttl) {
+  std::vector<std::string> calls;
+  auto all = co_await finish_part(queue, worker, std::move(items), lease_ttl, calls);
+  finish_answered(queue, worker, std::move(calls));
+  co_return all;
+}
+
+void redis_backend::finish_answered(const std::string& queue, const std::string& worker,
+                                    std::vector<std::string> calls) {
+  std::lock_guard lock(blocking_mutex_);
+  auto& answered = answered_[key_prefix(queue) + "answers:" + worker];
+  answered.insert(answered.end(), std::make_move_iterator(calls.begin()), std::make_move_iterator(calls.end()));
+}
+
+asio::awaitable<std::vector<finish_result>> redis_backend::finish_part(std::string queue, std::string worker,
+                                                                       std::vector<finish_item> items,
+                                                                       std::chrono::milliseconds lease_ttl,
+                                                                       std::vector<std::string>& calls) {
   // A batch too big for one call goes in parts, a token's items in one (finish_parts). A part's
   // answer counts as come only once every part's has: a batch that fails partway is sent again
   // whole, and its first parts must find their records.
   std::vector<finish_result> all;
-  std::vector<std::string> calls;
   if (items.size() <= max_batch) {
     all = co_await finish_call(queue, worker, std::move(items), lease_ttl, calls);
   } else {
@@ -383,9 +399,6 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish(std::string qu
       for (std::size_t k = 0; k < indices.size(); ++k) all[indices[k]] = std::move(done.at(k));
     }
   }
-  std::lock_guard lock(blocking_mutex_);
-  auto& answered = answered_[key_prefix(queue) + "answers:" + worker];
-  answered.insert(answered.end(), std::make_move_iterator(calls.begin()), std::make_move_iterator(calls.end()));
   co_return all;
 }
 

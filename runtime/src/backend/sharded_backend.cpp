@@ -36,6 +36,13 @@ namespace {
 
 awaitable<std::size_t> backend::stored_shards(std::string, std::size_t) { no_shards("stored_shards"); }
 awaitable<void> backend::mark_shards(std::string, std::vector<std::size_t>) { no_shards("mark_shards"); }
+awaitable<std::vector<finish_result>> backend::finish_part(std::string queue, std::string worker,
+                                                           std::vector<finish_item> items,
+                                                           std::chrono::milliseconds lease_ttl,
+                                                           std::vector<std::string>&) {
+  co_return co_await finish(std::move(queue), std::move(worker), std::move(items), lease_ttl);
+}
+void backend::finish_answered(const std::string&, const std::string&, std::vector<std::string>) {}
 awaitable<shard_enqueued> backend::enqueue_in_shard(std::string queue, std::size_t shard,
                                                     std::vector<encoded_job> jobs) {
   shard_enqueued out;
@@ -477,6 +484,7 @@ awaitable<std::vector<finish_result>> sharded_backend::finish(std::string queue,
   struct shard_finished {
     std::vector<finish_result> results;
     bool ready = false;
+    std::vector<std::string> calls;  // (finish_part's: answered once every shard's call got through)
   };
   auto used = split.used();
   auto done = co_await at_once<shard_finished>(used, [&](std::size_t k) -> awaitable<shard_finished> {
@@ -505,7 +513,7 @@ awaitable<std::vector<finish_result>> sharded_backend::finish(std::string queue,
       }
     }
     shard_finished out;
-    out.results = co_await inner_.finish(q->names[k], worker, std::move(split.items[k]), lease_ttl);
+    out.results = co_await inner_.finish_part(q->names[k], worker, std::move(split.items[k]), lease_ttl, out.calls);
     for (std::size_t i = 0; i < out.results.size(); ++i) {
       if (out.results[i].next) prefix_token(out.results[i].next->token, k);
       out.ready = out.ready || (may_ready[i] && out.results[i].lease_held && !out.results[i].next);
@@ -525,6 +533,10 @@ awaitable<std::vector<finish_result>> sharded_backend::finish(std::string queue,
   co_await mark(queue, std::move(marking));
   co_await note(queue, *q, leased, lease_ttl);
   done.rethrow();
+  // Every shard's call got through: their records may go (a resend of this batch after a
+  // failure in one shard finds the others' records, and gets their first answers again).
+  for (std::size_t u = 0; u < used.size(); ++u)
+    inner_.finish_answered(q->names[used[u]], worker, std::move(done.results[u].calls));
   co_return out;
 }
 
