@@ -1070,3 +1070,38 @@ TEST_CASE("cluster backend: 100 idle workers on a queue of 16 shards cost the cl
       },
       90s);
 }
+
+TEST_CASE(
+    "cluster backend: an enqueue that marks its shard, refused CROSSSLOT by a server that hides its cluster, goes "
+    "again") {
+  redis_cluster cluster;
+  // A user that may not run INFO: the backend takes node 0 for a server of its own, as it would
+  // some proxies, and gives the enqueue script the marks key, of another slot.
+  cluster.cli(0, {"ACL", "SETUSER", "blind", "on", ">pw", "~*", "&*", "+@all", "-info"});
+  // A queue whose own slot and shard 0's are both at node 0.
+  std::string queue;
+  for (int i = 0; queue.empty() && i < 500; ++i) {
+    auto q = fmt::format("hidden{}", i);
+    if (cluster.owner_of(cluster.slot_of("{" + q + "}")) == cluster.first() &&
+        cluster.owner_of(cluster.slot_of("{" + q + "#0}")) == cluster.first())
+      queue = q;
+  }
+  REQUIRE_FALSE(queue.empty());
+  auto cfg = cluster.config(0);
+  cfg.username = "blind";
+  cfg.password = "pw";
+  encoded_job job;
+  job.body = R"({"type":"t"})";
+  std::vector<encoded_job> jobs(1, job);
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    CHECK(co_await store.stored_shards(queue, 2) == 2);
+    auto first = co_await store.enqueue_in_shard(queue, 0, jobs);
+    CHECK_FALSE(first.marked);  // (refused, then stored without the mark: the caller marks)
+    CHECK(first.results.size() == 1);
+    auto second = co_await store.enqueue_in_shard(queue, 0, jobs);
+    CHECK_FALSE(second.marked);
+    CHECK(second.results.size() == 1);
+  });
+  CHECK(cluster.cli(0, {"LLEN", fmt::format("jobrt:{{{}#0}}:ready", queue)}) == "2\n");
+}

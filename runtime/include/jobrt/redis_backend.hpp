@@ -7,6 +7,7 @@
 #include <jobrt/redis/script.hpp>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -137,7 +138,8 @@ class redis_backend final : public backend {
  private:
   // enqueue's call; with `marks` (a sharded queue's marks key, on one server) the script marks
   // the shard too.
-  boost::asio::awaitable<std::vector<enqueue_result>> store_jobs(std::string queue, std::vector<encoded_job> jobs,
+  boost::asio::awaitable<std::vector<enqueue_result>> store_jobs(std::string queue,
+                                                                 const std::vector<encoded_job>& jobs,
                                                                  std::string marks);
   redis::blocking_connection& blocking_for(const std::string& worker, const redis::config& node);
   redis::request claim_request(const std::string& prefix, const claim_options& opts) const;
@@ -185,6 +187,8 @@ class redis_backend final : public backend {
   // assign ids that no other shard gives.
   std::mutex shards_mutex_;
   std::map<std::string, std::size_t, std::less<>> shards_;
+  // The server refused an enqueue script that also marks (CROSSSLOT: a proxy): marks go apart.
+  std::atomic<bool> marks_refused_{false};
   // Part of every finish call's id: no call of this process is taken for one of another process
   // (a worker restarted under the same id).
   std::uint64_t call_nonce_;

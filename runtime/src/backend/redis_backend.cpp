@@ -133,7 +133,7 @@ std::array<std::string, 5> redis_backend::enqueue_keys(std::string_view queue) {
 }
 
 asio::awaitable<std::vector<enqueue_result>> redis_backend::enqueue(std::string queue, std::vector<encoded_job> jobs) {
-  co_return co_await store_jobs(std::move(queue), std::move(jobs), std::string());
+  co_return co_await store_jobs(std::move(queue), jobs, std::string());
 }
 
 asio::awaitable<shard_enqueued> redis_backend::enqueue_in_shard(std::string queue, std::size_t shard,
@@ -144,13 +144,32 @@ asio::awaitable<shard_enqueued> redis_backend::enqueue_in_shard(std::string queu
     std::lock_guard lock(shards_mutex_);
     known = shards_.contains(queue);
   }
-  out.marked = known && (co_await link_->cluster()) == nullptr;  // (on one server every key is at hand)
-  auto marks = out.marked ? key_prefix(queue) + "marks" : std::string();
-  out.results = co_await store_jobs(sharded_backend::shard_queue(queue, shard), std::move(jobs), std::move(marks));
+  // On one server every key is at hand. (A proxy that says it is one but keeps to one slot a
+  // call, as some managed services do, refuses that with CROSSSLOT, and nothing is run: the
+  // call goes again without the marks key, and so do the next.)
+  out.marked = known && !marks_refused_ && (co_await link_->cluster()) == nullptr;
+  auto name = sharded_backend::shard_queue(queue, shard);
+  if (out.marked) {
+    std::string refused;
+    try {
+      out.results = co_await store_jobs(name, jobs, key_prefix(queue) + "marks");
+      co_return out;
+    } catch (const boost::system::system_error& e) {
+      if (e.code() != errc::server_error || std::string_view(e.what()).find("CROSSSLOT") == std::string_view::npos)
+        throw;
+      refused = e.what();
+    }
+    marks_refused_ = true;
+    out.marked = false;
+    jobrt::log(log_level::warn, "shards", "the server refused an enqueue that marks its shard ({}): marking apart",
+               refused);
+  }
+  out.results = co_await store_jobs(name, jobs, std::string());
   co_return out;
 }
 
-asio::awaitable<std::vector<enqueue_result>> redis_backend::store_jobs(std::string queue, std::vector<encoded_job> jobs,
+asio::awaitable<std::vector<enqueue_result>> redis_backend::store_jobs(std::string queue,
+                                                                       const std::vector<encoded_job>& jobs,
                                                                        std::string marks) {
   if (jobs.empty()) co_return std::vector<enqueue_result>{};
   for (std::size_t i = 0; i < jobs.size(); ++i)
