@@ -1093,6 +1093,9 @@ TEST_CASE(
   encoded_job job;
   job.body = R"({"type":"t"})";
   std::vector<encoded_job> jobs(1, job);
+  std::string in0;  // a producer id of shard 0
+  for (int i = 0; in0.empty(); ++i)
+    if (sharded_backend::shard_of(fmt::format("id{}", i), 2) == 0) in0 = fmt::format("id{}", i);
   run([&](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), cfg);
     CHECK(co_await store.stored_shards(queue, 2) == 2);
@@ -1102,6 +1105,16 @@ TEST_CASE(
     auto second = co_await store.enqueue_in_shard(queue, 0, jobs);
     CHECK_FALSE(second.marked);
     CHECK(second.results.size() == 1);
+    // Through a sharded_backend, the shard is marked apart.
+    sharded_backend sharded(store, 2);
+    producer p(sharded, queue);
+    job_spec s;
+    s.type = "t";
+    s.id = in0;
+    co_await p.enqueue(std::move(s));
   });
-  CHECK(cluster.cli(0, {"LLEN", fmt::format("jobrt:{{{}#0}}:ready", queue)}) == "2\n");
+  auto mark = cluster.cli(0, {"ZSCORE", fmt::format("jobrt:{{{}}}:marks", queue), "0"});
+  CHECK_MESSAGE(mark.find_first_of("0123456789") != std::string::npos, mark);
+  CHECK(cluster.cli(0, {"LLEN", fmt::format("jobrt:{{{}#0}}:ready", queue)}) == "3\n");
+  CHECK(cluster.errors("CROSSSLOT") == 1);  // refused once: the second went without the key at once
 }

@@ -159,10 +159,10 @@ asio::awaitable<shard_enqueued> redis_backend::enqueue_in_shard(std::string queu
         throw;
       refused = e.what();
     }
-    marks_refused_ = true;
     out.marked = false;
-    jobrt::log(log_level::warn, "shards", "the server refused an enqueue that marks its shard ({}): marking apart",
-               refused);
+    if (!marks_refused_.exchange(true))
+      jobrt::log(log_level::warn, "shards", "the server refused an enqueue that marks its shard ({}): marking apart",
+                 refused);
   }
   out.results = co_await store_jobs(name, jobs, std::string());
   co_return out;

@@ -654,7 +654,13 @@ awaitable<reap_result> sharded_backend::reap(std::string queue, reap_options opt
       continue;
     }
     bool ready = r.leases > 0 || r.lanes > 0;
-    if (!ready && k == walk) ready = co_await inner_.has_ready(q->names[k]);
+    if (!ready && k == walk) {
+      try {  // (a failure here still marks what the others put back, below)
+        ready = co_await inner_.has_ready(q->names[k]);
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    }
     if (ready) marking.push_back(k);
     sum.leases += r.leases;
     sum.workers += r.workers;
