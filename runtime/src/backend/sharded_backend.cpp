@@ -10,6 +10,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/deferred.hpp>
 #include <boost/asio/experimental/parallel_group.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/system/system_error.hpp>
@@ -155,16 +156,23 @@ awaitable<outcomes<T>> at_once(std::vector<std::size_t> shards, Call call) {
     co_return out;
   }
   if (shards.empty()) co_return out;
-  auto ex = co_await asio::this_coro::executor;
+  // On a strand: a ranged parallel_group reads its operations while it launches them, and on an
+  // executor of several threads one that ended at once could free them under it (ASan saw it).
+  // Launched from the strand, the calls and their ends take turns with the launch.
   bool throws = co_await asio::this_coro::throw_if_cancelled();
-  using op = decltype(asio::co_spawn(ex, one_shard<T>(call, 0, throws), asio::deferred));
-  std::vector<op> ops;
-  ops.reserve(shards.size());
-  for (auto k : shards) ops.push_back(asio::co_spawn(ex, one_shard<T>(call, k, throws), asio::deferred));
-  auto all = co_await asio::experimental::make_parallel_group(std::move(ops))
-                 .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
-  out.errors = std::move(std::get<1>(all));
-  out.results = std::move(std::get<2>(all));
+  auto strand = asio::make_strand(co_await asio::this_coro::executor);
+  auto group = [&]() -> awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(throws);
+    using op = decltype(asio::co_spawn(strand, one_shard<T>(call, 0, throws), asio::deferred));
+    std::vector<op> ops;
+    ops.reserve(shards.size());
+    for (auto k : shards) ops.push_back(asio::co_spawn(strand, one_shard<T>(call, k, throws), asio::deferred));
+    auto all = co_await asio::experimental::make_parallel_group(std::move(ops))
+                   .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
+    out.errors = std::move(std::get<1>(all));
+    out.results = std::move(std::get<2>(all));
+  };
+  co_await asio::co_spawn(strand, group(), asio::use_awaitable);
   co_return out;
 }
 
