@@ -117,10 +117,13 @@ boost::asio::awaitable<std::vector<enqueue_result>> producer::enqueue_bulk(std::
       throw std::invalid_argument(fmt::format("job {} of {}: {}", i + 1, specs.size(), e.what()));
     }
   }
+  // A backend that splits a batch (over a queue's shards) gets as many batches in one call.
+  auto per_call = opts_.batch;
+  if (encoded.size() > per_call) per_call *= std::max<std::size_t>(1, co_await backend_->shard_count(queue_));
   std::vector<enqueue_result> results;
   results.reserve(encoded.size());
-  for (std::size_t first = 0; first < encoded.size(); first += opts_.batch) {
-    auto last = std::min(encoded.size(), first + opts_.batch);
+  for (std::size_t first = 0; first < encoded.size(); first += per_call) {
+    auto last = std::min(encoded.size(), first + per_call);
     std::vector<encoded_job> batch(std::make_move_iterator(encoded.begin() + static_cast<std::ptrdiff_t>(first)),
                                    std::make_move_iterator(encoded.begin() + static_cast<std::ptrdiff_t>(last)));
     std::vector<enqueue_result> part;

@@ -74,7 +74,8 @@ using detail::wait_on;
 using detail::what;
 
 // Finish calls on their way at once: the backend runs one while the worker handles another's
-// answer (bench: about 1.6x the jobs/s over 1,000 groups than one call at a time).
+// answer (bench: about 1.6x the jobs/s over 1,000 groups than one call at a time). On a sharded
+// queue, one (the finisher's).
 constexpr std::size_t finish_calls_max = 2;
 
 bool is_permanent(const std::exception_ptr& e) {

@@ -8,6 +8,7 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include <future>
+#include <set>
 
 CONFORMANCE("exclusion and order: 8 workers (half of them pipelined) x 200 groups x 50 jobs") {
   run(
@@ -800,6 +801,42 @@ CONFORMANCE("enqueue_bulk that fails after a batch was stored says how many jobs
       first = e.what();
     }
     CHECK(first == "enqueue failed (injected)");
+  });
+}
+
+CONFORMANCE("a bulk enqueue bigger than a call keeps each group's order and each job's place in the results") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    // One group of 1,200 and 100 jobs of none: a sharded queue's producer sends them in one
+    // call, whose part for the group's shard goes in calls of 500, one after the other.
+    producer p(store, b.queue());
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 1200; ++i) specs.push_back(make_job("t", {{"i", i}}, "big"));
+    for (int i = 0; i < 100; ++i) specs.push_back(make_job("t", {{"i", 1200 + i}}));
+    auto results = co_await p.enqueue_bulk(std::move(specs));
+    REQUIRE(results.size() == 1300);
+    // A queue's (a shard's) ids grow in the order it stores jobs: the group's in the order given.
+    int inversions = 0;
+    for (std::size_t i = 1; i < 1200; ++i)
+      if (std::stoll(results[i].id) <= std::stoll(results[i - 1].id)) ++inversions;
+    CHECK(inversions == 0);
+    std::set<std::string> ids;
+    for (auto& r : results) ids.insert(r.id);
+    CHECK(ids.size() == 1300);
+    CHECK(co_await store.group_size(b.queue(), "big") == 1200);
+    CHECK((co_await store.counts(b.queue())).enqueued == 1300);
+    // Every job's result names it: claimed, each job is where its result says.
+    claim_options co;
+    co.worker = "w";
+    co.max = 200;
+    std::map<std::string, std::int64_t> seen;  // id → the i it carries
+    for (int round = 0; round < 20 && seen.size() < 101; ++round)
+      for (auto& j : co_await store.claim(b.queue(), co))
+        seen[j.job.id] = boost::json::parse(j.job.body).at("payload").at("i").as_int64();
+    REQUIRE(seen.size() == 101);  // the ungrouped jobs and the group's head
+    CHECK(seen.at(results[0].id) == 0);
+    for (int i = 0; i < 100; ++i) CHECK(seen.at(results[1200 + static_cast<std::size_t>(i)].id) == 1200 + i);
   });
 }
 

@@ -224,6 +224,10 @@ class backend {
   /// as boost::system::system_error with errc::bad_job_id, bad_max_attempts or bad_due.
   virtual boost::asio::awaitable<std::vector<enqueue_result>> enqueue(std::string queue,
                                                                       std::vector<encoded_job> jobs) = 0;
+  /// The number of shards `queue` is spread over (sharded_backend), 1 for a backend that keeps
+  /// none: what a call splits into, each part sent on its own. A producer puts that many batches
+  /// in one enqueue, so that each shard's part is still about a batch.
+  virtual boost::asio::awaitable<std::size_t> shard_count(std::string queue);
   /// Leases up to opts.max jobs at once; an empty result means nothing is ready.
   virtual boost::asio::awaitable<std::vector<claimed_job>> claim(std::string queue, claim_options opts) = 0;
   /// Like claim, but waits (without polling) up to `wait` for work when nothing is ready.

@@ -18,9 +18,9 @@ namespace jobrt {
 struct producer_options {
   /// Largest encoded job body accepted (payload included).
   std::size_t max_body_bytes = 1 << 20;
-  /// Jobs per backend call in enqueue_bulk (one round trip each). 500 keeps each call short
-  /// also when every job starts a group of its own (tests/integration/big_queue_test.cpp holds
-  /// every call under 20 ms).
+  /// Jobs per backend call in enqueue_bulk (one round trip each; on a sharded queue, per shard:
+  /// a call carries this many times the shards). 500 keeps each call short also when every job
+  /// starts a group of its own (tests/integration/big_queue_test.cpp holds every call under 20 ms).
   std::size_t batch = 500;
   /// Decides the group of jobs that carry none.
   grouping_rules rules;

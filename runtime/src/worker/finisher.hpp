@@ -29,7 +29,7 @@ struct finisher_options {
   std::string queue;
   std::string worker;  // the id the leases are held under
   std::chrono::milliseconds lease_ttl{5000};
-  // Finish calls on their way at once (the worker's: 2, see worker.cpp).
+  // Finish calls on their way at once (the worker's: 2, see worker.cpp); 1 on a sharded queue.
   std::size_t calls_max = 2;
 };
 
