@@ -282,6 +282,33 @@ TEST_CASE("cluster: a request's route follows MOVED, and ASK and TRYAGAIN while 
       60s);
 }
 
+TEST_CASE("cluster connection: a cluster of one node, which knows no IP of its own, serves every slot") {
+  // A node that never met another reports an empty IP and endpoint: reached where it was asked.
+  redis_server alone({"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"});
+  redis_cli(alone.config(), {"CLUSTER", "ADDSLOTSRANGE", "0", "16383"});
+  auto until = steady::now() + 10s;
+  while (redis_cli(alone.config(), {"CLUSTER", "INFO"}).find("cluster_state:ok") == std::string::npos &&
+         steady::now() < until)
+    std::this_thread::sleep_for(20ms);
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        std::vector<redis::config> seeds(1, alone.config());
+        cluster_connection c(ctx.get_executor(), seeds);
+        c.start();
+        for (int round = 0; round < 2; ++round) {
+          co_await c.refresh();  // the map it reads serves every slot, at the node asked
+          for (int i = 0; i < 50; ++i) {
+            auto key = fmt::format("k:{}", i);
+            std::vector<std::string> keys{key};
+            CHECK((co_await c.exec(request("SET", key, i), keys)).as_string() == "OK");
+          }
+        }
+        CHECK(c.primaries() == std::vector<std::string>{fmt::format("127.0.0.1:{}", alone.port())});
+        CHECK(c.refreshes() >= 2);
+      },
+      30s);
+}
+
 TEST_CASE("cluster connection: each request goes to its keys' primary - keys of two slots are refused unsent") {
   redis_cluster cluster;
   run(

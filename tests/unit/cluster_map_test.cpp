@@ -303,3 +303,20 @@ TEST_CASE("cluster: a route ends by its deadline, and after too many redirects")
   CHECK(a.kind == cluster_route::action::send);
   CHECK(a.node == at("127.0.0.1", 7001));
 }
+
+TEST_CASE("cluster: a node alone, which knows no IP of its own, is reached at the host the topology came from") {
+  // A cluster of one node that never met another: its IP and endpoint are empty.
+  auto alone = arr({str("id"), str("0123abcd"), str("port"), num(7000), str("ip"), str(""), str("endpoint"), str(""),
+                    str("role"), str("master"), str("replication-offset"), num(0), str("health"), str("online")});
+  auto shards = parse_cluster_shards(arr({shard({0, 16383}, {alone})}), "127.0.0.1");
+  REQUIRE(shards.size() == 1);
+  CHECK(shards[0].primary == at("127.0.0.1", 7000));
+  CHECK(slot_map(shards).complete());
+  CHECK(parse_cluster_shards(arr({shard({0, 16383}, {alone})})).empty());  // asked nowhere: left out
+  // CLUSTER SLOTS says it with an empty host, or a null one (an unknown endpoint).
+  for (auto& host : {str(""), reply()}) {
+    auto slots = parse_cluster_slots(arr({arr({num(0), num(16383), arr({host, num(7000), str("id")})})}), "::1");
+    REQUIRE(slots.size() == 1);
+    CHECK(slots[0].primary == at("::1", 7000));
+  }
+}

@@ -286,7 +286,7 @@ class cluster_impl : public std::enable_shared_from_this<cluster_impl> {
       }
       try {
         if (ec) throw std::runtime_error(ec == errc::server_error ? std::string(r.error_message()) : ec.message());
-        auto topology = shards ? parse_cluster_shards(r) : parse_cluster_slots(r);
+        auto topology = shards ? parse_cluster_shards(r, node.host) : parse_cluster_slots(r, node.host);
         if (topology.empty()) throw std::runtime_error("it serves no slot");
         map_ = slot_map(topology);
         read = true;

@@ -61,14 +61,18 @@ std::string text_field(const std::vector<reply>& pairs, std::string_view name) {
                                                                                               : std::string();
 }
 
-// Where a node takes connections: its preferred endpoint, else its IP ("?" or empty: unknown).
-std::optional<node_address> shard_node(const std::vector<reply>& node) {
+bool unknown(std::string_view host) { return host.empty() || host == "?"; }
+
+// Where a node takes connections: its preferred endpoint, else its IP, else (neither known) the
+// host asked, if any.
+std::optional<node_address> shard_node(const std::vector<reply>& node, std::string_view asked) {
   auto* port = field(node, "port");
   if (port == nullptr || port->kind() != reply_kind::integer || port->as_integer() <= 0 || port->as_integer() > 65535)
     throw topology_error("CLUSTER SHARDS: a node without a port");
   auto host = text_field(node, "endpoint");
-  if (host.empty() || host == "?") host = text_field(node, "ip");
-  if (host.empty() || host == "?") return std::nullopt;
+  if (unknown(host)) host = text_field(node, "ip");
+  if (unknown(host)) host = asked;
+  if (unknown(host)) return std::nullopt;
   return node_address{host, static_cast<std::uint16_t>(port->as_integer())};
 }
 
@@ -137,7 +141,7 @@ std::optional<node_address> parse_address(std::string_view text) {
   return node_address{std::string(host), *port};
 }
 
-std::vector<shard_info> parse_cluster_shards(const reply& r) {
+std::vector<shard_info> parse_cluster_shards(const reply& r, std::string_view asked) {
   std::vector<shard_info> shards;
   for (const auto& entry : array_of(r, "CLUSTER SHARDS")) {
     const auto& pairs = array_of(entry, "CLUSTER SHARDS: a shard");
@@ -157,7 +161,7 @@ std::vector<shard_info> parse_cluster_shards(const reply& r) {
     if (auto* nodes = field(pairs, "nodes")) {
       for (const auto& node : array_of(*nodes, "CLUSTER SHARDS: nodes")) {
         const auto& fields = array_of(node, "CLUSTER SHARDS: a node");
-        auto address = shard_node(fields);
+        auto address = shard_node(fields, asked);
         if (!address) continue;
         auto health = text_field(fields, "health");
         if (text_field(fields, "role") == "master") {
@@ -174,7 +178,7 @@ std::vector<shard_info> parse_cluster_shards(const reply& r) {
   return shards;
 }
 
-std::vector<shard_info> parse_cluster_slots(const reply& r) {
+std::vector<shard_info> parse_cluster_slots(const reply& r, std::string_view asked) {
   std::vector<shard_info> shards;
   for (const auto& entry : array_of(r, "CLUSTER SLOTS")) {
     const auto& parts = array_of(entry, "CLUSTER SLOTS: a range");
@@ -187,11 +191,12 @@ std::vector<shard_info> parse_cluster_slots(const reply& r) {
     bool has_primary = false;
     for (std::size_t i = 2; i < parts.size(); ++i) {
       const auto& node = array_of(parts[i], "CLUSTER SLOTS: a node");
-      if (node.size() < 2 || node[0].kind() != reply_kind::string || node[1].kind() != reply_kind::integer ||
-          node[1].as_integer() <= 0 || node[1].as_integer() > 65535)
+      if (node.size() < 2 || (node[0].kind() != reply_kind::string && node[0].kind() != reply_kind::nil) ||
+          node[1].kind() != reply_kind::integer || node[1].as_integer() <= 0 || node[1].as_integer() > 65535)
         throw topology_error("CLUSTER SLOTS: a node without a host and a port");
-      const auto& host = node[0].as_string();
-      if (host.empty() || host == "?") continue;
+      std::string host = node[0].kind() == reply_kind::string ? node[0].as_string() : std::string();
+      if (unknown(host)) host = asked;  // (null: the endpoint is unknown)
+      if (unknown(host)) continue;
       node_address address{host, static_cast<std::uint16_t>(node[1].as_integer())};
       if (i == 2) {
         s.primary = std::move(address);

@@ -70,10 +70,12 @@ class topology_error : public std::runtime_error {
 
 // CLUSTER SHARDS (Redis 7): shards with at least one slot and an online primary (one that is
 // failing over leaves its slots unserved until a replica takes over); replicas that have not
-// failed.
-std::vector<shard_info> parse_cluster_shards(const reply& r);
-// CLUSTER SLOTS (before Redis 7): one entry per slot range, the primary first.
-std::vector<shard_info> parse_cluster_slots(const reply& r);
+// failed. `asked` is the host the command went to: a node whose address the reply does not know
+// (a node alone, which never met another, knows no IP of its own) is reached there, at the port
+// the reply gives; with `asked` empty, such a node is left out.
+std::vector<shard_info> parse_cluster_shards(const reply& r, std::string_view asked = {});
+// CLUSTER SLOTS (before Redis 7): one entry per slot range, the primary first; `asked` as above.
+std::vector<shard_info> parse_cluster_slots(const reply& r, std::string_view asked = {});
 
 // Which primary serves each slot, as last learned: from a topology reply, and slot by slot from
 // MOVED redirects.
