@@ -3,13 +3,19 @@
 # on six consecutive free ports, no persistence, in a temp dir.
 #   scripts/cluster.sh start        prints "PORT DIR": the first node's port (the nodes use
 #                                   PORT to PORT+5, their cluster bus PORT+10000 to PORT+10005)
-#                                   REPLICAS=0 in the environment: 3 primaries only (PORT to PORT+2)
+#                                   REPLICAS=0 in the environment: 3 primaries only (PORT to PORT+2);
+#                                   PRIMARIES=1 REPLICAS=0: one node serving every slot
 #   scripts/cluster.sh stop DIR     stops every node of it and removes DIR
 #   scripts/cluster.sh restart DIR PORT   starts that node again (after a crash: it rejoins,
 #                                   as a replica when its replica took over meanwhile)
 set -euo pipefail
 replicas=${REPLICAS:-1}
-nodes=$((3 * (1 + replicas)))
+primaries=${PRIMARIES:-3}
+case "$primaries/$replicas" in
+  3/*|1/0) ;;
+  *) echo "scripts/cluster.sh: PRIMARIES is 3, or 1 with REPLICAS=0" >&2; exit 2 ;;
+esac
+nodes=$((primaries * (1 + replicas)))
 
 start_node() {  # starts the node of port $1 in $dir/$1
   redis-server --port "$1" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir/$1" \
@@ -64,8 +70,14 @@ for _ in $(seq 20); do
   for i in $(seq 0 $((nodes - 1))); do
     for _ in $(seq 100); do redis-cli -p $((base + i)) ping >/dev/null 2>&1 && break; sleep 0.05; done
   done
-  if [ $ok = 1 ] && redis-cli --cluster create "${addresses[@]}" --cluster-replicas "$replicas" --cluster-yes \
-      >"$dir/create.log" 2>&1; then
+  create() {
+    if [ "$primaries" = 1 ]; then
+      redis-cli -p "$base" cluster addslotsrange 0 16383 | grep -q OK
+    else
+      redis-cli --cluster create "${addresses[@]}" --cluster-replicas "$replicas" --cluster-yes
+    fi
+  }
+  if [ $ok = 1 ] && create >"$dir/create.log" 2>&1; then
     # Up when every node says so (the others learn the slots through the bus), every replica has
     # its primary's data (a replica that never synced cannot take over from it), and every node
     # knows which nodes are replicas.
@@ -76,7 +88,7 @@ for _ in $(seq 20); do
         redis-cli -p $((base + i)) info replication 2>/dev/null | tr -d '\r' |
           grep -q -e '^role:master' -e '^master_link_status:up' || continue
         # ...and it knows every replica for one (gossip spreads the roles).
-        [ "$(redis-cli -p $((base + i)) cluster nodes 2>/dev/null | awk '$3 ~ /slave/' | wc -l)" = $((3 * replicas)) ] &&
+        [ "$(redis-cli -p $((base + i)) cluster nodes 2>/dev/null | awk '$3 ~ /slave/' | wc -l)" = $((primaries * replicas)) ] &&
           up=$((up + 1))
       done
       if [ $up = $nodes ]; then echo "$base $dir"; exit 0; fi

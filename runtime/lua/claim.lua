@@ -8,6 +8,11 @@
 --   number of its followers, then their records (fences: the token's + 1, + 2, ...)
 --
 -- A lease is the member '<fence>|<lane>' of active, scored by its deadline (server time, ms).
+-- One more member, at +inf and with no '|', is no lease: longer than zset-max-listpack-value, it
+-- keeps active a skiplist. Tokens are short, and a set of a few leases (a shard's) would be a
+-- listpack, where each of a claim's inserts and a finish's lookups walks the whole set: about
+-- a third of a sharded queue's Redis CPU a job (bench/cluster.sh). Readers count active below
+-- +inf (a ZCOUNT, not a ZCARD); the reaper's range never reaches it.
 -- A grouped job stays at the head of its group's list while it runs, and its followers behind
 -- it: the worker finishes each but the last with 'k' (see finish.lua). The lane of a paused
 -- group is parked instead (resume puts it back).
@@ -64,7 +69,7 @@ if #taken == 0 then return {} end
 local time = redis.call('TIME')
 local deadline = string.format('%d', tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl)
 local fence = redis.call('INCRBY', fence_key, string.format('%d', fences)) - fences
-local leases, out = {}, {}
+local leases, out = {'inf', 'the set stays a skiplist: this member, longer than a listpack holds, is not a lease'}, {}
 for i, lane in ipairs(taken) do
   local records = records_of[i]
   fence = fence + 1

@@ -599,7 +599,7 @@ asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
   auto p = key_prefix(queue);
   request req;
   req.push("LLEN", p + "ready")
-      .push("ZCARD", p + "active")
+      .push("ZCOUNT", p + "active", "-inf", "(+inf")  // (the member at +inf is no lease: claim.lua)
       .push("ZCARD", p + "dead")
       .push("HGETALL", p + "stats")
       .push("ZCARD", p + "delayed")
