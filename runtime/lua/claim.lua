@@ -10,9 +10,9 @@
 -- A lease is the member '<fence>|<lane>' of active, scored by its deadline (server time, ms).
 -- One more member, at +inf and with no '|', is no lease: longer than zset-max-listpack-value, it
 -- keeps active a skiplist. Tokens are short, and a set of a few leases (a shard's) would be a
--- listpack, where each of a claim's inserts and a finish's lookups walks the whole set: about
--- a third of a sharded queue's Redis CPU a job (bench/cluster.sh). Readers count active below
--- +inf (a ZCOUNT, not a ZCARD); the reaper's range never reaches it.
+-- listpack, where each of a claim's inserts and a finish's lookups walks the whole set: on 48
+-- shards, a fifth of an ungrouped job's Redis CPU. Readers count active below +inf (a ZCOUNT,
+-- not a ZCARD); the reaper's range never reaches it.
 -- A grouped job stays at the head of its group's list while it runs, and its followers behind
 -- it: the worker finishes each but the last with 'k' (see finish.lua). The lane of a paused
 -- group is parked instead (resume puts it back).
