@@ -24,8 +24,6 @@
 extern char** environ;
 
 namespace jobrt::test {
-namespace {
-
 int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -38,6 +36,8 @@ int free_port() {
   ::close(fd);
   return ntohs(addr.sin_port);
 }
+
+namespace {
 
 // A minimal blocking RESP exchange, independent of the code under test.
 std::string raw_command(int port, const std::vector<std::string>& args, std::chrono::milliseconds wait) {

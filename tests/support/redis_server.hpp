@@ -36,6 +36,9 @@ class redis_server {
   std::vector<std::string> extra_;
 };
 
+/// A TCP port free on loopback now.
+int free_port();
+
 /// The server tests share: JOBRT_TEST_REDIS_URL if set, else one private server per process.
 /// Tests that restart, pause or kill the server must make a private redis_server instead.
 redis::config shared_redis();

@@ -52,7 +52,7 @@ TEST_CASE("unix URLs") {
 
 TEST_CASE("a bad URL names the part that is wrong") {
   CHECK(error_of("http://localhost:6379") ==
-        "invalid Redis URL 'http://localhost:6379': scheme 'http' is neither redis:// nor unix://");
+        "invalid Redis URL 'http://localhost:6379': scheme 'http' is none of redis://, rediss:// and unix://");
   CHECK(error_of("redis://localhost:abc").find("port 'abc'") != std::string::npos);
   CHECK(error_of("redis://localhost:70000").find("port '70000'") != std::string::npos);
   CHECK(error_of("redis://localhost/x1").find("database 'x1'") != std::string::npos);

@@ -62,7 +62,9 @@ config config::from_url(std::string_view url) {
     }
     return cfg;
   }
-  if (scheme != "redis") bad_url(url, fmt::format("scheme '{}' is neither redis:// nor unix://", scheme));
+  if (scheme != "redis" && scheme != "rediss")
+    bad_url(url, fmt::format("scheme '{}' is none of redis://, rediss:// and unix://", scheme));
+  cfg.tls = scheme == "rediss";
   if (u.host().empty()) bad_url(url, "host is empty");
   cfg.host = u.host();
   if (cfg.host.size() > 2 && cfg.host.front() == '[') cfg.host = cfg.host.substr(1, cfg.host.size() - 2);
@@ -81,14 +83,36 @@ config config::from_url(std::string_view url) {
   }
   std::string path = u.path();
   if (!path.empty() && path != "/") cfg.database = parse_db(url, std::string_view(path).substr(1));
-  if (u.has_query()) bad_url(url, fmt::format("unexpected query '{}'", u.query()));
+  if (u.has_query() && !cfg.tls)
+    bad_url(url, fmt::format("unexpected query '{}' (parameters are for rediss://)", u.query()));
+  for (auto param : u.params()) {
+    if (param.key == "ca") {
+      cfg.tls_ca_file = param.value;
+    } else if (param.key == "cert") {
+      cfg.tls_cert_file = param.value;
+    } else if (param.key == "key") {
+      cfg.tls_key_file = param.value;
+    } else if (param.key == "sni") {
+      cfg.tls_server_name = param.value;
+    } else if (param.key == "verify") {
+      if (param.value != "none" && param.value != "peer")
+        bad_url(url, fmt::format("verify='{}': it is 'peer' (the default) or 'none'", param.value));
+      cfg.tls_verify = param.value == "peer";
+    } else {
+      bad_url(url, fmt::format("unknown parameter '{}' (rediss:// takes ca, cert, key, sni and verify)", param.key));
+    }
+    if (param.key != "verify" && param.value.empty()) bad_url(url, fmt::format("parameter '{}' is empty", param.key));
+  }
+  if (cfg.tls_cert_file.empty() != cfg.tls_key_file.empty())
+    bad_url(url, "cert and key go together (a client certificate needs its key)");
   return cfg;
 }
 
 std::string config::address() const {
   if (!unix_path.empty()) return fmt::format("unix://{}", unix_path);
-  if (host.find(':') != std::string::npos) return fmt::format("redis://[{}]:{}/{}", host, port, database);
-  return fmt::format("redis://{}:{}/{}", host, port, database);
+  auto scheme = tls ? "rediss" : "redis";
+  if (host.find(':') != std::string::npos) return fmt::format("{}://[{}]:{}/{}", scheme, host, port, database);
+  return fmt::format("{}://{}:{}/{}", scheme, host, port, database);
 }
 
 }  // namespace jobrt::redis

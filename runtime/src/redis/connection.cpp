@@ -5,6 +5,7 @@
 #include "redis/handshake.hpp"
 #include "redis/multiplexer.hpp"
 #include "redis/subscriptions.hpp"
+#include "redis/tls.hpp"
 #include "strand.hpp"
 
 #include <fmt/format.h>
@@ -19,6 +20,8 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl/error.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/this_coro.hpp>
@@ -32,6 +35,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 
 namespace jobrt::redis {
@@ -537,6 +541,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
 
   asio::awaitable<void> connect_and_handshake() {
     error_code ec;
+    tls_.reset();
     socket_.close(ec);
     if (!cfg_.unix_path.empty()) {
       std::tie(ec) = co_await socket_.async_connect(asio::local::stream_protocol::endpoint(cfg_.unix_path), use_tuple);
@@ -572,11 +577,13 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       socket_.set_option(tcp_option<TCP_KEEPINTVL>{5}, ignored);
       socket_.set_option(tcp_option<TCP_KEEPCNT>{3}, ignored);
 #endif
+      if (cfg_.tls) co_await tls_handshake();
     }
 
     // The handshake in one write, before any queued request (handshake.hpp).
     handshake hello(cfg_);
-    co_await asio::async_write(socket_, asio::buffer(hello.commands().payload()), asio::use_awaitable);
+    auto [wec, written] = co_await write_all(asio::buffer(hello.commands().payload()));
+    if (wec) throw attempt_error(connect_failure::other, handshake_failure(wec));
 
     resp_parser parser;
     std::vector<reply> replies;
@@ -588,7 +595,8 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       } else if (res == resp_parser::result::error) {
         throw std::runtime_error(fmt::format("protocol error in handshake: {}", parser.error_message()));
       } else {
-        std::size_t n = co_await socket_.async_read_some(asio::buffer(read_buffer_), asio::use_awaitable);
+        auto [rec, n] = co_await read_some(asio::buffer(read_buffer_));
+        if (rec) throw attempt_error(connect_failure::other, handshake_failure(rec));
         parser.feed(read_buffer_.data(), n);
       }
     }
@@ -605,11 +613,61 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     if (loss_reason_.empty()) loss_reason_ = std::move(why);
   }
 
+  // TLS over the connected socket (rediss://): the server's certificate checked as cfg_ says.
+  asio::awaitable<void> tls_handshake() {
+    if (!tls_context_) {
+      try {
+        tls_context_ = std::make_shared<asio::ssl::context>(make_tls_context(cfg_));
+      } catch (const std::exception& e) {
+        throw attempt_error(connect_failure::other, e.what());
+      }
+    }
+    tls_.emplace(socket_, *tls_context_);
+    auto name = tls_name(cfg_);
+    if (!name.empty()) SSL_set_tlsext_host_name(tls_->native_handle(), name.c_str());
+    tls_expect(tls_->native_handle(), cfg_);
+    auto [ec] = co_await tls_->async_handshake(asio::ssl::stream_base::client, use_tuple);
+    if (ec)
+      throw attempt_error(connect_failure::other,
+                          fmt::format("TLS handshake failed: {}", tls_failure(ec, tls_->native_handle())));
+  }
+
+  // The connection's bytes, through TLS when it has it (the loops below do the same inline).
+  asio::awaitable<std::tuple<error_code, std::size_t>> read_some(asio::mutable_buffer buffer) {
+    if (tls_) co_return co_await tls_->async_read_some(buffer, use_tuple);
+    co_return co_await socket_.async_read_some(buffer, use_tuple);
+  }
+  asio::awaitable<std::tuple<error_code, std::size_t>> write_all(asio::const_buffer buffer) {
+    if (tls_) co_return co_await asio::async_write(*tls_, buffer, use_tuple);
+    co_return co_await asio::async_write(socket_, buffer, use_tuple);
+  }
+  // Why the first exchange failed: as describe, and over TLS, when the server asked for a client
+  // certificate and none was given, that first (it may close before its alert is read).
+  std::string handshake_failure(const error_code& ec) {
+    if (tls_ && tls_client_certificate_wanted(tls_->native_handle()))
+      return fmt::format(
+          "the server asks for a client certificate and none is given (rediss://...?cert=FILE&key=FILE): {}",
+          describe(ec));
+    return describe(ec);
+  }
+  // What a read or write error means, in words (a TLS alert's text names the alert).
+  std::string describe(const error_code& ec) const {
+    if (ec == asio::error::eof) return "the server closed the connection";
+    if (tls_ && ec == asio::ssl::error::stream_truncated) return "the server closed the connection (TLS)";
+    if (ec.category() == asio::error::get_ssl_category()) return fmt::format("TLS: {}", ec.message());
+    return ec.message();
+  }
+
   asio::awaitable<void> read_loop() {
     for (;;) {
-      auto [ec, n] = co_await socket_.async_read_some(asio::buffer(read_buffer_), use_tuple);
+      error_code ec;
+      std::size_t n = 0;
+      if (tls_)
+        std::tie(ec, n) = co_await tls_->async_read_some(asio::buffer(read_buffer_), use_tuple);
+      else
+        std::tie(ec, n) = co_await socket_.async_read_some(asio::buffer(read_buffer_), use_tuple);
       if (ec) {
-        lost(ec == asio::error::eof ? "the server closed the connection" : ec.message());
+        lost(describe(ec));
         co_return;
       }
       last_read_ = clock::now();
@@ -650,10 +708,14 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       }
       if (mux_.in_flight() == 0) waiting_since_ = clock::now();  // silence counts from here too
       const std::string& bytes = mux_.prepare_write();
-      auto [ec, n] = co_await asio::async_write(socket_, asio::buffer(bytes), use_tuple);
+      error_code ec;
+      if (tls_)
+        std::tie(ec, std::ignore) = co_await asio::async_write(*tls_, asio::buffer(bytes), use_tuple);
+      else
+        std::tie(ec, std::ignore) = co_await asio::async_write(socket_, asio::buffer(bytes), use_tuple);
       mux_.commit_write();
       if (ec) {
-        lost(ec.message());
+        lost(describe(ec));
         co_return;
       }
     }
@@ -689,7 +751,9 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   connection_role role_;
   multiplexer mux_;
   asio::generic::stream_protocol::socket socket_;
-  asio::steady_timer write_wake_;      // the writer's condition variable
+  std::shared_ptr<asio::ssl::context> tls_context_;  // rediss://: made at the first connect
+  std::optional<asio::ssl::stream<asio::generic::stream_protocol::socket&>> tls_;  // over socket_, per connection
+  asio::steady_timer write_wake_;                                                  // the writer's condition variable
   asio::steady_timer deadline_timer_;  // armed at the earliest request deadline
   asio::steady_timer backoff_timer_;
   asio::steady_timer connect_timer_;

@@ -1,0 +1,199 @@
+// rediss://: connections over TLS to a redis-server with a TLS port, with certificates this file
+// makes with the openssl command (a CA, the server's for 127.0.0.1, a client's; and a CA that
+// signed none of them).
+#include "support/redis_server.hpp"
+#include "support/run.hpp"
+
+#include <jobrt/producer.hpp>
+#include <jobrt/redis/connection.hpp>
+#include <jobrt/redis_backend.hpp>
+#include <jobrt/worker.hpp>
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace asio = boost::asio;
+using namespace jobrt;
+using namespace jobrt::test;
+using namespace std::chrono_literals;
+using asio::awaitable;
+
+namespace {
+
+void sh(const std::string& command) {
+  if (std::system((command + " >/dev/null 2>&1").c_str()) != 0) throw std::runtime_error("failed: " + command);
+}
+
+// Certificates in a throw-away directory.
+struct certificates {
+  std::string dir;
+  certificates() {
+    char tmpl[] = "/tmp/jobrt-tls-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+    dir = tmpl;
+    auto ca = [&](const std::string& name) {
+      sh(fmt::format(
+          "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN={0} -keyout {1}/{0}.key -out {1}/{0}.crt", name,
+          dir));
+    };
+    auto signed_by = [&](const std::string& name, const std::string& issuer, const std::string& ext) {
+      sh(fmt::format("openssl req -newkey rsa:2048 -nodes -subj /CN={0} -keyout {1}/{0}.key -out {1}/{0}.csr", name,
+                     dir));
+      sh(
+          fmt::format("printf '{3}' > {1}/{0}.ext && openssl x509 -req -in {1}/{0}.csr -CA {1}/{2}.crt -CAkey "
+                      "{1}/{2}.key -CAcreateserial -days 2 -extfile {1}/{0}.ext -out {1}/{0}.crt",
+                      name, dir, issuer, ext));
+    };
+    ca("ca");
+    ca("other-ca");
+    signed_by("server", "ca", "subjectAltName=IP:127.0.0.1,DNS:localhost\\n");
+    signed_by("client", "ca", "extendedKeyUsage=clientAuth\\n");
+  }
+  ~certificates() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::string file(const std::string& name) const { return dir + "/" + name; }
+};
+
+// A redis-server with a TLS port beside its plain one; `clients`: tls-auth-clients (yes: a
+// client must show a certificate the CA signed).
+struct tls_server {
+  const certificates& certs;
+  int tls_port = free_port();
+  redis_server server;
+  tls_server(const certificates& c, bool clients)
+      : certs(c),
+        server({"--tls-port", std::to_string(tls_port), "--tls-cert-file", c.file("server.crt"), "--tls-key-file",
+                c.file("server.key"), "--tls-ca-cert-file", c.file("ca.crt"), "--tls-auth-clients",
+                clients ? "yes" : "no"}) {}
+  std::string url(const std::string& params) const {
+    return fmt::format("rediss://127.0.0.1:{}{}", tls_port, params.empty() ? "" : "/?" + params);
+  }
+};
+
+// Connects with `url`; returns "" when PING answered, else the connection's error.
+std::string try_ping(const std::string& url) {
+  std::string out = "no answer";
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        auto cfg = redis::config::from_url(url);
+        cfg.connect_timeout = 2000ms;
+        cfg.reconnect_wait_min = 10000ms;  // one attempt: its error is what the test reads
+        redis::connection c(ctx.get_executor(), cfg);
+        c.start();
+        redis::request ping("PING");
+        ping.options.timeout = 3000ms;
+        try {
+          auto r = co_await redis::exec(c, std::move(ping));
+          out = r.as_string() == "PONG" ? "" : "answered " + r.as_string();
+        } catch (const std::exception& e) {
+          out = c.last_error().empty() ? e.what() : c.last_error();
+        }
+        c.close();
+      },
+      20s);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("rediss:// - the URL's TLS parameters, and what it refuses") {
+  auto cfg = redis::config::from_url("rediss://u:p@db.example:6390/2?ca=/etc/ca.pem&cert=/c.pem&key=/k.pem&sni=cache");
+  CHECK(cfg.tls);
+  CHECK(cfg.tls_verify);
+  CHECK(cfg.host == "db.example");
+  CHECK(cfg.database == 2);
+  CHECK(cfg.tls_ca_file == "/etc/ca.pem");
+  CHECK(cfg.tls_cert_file == "/c.pem");
+  CHECK(cfg.tls_key_file == "/k.pem");
+  CHECK(cfg.tls_server_name == "cache");
+  CHECK(cfg.address() == "rediss://db.example:6390/2");
+  CHECK_FALSE(redis::config::from_url("rediss://h:1/?verify=none").tls_verify);
+  CHECK_FALSE(redis::config::from_url("redis://h:1").tls);
+  auto refused = [](const char* url) {
+    try {
+      redis::config::from_url(url);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(refused("rediss://h:1/?verify=maybe").find("verify='maybe'") != std::string::npos);
+  CHECK(refused("rediss://h:1/?cert=/c.pem").find("cert and key go together") != std::string::npos);
+  CHECK(refused("rediss://h:1/?bogus=1").find("unknown parameter 'bogus'") != std::string::npos);
+  CHECK(refused("redis://h:1/?ca=/x").find("parameters are for rediss://") != std::string::npos);
+  CHECK(refused("http://h:1").find("scheme 'http'") != std::string::npos);
+}
+
+TEST_CASE("rediss:// - commands go over TLS with the server verified, mutual TLS too, and a worker runs jobs") {
+  certificates certs;
+  tls_server plain(certs, false);
+  CHECK(try_ping(plain.url("ca=" + certs.file("ca.crt"))).empty());
+  CHECK(try_ping(plain.url("ca=" + certs.file("ca.crt") + "&sni=localhost")).empty());
+  tls_server mutual(certs, true);
+  auto client =
+      fmt::format("ca={}&cert={}&key={}", certs.file("ca.crt"), certs.file("client.crt"), certs.file("client.key"));
+  CHECK(try_ping(mutual.url(client)).empty());
+  // A producer and a worker over TLS: jobs enqueued, claimed, run and acked.
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        redis_backend store(ctx.get_executor(), redis::config::from_url(mutual.url(client)));
+        producer p(store, "tls");
+        std::vector<job_spec> specs;
+        for (int i = 0; i < 200; ++i) {
+          job_spec spec;
+          spec.type = "t";
+          spec.group = fmt::format("g{}", i % 7);
+          specs.push_back(std::move(spec));
+        }
+        co_await p.enqueue_bulk(std::move(specs));
+        int done = 0;
+        worker_options o;
+        o.queue = "tls";
+        o.concurrency = 8;
+        worker w(ctx.get_executor(), store, o);
+        w.add_handler("t", [&](job_context&) -> awaitable<void> {
+          ++done;
+          co_return;
+        });
+        w.start();
+        CHECK(co_await eventually([&] { return done == 200; }, 20s));
+        co_await w.stop(5s);
+        CHECK((co_await store.counts("tls")).completed == 200);
+      },
+      60s);
+}
+
+TEST_CASE(
+    "rediss:// - a wrong CA, a name the certificate does not hold and a missing client certificate each fail, "
+    "saying why") {
+  certificates certs;
+  tls_server plain(certs, false);
+  auto wrong_ca = try_ping(plain.url("ca=" + certs.file("other-ca.crt")));
+  INFO(wrong_ca);
+  CHECK(wrong_ca.find("TLS handshake failed") != std::string::npos);
+  CHECK(wrong_ca.find("certificate") != std::string::npos);
+  auto wrong_name = try_ping(plain.url("ca=" + certs.file("ca.crt") + "&sni=db.example"));
+  INFO(wrong_name);
+  CHECK(wrong_name.find("it does not name 'db.example'") != std::string::npos);
+  // Not verified, by name: the wrong CA is let through.
+  CHECK(try_ping(plain.url("verify=none")).empty());
+  auto missing = try_ping(plain.url("ca=" + certs.file("nowhere.crt")));
+  CHECK(missing.find("cannot use the CA file '" + certs.file("nowhere.crt") + "'") != std::string::npos);
+  tls_server mutual(certs, true);
+  auto no_client_cert = try_ping(mutual.url("ca=" + certs.file("ca.crt")));
+  INFO(no_client_cert);
+  CHECK_FALSE(no_client_cert.empty());
+  CHECK(no_client_cert.find("the server asks for a client certificate and none is given") != std::string::npos);
+  // A plain client at the TLS port: the server never answers in RESP.
+  CHECK_FALSE(try_ping(fmt::format("redis://127.0.0.1:{}", plain.tls_port)).empty());
+}
