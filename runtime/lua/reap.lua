@@ -35,25 +35,31 @@ local function type_of(record)
   types[#types + 1] = string.match(record, '"type":"([^"]*)"') or '(unknown)'
 end
 for _, token in ipairs(redis.call('ZRANGEBYSCORE', active, '-inf', now, 'LIMIT', 0, max)) do
-  redis.call('ZREM', active, token)
-  recovered = recovered + 1
-  local lane = string.sub(token, string.find(token, '|', 1, true) + 1)
-  if string.sub(lane, 1, 2) == 'g:' then
-    local key = prefix .. lane
-    local head = redis.call('LINDEX', key, 0)
-    redis.call('SREM', KEYS[9], string.sub(lane, 3))
-    if head then
-      type_of(head)
-      redis.call('LSET', key, 0, counted(head))
-      if redis.call('HEXISTS', paused, string.sub(lane, 3)) == 1 then
-        redis.call('SADD', parked, string.sub(lane, 3))
-      else
-        lanes[#lanes + 1] = lane
-      end
-    end
+  local bar = string.find(token, '|', 1, true)
+  if not bar then
+    -- Not a lease: the member claim.lua keeps at +inf, scored lower by a caller that named it.
+    redis.call('ZADD', active, 'inf', token)
   else
-    type_of(lane)
-    lanes[#lanes + 1] = 'j:' .. counted(string.sub(lane, 3))
+    redis.call('ZREM', active, token)
+    recovered = recovered + 1
+    local lane = string.sub(token, bar + 1)
+    if string.sub(lane, 1, 2) == 'g:' then
+      local key = prefix .. lane
+      local head = redis.call('LINDEX', key, 0)
+      redis.call('SREM', KEYS[9], string.sub(lane, 3))
+      if head then
+        type_of(head)
+        redis.call('LSET', key, 0, counted(head))
+        if redis.call('HEXISTS', paused, string.sub(lane, 3)) == 1 then
+          redis.call('SADD', parked, string.sub(lane, 3))
+        else
+          lanes[#lanes + 1] = lane
+        end
+      end
+    else
+      type_of(lane)
+      lanes[#lanes + 1] = 'j:' .. counted(string.sub(lane, 3))
+    end
   end
 end
 

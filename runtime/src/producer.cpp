@@ -128,7 +128,7 @@ boost::asio::awaitable<std::vector<enqueue_result>> producer::enqueue_bulk(std::
                                    std::make_move_iterator(encoded.begin() + static_cast<std::ptrdiff_t>(last)));
     std::vector<enqueue_result> part;
     try {
-      part = co_await backend_->enqueue(queue_, std::move(batch));
+      part = co_await backend_->enqueue_parts(queue_, std::move(batch), opts_.batch);
     } catch (const std::exception& e) {
       if (first == 0) throw;  // the first batch: the backend's error tells it all, as for enqueue
       std::throw_with_nested(partial_enqueue(

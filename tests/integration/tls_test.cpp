@@ -56,6 +56,7 @@ struct certificates {
     ca("other-ca");
     signed_by("server", "ca", "subjectAltName=IP:127.0.0.1,DNS:localhost\\n");
     signed_by("client", "ca", "extendedKeyUsage=clientAuth\\n");
+    signed_by("named", "ca", "subjectAltName=DNS:localhost\\n");  // a name, no address
   }
   ~certificates() {
     std::error_code ec;
@@ -65,15 +66,15 @@ struct certificates {
 };
 
 // A redis-server with a TLS port beside its plain one; `clients`: tls-auth-clients (yes: a
-// client must show a certificate the CA signed).
+// client must show a certificate the CA signed); `cert`: the server's certificate.
 struct tls_server {
   const certificates& certs;
   int tls_port = free_port();
   redis_server server;
-  tls_server(const certificates& c, bool clients)
+  tls_server(const certificates& c, bool clients, const std::string& cert = "server")
       : certs(c),
-        server({"--tls-port", std::to_string(tls_port), "--tls-cert-file", c.file("server.crt"), "--tls-key-file",
-                c.file("server.key"), "--tls-ca-cert-file", c.file("ca.crt"), "--tls-auth-clients",
+        server({"--tls-port", std::to_string(tls_port), "--tls-cert-file", c.file(cert + ".crt"), "--tls-key-file",
+                c.file(cert + ".key"), "--tls-ca-cert-file", c.file("ca.crt"), "--tls-auth-clients",
                 clients ? "yes" : "no"}) {}
   std::string url(const std::string& params) const {
     return fmt::format("rediss://127.0.0.1:{}{}", tls_port, params.empty() ? "" : "/?" + params);
@@ -185,7 +186,13 @@ TEST_CASE(
   auto wrong_name = try_ping(plain.url("ca=" + certs.file("ca.crt") + "&sni=db.example"));
   INFO(wrong_name);
   CHECK(wrong_name.find("it does not name 'db.example'") != std::string::npos);
-  // Not verified, by name: the wrong CA is let through.
+  // A certificate that names localhost but holds no address: refused at 127.0.0.1, taken by name.
+  tls_server named(certs, false, "named");
+  auto by_address = try_ping(named.url("ca=" + certs.file("ca.crt")));
+  INFO(by_address);
+  CHECK(by_address.find("it does not name '127.0.0.1'") != std::string::npos);
+  CHECK(try_ping(named.url("ca=" + certs.file("ca.crt") + "&sni=localhost")).empty());
+  // Not verified, by name: a certificate no trusted CA signed is let through.
   CHECK(try_ping(plain.url("verify=none")).empty());
   auto missing = try_ping(plain.url("ca=" + certs.file("nowhere.crt")));
   CHECK(missing.find("cannot use the CA file '" + certs.file("nowhere.crt") + "'") != std::string::npos);
@@ -193,7 +200,7 @@ TEST_CASE(
   auto no_client_cert = try_ping(mutual.url("ca=" + certs.file("ca.crt")));
   INFO(no_client_cert);
   CHECK_FALSE(no_client_cert.empty());
-  CHECK(no_client_cert.find("the server asks for a client certificate and none is given") != std::string::npos);
+  CHECK(no_client_cert.find("the server asked for a client certificate and none was given") != std::string::npos);
   // A plain client at the TLS port: the server never answers in RESP.
   CHECK_FALSE(try_ping(fmt::format("redis://127.0.0.1:{}", plain.tls_port)).empty());
 }

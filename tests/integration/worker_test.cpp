@@ -5,6 +5,7 @@
 
 #include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
+#include <jobrt/sharded_backend.hpp>
 #include <jobrt/worker.hpp>
 
 #include "backend/job_codec.hpp"
@@ -347,6 +348,35 @@ TEST_CASE("stop returns soon while the server answers nothing - not after the re
     co_await sleep_for(std::chrono::milliseconds(300));
     auto took = co_await timed_stop(w, std::chrono::milliseconds(100));
     CHECK(took < std::chrono::seconds(5));
+  });
+}
+
+TEST_CASE("on a sharded queue a producer's batch bounds each script call, however its jobs fall over the shards") {
+  redis_server server;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend inner(ctx.get_executor(), server.config());
+    sharded_backend store(inner, 4);
+    producer_options po;
+    po.batch = 10;
+    producer p(store, "q", po);
+    auto hot = [] {
+      job_spec s;
+      s.type = "t";
+      s.group = "hot";
+      return s;
+    };
+    co_await p.enqueue(hot());  // the queue's shards stored, its script loaded
+    redis_cli(server.config(), {"CONFIG", "RESETSTAT"});
+    // 100 jobs of one group: calls of 40 (the batch times the shards), all in the group's shard,
+    // where each goes in calls of 10.
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 100; ++i) specs.push_back(hot());
+    co_await p.enqueue_bulk(std::move(specs));
+    auto stats = redis_cli(server.config(), {"INFO", "commandstats"});
+    auto at = stats.find("cmdstat_evalsha:calls=");
+    REQUIRE(at != std::string::npos);
+    CHECK(std::stoi(stats.substr(at + 22)) == 10);
+    CHECK(co_await store.group_size("q", "hot") == 101);
   });
 }
 

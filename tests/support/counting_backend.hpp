@@ -32,7 +32,8 @@ namespace jobrt::test {
 // not answer, which only cancellation ends. Everything runs on one thread.
 class counting_backend final : public jobrt::backend {
  public:
-  explicit counting_backend(boost::asio::any_io_executor ex) : inner_(ex), reaps_(ex), extends_(ex), finishes_(ex) {}
+  explicit counting_backend(boost::asio::any_io_executor ex)
+      : inner_(ex), reaps_(ex), extends_(ex), finishes_(ex), shard_counts_(ex) {}
 
   memory_backend& inner() { return inner_; }
   void shut_reaps() { reaps_.open = false; }
@@ -42,6 +43,9 @@ class counting_backend final : public jobrt::backend {
     finishes_.open = true;
     finishes_.opened.cancel();
   }
+  void shut_shard_counts() { shard_counts_.open = false; }  // shard_count waits (until cancelled)
+  void report_shards(std::size_t n) { shards_ = n; }        // what shard_count says (1)
+  std::size_t shard_counts_held() const { return shard_counts_.held; }
   void fail_claims(std::size_t n) { claims_to_fail_ = n; }      // the next n claim_wait calls throw
   void fail_finishes(std::size_t n) { finishes_to_fail_ = n; }  // the next n finish calls throw
   std::size_t finishes_held() const { return finishes_.held; }
@@ -99,6 +103,12 @@ class counting_backend final : public jobrt::backend {
   }
   boost::asio::awaitable<std::vector<jobrt::claimed_job>> claim(std::string q, jobrt::claim_options o) override {
     return inner_.claim(std::move(q), std::move(o));
+  }
+
+  // As a sharded queue's backend would say (the calls themselves go to the memory backend).
+  boost::asio::awaitable<std::size_t> shard_count(std::string) override {
+    co_await pass(shard_counts_);
+    co_return shards_;
   }
 
   // Counted on their own, and failed when told to.
@@ -202,6 +212,8 @@ class counting_backend final : public jobrt::backend {
   gate reaps_;
   gate extends_;
   gate finishes_;
+  gate shard_counts_;
+  std::size_t shards_ = 1;
   std::size_t claims_ = 0;
   std::size_t claims_in_flight_ = 0;
   std::size_t claims_to_fail_ = 0;

@@ -265,17 +265,26 @@ TEST_CASE("cluster: a route ends by its deadline, and after too many redirects")
   CHECK(a.kind == cluster_route::action::fail);
   CHECK(a.error.find("LOADING") != std::string::npos);
   CHECK(waits == 3);  // 10 + 20 + 40 ms; 80 more would pass the deadline
-  // Two nodes that send it to each other.
-  cluster_route loop(map, key_slot("a"), at("127.0.0.1", 7000), now + 1s);
+  // Two nodes that send it to each other: the first MOVED is followed at once, the next ones
+  // after a wait (a slot's move half told), until the redirects run out.
+  cluster_route loop(map, key_slot("a"), at("127.0.0.1", 7000), now + 60s);
   (void)loop.next(now);
-  int sends = 1;
+  int sends = 1, bounce_waits = 0;
+  t = now;
   for (;;) {
-    a = loop.on_reply(err(sends % 2 ? "MOVED 15495 127.0.0.1:7001" : "MOVED 15495 127.0.0.1:7002"), now);
+    a = loop.on_reply(err(sends % 2 ? "MOVED 15495 127.0.0.1:7001" : "MOVED 15495 127.0.0.1:7002"), t);
+    if (a.kind == cluster_route::action::wait) {
+      ++bounce_waits;
+      t += a.delay;
+      a = loop.next(t);
+    }
     if (a.kind != cluster_route::action::send) break;
+    CHECK(a.node == at("127.0.0.1", sends % 2 ? 7001 : 7002));
     ++sends;
   }
   CHECK(a.kind == cluster_route::action::fail);
   CHECK(sends == cluster_route::max_redirects + 1);
+  CHECK(bounce_waits == cluster_route::max_redirects - 1);
   CHECK(a.error.find("redirected more than 16 times") != std::string::npos);
   // A slot nobody serves: wait for a refreshed map, until the deadline.
   slot_map empty;

@@ -181,3 +181,39 @@ TEST_CASE("finisher - stop ends a call the backend does not answer, drops what w
       },
       10s);
 }
+
+TEST_CASE(
+    "finisher - on a sharded queue one call is on its way at a time, and stop cuts short a shard count that "
+    "never comes") {
+  jobrt::test::run(
+      [](asio::io_context& ctx) -> awaitable<void> {
+        counting_backend b(ctx.get_executor());
+        auto tokens = co_await claim(b, 3);
+        REQUIRE(tokens.size() == 3);
+        std::vector<std::string> answers;
+        b.report_shards(4);
+        auto part = std::make_shared<finisher>(ctx.get_executor(), b, options(), "worker test", hooks_for(answers));
+        part->start();
+        b.shut_finishes();
+        part->add(ack(tokens[0]), {"t", "j1"});
+        CHECK(co_await eventually([&] { return b.finishes_held() == 1; }, 5s));
+        part->add(ack(tokens[1]), {"t", "j2"});
+        part->add(ack(tokens[2]), {"t", "j3"});
+        co_await jobrt::test::sleep_for(100ms);
+        CHECK(b.finishes_held() == 1);  // (two on an unsharded queue: the test above)
+        b.open_finishes();
+        CHECK(co_await eventually([&] { return answers.size() == 3; }, 5s));
+        CHECK(b.finishes() == 2);
+        co_await part->stop();
+        // A backend that never says how many shards: the finisher asks, and stop ends the asking.
+        b.shut_shard_counts();
+        auto silent = std::make_shared<finisher>(ctx.get_executor(), b, options(), "worker test", hooks_for(answers));
+        silent->start();
+        CHECK(co_await eventually([&] { return b.shard_counts_held() == 1; }, 5s));
+        auto began = steady::now();
+        co_await silent->stop();
+        CHECK(steady::now() - began < 500ms);
+        CHECK(b.shard_counts_held() == 0);
+      },
+      10s);
+}

@@ -228,6 +228,12 @@ class backend {
   /// none: what a call splits into, each part sent on its own. A producer puts that many batches
   /// in one enqueue, so that each shard's part is still about a batch.
   virtual boost::asio::awaitable<std::size_t> shard_count(std::string queue);
+  /// enqueue, for a batch a producer sized by shard_count: each shard's part goes in calls of at
+  /// most `per_call` jobs (the producer's batch), one after the other. The default is enqueue
+  /// (a backend without shards gets a batch of per_call at most).
+  virtual boost::asio::awaitable<std::vector<enqueue_result>> enqueue_parts(std::string queue,
+                                                                            std::vector<encoded_job> jobs,
+                                                                            std::size_t per_call);
   /// Leases up to opts.max jobs at once; an empty result means nothing is ready.
   virtual boost::asio::awaitable<std::vector<claimed_job>> claim(std::string queue, claim_options opts) = 0;
   /// Like claim, but waits (without polling) up to `wait` for work when nothing is ready.

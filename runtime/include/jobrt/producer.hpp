@@ -19,16 +19,18 @@ struct producer_options {
   /// Largest encoded job body accepted (payload included).
   std::size_t max_body_bytes = 1 << 20;
   /// Jobs per backend call in enqueue_bulk (one round trip each; on a sharded queue, per shard:
-  /// a call carries this many times the shards). 500 keeps each call short also when every job
-  /// starts a group of its own (tests/integration/big_queue_test.cpp holds every call under 20 ms).
+  /// a call carries this many times the shards, and each shard's part goes in calls of at most
+  /// this many). 500 keeps each call short also when every job starts a group of its own
+  /// (tests/integration/big_queue_test.cpp holds every call under 20 ms).
   std::size_t batch = 500;
   /// Decides the group of jobs that carry none.
   grouping_rules rules;
 };
 
 /// enqueue_bulk failed after some of its batches were stored: the first stored() jobs are on the
-/// queue (their results in results()); the failed batch may or may not be (a connection lost
-/// after the write), the rest were not sent. Thrown nested (std::throw_with_nested) around the
+/// queue (their results in results()); the failed batch may or may not be, in part or whole (a
+/// connection lost after the write; on a sharded queue, the shards whose parts got through), the
+/// rest were not sent. Thrown nested (std::throw_with_nested) around the
 /// backend's error. Sending the whole call again enqueues the stored jobs twice, unless they
 /// have ids of their own.
 class partial_enqueue : public std::runtime_error {
@@ -52,7 +54,10 @@ class producer {
   boost::asio::awaitable<enqueue_result> enqueue(job_spec spec);
   /// Enqueues many, in order, in batches of options().batch. Every job is checked before any is
   /// stored: one bad job refuses the whole call. A backend error in the first batch propagates
-  /// as it is (nothing stored); in a later one, as partial_enqueue.
+  /// as it is (nothing stored); in a later one, as partial_enqueue. On a sharded queue a batch
+  /// (then options().batch times the shards) goes to its shards apart, and a failure in one
+  /// leaves the others' parts stored: "nothing stored" and the count of stored jobs then speak of
+  /// the batches before the failed one only. Jobs with ids of their own make a retry safe.
   boost::asio::awaitable<std::vector<enqueue_result>> enqueue_bulk(std::vector<job_spec> specs);
 
   /// Parses a payload given as text; throws std::invalid_argument when it is not JSON.

@@ -57,6 +57,8 @@ class sharded_backend final : public backend {
   boost::asio::awaitable<std::vector<enqueue_result>> enqueue(std::string queue,
                                                               std::vector<encoded_job> jobs) override;
   boost::asio::awaitable<std::size_t> shard_count(std::string queue) override;
+  boost::asio::awaitable<std::vector<enqueue_result>> enqueue_parts(std::string queue, std::vector<encoded_job> jobs,
+                                                                    std::size_t per_call) override;
   boost::asio::awaitable<std::vector<claimed_job>> claim(std::string queue, claim_options opts) override;
   boost::asio::awaitable<std::vector<claimed_job>> claim_wait(std::string queue, claim_options opts,
                                                               std::chrono::milliseconds wait) override;

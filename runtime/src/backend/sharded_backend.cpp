@@ -36,6 +36,10 @@ namespace {
 }  // namespace
 
 awaitable<std::size_t> backend::shard_count(std::string) { co_return 1; }
+awaitable<std::vector<enqueue_result>> backend::enqueue_parts(std::string queue, std::vector<encoded_job> jobs,
+                                                              std::size_t) {
+  co_return co_await enqueue(std::move(queue), std::move(jobs));
+}
 awaitable<std::size_t> backend::stored_shards(std::string, std::size_t) { no_shards("stored_shards"); }
 awaitable<void> backend::mark_shards(std::string, std::vector<std::size_t>) { no_shards("mark_shards"); }
 awaitable<std::vector<finish_result>> backend::finish_part(std::string queue, std::string worker,
@@ -302,20 +306,22 @@ awaitable<void> sharded_backend::note(const std::string& queue, queue_state& q, 
 // --- jobs ---
 
 namespace {
-// Jobs in one enqueue call to a shard at most: a shard's part of a batch bigger than that goes in
-// calls of this size, one after the other (in order, so a group's jobs keep theirs). As a
-// producer's default batch, for the same reason: each script stays short.
+// Jobs in one enqueue call to a shard at most, when the caller gives no limit (enqueue_parts):
+// a shard's part of a batch bigger than that goes in calls of this size, one after the other (in
+// order, so a group's jobs keep theirs). As a producer's default batch, for the same reason: each
+// script stays short.
 constexpr std::size_t max_enqueue_call = 500;
 
-// Stores shard k's part; `marked` only when every call marked the shard.
-awaitable<shard_enqueued> enqueue_part(backend& inner, std::string queue, std::size_t k,
-                                       std::vector<encoded_job> jobs) {
-  if (jobs.size() <= max_enqueue_call) co_return co_await inner.enqueue_in_shard(std::move(queue), k, std::move(jobs));
+// Stores shard k's part in calls of at most per_call jobs; `marked` only when every call marked
+// the shard.
+awaitable<shard_enqueued> enqueue_part(backend& inner, std::string queue, std::size_t k, std::vector<encoded_job> jobs,
+                                       std::size_t per_call) {
+  if (jobs.size() <= per_call) co_return co_await inner.enqueue_in_shard(std::move(queue), k, std::move(jobs));
   shard_enqueued all;
   all.marked = true;
-  for (std::size_t first = 0; first < jobs.size(); first += max_enqueue_call) {
+  for (std::size_t first = 0; first < jobs.size(); first += per_call) {
     auto from = jobs.begin() + static_cast<std::ptrdiff_t>(first);
-    auto to = jobs.begin() + static_cast<std::ptrdiff_t>(std::min(jobs.size(), first + max_enqueue_call));
+    auto to = jobs.begin() + static_cast<std::ptrdiff_t>(std::min(jobs.size(), first + per_call));
     std::vector<encoded_job> part(std::make_move_iterator(from), std::make_move_iterator(to));
     auto stored = co_await inner.enqueue_in_shard(queue, k, std::move(part));
     all.marked = all.marked && stored.marked;
@@ -329,6 +335,12 @@ awaitable<shard_enqueued> enqueue_part(backend& inner, std::string queue, std::s
 awaitable<std::size_t> sharded_backend::shard_count(std::string queue) { co_return (co_await state_of(queue))->shards; }
 
 awaitable<std::vector<enqueue_result>> sharded_backend::enqueue(std::string queue, std::vector<encoded_job> jobs) {
+  co_return co_await enqueue_parts(std::move(queue), std::move(jobs), max_enqueue_call);
+}
+
+awaitable<std::vector<enqueue_result>> sharded_backend::enqueue_parts(std::string queue, std::vector<encoded_job> jobs,
+                                                                      std::size_t per_call) {
+  per_call = std::max<std::size_t>(per_call, 1);
   auto q = co_await state_of(queue);
   if (q->shards == 1) co_return co_await inner_.enqueue(q->names[0], std::move(jobs));
   // The whole batch is checked before any shard stores a part (as one script checks it).
@@ -364,7 +376,7 @@ awaitable<std::vector<enqueue_result>> sharded_backend::enqueue(std::string queu
   // given a job due now, where their calls did not mark them (a failed part may have stored some).
   auto used = split.used();
   auto stored = co_await at_once<shard_enqueued>(
-      used, [&](std::size_t k) { return enqueue_part(inner_, queue, k, std::move(split.items[k])); });
+      used, [&](std::size_t k) { return enqueue_part(inner_, queue, k, std::move(split.items[k]), per_call); });
   std::vector<std::size_t> marking;
   for (std::size_t u = 0; u < used.size(); ++u)
     if (due_now[used[u]] && (stored.errors[u] || !stored.results[u].marked)) marking.push_back(used[u]);

@@ -286,7 +286,8 @@ class cluster_impl : public std::enable_shared_from_this<cluster_impl> {
       }
       try {
         if (ec) throw std::runtime_error(ec == errc::server_error ? std::string(r.error_message()) : ec.message());
-        auto topology = shards ? parse_cluster_shards(r, node.host) : parse_cluster_slots(r, node.host);
+        auto asked = conn.get_config().host;  // (a node learned from a MOVED without a host: the seed's)
+        auto topology = shards ? parse_cluster_shards(r, asked) : parse_cluster_slots(r, asked);
         if (topology.empty()) throw std::runtime_error("it serves no slot");
         map_ = slot_map(topology);
         read = true;

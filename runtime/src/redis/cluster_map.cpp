@@ -63,15 +63,16 @@ std::string text_field(const std::vector<reply>& pairs, std::string_view name) {
 
 bool unknown(std::string_view host) { return host.empty() || host == "?"; }
 
-// Where a node takes connections: its preferred endpoint, else its IP, else (neither known) the
-// host asked, if any.
+// Where a node takes connections: its preferred endpoint, else its IP, else, when the reply left
+// both empty (a node alone, which knows no IP of its own), the host asked. ('?' is a node whose
+// address is unknown, not necessarily the one asked: left out.)
 std::optional<node_address> shard_node(const std::vector<reply>& node, std::string_view asked) {
   auto* port = field(node, "port");
   if (port == nullptr || port->kind() != reply_kind::integer || port->as_integer() <= 0 || port->as_integer() > 65535)
     throw topology_error("CLUSTER SHARDS: a node without a port");
-  auto host = text_field(node, "endpoint");
-  if (unknown(host)) host = text_field(node, "ip");
-  if (unknown(host)) host = asked;
+  auto endpoint = text_field(node, "endpoint");
+  auto host = unknown(endpoint) ? text_field(node, "ip") : endpoint;
+  if (host.empty() && endpoint.empty()) host = asked;
   if (unknown(host)) return std::nullopt;
   return node_address{host, static_cast<std::uint16_t>(port->as_integer())};
 }
@@ -194,8 +195,9 @@ std::vector<shard_info> parse_cluster_slots(const reply& r, std::string_view ask
       if (node.size() < 2 || (node[0].kind() != reply_kind::string && node[0].kind() != reply_kind::nil) ||
           node[1].kind() != reply_kind::integer || node[1].as_integer() <= 0 || node[1].as_integer() > 65535)
         throw topology_error("CLUSTER SLOTS: a node without a host and a port");
+      // Empty or null: the node asked (a node alone); '?': unknown, left out.
       std::string host = node[0].kind() == reply_kind::string ? node[0].as_string() : std::string();
-      if (unknown(host)) host = asked;  // (null: the endpoint is unknown)
+      if (host.empty()) host = asked;
       if (unknown(host)) continue;
       node_address address{host, static_cast<std::uint16_t>(node[1].as_integer())};
       if (i == 2) {
@@ -321,6 +323,13 @@ cluster_route::action cluster_route::on_reply(const reply& r, std::chrono::stead
       }
       if (e.kind == cluster_error::moved) {
         map_.assign(e.slot, e.to);
+        if (++moved_ > 1) {
+          // Sent on again: the nodes disagree for now (a slot's move told to one and not yet to
+          // the other, or gossip on its way). Wait, as after TRYAGAIN, rather than bounce.
+          a = retry_later(r.error_message(), now);
+          a.refresh = true;
+          return a;
+        }
         a = next(now);
         a.refresh = true;
       } else {

@@ -70,9 +70,9 @@ class topology_error : public std::runtime_error {
 
 // CLUSTER SHARDS (Redis 7): shards with at least one slot and an online primary (one that is
 // failing over leaves its slots unserved until a replica takes over); replicas that have not
-// failed. `asked` is the host the command went to: a node whose address the reply does not know
-// (a node alone, which never met another, knows no IP of its own) is reached there, at the port
-// the reply gives; with `asked` empty, such a node is left out.
+// failed. `asked` is the host the command went to: a node whose endpoint and IP the reply leaves
+// empty (a node alone, which never met another, knows no IP of its own) is reached there, at the
+// port the reply gives; with `asked` empty, such a node is left out, as is one given as '?'.
 std::vector<shard_info> parse_cluster_shards(const reply& r, std::string_view asked = {});
 // CLUSTER SLOTS (before Redis 7): one entry per slot range, the primary first; `asked` as above.
 std::vector<shard_info> parse_cluster_slots(const reply& r, std::string_view asked = {});
@@ -119,7 +119,8 @@ cluster_error classify(std::string_view error_message);
 
 // One request's way through the cluster: where to send it, and after each reply whether it is
 // done, goes elsewhere, or waits and goes again. Redirects are bounded (a map that keeps sending
-// it around fails it), and so is the waiting: it ends by the request's deadline.
+// it around fails it), and so is the waiting: it ends by the request's deadline. A second MOVED
+// is followed after a wait: nodes that send a slot to each other disagree only for a moment.
 class cluster_route {
  public:
   struct action {
@@ -166,6 +167,7 @@ class cluster_route {
   std::optional<node_address> ask_to_;  // the next send goes there with ASKING
   bool follow_ask_;
   int redirects_ = 0;
+  int moved_ = 0;  // MOVED replies met: the first is followed at once, later ones after a wait
   std::chrono::milliseconds backoff_{10};
 };
 

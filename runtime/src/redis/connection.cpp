@@ -544,6 +544,8 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     tls_.reset();
     socket_.close(ec);
     if (!cfg_.unix_path.empty()) {
+      if (cfg_.tls)  // (no URL gives both: a config set in code)
+        throw attempt_error(connect_failure::other, "TLS is for host:port connections, not a unix socket");
       std::tie(ec) = co_await socket_.async_connect(asio::local::stream_protocol::endpoint(cfg_.unix_path), use_tuple);
       if (ec)
         throw attempt_error(
@@ -614,18 +616,18 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   }
 
   // TLS over the connected socket (rediss://): the server's certificate checked as cfg_ says.
+  // The context is made again at each connect: a CA file, or a client certificate renewed on
+  // disk, is used from the next connection on.
   asio::awaitable<void> tls_handshake() {
-    if (!tls_context_) {
-      try {
-        tls_context_ = std::make_shared<asio::ssl::context>(make_tls_context(cfg_));
-      } catch (const std::exception& e) {
-        throw attempt_error(connect_failure::other, e.what());
-      }
+    try {
+      tls_context_ = std::make_shared<asio::ssl::context>(make_tls_context(cfg_));
+      tls_.emplace(socket_, *tls_context_);
+      auto name = tls_name(cfg_);
+      if (!name.empty()) SSL_set_tlsext_host_name(tls_->native_handle(), name.c_str());
+      tls_expect(tls_->native_handle(), cfg_);
+    } catch (const std::exception& e) {
+      throw attempt_error(connect_failure::other, e.what());
     }
-    tls_.emplace(socket_, *tls_context_);
-    auto name = tls_name(cfg_);
-    if (!name.empty()) SSL_set_tlsext_host_name(tls_->native_handle(), name.c_str());
-    tls_expect(tls_->native_handle(), cfg_);
     auto [ec] = co_await tls_->async_handshake(asio::ssl::stream_base::client, use_tuple);
     if (ec)
       throw attempt_error(connect_failure::other,
@@ -642,11 +644,12 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     co_return co_await asio::async_write(socket_, buffer, use_tuple);
   }
   // Why the first exchange failed: as describe, and over TLS, when the server asked for a client
-  // certificate and none was given, that first (it may close before its alert is read).
+  // certificate and none was given, that first (a server that requires one may close before its
+  // alert is read).
   std::string handshake_failure(const error_code& ec) {
     if (tls_ && tls_client_certificate_wanted(tls_->native_handle()))
       return fmt::format(
-          "the server asks for a client certificate and none is given (rediss://...?cert=FILE&key=FILE): {}",
+          "the server asked for a client certificate and none was given (rediss://...?cert=FILE&key=FILE); then: {}",
           describe(ec));
     return describe(ec);
   }
@@ -751,7 +754,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   connection_role role_;
   multiplexer mux_;
   asio::generic::stream_protocol::socket socket_;
-  std::shared_ptr<asio::ssl::context> tls_context_;  // rediss://: made at the first connect
+  std::shared_ptr<asio::ssl::context> tls_context_;                                // rediss://: made at each connect
   std::optional<asio::ssl::stream<asio::generic::stream_protocol::socket&>> tls_;  // over socket_, per connection
   asio::steady_timer write_wake_;                                                  // the writer's condition variable
   asio::steady_timer deadline_timer_;  // armed at the earliest request deadline

@@ -71,14 +71,17 @@ void tls_expect(SSL* ssl, const config& cfg) {
   SSL_set_verify(ssl, SSL_VERIFY_PEER, nullptr);
   auto* param = SSL_get0_param(ssl);
   auto name = tls_name(cfg);
-  if (name.empty())
-    X509_VERIFY_PARAM_set1_ip_asc(param, cfg.host.c_str());
-  else
-    X509_VERIFY_PARAM_set1_host(param, name.c_str(), name.size());
+  bool set = name.empty() ? X509_VERIFY_PARAM_set1_ip_asc(param, cfg.host.c_str()) == 1
+                          : X509_VERIFY_PARAM_set1_host(param, name.c_str(), name.size()) == 1;
+  if (!set)
+    throw std::runtime_error(
+        fmt::format("TLS: cannot check the server's certificate for '{}' (not a name or an "
+                    "address OpenSSL takes; give sni=NAME)",
+                    name.empty() ? cfg.host : name));
 }
 
 std::string tls_failure(const boost::system::error_code& ec, SSL* ssl) {
-  if (ssl != nullptr) {
+  if (ssl != nullptr && (SSL_get_verify_mode(ssl) & SSL_VERIFY_PEER) != 0) {
     auto verdict = SSL_get_verify_result(ssl);
     if (verdict == X509_V_ERR_HOSTNAME_MISMATCH || verdict == X509_V_ERR_IP_ADDRESS_MISMATCH) {
       auto* param = SSL_get0_param(ssl);

@@ -23,7 +23,8 @@ boost::asio::ssl::context make_tls_context(const config& cfg);
 std::string tls_name(const config& cfg);
 
 // Sets what `ssl` checks the server's certificate against: verification as cfg asks, and the
-// certificate must name tls_name(cfg), or hold the host's IP address when that is empty.
+// certificate must name tls_name(cfg), or hold the host's IP address when that is empty. Throws
+// std::runtime_error when OpenSSL cannot take that name or address (a check never goes unset).
 void tls_expect(SSL* ssl, const config& cfg);
 
 // Whether the server asked for a client certificate in `ssl`'s handshake while none was given
@@ -31,8 +32,9 @@ void tls_expect(SSL* ssl, const config& cfg);
 // the connection before its alert can be read.
 bool tls_client_certificate_wanted(SSL* ssl);
 
-// Why a handshake failed: the certificate check's verdict when there was one ("certificate has
-// expired", "unable to get local issuer certificate"), else the error's text.
+// Why a handshake failed: the certificate check's verdict when the certificate was checked and
+// refused ("certificate has expired", "unable to get local issuer certificate"), else the
+// error's text.
 std::string tls_failure(const boost::system::error_code& ec, SSL* ssl);
 
 }  // namespace jobrt::redis::detail

@@ -53,6 +53,7 @@ std::vector<std::string> finisher::tokens() const {
 void finisher::request_stop() {
   if (std::exchange(stopped_, true)) return;
   wake_.cancel();
+  asking_stop_.emit(asio::cancellation_type::terminal);
   for (auto& call : calls_) call.stop.emit(asio::cancellation_type::terminal);
 }
 
@@ -61,16 +62,24 @@ asio::awaitable<void> finisher::stop() {
   while (started_ && flushing_) co_await ended_.async_wait(use_tuple);
 }
 
-asio::awaitable<void> finisher::flush_loop(std::shared_ptr<finisher> self) {
-  // A sharded queue's call goes to its shards at once already: one call at a time there makes
-  // each shard's part bigger (half the calls, less Redis CPU a job; bench/cluster.sh).
+// A sharded queue's call goes to its shards at once already: one call at a time there makes each
+// shard's part bigger (half the calls, less Redis CPU a job; bench/cluster.sh). Asked before a
+// flush until known, bounded, and cut short by a stop.
+asio::awaitable<void> finisher::learn_shards() {
   try {
-    if (co_await self->backend_.shard_count(self->opts_.queue) > 1) self->opts_.calls_max = 1;
+    auto shards = co_await stoppable(
+        asking_stop_, strand_,
+        bounded(strand_, backend_.shard_count(opts_.queue), std::chrono::seconds(1), "the shard count"));
+    if (shards > 1) opts_.calls_max = 1;
+    shards_known_ = true;
   } catch (const std::exception& e) {
-    jobrt::log(log_level::debug, self->source_, "the shards of queue '{}' are not known yet: {}", self->opts_.queue,
-               e.what());
+    jobrt::log(log_level::debug, source_, "the shards of queue '{}' are not known yet: {}", opts_.queue, e.what());
   }
+}
+
+asio::awaitable<void> finisher::flush_loop(std::shared_ptr<finisher> self) {
   for (;;) {
+    if (!self->shards_known_ && !self->stopped_) co_await self->learn_shards();
     if (self->stopped_ && !self->pending_.empty()) {  // stop ended the calls; no new one starts
       jobrt::log(log_level::error, self->source_,
                  "{} results came too late to finish before stop; their leases expire and they run again",

@@ -79,6 +79,7 @@ class finisher : public std::enable_shared_from_this<finisher> {
   };
 
   static boost::asio::awaitable<void> flush_loop(std::shared_ptr<finisher> self);
+  boost::asio::awaitable<void> learn_shards();
   static boost::asio::awaitable<void> finish_call(std::shared_ptr<finisher> self, std::vector<finish_item> items,
                                                   std::vector<finish_note> notes);
   void take_sendable(std::vector<finish_item>& items, std::vector<finish_note>& notes);
@@ -88,12 +89,14 @@ class finisher : public std::enable_shared_from_this<finisher> {
   finisher_options opts_;
   std::string source_;  // how its log lines name the worker
   finisher_hooks hooks_;
-  std::vector<finish_item> pending_;          // results that wait to be sent, in the order they came
-  std::vector<finish_note> notes_;            // (beside pending_)
-  std::unordered_set<std::string> in_calls_;  // tokens of the items in calls on their way
-  std::list<call_state> calls_;               // one per call on its way
-  boost::asio::steady_timer wake_;            // the loop waits here for a result, a call's end or stop
-  boost::asio::steady_timer ended_;           // never expires: stop() waits on it for the loop to end
+  std::vector<finish_item> pending_;              // results that wait to be sent, in the order they came
+  std::vector<finish_note> notes_;                // (beside pending_)
+  std::unordered_set<std::string> in_calls_;      // tokens of the items in calls on their way
+  std::list<call_state> calls_;                   // one per call on its way
+  boost::asio::steady_timer wake_;                // the loop waits here for a result, a call's end or stop
+  boost::asio::steady_timer ended_;               // never expires: stop() waits on it for the loop to end
+  boost::asio::cancellation_signal asking_stop_;  // request_stop() ends learn_shards()
+  bool shards_known_ = false;
   bool started_ = false;
   bool stopped_ = false;
   bool idle_ = false;  // the loop waits on wake_
