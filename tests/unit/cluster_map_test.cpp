@@ -286,6 +286,22 @@ TEST_CASE("cluster: a route ends by its deadline, and after too many redirects")
   CHECK(sends == cluster_route::max_redirects + 1);
   CHECK(bounce_waits == cluster_route::max_redirects - 1);
   CHECK(a.error.find("redirected more than 16 times") != std::string::npos);
+  // A MOVED after something else (here a TRYAGAIN) is followed at once: only MOVEDs in a row wait.
+  auto moves = three();
+  cluster_route moving(moves, key_slot("a"), at("127.0.0.1", 7000), now + 60s);
+  (void)moving.next(now);
+  CHECK(moving.on_reply(err("MOVED 15495 127.0.0.1:7001"), now).kind == cluster_route::action::send);
+  CHECK(moving.on_reply(err("TRYAGAIN Multiple keys request during rehashing of slot"), now).kind ==
+        cluster_route::action::wait);
+  (void)moving.next(now + 10ms);
+  a = moving.on_reply(err("MOVED 15495 127.0.0.1:7002"), now + 10ms);
+  CHECK(a.kind == cluster_route::action::send);
+  CHECK(a.node == at("127.0.0.1", 7002));
+  // A redirect without a host names a node at the host the request went to.
+  a = moving.on_reply(err("MOVED 15495 :7005"), now + 10ms);
+  CHECK(a.kind == cluster_route::action::wait);  // (a MOVED right after a MOVED)
+  a = moving.next(now + 40ms);
+  CHECK(a.node == at("127.0.0.1", 7005));
   // A slot nobody serves: wait for a refreshed map, until the deadline.
   slot_map empty;
   cluster_route nowhere(empty, 5, at("127.0.0.1", 7000), now + 15ms);

@@ -229,7 +229,7 @@ class cluster_impl : public std::enable_shared_from_this<cluster_impl> {
 
   // The connection to `node`, opened on first use with the first seed's settings.
   connection& at(node_address node) {
-    if (node.host.empty()) node.host = seed_nodes_.front().host;  // (MOVED :port: the node that answered)
+    if (node.host.empty()) node.host = seed_nodes_.front().host;  // (a host the route could not name)
     auto it = conns_.find(node);
     if (it == conns_.end()) {
       auto cfg = seeds_.front();

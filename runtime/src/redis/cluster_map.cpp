@@ -283,6 +283,7 @@ cluster_route::action cluster_route::next(std::chrono::steady_clock::time_point 
     a.kind = action::send;
     a.node = *ask_to_;
     a.asking = true;
+    sent_to_ = a.node;
     return a;
   }
   if (!slot_) {
@@ -298,6 +299,7 @@ cluster_route::action cluster_route::next(std::chrono::steady_clock::time_point 
   }
   a.kind = action::send;
   a.node = *owner;
+  sent_to_ = a.node;
   return a;
 }
 
@@ -309,6 +311,10 @@ cluster_route::action cluster_route::on_reply(const reply& r, std::chrono::stead
     return a;
   }
   auto e = classify(r.error_message());
+  // A redirect without a host ("MOVED 3999 :6381", a cluster that announces no endpoints) names
+  // a node at the host the request was sent to.
+  if (e.to.host.empty()) e.to.host = sent_to_.host;
+  if (e.kind != cluster_error::moved) moved_ = 0;
   switch (e.kind) {
     case cluster_error::other: a.kind = action::done; return a;
     case cluster_error::ask:
@@ -323,9 +329,10 @@ cluster_route::action cluster_route::on_reply(const reply& r, std::chrono::stead
       }
       if (e.kind == cluster_error::moved) {
         map_.assign(e.slot, e.to);
-        if (++moved_ > 1) {
-          // Sent on again: the nodes disagree for now (a slot's move told to one and not yet to
-          // the other, or gossip on its way). Wait, as after TRYAGAIN, rather than bounce.
+        if (++moved_ > 1 && now + backoff_ <= deadline_) {
+          // Sent on again at once: the nodes disagree for now (a slot's move told to one and not
+          // yet to the other, or gossip on its way). Wait, as after TRYAGAIN, rather than bounce;
+          // so close to the deadline that a wait would pass it, go at once.
           a = retry_later(r.error_message(), now);
           a.refresh = true;
           return a;
@@ -347,6 +354,7 @@ cluster_route::action cluster_route::on_reply(const reply& r, std::chrono::stead
 
 cluster_route::action cluster_route::on_unreachable(std::string_view why, std::chrono::steady_clock::time_point now) {
   ask_to_.reset();
+  moved_ = 0;
   auto a = retry_later(why, now);
   a.refresh = true;
   return a;

@@ -119,8 +119,9 @@ cluster_error classify(std::string_view error_message);
 
 // One request's way through the cluster: where to send it, and after each reply whether it is
 // done, goes elsewhere, or waits and goes again. Redirects are bounded (a map that keeps sending
-// it around fails it), and so is the waiting: it ends by the request's deadline. A second MOVED
-// is followed after a wait: nodes that send a slot to each other disagree only for a moment.
+// it around fails it), and so is the waiting: it ends by the request's deadline. A MOVED right
+// after a MOVED is followed after a wait: nodes that send a slot to each other disagree only for
+// a moment.
 class cluster_route {
  public:
   struct action {
@@ -167,7 +168,8 @@ class cluster_route {
   std::optional<node_address> ask_to_;  // the next send goes there with ASKING
   bool follow_ask_;
   int redirects_ = 0;
-  int moved_ = 0;  // MOVED replies met: the first is followed at once, later ones after a wait
+  int moved_ = 0;         // MOVED replies in a row: the first is followed at once, the next ones after a wait
+  node_address sent_to_;  // where the last send went (a redirect without a host names a node there)
   std::chrono::milliseconds backoff_{10};
 };
 

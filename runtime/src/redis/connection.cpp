@@ -623,7 +623,8 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       tls_context_ = std::make_shared<asio::ssl::context>(make_tls_context(cfg_));
       tls_.emplace(socket_, *tls_context_);
       auto name = tls_name(cfg_);
-      if (!name.empty()) SSL_set_tlsext_host_name(tls_->native_handle(), name.c_str());
+      if (!name.empty() && SSL_set_tlsext_host_name(tls_->native_handle(), name.c_str()) != 1)
+        throw std::runtime_error(fmt::format("TLS: cannot send '{}' as the server's name (SNI)", name));
       tls_expect(tls_->native_handle(), cfg_);
     } catch (const std::exception& e) {
       throw attempt_error(connect_failure::other, e.what());

@@ -64,7 +64,7 @@ asio::awaitable<void> finisher::stop() {
 
 // A sharded queue's call goes to its shards at once already: one call at a time there makes each
 // shard's part bigger (half the calls, less Redis CPU a job; bench/cluster.sh). Asked before a
-// flush until known, bounded, and cut short by a stop.
+// flush until known, bounded, cut short by a stop, and after a failure not again for 5 s.
 asio::awaitable<void> finisher::learn_shards() {
   try {
     auto shards = co_await stoppable(
@@ -73,13 +73,15 @@ asio::awaitable<void> finisher::learn_shards() {
     if (shards > 1) opts_.calls_max = 1;
     shards_known_ = true;
   } catch (const std::exception& e) {
+    ask_shards_after_ = clock::now() + std::chrono::seconds(5);  // flushes do not wait on it meanwhile
     jobrt::log(log_level::debug, source_, "the shards of queue '{}' are not known yet: {}", opts_.queue, e.what());
   }
 }
 
 asio::awaitable<void> finisher::flush_loop(std::shared_ptr<finisher> self) {
   for (;;) {
-    if (!self->shards_known_ && !self->stopped_) co_await self->learn_shards();
+    if (!self->shards_known_ && !self->stopped_ && clock::now() >= self->ask_shards_after_)
+      co_await self->learn_shards();
     if (self->stopped_ && !self->pending_.empty()) {  // stop ended the calls; no new one starts
       jobrt::log(log_level::error, self->source_,
                  "{} results came too late to finish before stop; their leases expire and they run again",

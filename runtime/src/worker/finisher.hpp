@@ -97,6 +97,7 @@ class finisher : public std::enable_shared_from_this<finisher> {
   boost::asio::steady_timer ended_;               // never expires: stop() waits on it for the loop to end
   boost::asio::cancellation_signal asking_stop_;  // request_stop() ends learn_shards()
   bool shards_known_ = false;
+  std::chrono::steady_clock::time_point ask_shards_after_{};
   bool started_ = false;
   bool stopped_ = false;
   bool idle_ = false;  // the loop waits on wake_
