@@ -70,7 +70,7 @@ void with_store(const common& c, Body body, queue_must must = queue_must::exist)
         sharded_backend queue(store, 0, sharded_backend::when_unknown::look);
         if (must == queue_must::exist && !known(co_await queue.counts(c.queue)))
           throw std::runtime_error(
-              fmt::format("queue '{}' is unknown at {}: nothing was ever enqueued to it", c.queue, c.url));
+              fmt::format("queue '{}' is unknown at {}: nothing was ever enqueued to it", c.queue, address_of(c.url)));
         co_await body(queue);
       },
       [&](std::exception_ptr e) {
