@@ -7,7 +7,7 @@ packages=(
   g++ cmake ninja-build pkg-config
   libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev
   libfmt-dev doctest-dev libhiredis-dev libcli11-dev libssl-dev openssl
-  redis-server redis-tools clang-format
+  redis-server redis-sentinel redis-tools clang-format
 )
 
 missing=()

@@ -1,4 +1,5 @@
 #include "support/redis_cluster.hpp"
+#include "support/shell.hpp"
 
 #include <fmt/format.h>
 
@@ -15,9 +16,6 @@
 
 namespace jobrt::test {
 
-namespace {
-
-// Runs a shell command and returns what it printed (its exit status must be 0).
 std::string output_of(const std::string& command) {
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
   if (!pipe) throw std::runtime_error("could not run: " + command);
@@ -33,8 +31,6 @@ std::string quoted(const std::string& arg) {
   for (char c : arg) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
 }
-
-}  // namespace
 
 redis_cluster::redis_cluster() {
   std::istringstream in(output_of(JOBRT_SCRIPTS "/cluster.sh start"));

@@ -72,3 +72,32 @@ TEST_CASE("handshake: the answers say ready, denied or not ready, naming the com
 
   CHECK_THROWS_AS(h.check({ok(), pong()}), std::invalid_argument);
 }
+
+TEST_CASE("handshake: under Sentinel it asks ROLE, and a replica is refused as not ready") {
+  auto cfg = config::from_url("redis+sentinel://127.0.0.1:26379/orders");
+  cfg.client_name.clear();
+  handshake h(cfg);  // ROLE, CLIENT ID, PING
+  REQUIRE(h.replies() == 3);
+  CHECK(h.commands().payload().starts_with("*1\r\n$4\r\nROLE\r\n"));
+  auto role = [](std::string name) {
+    std::vector<reply> parts;
+    parts.push_back(reply::make_string(std::move(name)));
+    parts.push_back(reply::make_integer(0));
+    return reply::make_array(std::move(parts));
+  };
+
+  auto primary = h.check({role("master"), reply::make_integer(7), pong()});
+  CHECK(primary.failure == connect_failure::none);
+  CHECK(primary.client_id == 7);
+
+  auto replica = h.check({role("slave"), reply::make_integer(7), pong()});
+  CHECK(replica.failure == connect_failure::not_ready);
+  CHECK(replica.why == "the server is not the primary (ROLE says 'slave'): the sentinels are asked again");
+
+  auto odd = h.check({reply::make_integer(1), reply::make_integer(7), pong()});
+  CHECK(odd.failure == connect_failure::not_ready);
+  CHECK(odd.why.find("ROLE says 'nothing readable'") != std::string::npos);
+
+  // Not under Sentinel: no ROLE.
+  CHECK(handshake(config::from_url("redis://127.0.0.1:6379")).commands().payload().find("ROLE") == std::string::npos);
+}

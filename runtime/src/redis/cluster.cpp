@@ -420,7 +420,10 @@ std::uint64_t cluster_connection::refreshes() const { return impl_->refreshes();
 
 std::vector<config> cluster_seeds(std::string_view url) {
   auto scheme_end = url.find("://");
-  if (scheme_end == std::string_view::npos) return {config::from_url(url)};  // (its error names what is wrong)
+  // (A URL without a scheme gets an error naming what is wrong; a Sentinel URL's hosts are
+  // sentinels, not nodes.)
+  if (scheme_end == std::string_view::npos || url.substr(0, scheme_end).ends_with("+sentinel"))
+    return {config::from_url(url)};
   auto authority_begin = scheme_end + 3;
   auto authority_end = url.find_first_of("/?#", authority_begin);
   if (authority_end == std::string_view::npos) authority_end = url.size();

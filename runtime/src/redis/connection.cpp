@@ -36,6 +36,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <ranges>
 #include <set>
 
 namespace jobrt::redis {
@@ -163,7 +164,13 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         connect_timer_(strand_),
         resolver_(strand_),
         read_buffer_(64 * 1024) {
-    if (role_ == connection_role::subscriber) mux_.push_filter = [this](reply& r) { return on_push(r); };
+    if (role_ == connection_role::subscriber)
+      mux_.push_filter = [this](reply& r) { return on_push(r); };
+    else if (!cfg_.sentinels.empty())
+      mux_.push_filter = [this](reply& r) {
+        if (r.is_error() && r.error_message().starts_with("READONLY")) demoted();
+        return false;
+      };
   }
 
   const asio::any_io_executor& get_executor() const noexcept { return ex_; }
@@ -330,9 +337,58 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     socket_.close(ignored);
   }
 
+  // --- Sentinel ---
+
+  // The primary refused a write as a replica (READONLY): it was demoted while this connection
+  // was up. The reply goes to its request as it is; the connection is made again at once, asking
+  // the sentinels anew.
+  void demoted() {
+    if (ending_) return;
+    reset_requested_ = true;
+    lost(fmt::format("{}:{} refused a write as a replica (READONLY)", primary_.host, primary_.port));
+    error_code ignored;
+    socket_.close(ignored);
+  }
+
+  // Listens at sentinel `at` for +switch-master: when the sentinels switch this connection's
+  // primary, the connection is made again at once (asking them anew), rather than when the old
+  // primary drops it or refuses a write. Best effort: the sentinel listened to may go away; the
+  // ROLE check at each connect is what keeps writes off a replica.
+  void watch_switches(const config& at) {
+    watching_ = true;
+    watch_ = std::make_unique<subscriber>(ex_, at);
+    watch_->subscribe({"+switch-master"});
+    watch_->start();
+    asio::co_spawn(strand_, follow_switches(shared_from_this()), [](std::exception_ptr e) {
+      if (e) std::rethrow_exception(e);  // a bug: let io_context::run() report it
+    });
+  }
+
+  static asio::awaitable<void> follow_switches(std::shared_ptr<connection_impl> self) {
+    for (;;) {
+      auto [ec, m] = co_await self->watch_->async_receive(use_tuple);
+      if (ec || self->closed_) co_return;  // (closed with this connection)
+      // "<name> <old ip> <old port> <new ip> <new port>"
+      std::vector<std::string_view> words;
+      for (auto w : std::views::split(std::string_view(m.payload), ' ')) words.emplace_back(w.begin(), w.end());
+      if (m.confirmation || words.size() != 5 || words[0] != self->cfg_.sentinel_master) continue;
+      config::endpoint now{std::string(words[3]), std::string(words[4])};
+      if (!self->connected_) {  // (an attempt under way may have asked before the switch)
+        self->announced_ = std::move(now);
+        continue;
+      }
+      if (self->ending_ || (now.host == self->primary_.host && now.port == self->primary_.port)) continue;
+      self->reset_requested_ = true;
+      self->lost(fmt::format("the sentinels switched the primary to {}:{}", now.host, now.port));
+      error_code ignored;
+      self->socket_.close(ignored);
+    }
+  }
+
   void do_close() {
     if (closed_) return;
     closed_ = true;
+    if (watch_) watch_->close();
     connected_ = false;
     error_code ignored;
     socket_.close(ignored);
@@ -512,8 +568,17 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
                                  : attempt{fmt::format("timed out after {} ms", cfg_.connect_timeout.count()),
                                            connect_failure::not_ready};
     if (a.failure.empty()) co_return a;
-    error_code ignored;
-    socket_.close(ignored);
+    close_socket();
+    if (sentinel_asking_) {  // (timed out there: the next attempt begins with the next one)
+      sentinel_first_ = (*sentinel_asking_ + 1) % cfg_.sentinels.size();
+      a.failure = fmt::format("sentinel {}:{}: {}", cfg_.sentinels[*sentinel_asking_].host,
+                              cfg_.sentinels[*sentinel_asking_].port, a.failure);
+      sentinel_asking_.reset();
+    } else if (at_primary_) {
+      a.failure = fmt::format("{}:{} (the sentinels' primary): {}", primary_.host, primary_.port, a.failure);
+      // The primary the sentinels name is down: they fail over soon, unless it comes back.
+      if (a.kind == connect_failure::refused) a.kind = connect_failure::not_ready;
+    }
     a.failure = fmt::format("connect to {}: {}", cfg_.address(), a.failure);
     co_return a;
   }
@@ -541,8 +606,8 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
 
   asio::awaitable<void> connect_and_handshake() {
     error_code ec;
-    tls_.reset();
-    socket_.close(ec);
+    close_socket();
+    at_primary_ = false;
     if (!cfg_.unix_path.empty()) {
       if (cfg_.tls)  // (no URL gives both: a config set in code)
         throw attempt_error(connect_failure::other, "TLS is for host:port connections, not a unix socket");
@@ -553,43 +618,68 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
                 ? connect_failure::refused
                 : connect_failure::other,
             fmt::format("{}: {}", cfg_.unix_path, ec.message()));
+    } else if (cfg_.sentinels.empty()) {
+      co_await connect_tcp(cfg_);
     } else {
-      auto [rec, endpoints] = co_await resolver_.async_resolve(cfg_.host, cfg_.port, use_tuple);
-      if (rec)  // (host_not_found_try_again: a name server did not answer, which may pass)
-        throw attempt_error(rec == asio::error::host_not_found ? connect_failure::unresolved : connect_failure::other,
-                            fmt::format("cannot resolve '{}': {}", cfg_.host, rec.message()));
-      ec = asio::error::host_not_found;
-      for (const auto& entry : endpoints) {
-        error_code ignored;
-        socket_.close(ignored);
-        std::tie(ec) = co_await socket_.async_connect(entry.endpoint(), use_tuple);
-        if (!ec) break;
-      }
-      if (ec)
-        throw attempt_error(ec == asio::error::connection_refused ? connect_failure::refused : connect_failure::other,
-                            ec.message());
-      error_code ignored;
-      socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
-      // A server that vanished without a word (host down, cable out) is found by the health
-      // check, except under a blocking command, which is silent on purpose: there TCP keepalive
-      // finds it, after 15 s of silence and 3 probes 5 s apart, rather than the system's 2 hours.
-      socket_.set_option(asio::socket_base::keep_alive(true), ignored);
-#ifdef TCP_KEEPIDLE
-      socket_.set_option(tcp_option<TCP_KEEPIDLE>{15}, ignored);
-      socket_.set_option(tcp_option<TCP_KEEPINTVL>{5}, ignored);
-      socket_.set_option(tcp_option<TCP_KEEPCNT>{3}, ignored);
-#endif
-      if (cfg_.tls) co_await tls_handshake();
+      auto at = cfg_;
+      auto primary = co_await ask_sentinels();
+      at.host = primary.host;
+      at.port = primary.port;
+      primary_ = std::move(primary);
+      at_primary_ = true;
+      co_await connect_tcp(at);
     }
+    // A switch announced while this attempt went on, to another primary than the one asked: ask
+    // again (once: an announcement is not kept to refuse the next attempt too).
+    if (auto a = std::exchange(announced_, std::nullopt); a && (a->host != primary_.host || a->port != primary_.port))
+      throw attempt_error(connect_failure::not_ready,
+                          fmt::format("the sentinels announced the primary {}:{} meanwhile", a->host, a->port));
 
     // The handshake in one write, before any queued request (handshake.hpp).
     handshake hello(cfg_);
-    auto [wec, written] = co_await write_all(asio::buffer(hello.commands().payload()));
-    if (wec) throw attempt_error(connect_failure::other, handshake_failure(wec));
+    auto said = hello.check(co_await exchange(hello.commands()));
+    if (said.failure != connect_failure::none) throw attempt_error(said.failure, said.why);
+    client_id_ = said.client_id;
+    last_read_ = clock::now();
+  }
 
+  // Connects the socket to at.host:at.port, and over TLS when at.tls.
+  asio::awaitable<void> connect_tcp(const config& at) {
+    auto [rec, endpoints] = co_await resolver_.async_resolve(at.host, at.port, use_tuple);
+    if (rec)  // (host_not_found_try_again: a name server did not answer, which may pass)
+      throw attempt_error(rec == asio::error::host_not_found ? connect_failure::unresolved : connect_failure::other,
+                          fmt::format("cannot resolve '{}': {}", at.host, rec.message()));
+    error_code ec = asio::error::host_not_found;
+    for (const auto& entry : endpoints) {
+      error_code ignored;
+      socket_.close(ignored);
+      std::tie(ec) = co_await socket_.async_connect(entry.endpoint(), use_tuple);
+      if (!ec) break;
+    }
+    if (ec)
+      throw attempt_error(ec == asio::error::connection_refused ? connect_failure::refused : connect_failure::other,
+                          ec.message());
+    error_code ignored;
+    socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
+    // A server that vanished without a word (host down, cable out) is found by the health
+    // check, except under a blocking command, which is silent on purpose: there TCP keepalive
+    // finds it, after 15 s of silence and 3 probes 5 s apart, rather than the system's 2 hours.
+    socket_.set_option(asio::socket_base::keep_alive(true), ignored);
+#ifdef TCP_KEEPIDLE
+    socket_.set_option(tcp_option<TCP_KEEPIDLE>{15}, ignored);
+    socket_.set_option(tcp_option<TCP_KEEPINTVL>{5}, ignored);
+    socket_.set_option(tcp_option<TCP_KEEPCNT>{3}, ignored);
+#endif
+    if (at.tls) co_await tls_handshake(at);
+  }
+
+  // Writes req on the fresh connection and reads a reply to each of its commands.
+  asio::awaitable<std::vector<reply>> exchange(const request& req) {
+    auto [wec, written] = co_await write_all(asio::buffer(req.payload()));
+    if (wec) throw attempt_error(connect_failure::other, handshake_failure(wec));
     resp_parser parser;
     std::vector<reply> replies;
-    while (replies.size() < hello.replies()) {
+    while (replies.size() < req.size()) {
       reply r;
       auto res = parser.next(r);
       if (res == resp_parser::result::reply) {
@@ -602,10 +692,66 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         parser.feed(read_buffer_.data(), n);
       }
     }
-    auto said = hello.check(replies);
-    if (said.failure != connect_failure::none) throw attempt_error(said.failure, said.why);
-    client_id_ = said.client_id;
-    last_read_ = clock::now();
+    co_return replies;
+  }
+
+  // Under Sentinel: where the primary is, as the first sentinel that knows says, beginning with
+  // the one that answered last. What each one said, or why it could not be asked, makes the
+  // error when none knows; its kind is theirs when they all failed alike (a sentinel that knows
+  // no such primary counts as `unresolved`), else `other`.
+  asio::awaitable<config::endpoint> ask_sentinels() {
+    std::vector<std::string> said;
+    std::optional<connect_failure> kind;
+    auto failed = [&](connect_failure k, std::string why) {
+      kind = !kind || *kind == k ? k : connect_failure::other;
+      said.push_back(std::move(why));
+    };
+    const auto n = cfg_.sentinels.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      auto k = (sentinel_first_ + i) % n;
+      auto at = cfg_.sentinel(k);
+      sentinel_asking_ = k;
+      try {
+        co_await connect_tcp(at);
+        handshake hello(at);  // (its AUTH, a name, CLIENT ID and PING, then the question)
+        request ask = hello.commands();
+        ask.push("SENTINEL", "GET-MASTER-ADDR-BY-NAME", cfg_.sentinel_master);
+        auto replies = co_await exchange(ask);
+        close_socket();
+        auto answer = std::move(replies.back());
+        replies.pop_back();
+        auto hello_said = hello.check(replies);
+        if (hello_said.failure != connect_failure::none) throw attempt_error(hello_said.failure, hello_said.why);
+        if (answer.is_error()) throw attempt_error(connect_failure::other, std::string(answer.error_message()));
+        if (answer.is_nil()) {
+          failed(connect_failure::unresolved,
+                 fmt::format("{}:{} knows no primary '{}'", at.host, at.port, cfg_.sentinel_master));
+          continue;
+        }
+        const auto& address = answer.as_array();
+        if (address.size() != 2) throw reply_type_error("not [host, port]");
+        sentinel_first_ = k;
+        sentinel_asking_.reset();
+        if (!watching_) watch_switches(at);
+        co_return config::endpoint{address[0].as_string(), address[1].as_string()};
+      } catch (const attempt_error& e) {
+        close_socket();
+        failed(e.kind(), fmt::format("{}:{}: {}", at.host, at.port, e.what()));
+      } catch (const reply_type_error&) {
+        close_socket();
+        failed(connect_failure::other, fmt::format("{}:{}: an answer that is not [host, port]", at.host, at.port));
+      }
+    }
+    sentinel_asking_.reset();
+    throw attempt_error(
+        kind.value_or(connect_failure::other),
+        fmt::format("no sentinel named the primary '{}': {}", cfg_.sentinel_master, fmt::join(said, "; ")));
+  }
+
+  void close_socket() {
+    tls_.reset();
+    error_code ignored;
+    socket_.close(ignored);
   }
 
   // The current connection is over: nothing more may be written to it (a request written now
@@ -618,14 +764,14 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   // TLS over the connected socket (rediss://): the server's certificate checked as cfg_ says.
   // The context is made again at each connect: a CA file, or a client certificate renewed on
   // disk, is used from the next connection on.
-  asio::awaitable<void> tls_handshake() {
+  asio::awaitable<void> tls_handshake(const config& at) {
     try {
-      tls_context_ = std::make_shared<asio::ssl::context>(make_tls_context(cfg_));
+      tls_context_ = std::make_shared<asio::ssl::context>(make_tls_context(at));
       tls_.emplace(socket_, *tls_context_);
-      auto name = tls_name(cfg_);
+      auto name = tls_name(at);
       if (!name.empty() && SSL_set_tlsext_host_name(tls_->native_handle(), name.c_str()) != 1)
         throw std::runtime_error(fmt::format("TLS: cannot send '{}' as the server's name (SNI)", name));
-      tls_expect(tls_->native_handle(), cfg_);
+      tls_expect(tls_->native_handle(), at);
     } catch (const std::exception& e) {
       throw attempt_error(connect_failure::other, e.what());
     }
@@ -781,6 +927,14 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   // Lost, or an attempt failed, and not connected again since: requests that do not wait for a
   // reconnect fail at once.
   bool down_ = false;
+  // Sentinel
+  config::endpoint primary_;                    // where the sentinels said the primary is, at the last connect
+  bool at_primary_ = false;                     // the attempt got that far
+  std::size_t sentinel_first_ = 0;              // asked first: the last that answered
+  std::optional<std::size_t> sentinel_asking_;  // asked now, by this attempt
+  bool watching_ = false;
+  std::optional<config::endpoint> announced_;  // a switch heard while not connected
+  std::unique_ptr<subscriber> watch_;          // at a sentinel, to +switch-master
   // subscriber
   subscriptions subs_;
   std::deque<std::shared_ptr<receive_op>> receivers_;

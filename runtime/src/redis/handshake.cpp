@@ -22,6 +22,10 @@ handshake::handshake(const config& cfg) {
     commands_.push("CLIENT", "SETNAME", cfg.client_name);
     names_.push_back("CLIENT SETNAME");
   }
+  if (!cfg.sentinels.empty()) {  // the primary the sentinels named may be a replica by now
+    commands_.push("ROLE");
+    names_.push_back("ROLE");
+  }
   commands_.push("CLIENT", "ID");
   names_.push_back("CLIENT ID");
   commands_.push("PING");
@@ -33,6 +37,17 @@ handshake::outcome handshake::check(const std::vector<reply>& replies) const {
     throw std::invalid_argument(fmt::format("handshake: {} replies to {} commands", replies.size(), names_.size()));
   outcome out;
   for (std::size_t i = 0; i < names_.size(); ++i) {
+    if (names_[i] == "ROLE" && !replies[i].is_error()) {
+      // ["master", offset, replicas] at a primary; "slave" or "sentinel" first elsewhere.
+      const auto& r = replies[i];
+      std::string role = "nothing readable";
+      if (r.kind() == reply_kind::array && !r.as_array().empty() && r.as_array().front().kind() == reply_kind::string)
+        role = r.as_array().front().as_string();
+      if (role == "master") continue;
+      out.failure = connect_failure::not_ready;
+      out.why = fmt::format("the server is not the primary (ROLE says '{}'): the sentinels are asked again", role);
+      return out;
+    }
     if (!replies[i].is_error()) continue;
     auto message = replies[i].error_message();
     if (names_[i] == "PING" && message.starts_with("LOADING")) {

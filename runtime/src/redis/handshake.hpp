@@ -17,8 +17,9 @@ namespace jobrt::redis::detail {
 class handshake {
  public:
   /// AUTH (when the config has a password), SELECT (a database other than 0), CLIENT SETNAME (a
-  /// client name), CLIENT ID, and a PING: a server still loading its data accepts the others
-  /// but refuses PING with LOADING, so the connection is ready only once PING answers.
+  /// client name), ROLE (under Sentinel), CLIENT ID, and a PING: a server still loading its data
+  /// accepts the others but refuses PING with LOADING, so the connection is ready only once PING
+  /// answers.
   explicit handshake(const config& cfg);
 
   /// The commands, in one write.
@@ -34,7 +35,8 @@ class handshake {
   };
   /// AUTH, SELECT or CLIENT refused, and a PING refused with NOPERM, are `denied` (the server
   /// refuses who we are or the database we ask for); PING refused with LOADING, or with anything
-  /// else (BUSY, MASTERDOWN: the server's state), is `not_ready`. Throws std::invalid_argument
+  /// else (BUSY, MASTERDOWN: the server's state), is `not_ready`; so is a ROLE other than
+  /// master (the sentinels named a server that is a replica now). Throws std::invalid_argument
   /// when the count of replies is wrong.
   outcome check(const std::vector<reply>& replies) const;
 

@@ -97,7 +97,8 @@ class cluster_connection {
 };
 
 /// The seeds named by a URL: redis://[user:password@]host:port[,host:port...][/db]; each gets the
-/// same user, password and settings.
+/// same user, password and settings. A redis+sentinel:// URL's hosts are its sentinels: one
+/// config, which names them all.
 std::vector<config> cluster_seeds(std::string_view url);
 
 /// Whether the server behind `c` runs in cluster mode (INFO cluster: cluster_enabled:1).
