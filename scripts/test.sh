@@ -29,10 +29,12 @@ diff <(awk '/^```cpp$/{on=1; next} on && /^```$/{exit} on' docs/HANDLERS.md) <(t
 echo "== build: ASan+UBSan"
 scripts/build.sh build/ci-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DJOBRT_WERROR=ON -DJOBRT_SANITIZE=ON
 
-read -r port dir < <(scripts/redis.sh)
+read -r port dir tls_port < <(TLS=1 scripts/redis.sh)
 trap 'scripts/redis.sh stop "$dir"' EXIT
 export JOBRT_TEST_REDIS_URL="redis://127.0.0.1:$port"
-echo "== redis-server on port $port"
+# The same server over TLS, for the conformance suites' TLS runs.
+export JOBRT_TEST_TLS_URL="rediss://127.0.0.1:$tls_port/?ca=$dir/ca.crt"
+echo "== redis-server on port $port, TLS on port $tls_port"
 # The cluster the conformance suite runs on (the cluster tests start clusters of their own).
 read -r cluster_port cluster_dir < <(scripts/cluster.sh start)
 trap 'scripts/redis.sh stop "$dir"; scripts/cluster.sh stop "$cluster_dir"' EXIT

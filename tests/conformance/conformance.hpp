@@ -39,15 +39,16 @@ using asio::use_awaitable;
 
 namespace {  // each suite is one translation unit
 
-// The Redis backend runs on a plain server and on a Redis Cluster (where it finds out by itself);
+// The Redis backend runs on a plain server (also over TLS) and on a Redis Cluster (where it finds
+// out by itself);
 // each also holds queues of many shards (sharded_backend): 8 in memory and on a plain server, 16
 // on a cluster.
-enum class backend_kind { memory, redis, cluster, sharded_memory, sharded_redis, sharded_cluster };
+enum class backend_kind { memory, redis, cluster, tls_redis, sharded_memory, sharded_redis, sharded_cluster };
 
 bool sharded(backend_kind kind) { return kind >= backend_kind::sharded_memory; }
 // Whether the queue's keys are those of an unsharded queue on Redis (tests that read them).
 [[maybe_unused]] bool plain_keys(backend_kind kind) {
-  return kind == backend_kind::redis || kind == backend_kind::cluster;
+  return kind == backend_kind::redis || kind == backend_kind::cluster || kind == backend_kind::tls_redis;
 }
 
 std::size_t shards_of(backend_kind kind) { return kind == backend_kind::sharded_cluster ? 16 : sharded(kind) ? 8 : 1; }
@@ -83,6 +84,7 @@ std::unique_ptr<backend> new_backend(backend_kind kind, asio::any_io_executor ex
     case backend_kind::memory: return std::make_unique<memory_backend>(ex);
     case backend_kind::redis: return std::make_unique<redis_backend>(ex, shared_redis());
     case backend_kind::cluster: return std::make_unique<redis_backend>(ex, shared_cluster());
+    case backend_kind::tls_redis: return std::make_unique<redis_backend>(ex, shared_tls_redis());
     case backend_kind::sharded_memory:
       return std::make_unique<sharded_backend>(std::make_shared<memory_backend>(ex), shards_of(kind));
     case backend_kind::sharded_redis:
@@ -276,6 +278,7 @@ struct event {
   TEST_CASE("memory backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::memory); }                   \
   TEST_CASE("redis backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::redis); }                     \
   TEST_CASE("cluster backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::cluster); }                 \
+  TEST_CASE("redis backend over TLS: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::tls_redis); }        \
   TEST_CASE("sharded memory backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::sharded_memory); }   \
   TEST_CASE("sharded redis backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::sharded_redis); }     \
   TEST_CASE("sharded cluster backend: " name) { DOCTEST_CAT(conformance_, __LINE__)(backend_kind::sharded_cluster); } \

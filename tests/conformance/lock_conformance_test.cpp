@@ -30,13 +30,15 @@ using boost::system::system_error;
 
 namespace {
 
-// The Redis lock runs on a plain server and on a Redis Cluster (where it finds out by itself).
-enum class service_kind { memory, redis, cluster };
+// The Redis lock runs on a plain server (also over TLS) and on a Redis Cluster (where it finds out
+// by itself).
+enum class service_kind { memory, redis, cluster, tls_redis };
 
 std::unique_ptr<lock_service> new_service(service_kind kind, asio::any_io_executor ex) {
   switch (kind) {
     case service_kind::memory: return std::make_unique<memory_lock_service>(ex);
     case service_kind::redis: return std::make_unique<redis_lock_service>(ex, shared_redis());
+    case service_kind::tls_redis: return std::make_unique<redis_lock_service>(ex, shared_tls_redis());
     case service_kind::cluster: break;
   }
   return std::make_unique<redis_lock_service>(ex, shared_cluster());
@@ -89,11 +91,12 @@ awaitable<boost::system::error_code> error_of(Awaitable a) {
 
 }  // namespace
 
-#define LOCK_CONFORMANCE(name)                                                                          \
-  static void DOCTEST_CAT(lock_conformance_, __LINE__)(service_kind);                                   \
-  TEST_CASE("memory lock: " name) { DOCTEST_CAT(lock_conformance_, __LINE__)(service_kind::memory); }   \
-  TEST_CASE("redis lock: " name) { DOCTEST_CAT(lock_conformance_, __LINE__)(service_kind::redis); }     \
-  TEST_CASE("cluster lock: " name) { DOCTEST_CAT(lock_conformance_, __LINE__)(service_kind::cluster); } \
+#define LOCK_CONFORMANCE(name)                                                                                   \
+  static void DOCTEST_CAT(lock_conformance_, __LINE__)(service_kind);                                            \
+  TEST_CASE("memory lock: " name) { DOCTEST_CAT(lock_conformance_, __LINE__)(service_kind::memory); }            \
+  TEST_CASE("redis lock: " name) { DOCTEST_CAT(lock_conformance_, __LINE__)(service_kind::redis); }              \
+  TEST_CASE("cluster lock: " name) { DOCTEST_CAT(lock_conformance_, __LINE__)(service_kind::cluster); }          \
+  TEST_CASE("redis lock over TLS: " name) { DOCTEST_CAT(lock_conformance_, __LINE__)(service_kind::tls_redis); } \
   static void DOCTEST_CAT(lock_conformance_, __LINE__)(service_kind kind)
 
 LOCK_CONFORMANCE("lock and try_lock and unlock with growing fences") {

@@ -11,6 +11,7 @@
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
@@ -24,6 +25,7 @@ namespace asio = boost::asio;
 using namespace jobrt;
 using namespace jobrt::test;
 using namespace std::chrono_literals;
+using namespace asio::experimental::awaitable_operators;
 using asio::awaitable;
 
 namespace {
@@ -57,6 +59,20 @@ struct certificates {
     signed_by("server", "ca", "subjectAltName=IP:127.0.0.1,DNS:localhost\\n");
     signed_by("client", "ca", "extendedKeyUsage=clientAuth\\n");
     signed_by("named", "ca", "subjectAltName=DNS:localhost\\n");  // a name, no address
+    // One that expired long ago: `openssl ca` is what sets dates in the past.
+    sh(
+        fmt::format("openssl req -newkey rsa:2048 -nodes -subj /CN=expired -keyout {0}/expired.key -out "
+                    "{0}/expired.csr",
+                    dir));
+    sh(
+        fmt::format("cd {} && mkdir newcerts && touch index.txt && printf '{}' > ca.cnf && printf "
+                    "'subjectAltName=IP:127.0.0.1\\n' > expired.ext && openssl ca -batch -config ca.cnf "
+                    "-create_serial -cert ca.crt -keyfile ca.key -in expired.csr -out expired.crt -startdate "
+                    "20200101000000Z -enddate 20200102000000Z -extfile expired.ext -notext",
+                    dir,
+                    "[ca]\\ndefault_ca = any\\n[any]\\ndatabase = index.txt\\nnew_certs_dir = "
+                    "newcerts\\nserial = serial\\ndefault_md = sha256\\npolicy = anything\\n[anything]\\n"
+                    "commonName = supplied\\n"));
   }
   ~certificates() {
     std::error_code ec;
@@ -94,8 +110,13 @@ std::string try_ping(const std::string& url) {
         redis::request ping("PING");
         ping.options.timeout = 3000ms;
         try {
-          auto r = co_await redis::exec(c, std::move(ping));
-          out = r.as_string() == "PONG" ? "" : "answered " + r.as_string();
+          // The PING's answer, or the first attempt's failure, whichever comes first.
+          auto first = co_await (redis::exec(c, std::move(ping)) ||
+                                 eventually([&] { return c.last_failure() != redis::connect_failure::none; }, 3000ms));
+          if (first.index() == 0)
+            out = std::get<0>(first).as_string() == "PONG" ? "" : "answered " + std::get<0>(first).as_string();
+          else
+            out = c.last_error();
         } catch (const std::exception& e) {
           out = c.last_error().empty() ? e.what() : c.last_error();
         }
@@ -131,7 +152,7 @@ TEST_CASE("rediss:// - the URL's TLS parameters, and what it refuses") {
   CHECK(refused("rediss://h:1/?verify=maybe").find("verify='maybe'") != std::string::npos);
   CHECK(refused("rediss://h:1/?cert=/c.pem").find("cert and key go together") != std::string::npos);
   CHECK(refused("rediss://h:1/?bogus=1").find("unknown parameter 'bogus'") != std::string::npos);
-  CHECK(refused("redis://h:1/?ca=/x").find("parameters are for rediss://") != std::string::npos);
+  CHECK(refused("redis://h:1/?ca=/x").find("parameters are for rediss:// and redis+sentinel://") != std::string::npos);
   CHECK(refused("http://h:1").find("scheme 'http'") != std::string::npos);
 }
 
@@ -175,14 +196,18 @@ TEST_CASE("rediss:// - commands go over TLS with the server verified, mutual TLS
 }
 
 TEST_CASE(
-    "rediss:// - a wrong CA, a name the certificate does not hold and a missing client certificate each fail, "
-    "saying why") {
+    "rediss:// - a wrong CA, an expired certificate, a name the certificate does not hold and a missing client "
+    "certificate each fail, saying why") {
   certificates certs;
   tls_server plain(certs, false);
   auto wrong_ca = try_ping(plain.url("ca=" + certs.file("other-ca.crt")));
   INFO(wrong_ca);
   CHECK(wrong_ca.find("TLS handshake failed") != std::string::npos);
   CHECK(wrong_ca.find("certificate") != std::string::npos);
+  tls_server expired(certs, false, "expired");
+  auto too_old = try_ping(expired.url("ca=" + certs.file("ca.crt")));
+  INFO(too_old);
+  CHECK(too_old.find("certificate has expired") != std::string::npos);
   auto wrong_name = try_ping(plain.url("ca=" + certs.file("ca.crt") + "&sni=db.example"));
   INFO(wrong_name);
   CHECK(wrong_name.find("it does not name 'db.example'") != std::string::npos);
@@ -203,4 +228,57 @@ TEST_CASE(
   CHECK(no_client_cert.find("the server asked for a client certificate and none was given") != std::string::npos);
   // A plain client at the TLS port: the server never answers in RESP.
   CHECK_FALSE(try_ping(fmt::format("redis://127.0.0.1:{}", plain.tls_port)).empty());
+}
+
+namespace {
+// Enqueues one job of type "t", again until it is stored (while the server is gone or back).
+awaitable<void> enqueue_one(producer& p) {
+  for (int tries = 0;; ++tries) {
+    try {
+      job_spec spec;
+      spec.type = "t";
+      co_await p.enqueue(std::move(spec));
+      co_return;
+    } catch (const std::exception&) {
+      if (tries == 100) throw;
+    }
+    co_await sleep_for(100ms);
+  }
+}
+}  // namespace
+
+TEST_CASE("rediss:// - after CLIENT KILL and a server restart the connections come back over TLS, and jobs go on") {
+  certificates certs;
+  tls_server s(certs, false);
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        redis_backend store(ctx.get_executor(), redis::config::from_url(s.url("ca=" + certs.file("ca.crt"))));
+        producer p(store, "tls-faults");
+        int done = 0;
+        worker_options o;
+        o.queue = "tls-faults";
+        worker w(ctx.get_executor(), store, o);
+        w.add_handler("t", [&](job_context&) -> awaitable<void> {
+          ++done;
+          co_return;
+        });
+        w.start();
+        co_await enqueue_one(p);
+        CHECK(co_await eventually([&] { return done == 1; }, 10s));
+        // Every TLS client dropped by the server (at its plain port).
+        auto connects = store.connection().connect_count();
+        redis_cli(s.server.config(), {"CLIENT", "KILL", "TYPE", "normal"});
+        co_await enqueue_one(p);
+        CHECK(co_await eventually([&] { return done == 2; }, 10s));
+        CHECK(store.connection().connect_count() > connects);
+        // The server stopped and started again, on its ports, empty.
+        connects = store.connection().connect_count();
+        s.server.stop();
+        s.server.start();
+        co_await enqueue_one(p);
+        CHECK(co_await eventually([&] { return done == 3; }, 15s));
+        CHECK(store.connection().connect_count() > connects);
+        co_await w.stop(5s);
+      },
+      60s);
 }

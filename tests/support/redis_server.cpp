@@ -1,5 +1,6 @@
 #include "support/redis_server.hpp"
 #include "support/run.hpp"
+#include "support/shell.hpp"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -18,6 +19,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -131,6 +133,22 @@ redis::config shared_redis() {
     return redis::config::from_url(url);
   static redis_server server;  // one per test process, gone at exit
   return server.config();
+}
+
+redis::config shared_tls_redis() {
+  if (const char* url = std::getenv("JOBRT_TEST_TLS_URL"); url != nullptr && *url != '\0')
+    return redis::config::from_url(url);
+  struct private_server {
+    int port = 0, tls_port = 0;
+    std::string dir;
+    private_server() {
+      std::istringstream in(output_of("TLS=1 " JOBRT_SCRIPTS "/redis.sh"));
+      if (!(in >> port >> dir >> tls_port)) throw std::runtime_error("TLS=1 scripts/redis.sh printed no ports");
+    }
+    ~private_server() { (void)std::system(fmt::format(JOBRT_SCRIPTS "/redis.sh stop {}", dir).c_str()); }
+  };
+  static private_server server;  // one per test process, gone at exit
+  return redis::config::from_url(fmt::format("rediss://127.0.0.1:{}/?ca={}/ca.crt", server.tls_port, server.dir));
 }
 
 std::string key_prefix() {

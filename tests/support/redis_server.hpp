@@ -43,6 +43,11 @@ int free_port();
 /// Tests that restart, pause or kill the server must make a private redis_server instead.
 redis::config shared_redis();
 
+/// The same server over TLS: JOBRT_TEST_TLS_URL if set (scripts/test.sh's shared server, with a
+/// TLS port), else one private server per process (`TLS=1 scripts/redis.sh`), as
+/// rediss://127.0.0.1:<tls port>/?ca=<its CA>.
+redis::config shared_tls_redis();
+
 /// A key prefix unique to the running test case and process.
 std::string key_prefix();
 
