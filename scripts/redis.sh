@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Starts a throw-away redis-server on loopback: free port, temp dir, no persistence.
 # Prints "PORT DIR"; stop it with: scripts/redis.sh stop DIR
-# TLS=1: it also listens with TLS, with a certificate for 127.0.0.1 that DIR/ca.crt signed (made
-# here with openssl), and prints "PORT DIR TLS_PORT".
+# TLS=1: it also listens with TLS, with a certificate for 127.0.0.1 that DIR/ca.crt signed
+# (scripts/test-certs.sh), and prints "PORT DIR TLS_PORT".
 set -euo pipefail
 if [ "${1:-}" = stop ]; then
   dir=$2
@@ -14,14 +14,7 @@ fi
 dir=$(mktemp -d /tmp/jobrt-redis.XXXXXX)
 tls=()
 if [ "${TLS:-}" = 1 ]; then
-  (
-    cd "$dir"
-    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=jobrt-test-ca -keyout ca.key -out ca.crt
-    openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout server.key -out server.csr
-    printf 'subjectAltName=IP:127.0.0.1\n' >server.ext
-    openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile server.ext \
-      -out server.crt
-  ) >/dev/null 2>&1
+  "$(dirname "$0")/test-certs.sh" "$dir"
   tls=(--tls-cert-file "$dir/server.crt" --tls-key-file "$dir/server.key" --tls-ca-cert-file "$dir/ca.crt"
     --tls-auth-clients no)
 fi
@@ -29,7 +22,7 @@ for _ in $(seq 20); do
   port=$((20000 + RANDOM % 40000))
   redis-cli -p "$port" ping >/dev/null 2>&1 && continue  # taken
   tls_port=$((20000 + RANDOM % 40000))
-  [ ${#tls[@]} -gt 0 ] && redis-cli -p "$tls_port" ping >/dev/null 2>&1 && continue
+  [ ${#tls[@]} -gt 0 ] && { [ "$tls_port" = "$port" ] || redis-cli -p "$tls_port" ping >/dev/null 2>&1; } && continue
   if redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
       --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" \
       ${tls[@]+"${tls[@]}"} ${tls[@]+--tls-port "$tls_port"} >/dev/null; then

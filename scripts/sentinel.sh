@@ -7,30 +7,48 @@
 #                                        replica of the primary the sentinels name now
 #   scripts/sentinel.sh stop DIR
 # PASSWORD=pw: the servers require it (the sentinels use it); SENTINEL_PASSWORD=pw: the sentinels
-# require it too.
+# require it too. TLS=1: servers and sentinels speak TLS only, with a certificate for 127.0.0.1
+# that DIR/ca.crt signed (scripts/test-certs.sh).
 set -euo pipefail
 name=jobrt
 password=${PASSWORD:-}
 sentinel_password=${SENTINEL_PASSWORD:-}
+tls_on() { [ -f "$dir/ca.crt" ]; }
 
 taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # Ports below the range the system takes client ports from (a client's port cannot be listened
 # on), above scripts/cluster.sh's.
 ephemeral=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+low=23000 span=$((ephemeral - 23000))
+[ "$span" -ge 1000 ] || { low=61000 span=4000; }  # (a range that starts low: above it, then)
 free_port() {
   local p
   for _ in $(seq 50); do
-    p=$((23000 + RANDOM % (ephemeral - 23000)))
+    p=$((low + RANDOM % span))
     taken "$p" || grep -qx "$p" "$dir/ports" 2>/dev/null || { echo "$p" >>"$dir/ports"; echo "$p"; return; }
   done
   echo "sentinel.sh: no free port" >&2
   exit 1
 }
-with_auth() {  # PASSWORD COMMAND...: with REDISCLI_AUTH when there is a password
-  if [ -n "$1" ]; then REDISCLI_AUTH=$1 "${@:2}"; else "${@:2}"; fi
+cli() {  # PASSWORD PORT ARGS...: redis-cli, with the password and TLS when there are
+  local tls=()
+  tls_on && tls=(--tls --cacert "$dir/ca.crt")
+  if [ -n "$1" ]; then
+    REDISCLI_AUTH=$1 redis-cli "${tls[@]}" -p "$2" "${@:3}"
+  else
+    redis-cli "${tls[@]}" -p "$2" "${@:3}"
+  fi
 }
-server_cli() { with_auth "$password" redis-cli -p "$1" "${@:2}"; }
-sentinel_cli() { with_auth "$sentinel_password" redis-cli -p "$1" "${@:2}"; }
+server_cli() { cli "$password" "$@"; }
+sentinel_cli() { cli "$sentinel_password" "$@"; }
+tls_options() {  # what redis-server and redis-sentinel need to speak TLS only
+  tls_on && echo "tls-cert-file $dir/server.crt
+tls-key-file $dir/server.key
+tls-ca-cert-file $dir/ca.crt
+tls-auth-clients no
+tls-replication yes"
+  return 0
+}
 wait_for() {  # DESCRIPTION COMMAND...: up to 20 s
   local what=$1
   shift
@@ -46,10 +64,15 @@ start_server() {  # PORT [redis-server options...]
   local port=$1
   shift
   mkdir -p "$dir/$port"
-  local auth=()
+  local auth=() listen=(--port "$port")
   [ -n "$password" ] && auth=(--requirepass "$password" --masterauth "$password")
-  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --repl-diskless-sync-delay 0 --dir "$dir/$port" \
-    --daemonize yes --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log" "${auth[@]}" "$@" >/dev/null
+  if tls_on; then
+    listen=(--port 0 --tls-port "$port")
+    while read -r key value; do listen+=("--$key" "$value"); done < <(tls_options)
+  fi
+  redis-server "${listen[@]}" --bind 127.0.0.1 --save "" --appendonly no --repl-diskless-sync-delay 0 \
+    --dir "$dir/$port" --daemonize yes --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log" \
+    "${auth[@]}" "$@" >/dev/null
   wait_for "redis-server on port $port answering" answers "$port"
 }
 
@@ -61,14 +84,12 @@ sentinel_ready() {  # PORT: it knows the replica and the other two sentinels
   echo "$out" | grep -qP "^num-slaves\t1$" && echo "$out" | grep -qP "^num-other-sentinels\t2$"
 }
 
-case "${1:-}" in
-stop)
-  dir=$2
-  pids=()
+stop_all() {
+  local pids=()
   for pidfile in "$dir"/*/*.pid; do
     [ -f "$pidfile" ] && pids+=("$(cat "$pidfile")")
   done
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null && kill -CONT "$pid" 2>/dev/null || true; done  # (a stopped one too)
   for pid in "${pids[@]}"; do  # (a pid file may be a killed server's: its process is gone, or a zombie)
     for _ in $(seq 50); do
       [ -e "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] || break
@@ -76,6 +97,12 @@ stop)
     done
   done
   rm -rf "$dir"
+}
+
+case "${1:-}" in
+stop)
+  dir=$2
+  stop_all
   ;;
 restart)
   dir=$2
@@ -91,6 +118,9 @@ restart)
   ;;
 start)
   dir=$(mktemp -d /tmp/jobrt-sentinel.XXXXXX)
+  started=0
+  trap '[ "$started" = 1 ] || { echo "sentinel.sh: start failed; stopping what it started" >&2; stop_all; }' EXIT
+  [ "${TLS:-}" = 1 ] && "$(dirname "$0")/test-certs.sh" "$dir"
   primary=$(free_port)
   replica=$(free_port)
   start_server "$primary"
@@ -104,7 +134,13 @@ start)
     port=${sentinels[$i]}
     mkdir -p "$dir/$port"
     {
-      echo "port $port"
+      if tls_on; then
+        echo "port 0"
+        echo "tls-port $port"
+        tls_options
+      else
+        echo "port $port"
+      fi
       echo "bind 127.0.0.1"
       echo "daemonize yes"
       echo "pidfile $dir/$port/sentinel.pid"
@@ -125,6 +161,7 @@ start)
   done
   echo "${sentinels[*]}" >"$dir/sentinels"
   for s in "${sentinels[@]}"; do wait_for "sentinel $s seeing the replica and the other sentinels" sentinel_ready "$s"; done
+  started=1
   echo "$primary $replica ${sentinels[*]} $dir"
   ;;
 *)

@@ -28,6 +28,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <memory>
 #include <optional>
 #include <string>
@@ -106,6 +107,23 @@ TEST_CASE(
               std::string::npos);
         CHECK(w.last_error().find("nope") == std::string::npos);
 
+        // A sentinel that hangs (its port open, nothing answered): the attempt times out there,
+        // and the next one begins at the next sentinel.
+        s.signal(s.sentinel(0), SIGSTOP);
+        auto hung = config::from_url(
+            fmt::format("redis+sentinel://:secret@127.0.0.1:{},127.0.0.1:{}/jobrt?sentinel_password=watch",
+                        s.sentinel(0), s.sentinel(1)));
+        hung.connect_timeout = 500ms;
+        connection h(ctx.get_executor(), hung);
+        h.start();
+        CHECK(co_await port_behind(h) == s.server(0));
+        CHECK(
+            h.last_error() ==
+            fmt::format("connect to redis+sentinel://127.0.0.1:{},127.0.0.1:{}/jobrt: sentinel 127.0.0.1:{}: timed out "
+                        "after 500 ms",
+                        s.sentinel(0), s.sentinel(1), s.sentinel(0)));
+        s.signal(s.sentinel(0), SIGCONT);
+
         connection none(ctx.get_executor(),
                         config::from_url(fmt::format("redis+sentinel://127.0.0.1:{},127.0.0.1:{}/jobrt", dead, dead2)));
         none.start();
@@ -170,6 +188,37 @@ TEST_CASE(
       60s);
 }
 
+TEST_CASE(
+    "rediss+sentinel:// - over TLS, the sentinels name the primary and a connection follows a SENTINEL FAILOVER") {
+  redis_sentinels s("secret", "watch", true);
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        auto cfg = config::from_url(s.url());
+        REQUIRE(cfg.tls);
+        connection c(ctx.get_executor(), cfg);
+        c.start();
+        CHECK(co_await port_behind(c) == s.server(0));
+        s.cli(s.sentinel(1), {"SENTINEL", "FAILOVER", "jobrt"});
+        CHECK(co_await eventually([&] { return s.primary() == s.server(1); }, 15s));
+        auto at_new_primary = [&]() -> awaitable<bool> {
+          try {
+            co_return co_await port_behind(c) == s.server(1);
+          } catch (const std::exception&) {
+            co_return false;  // (a request cut by the switch)
+          }
+        };
+        CHECK(co_await eventually(at_new_primary, 10s));
+        // Asked without TLS, the sentinels do not answer in RESP: the error names each.
+        auto plain = cfg;
+        plain.tls = false;
+        connection p(ctx.get_executor(), plain);
+        p.start();
+        CHECK(co_await eventually([&] { return p.last_failure() != connect_failure::none; }, 5s));
+        CHECK(p.last_error().find("no sentinel named the primary 'jobrt'") != std::string::npos);
+      },
+      60s);
+}
+
 namespace {
 
 // Jobs first to first + n - 1, over `groups` groups in turn, each with an id of its own.
@@ -207,12 +256,22 @@ TEST_CASE(
   static constexpr int total = 20000, groups = 200, batch = 20;
   redis_sentinels s;
   std::atomic<bool> killed{false}, faults_done{false};
-  std::jthread faults;
   std::array<stream, 2> streams{};
+  std::string faults_failed;
+  std::jthread faults;  // (after streams: joined before they go)
   streams[0].mode = durability::primary;
   streams[1].mode = durability::replicated;
   run(
       [&](asio::io_context& ctx) -> awaitable<void> {
+        struct before_the_io_context_goes {  // (also when the run fails or times out)
+          std::array<stream, 2>& streams;
+          ~before_the_io_context_goes() {
+            for (auto& st : streams) {
+              st.w.reset();
+              st.store.reset();
+            }
+          }
+        } guard{streams};
         for (auto& st : streams) {
           st.queue = key_prefix() + (st.mode == durability::primary ? "primary" : "replicated");
           st.runs.assign(total, 0);
@@ -240,20 +299,25 @@ TEST_CASE(
         // FAILOVER; once the old primary is a replica in sync, a kill -9 of the new one, and
         // once the sentinels have failed over to the old one, the killed one back as a replica.
         faults = std::jthread([&] {
-          eventually_here([&] { return streams[0].acknowledged >= 4000 && streams[1].acknowledged >= 4000; }, 60s);
-          int first = s.primary();
-          s.cli(s.sentinel(0), {"SENTINEL", "FAILOVER", "jobrt"});
-          CHECK(eventually_here([&] { return s.primary() != first; }, 15s));
-          int second = s.primary();
-          CHECK(eventually_here(
-              [&] {
-                return s.cli(first, {"INFO", "replication"}).find("master_link_status:up") != std::string::npos;
-              },
-              30s));
-          s.kill(second);
-          killed = true;
-          CHECK(eventually_here([&] { return s.primary() == first; }, 30s));
-          s.restart(second);
+          try {
+            eventually_here([&] { return streams[0].acknowledged >= 4000 && streams[1].acknowledged >= 4000; }, 60s);
+            int first = s.primary();
+            s.cli(s.sentinel(0), {"SENTINEL", "FAILOVER", "jobrt"});
+            CHECK(eventually_here([&] { return s.primary() != first; }, 15s));
+            int second = s.primary();
+            CHECK(eventually_here(
+                [&] {
+                  return s.cli(first, {"INFO", "replication"}).find("master_link_status:up") != std::string::npos;
+                },
+                30s));
+            s.kill(second);
+            killed = true;
+            CHECK(eventually_here([&] { return s.primary() == first; }, 30s));
+            s.restart(second);
+          } catch (const std::exception& e) {
+            faults_failed = e.what();
+            killed = true;  // (the producers go on)
+          }
           faults_done = true;
         });
         // Each queue's producer: `batch` jobs a call, one call every 5 ms; at 12,000 it waits for
@@ -295,13 +359,10 @@ TEST_CASE(
               60s));
           co_await st.w->stop(2s);
         }
-        for (auto& st : streams) {  // (before the io_context goes)
-          st.w.reset();
-          st.store.reset();
-        }
       },
       240s);
   faults.join();
+  CHECK_MESSAGE(faults_failed.empty(), faults_failed);
   for (auto& st : streams) {
     for (int i = 0; i < st.acknowledged; ++i) {
       if (st.runs[static_cast<std::size_t>(i)] == 0) ++st.lost;

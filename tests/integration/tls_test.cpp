@@ -115,8 +115,10 @@ std::string try_ping(const std::string& url) {
                                  eventually([&] { return c.last_failure() != redis::connect_failure::none; }, 3000ms));
           if (first.index() == 0)
             out = std::get<0>(first).as_string() == "PONG" ? "" : "answered " + std::get<0>(first).as_string();
-          else
+          else if (std::get<1>(first))
             out = c.last_error();
+          else
+            out = "no answer within 3 s";
         } catch (const std::exception& e) {
           out = c.last_error().empty() ? e.what() : c.last_error();
         }

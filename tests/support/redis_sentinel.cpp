@@ -2,6 +2,7 @@
 #include "support/shell.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <signal.h>
 #include <sys/types.h>
@@ -14,10 +15,11 @@
 
 namespace jobrt::test {
 
-redis_sentinels::redis_sentinels(std::string password, std::string sentinel_password)
-    : password_(std::move(password)), sentinel_password_(std::move(sentinel_password)) {
-  std::istringstream in(output_of(fmt::format("PASSWORD={} SENTINEL_PASSWORD={} " JOBRT_SCRIPTS "/sentinel.sh start",
-                                              quoted(password_), quoted(sentinel_password_))));
+redis_sentinels::redis_sentinels(std::string password, std::string sentinel_password, bool tls)
+    : password_(std::move(password)), sentinel_password_(std::move(sentinel_password)), tls_(tls) {
+  std::istringstream in(
+      output_of(fmt::format("PASSWORD={} SENTINEL_PASSWORD={} TLS={} " JOBRT_SCRIPTS "/sentinel.sh start",
+                            quoted(password_), quoted(sentinel_password_), tls_ ? 1 : 0)));
   servers_.resize(2);
   sentinels_.resize(3);
   in >> servers_[0] >> servers_[1] >> sentinels_[0] >> sentinels_[1] >> sentinels_[2] >> dir_;
@@ -29,16 +31,19 @@ redis_sentinels::~redis_sentinels() {
 }
 
 std::string redis_sentinels::url() const {
-  auto url = fmt::format("redis+sentinel://{}127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}/jobrt",
-                         password_.empty() ? "" : ":" + password_ + "@", sentinels_[0], sentinels_[1], sentinels_[2]);
-  if (!sentinel_password_.empty()) url += "?sentinel_password=" + sentinel_password_;
-  return url;
+  std::vector<std::string> params;
+  if (!sentinel_password_.empty()) params.push_back("sentinel_password=" + sentinel_password_);
+  if (tls_) params.push_back(fmt::format("ca={}/ca.crt", dir_));
+  return fmt::format("{}+sentinel://{}127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}/jobrt{}{}", tls_ ? "rediss" : "redis",
+                     password_.empty() ? "" : ":" + password_ + "@", sentinels_[0], sentinels_[1], sentinels_[2],
+                     params.empty() ? "" : "?", fmt::join(params, "&"));
 }
 
 std::string redis_sentinels::cli(int port, const std::vector<std::string>& args) const {
   bool at_sentinel = std::find(sentinels_.begin(), sentinels_.end(), port) != sentinels_.end();
   const auto& password = at_sentinel ? sentinel_password_ : password_;
   auto command = fmt::format("redis-cli -p {}", port);
+  if (tls_) command += fmt::format(" --tls --cacert {}/ca.crt", dir_);
   if (!password.empty()) command = fmt::format("REDISCLI_AUTH={} {}", quoted(password), command);
   for (const auto& a : args) command += " " + quoted(a);
   return output_of(command + " 2>&1");
@@ -69,11 +74,12 @@ std::string redis_sentinels::role_of(int port) const {
   }
 }
 
-void redis_sentinels::kill(int port) const {
-  std::ifstream in(fmt::format("{}/{}/redis.pid", dir_, port));
+void redis_sentinels::signal(int port, int sig) const {
+  bool at_sentinel = std::find(sentinels_.begin(), sentinels_.end(), port) != sentinels_.end();
+  std::ifstream in(fmt::format("{}/{}/{}.pid", dir_, port, at_sentinel ? "sentinel" : "redis"));
   pid_t pid = 0;
-  if (!(in >> pid) || pid <= 0) throw std::runtime_error(fmt::format("no pid file for the server at {}", port));
-  ::kill(pid, SIGKILL);
+  if (!(in >> pid) || pid <= 0) throw std::runtime_error(fmt::format("no pid file for port {}", port));
+  ::kill(pid, sig);
 }
 
 void redis_sentinels::restart(int port) const {

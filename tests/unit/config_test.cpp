@@ -99,6 +99,11 @@ TEST_CASE("a bad redis+sentinel URL names what is wrong, and never shows a passw
   auto shown = error_of("redis+sentinel://:hunter2@h1/m?sentinel_password=hunter3&db=x");
   CHECK(shown.find("hunter") == std::string::npos);
   CHECK(shown.find("sentinel_password=***&db=x") != std::string::npos);
+  // A parameter misspelt, or one jobrt does not take, may hold a secret too.
+  shown = error_of("redis+sentinel://h1/m?sentinel_pasword=hunter4&ca=/ca.pem");
+  CHECK(shown ==
+        "invalid Redis URL 'redis+sentinel://h1/m?sentinel_pasword=***&ca=/ca.pem': unknown parameter "
+        "'sentinel_pasword' (redis+sentinel:// takes db, sentinel_user and sentinel_password)");
 }
 
 TEST_CASE("a bad URL names the part that is wrong") {

@@ -98,6 +98,11 @@ TEST_CASE("handshake: under Sentinel it asks ROLE, and a replica is refused as n
   CHECK(odd.failure == connect_failure::not_ready);
   CHECK(odd.why.find("ROLE says 'nothing readable'") != std::string::npos);
 
+  // A user that may not run ROLE is let through (READONLY and +switch-master remain).
+  auto no_role =
+      h.check({error("NOPERM this user has no permissions to run the 'role' command"), reply::make_integer(7), pong()});
+  CHECK(no_role.failure == connect_failure::none);
+
   // Not under Sentinel: no ROLE.
   CHECK(handshake(config::from_url("redis://127.0.0.1:6379")).commands().payload().find("ROLE") == std::string::npos);
 }

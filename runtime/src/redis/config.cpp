@@ -11,24 +11,32 @@
 namespace jobrt::redis {
 namespace {
 
-// The URL as an error may show it: a password in it becomes ***, in the user part and in a
-// sentinel_password parameter.
+// The URL as an error may show it: the password in the user part becomes ***, and so does the
+// value of every parameter not known to hold no secret (sentinel_password, a misspelt one).
 std::string without_password(std::string_view url) {
-  std::string out(url);
   auto start = url.find("://");
-  if (start == std::string_view::npos) return out;
+  if (start == std::string_view::npos) return std::string(url);
   start += 3;
+  std::string out(url);
   auto at = url.find('@', start);
   auto colon = url.find(':', start);
   if (at != std::string_view::npos && colon != std::string_view::npos && colon < at && url.find('/', start) > at)
     out = fmt::format("{}***{}", url.substr(0, colon + 1), url.substr(at));
-  constexpr std::string_view param = "sentinel_password=";
-  if (auto p = out.find(param); p != std::string::npos) {
-    auto value = p + param.size();
-    auto value_end = out.find_first_of("&#", value);
-    out.replace(value, (value_end == std::string::npos ? out.size() : value_end) - value, "***");
+  auto query = out.find('?');
+  if (query == std::string::npos) return out;
+  std::string shown = out.substr(0, query + 1);
+  std::string_view params = std::string_view(out).substr(query + 1);
+  for (std::size_t b = 0; b <= params.size();) {
+    auto e = std::min(params.find('&', b), params.size());
+    auto param = params.substr(b, e - b);
+    auto key = param.substr(0, param.find('='));
+    bool plain = key == "db" || key == "ca" || key == "cert" || key == "key" || key == "sni" || key == "verify" ||
+                 key == "sentinel_user";
+    shown += plain || key.size() == param.size() ? std::string(param) : fmt::format("{}=***", key);
+    if (e < params.size()) shown += '&';
+    b = e + 1;
   }
-  return out;
+  return shown;
 }
 
 [[noreturn]] void bad_url(std::string_view url, std::string_view why) {

@@ -168,7 +168,10 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       mux_.push_filter = [this](reply& r) { return on_push(r); };
     else if (!cfg_.sentinels.empty())
       mux_.push_filter = [this](reply& r) {
-        if (r.is_error() && r.error_message().starts_with("READONLY")) demoted();
+        // (Before Redis 7 a script's write refused reads "ERR Error running script ... -READONLY ...".)
+        if (r.is_error() && (r.error_message().starts_with("READONLY") ||
+                             r.error_message().find("-READONLY ") != std::string_view::npos))
+          demoted();
         return false;
       };
   }
@@ -354,8 +357,10 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   // primary, the connection is made again at once (asking them anew), rather than when the old
   // primary drops it or refuses a write. Best effort: the sentinel listened to may go away; the
   // ROLE check at each connect is what keeps writes off a replica.
-  void watch_switches(const config& at) {
+  void watch_switches(std::size_t k, const config& at) {
+    if (closed_) return;  // (close() came while the sentinel answered)
     watching_ = true;
+    watched_ = k;
     watch_ = std::make_unique<subscriber>(ex_, at);
     watch_->subscribe({"+switch-master"});
     watch_->start();
@@ -373,8 +378,12 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       for (auto w : std::views::split(std::string_view(m.payload), ' ')) words.emplace_back(w.begin(), w.end());
       if (m.confirmation || words.size() != 5 || words[0] != self->cfg_.sentinel_master) continue;
       config::endpoint now{std::string(words[3]), std::string(words[4])};
+      // The next attempt asks the sentinel that announced it first, and checks its answer
+      // against it (another may not have heard yet).
+      self->sentinel_first_ = self->watched_;
+      self->announced_ = now;
       if (!self->connected_) {  // (an attempt under way may have asked before the switch)
-        self->announced_ = std::move(now);
+        self->backoff_timer_.cancel();
         continue;
       }
       if (self->ending_ || (now.host == self->primary_.host && now.port == self->primary_.port)) continue;
@@ -514,6 +523,18 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
     while (!self->closed_) {
       auto [failure, kind] = co_await self->connect_with_timeout();
       if (self->closed_) break;
+      if (failure.empty() && !self->cfg_.sentinels.empty()) {
+        // A switch announced while the attempt went on, to another primary than the one asked
+        // (a sentinel that had not heard of it yet): ask again. Nothing suspends from here until
+        // connected_, so a later announcement finds the connection up and drops it.
+        if (auto a = std::exchange(self->announced_, std::nullopt);
+            a && (a->host != self->primary_.host || a->port != self->primary_.port)) {
+          failure = fmt::format("connect to {}: the sentinels announced the primary {}:{} meanwhile",
+                                self->cfg_.address(), a->host, a->port);
+          kind = connect_failure::not_ready;
+          self->close_socket();
+        }
+      }
       if (failure.empty()) {
         wait = self->cfg_.reconnect_wait_min;
         self->loss_reason_.clear();
@@ -569,15 +590,15 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
                                            connect_failure::not_ready};
     if (a.failure.empty()) co_return a;
     close_socket();
-    if (sentinel_asking_) {  // (timed out there: the next attempt begins with the next one)
-      sentinel_first_ = (*sentinel_asking_ + 1) % cfg_.sentinels.size();
-      a.failure = fmt::format("sentinel {}:{}: {}", cfg_.sentinels[*sentinel_asking_].host,
-                              cfg_.sentinels[*sentinel_asking_].port, a.failure);
-      sentinel_asking_.reset();
+    sentinel_asking_.reset();
+    if (auto k = std::exchange(sentinel_timed_out_, std::nullopt)) {  // the next attempt begins after it
+      sentinel_first_ = (*k + 1) % cfg_.sentinels.size();
+      a.failure = fmt::format("sentinel {}:{}: {}", cfg_.sentinels[*k].host, cfg_.sentinels[*k].port, a.failure);
     } else if (at_primary_) {
       a.failure = fmt::format("{}:{} (the sentinels' primary): {}", primary_.host, primary_.port, a.failure);
-      // The primary the sentinels name is down: they fail over soon, unless it comes back.
-      if (a.kind == connect_failure::refused) a.kind = connect_failure::not_ready;
+      // The primary the sentinels name is down, or its name gone: they fail over soon.
+      if (a.kind == connect_failure::refused || a.kind == connect_failure::unresolved)
+        a.kind = connect_failure::not_ready;
     }
     a.failure = fmt::format("connect to {}: {}", cfg_.address(), a.failure);
     co_return a;
@@ -587,7 +608,8 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   // timeout branch cancels it (and the socket) itself.
   asio::awaitable<void> connect_deadline() {
     auto [ec] = co_await connect_timer_.async_wait(use_tuple);
-    if (ec) co_return;  // the attempt finished first (or close() came): nothing to cut short
+    if (ec) co_return;                       // the attempt finished first (or close() came): nothing to cut short
+    sentinel_timed_out_ = sentinel_asking_;  // (before the socket's close moves the attempt on)
     resolver_.cancel();
     error_code ignored;
     socket_.close(ignored);
@@ -629,11 +651,6 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       at_primary_ = true;
       co_await connect_tcp(at);
     }
-    // A switch announced while this attempt went on, to another primary than the one asked: ask
-    // again (once: an announcement is not kept to refuse the next attempt too).
-    if (auto a = std::exchange(announced_, std::nullopt); a && (a->host != primary_.host || a->port != primary_.port))
-      throw attempt_error(connect_failure::not_ready,
-                          fmt::format("the sentinels announced the primary {}:{} meanwhile", a->host, a->port));
 
     // The handshake in one write, before any queued request (handshake.hpp).
     handshake hello(cfg_);
@@ -685,7 +702,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       if (res == resp_parser::result::reply) {
         replies.push_back(std::move(r));
       } else if (res == resp_parser::result::error) {
-        throw std::runtime_error(fmt::format("protocol error in handshake: {}", parser.error_message()));
+        throw attempt_error(connect_failure::other, fmt::format("protocol error: {}", parser.error_message()));
       } else {
         auto [rec, n] = co_await read_some(asio::buffer(read_buffer_));
         if (rec) throw attempt_error(connect_failure::other, handshake_failure(rec));
@@ -732,7 +749,7 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
         if (address.size() != 2) throw reply_type_error("not [host, port]");
         sentinel_first_ = k;
         sentinel_asking_.reset();
-        if (!watching_) watch_switches(at);
+        if (!watching_) watch_switches(k, at);
         co_return config::endpoint{address[0].as_string(), address[1].as_string()};
       } catch (const attempt_error& e) {
         close_socket();
@@ -933,8 +950,10 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   std::size_t sentinel_first_ = 0;              // asked first: the last that answered
   std::optional<std::size_t> sentinel_asking_;  // asked now, by this attempt
   bool watching_ = false;
-  std::optional<config::endpoint> announced_;  // a switch heard while not connected
-  std::unique_ptr<subscriber> watch_;          // at a sentinel, to +switch-master
+  std::size_t watched_ = 0;                        // the sentinel the watch listens at
+  std::optional<std::size_t> sentinel_timed_out_;  // asked when the attempt's time ran out
+  std::optional<config::endpoint> announced_;      // a switch heard while not connected
+  std::unique_ptr<subscriber> watch_;              // at a sentinel, to +switch-master
   // subscriber
   subscriptions subs_;
   std::deque<std::shared_ptr<receive_op>> receivers_;

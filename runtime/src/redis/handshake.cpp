@@ -37,9 +37,12 @@ handshake::outcome handshake::check(const std::vector<reply>& replies) const {
     throw std::invalid_argument(fmt::format("handshake: {} replies to {} commands", replies.size(), names_.size()));
   outcome out;
   for (std::size_t i = 0; i < names_.size(); ++i) {
-    if (names_[i] == "ROLE" && !replies[i].is_error()) {
-      // ["master", offset, replicas] at a primary; "slave" or "sentinel" first elsewhere.
+    if (names_[i] == "ROLE") {
+      // ["master", offset, replicas] at a primary; "slave" or "sentinel" first elsewhere. A user
+      // that may not run ROLE (it is @dangerous) is not refused: READONLY and the sentinels'
+      // +switch-master still move the connection off a replica.
       const auto& r = replies[i];
+      if (r.is_error()) continue;
       std::string role = "nothing readable";
       if (r.kind() == reply_kind::array && !r.as_array().empty() && r.as_array().front().kind() == reply_kind::string)
         role = r.as_array().front().as_string();

@@ -36,7 +36,8 @@ class handshake {
   /// AUTH, SELECT or CLIENT refused, and a PING refused with NOPERM, are `denied` (the server
   /// refuses who we are or the database we ask for); PING refused with LOADING, or with anything
   /// else (BUSY, MASTERDOWN: the server's state), is `not_ready`; so is a ROLE other than
-  /// master (the sentinels named a server that is a replica now). Throws std::invalid_argument
+  /// master (the sentinels named a server that is a replica now). ROLE refused (an ACL without
+  /// it) is let through. Throws std::invalid_argument
   /// when the count of replies is wrong.
   outcome check(const std::vector<reply>& replies) const;
 
