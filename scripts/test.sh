@@ -27,7 +27,8 @@ diff <(awk '/^```cpp$/{on=1; next} on && /^```$/{exit} on' docs/HANDLERS.md) <(t
   { echo "docs/HANDLERS.md's example and tests/consumer/greet.cpp differ"; exit 1; }
 
 echo "== build: ASan+UBSan"
-scripts/build.sh build/ci-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DJOBRT_WERROR=ON -DJOBRT_SANITIZE=ON
+scripts/build.sh build/ci-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DJOBRT_WERROR=ON -DJOBRT_SANITIZE=ON \
+  -DJOBRT_BUILD_BENCH=OFF
 
 read -r port dir tls_port < <(TLS=1 scripts/redis.sh)
 trap 'scripts/redis.sh stop "$dir"' EXIT
