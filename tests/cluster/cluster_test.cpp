@@ -284,7 +284,9 @@ TEST_CASE("cluster: a request's route follows MOVED, and ASK and TRYAGAIN while 
 
 TEST_CASE("cluster connection: a cluster of one node, which knows no IP of its own, serves every slot") {
   // A node that never met another reports an empty IP and endpoint: reached where it was asked.
-  redis_server alone({"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"});
+  // (Its bus port named: port + 10000, the default, is past 65535 for a port above 55535.)
+  redis_server alone({"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port",
+                      std::to_string(free_port())});
   redis_cli(alone.config(), {"CLUSTER", "ADDSLOTSRANGE", "0", "16383"});
   auto until = steady::now() + 10s;
   while (redis_cli(alone.config(), {"CLUSTER", "INFO"}).find("cluster_state:ok") == std::string::npos &&
