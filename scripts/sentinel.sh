@@ -18,9 +18,16 @@ tls_on() { [ -f "$dir/ca.crt" ]; }
 taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # Ports below the range the system takes client ports from (a client's port cannot be listened
 # on), above scripts/cluster.sh's.
-ephemeral=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-low=23000 span=$((ephemeral - 23000))
-[ "$span" -ge 1000 ] || { low=61000 span=4000; }  # (a range that starts low: above it, then)
+read -r ephemeral_low ephemeral_high </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null ||
+  { ephemeral_low=32768 ephemeral_high=60999; }
+if [ $((ephemeral_low - 23000)) -ge 1000 ]; then
+  low=23000 span=$((ephemeral_low - 23000))
+elif [ $((65535 - ephemeral_high)) -ge 1000 ]; then
+  low=$((ephemeral_high + 1)) span=$((65535 - ephemeral_high))
+else
+  echo "sentinel.sh: the system's client ports ($ephemeral_low-$ephemeral_high) leave no room" >&2
+  exit 1
+fi
 free_port() {
   local p
   for _ in $(seq 50); do
@@ -119,7 +126,11 @@ restart)
 start)
   dir=$(mktemp -d /tmp/jobrt-sentinel.XXXXXX)
   started=0
-  trap '[ "$started" = 1 ] || { echo "sentinel.sh: start failed; stopping what it started" >&2; stop_all; }' EXIT
+  trap '[ "$started" = 1 ] || {
+    echo "sentinel.sh: start failed; stopping what it started. Its logs end:" >&2
+    tail -n 5 "$dir"/*/*.log >&2 2>/dev/null || true
+    stop_all
+  }' EXIT
   [ "${TLS:-}" = 1 ] && "$(dirname "$0")/test-certs.sh" "$dir"
   primary=$(free_port)
   replica=$(free_port)
@@ -127,7 +138,11 @@ start)
   start_server "$replica" --replicaof 127.0.0.1 "$primary"
   wait_for "the replica's sync" replica_synced "$replica"
   # Each sentinel is told the others and the replica, so it need not wait to discover them.
-  sentinels=("$(free_port)" "$(free_port)" "$(free_port)")
+  sentinels=()
+  for _ in 1 2 3; do
+    port=$(free_port)
+    sentinels+=("$port")
+  done
   ids=()
   for _ in 1 2 3; do ids+=("$(head -c 20 /dev/urandom | od -An -tx1 | tr -d ' \n')"); done
   for i in 0 1 2; do

@@ -106,9 +106,10 @@ boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std:
 /// --durability primary|replicated (redis_backend_options::durability).
 CLI::Option* durability_option(CLI::App& cmd, std::string& durability);
 /// The servers a --redis URL names (several for a Redis Cluster's seeds: redis://h1:p1,h2:p2).
-/// Throws std::invalid_argument for a URL that does not parse, or that names a TLS file (ca,
-/// cert, key) that cannot be read.
 std::vector<redis::config> seeds_of(const std::string& url);
+/// Throws std::invalid_argument for a URL that does not parse, or that names a TLS file (ca,
+/// cert, key) that cannot be read now: for a URL as a command receives it, not at each use.
+void check_redis_url(const std::string& url);
 /// Their addresses, for messages: host:port[,host:port...] (never a password).
 std::string address_of(const std::string& url);
 /// Runs `ctx` on `threads` threads, this one among them, until it runs out of work or is

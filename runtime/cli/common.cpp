@@ -56,7 +56,7 @@ CLI::Validator queue_name() {
 CLI::Option* redis_option(CLI::App& cmd, std::string& url, const std::string& what, bool env) {
   auto check = [](std::string& text) -> std::string {
     try {
-      seeds_of(text);
+      check_redis_url(text);
       return {};
     } catch (const std::invalid_argument& e) {
       return e.what();
@@ -125,17 +125,19 @@ bool final_failure(redis::connect_failure f) {
   return f == connect_failure::unresolved || f == connect_failure::refused || f == connect_failure::denied;
 }
 
-std::vector<redis::config> seeds_of(const std::string& url) {
+std::vector<redis::config> seeds_of(const std::string& url) { return redis::cluster_seeds(url); }
+
+void check_redis_url(const std::string& url) {
   auto seeds = redis::cluster_seeds(url);
-  // The files a rediss:// URL names are read at each connect: one that cannot be read is refused
-  // now, by name, rather than failing every attempt. (Every seed has the same parameters.)
+  // The files a rediss:// URL names are read at each connect: one that cannot be read when the
+  // command starts is refused, by name, rather than failing every attempt. (Every seed has the
+  // same parameters.)
   const auto& c = seeds.front();
   for (auto [what, path] :
        {std::pair{"CA", &c.tls_ca_file}, {"certificate", &c.tls_cert_file}, {"key", &c.tls_key_file}})
     if (!path->empty() && ::access(path->c_str(), R_OK) != 0)
       throw std::invalid_argument(
           fmt::format("the {} file '{}' cannot be read: {}", what, *path, std::strerror(errno)));
-  return seeds;
 }
 
 std::string address_of(const std::string& url) {

@@ -199,8 +199,11 @@ int run_worker(worker_args& a) {
       if (given_on_command_line(o))
         throw usage_error(
             fmt::format("worker: with --config, the queues' options come from the file, not {}", o->get_name()));
-    auto cfg = settings::from_file(a.config_file);  // std::invalid_argument names the field: exit 1
-    if (cfg.redis_url && !given_on_command_line(a.url_option)) url = *cfg.redis_url;  // the file over $REDIS_URL
+    auto cfg = settings::from_file(a.config_file);                // std::invalid_argument names the field: exit 1
+    if (cfg.redis_url && !given_on_command_line(a.url_option)) {  // the file over $REDIS_URL
+      url = *cfg.redis_url;
+      check_redis_url(url);  // std::invalid_argument: exit 1, as the file's other errors
+    }
     if (cfg.durability && !given_on_command_line(a.durability_option)) durability = *cfg.durability;
     plugins.insert(plugins.begin(), cfg.plugins.begin(), cfg.plugins.end());
     type_backoffs = cfg.type_backoffs;
@@ -523,7 +526,10 @@ int run_enqueue(enqueue_args& a) {
   producer_options po;
   if (!config_file.empty()) {
     auto cfg = settings::from_file(config_file);
-    if (cfg.redis_url && !given_on_command_line(a.url_option)) url = *cfg.redis_url;  // the file over $REDIS_URL
+    if (cfg.redis_url && !given_on_command_line(a.url_option)) {  // the file over $REDIS_URL
+      url = *cfg.redis_url;
+      check_redis_url(url);
+    }
     if (cfg.durability && !given_on_command_line(a.durability_option)) durability = *cfg.durability;
     std::string names;  // the queue's grouping rules are the reason for --config: it must be there
     bool found = false;

@@ -113,15 +113,12 @@ TEST_CASE(
         auto hung = config::from_url(
             fmt::format("redis+sentinel://:secret@127.0.0.1:{},127.0.0.1:{}/jobrt?sentinel_password=watch",
                         s.sentinel(0), s.sentinel(1)));
-        hung.connect_timeout = 500ms;
+        hung.connect_timeout = 1000ms;
         connection h(ctx.get_executor(), hung);
         h.start();
         CHECK(co_await port_behind(h) == s.server(0));
-        CHECK(
-            h.last_error() ==
-            fmt::format("connect to redis+sentinel://127.0.0.1:{},127.0.0.1:{}/jobrt: sentinel 127.0.0.1:{}: timed out "
-                        "after 500 ms",
-                        s.sentinel(0), s.sentinel(1), s.sentinel(0)));
+        CHECK(h.last_error().find(fmt::format("sentinel 127.0.0.1:{}: timed out after 1000 ms", s.sentinel(0))) !=
+              std::string::npos);
         s.signal(s.sentinel(0), SIGCONT);
 
         connection none(ctx.get_executor(),

@@ -119,6 +119,21 @@ TEST_CASE("a bad URL names the part that is wrong") {
   CHECK(error_of("not a url").find("not a URL") != std::string::npos);
 }
 
+TEST_CASE("a bad URL's error never shows a password that holds '/', '@' or '&', nor a query's values") {
+  auto shown = error_of("redis://:ab/hunter5@localhost:abc");
+  CHECK(shown.find("hunter5") == std::string::npos);
+  shown = error_of("redis://:p@hunter6@localhost:abc");
+  CHECK(shown.find("hunter6") == std::string::npos);
+  CHECK(shown.find("'redis://:***@localhost:abc'") != std::string::npos);
+  shown = error_of("redis+sentinel://h1/m?sentinel_password=hunter7&tail8");
+  CHECK(shown.find("hunter7") == std::string::npos);
+  CHECK(shown.find("tail8") == std::string::npos);
+  CHECK(shown.find("a parameter without a value") != std::string::npos);
+  shown = error_of("redis://h/0?password=hunter9");  // (as redis-py users may write it)
+  CHECK(shown.find("hunter9") == std::string::npos);
+  CHECK(shown.find("parameters are for rediss:// and redis+sentinel:// only") != std::string::npos);
+}
+
 TEST_CASE("a bad URL's error never shows its password") {
   CHECK(error_of("redis://:hunter2@localhost:abc") ==
         "invalid Redis URL 'redis://:***@localhost:abc': port 'abc' is not a number from 1 to 65535");

@@ -18,9 +18,11 @@ std::string without_password(std::string_view url) {
   if (start == std::string_view::npos) return std::string(url);
   start += 3;
   std::string out(url);
-  auto at = url.find('@', start);
+  // From the first ':' to the last '@': a password may hold '/' or '@' (masking too much is
+  // harmless).
+  auto at = url.rfind('@');
   auto colon = url.find(':', start);
-  if (at != std::string_view::npos && colon != std::string_view::npos && colon < at && url.find('/', start) > at)
+  if (at != std::string_view::npos && at > start && colon != std::string_view::npos && colon < at)
     out = fmt::format("{}***{}", url.substr(0, colon + 1), url.substr(at));
   auto query = out.find('?');
   if (query == std::string::npos) return out;
@@ -32,7 +34,8 @@ std::string without_password(std::string_view url) {
     auto key = param.substr(0, param.find('='));
     bool plain = key == "db" || key == "ca" || key == "cert" || key == "key" || key == "sni" || key == "verify" ||
                  key == "sentinel_user";
-    shown += plain || key.size() == param.size() ? std::string(param) : fmt::format("{}=***", key);
+    // (A word without '=' may be the rest of a value that held '&'.)
+    shown += plain ? std::string(param) : key.size() == param.size() ? std::string("***") : fmt::format("{}=***", key);
     if (e < params.size()) shown += '&';
     b = e + 1;
   }
@@ -151,8 +154,7 @@ config config::from_url(std::string_view url) {
     cfg.port = std::move(e.port);
     if (!path.empty() && path != "/") cfg.database = parse_db(url, std::string_view(path).substr(1));
   }
-  if (u.has_query() && !cfg.tls && !sentinel)
-    bad_url(url, fmt::format("unexpected query '{}' (parameters are for rediss:// and redis+sentinel://)", u.query()));
+  if (u.has_query() && !cfg.tls && !sentinel) bad_url(url, "parameters are for rediss:// and redis+sentinel:// only");
   std::string_view takes = sentinel ? (cfg.tls ? "db, sentinel_user, sentinel_password, ca, cert, key, sni and verify"
                                                : "db, sentinel_user and sentinel_password")
                                     : "ca, cert, key, sni and verify";
@@ -160,8 +162,11 @@ config config::from_url(std::string_view url) {
     bool tls_param =
         param.key == "ca" || param.key == "cert" || param.key == "key" || param.key == "sni" || param.key == "verify";
     bool sentinel_param = param.key == "db" || param.key == "sentinel_user" || param.key == "sentinel_password";
-    if ((tls_param && !cfg.tls) || (sentinel_param && !sentinel) || (!tls_param && !sentinel_param))
+    if ((tls_param && !cfg.tls) || (sentinel_param && !sentinel) || (!tls_param && !sentinel_param)) {
+      if (!param.has_value)  // (it may be the rest of a password that held '&': not shown)
+        bad_url(url, fmt::format("a parameter without a value ({}:// takes {})", u.scheme(), takes));
       bad_url(url, fmt::format("unknown parameter '{}' ({}:// takes {})", param.key, u.scheme(), takes));
+    }
     if (param.key != "verify" && param.value.empty()) bad_url(url, fmt::format("parameter '{}' is empty", param.key));
     if (param.key == "ca") {
       cfg.tls_ca_file = param.value;

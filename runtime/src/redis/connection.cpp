@@ -343,11 +343,11 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
   // --- Sentinel ---
 
   // The primary refused a write as a replica (READONLY): it was demoted while this connection
-  // was up. The reply goes to its request as it is; the connection is made again at once, asking
-  // the sentinels anew.
+  // was up. The reply goes to its request as it is; the connection is made again after the
+  // shortest backoff, asking the sentinels anew (not at once: a sentinel that has not heard of
+  // the failover names the same server, which a user that may not run ROLE would take again).
   void demoted() {
     if (ending_) return;
-    reset_requested_ = true;
     lost(fmt::format("{}:{} refused a write as a replica (READONLY)", primary_.host, primary_.port));
     error_code ignored;
     socket_.close(ignored);
@@ -381,12 +381,14 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       // The next attempt asks the sentinel that announced it first, and checks its answer
       // against it (another may not have heard yet).
       self->sentinel_first_ = self->watched_;
-      self->announced_ = now;
-      if (!self->connected_) {  // (an attempt under way may have asked before the switch)
+      if (!self->connected_ || self->ending_) {  // (an attempt under way may have asked before the switch)
+        self->announced_ = std::move(now);
         self->backoff_timer_.cancel();
         continue;
       }
-      if (self->ending_ || (now.host == self->primary_.host && now.port == self->primary_.port)) continue;
+      self->announced_.reset();
+      if (now.host == self->primary_.host && now.port == self->primary_.port) continue;  // (there already)
+      self->announced_ = now;
       self->reset_requested_ = true;
       self->lost(fmt::format("the sentinels switched the primary to {}:{}", now.host, now.port));
       error_code ignored;
@@ -533,6 +535,8 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
                                 self->cfg_.address(), a->host, a->port);
           kind = connect_failure::not_ready;
           self->close_socket();
+          self->set_last_error(std::move(failure), kind);
+          continue;  // (at once: the announcement was used up, so this happens once)
         }
       }
       if (failure.empty()) {
@@ -724,8 +728,9 @@ class connection_impl : public std::enable_shared_from_this<connection_impl> {
       said.push_back(std::move(why));
     };
     const auto n = cfg_.sentinels.size();
+    const auto first = sentinel_first_;  // (a switch heard meanwhile may change it)
     for (std::size_t i = 0; i < n; ++i) {
-      auto k = (sentinel_first_ + i) % n;
+      auto k = (first + i) % n;
       auto at = cfg_.sentinel(k);
       sentinel_asking_ = k;
       try {
