@@ -58,11 +58,24 @@ follow_policy parse_follow_policy(std::string_view text) {
   throw std::invalid_argument(fmt::format("follow policy '{}' is not one of after-commit, pipelined", text));
 }
 
-std::string make_worker_id() {
+namespace {
+
+std::string this_host() {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "host");
+  return host;
+}
+
+std::int64_t epoch_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+std::string make_worker_id() {
   std::random_device rd;
-  return fmt::format("{}:{}:{:08x}", host, ::getpid(), rd());
+  return fmt::format("{}:{}:{:08x}", this_host(), ::getpid(), rd());
 }
 
 namespace {
@@ -191,6 +204,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     asio::post(strand_, [self = shared_from_this()] {
       if (self->state_ != worker_state::created) return;  // (a stop came first: nothing starts)
       self->state_ = worker_state::running;
+      self->started_ms_ = epoch_ms();
       // (A part whose loop dies: detail::rethrow_if_died.)
       self->claimer_->start(self);   // holds the impl until it ends, in stop (see claimer_hooks)
       self->lease_keeper_->start();  // the watchdog
@@ -784,6 +798,25 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       seen.unrunnable = none_for;
       seen.asked = clock::now();
     };
+    h.report = [this] {
+      worker_report r;
+      r.id = opts_.id;
+      r.host = this_host();
+      r.pid = ::getpid();
+      r.concurrency = static_cast<std::int64_t>(opts_.concurrency);
+      r.started_ms = started_ms_;
+      r.running = static_cast<std::int64_t>(running_.size());
+      auto now = clock::now();
+      auto now_ms = epoch_ms();
+      for (auto& [token, job] : running_) {
+        const auto& j = job->ctx->job();
+        auto ran = std::chrono::duration_cast<std::chrono::milliseconds>(now - job->started).count();
+        r.jobs.push_back({j.id, j.group, j.type, now_ms - ran});
+      }
+      std::sort(r.jobs.begin(), r.jobs.end(), [](const auto& a, const auto& b) { return a.since_ms < b.since_ms; });
+      if (r.jobs.size() > max_reported_jobs) r.jobs.resize(max_reported_jobs);
+      return r;
+    };
     return h;
   }
 
@@ -911,6 +944,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   std::chrono::milliseconds grace_{0};                                     // the shortest grace a stop() asked for
   std::minstd_rand random_{std::random_device{}()};                        // backoff jitter
   std::unordered_map<std::string, std::shared_ptr<running_job>> running_;  // by token
+  std::int64_t started_ms_ = 0;                                            // when start() ran, in ms since the epoch
   std::unordered_map<std::string, group_strand> strands_;
   // Leased jobs that wait for a slot (see start_or_wait); their leases are renewed with the
   // running jobs'.

@@ -247,6 +247,28 @@ class gated_backend final : public backend {
   awaitable<std::vector<paused_group>> paused_groups(std::string q) override {
     return inner_.paused_groups(std::move(q));
   }
+  awaitable<void> report_worker(std::string q, worker_report r, std::chrono::milliseconds ttl) override {
+    return inner_.report_worker(std::move(q), std::move(r), ttl);
+  }
+  awaitable<page<worker_report>> workers(std::string q, std::string c, std::size_t n) override {
+    return inner_.workers(std::move(q), std::move(c), n);
+  }
+  awaitable<bool> history_due(std::string q) override { return inner_.history_due(std::move(q)); }
+  awaitable<bool> record_history(std::string q, queue_counts c) override {
+    return inner_.record_history(std::move(q), c);
+  }
+  awaitable<std::vector<history_point>> history(std::string q, std::chrono::minutes span) override {
+    return inner_.history(std::move(q), span);
+  }
+  awaitable<page<std::string>> groups(std::string q, std::string prefix, std::string c, std::size_t n) override {
+    return inner_.groups(std::move(q), std::move(prefix), std::move(c), n);
+  }
+  awaitable<group_status> group_of(std::string q, std::string g) override {
+    return inner_.group_of(std::move(q), std::move(g));
+  }
+  awaitable<page<dead_letter>> find_dead(std::string q, dead_filter f, std::string c, std::size_t n) override {
+    return inner_.find_dead(std::move(q), std::move(f), std::move(c), n);
+  }
   awaitable<check_report> check(std::string q, bool repair) override { return inner_.check(std::move(q), repair); }
 
  private:

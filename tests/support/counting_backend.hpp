@@ -171,6 +171,32 @@ class counting_backend final : public jobrt::backend {
   boost::asio::awaitable<std::int64_t> group_size(std::string q, std::string g) override {
     return inner_.group_size(std::move(q), std::move(g));
   }
+  boost::asio::awaitable<void> report_worker(std::string q, jobrt::worker_report r,
+                                             std::chrono::milliseconds ttl) override {
+    return inner_.report_worker(std::move(q), std::move(r), ttl);
+  }
+  boost::asio::awaitable<jobrt::page<jobrt::worker_report>> workers(std::string q, std::string c,
+                                                                    std::size_t n) override {
+    return inner_.workers(std::move(q), std::move(c), n);
+  }
+  boost::asio::awaitable<bool> history_due(std::string q) override { return inner_.history_due(std::move(q)); }
+  boost::asio::awaitable<bool> record_history(std::string q, jobrt::queue_counts c) override {
+    return inner_.record_history(std::move(q), c);
+  }
+  boost::asio::awaitable<std::vector<jobrt::history_point>> history(std::string q, std::chrono::minutes span) override {
+    return inner_.history(std::move(q), span);
+  }
+  boost::asio::awaitable<jobrt::page<std::string>> groups(std::string q, std::string prefix, std::string c,
+                                                          std::size_t n) override {
+    return inner_.groups(std::move(q), std::move(prefix), std::move(c), n);
+  }
+  boost::asio::awaitable<jobrt::group_status> group_of(std::string q, std::string g) override {
+    return inner_.group_of(std::move(q), std::move(g));
+  }
+  boost::asio::awaitable<jobrt::page<jobrt::dead_letter>> find_dead(std::string q, jobrt::dead_filter f, std::string c,
+                                                                    std::size_t n) override {
+    return inner_.find_dead(std::move(q), std::move(f), std::move(c), n);
+  }
   boost::asio::awaitable<jobrt::check_report> check(std::string q, bool repair) override {
     return inner_.check(std::move(q), repair);
   }

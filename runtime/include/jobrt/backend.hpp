@@ -210,6 +210,55 @@ struct check_report {
   std::int64_t calls = 0;               ///< calls to the store it made, each bounded
 };
 
+/// A worker as it last described itself (backend::report_worker), for operators.
+struct worker_report {
+  std::string id;
+  std::string host;
+  std::int64_t pid = 0;
+  std::int64_t concurrency = 0;
+  std::int64_t started_ms = 0;  ///< when it started, in milliseconds since the epoch
+  std::int64_t running = 0;     ///< jobs it was running
+  struct job {
+    std::string id;
+    std::string group;  ///< "" when ungrouped
+    std::string type;
+    std::int64_t since_ms = 0;
+  };
+  std::vector<job> jobs;   ///< of those, the first max_reported_jobs, longest running first
+  std::int64_t at_ms = 0;  ///< when it said so (set by the backend, by its clock)
+};
+inline constexpr std::size_t max_reported_jobs = 100;
+
+/// A page of a listing; `cursor` continues it ("" when the listing is done).
+template <class T>
+struct page {
+  std::vector<T> items;
+  std::string cursor;
+};
+
+/// A queue's counts as they were at the start of a minute (backend::record_history).
+struct history_point {
+  std::int64_t minute_ms = 0;  ///< the minute's start, in milliseconds since the epoch
+  queue_counts counts;
+};
+
+/// What is known of a group at once, without a walk.
+struct group_status {
+  std::string group;
+  std::int64_t depth = 0;          ///< jobs, pending or running (0: the group has none)
+  std::optional<job_record> head;  ///< the job at its head: running, or the next to run
+  std::optional<paused_group> paused;
+  bool parked = false;                ///< paused, and its lane out of circulation
+  std::int64_t waiting_until_ms = 0;  ///< waiting for a retry's backoff until then; 0: not
+};
+
+/// Which dead letters backend::find_dead returns: all of what is given must hold.
+struct dead_filter {
+  std::string group;  ///< the group, exactly ("" any)
+  std::string type;   ///< the job's type, exactly ("" any)
+  std::string text;   ///< found in the error, ignoring case ("" any)
+};
+
 enum class resume_mode {
   retry,  ///< the head job runs again (a halted group's with its attempts reset)
   skip,   ///< the head job goes to the dead letters first (only while nothing of the group runs)
@@ -330,6 +379,37 @@ class backend {
   /// atomic call about that group, job, worker or id (runtime/lua/check_fix.lua). O(the queue's
   /// size) calls in all.
   virtual boost::asio::awaitable<check_report> check(std::string queue, bool repair) = 0;
+
+  // --- for operators' views (the dashboard): each call bounded, whatever the queue's size
+
+  /// Records how a worker describes itself, kept for `ttl` from now (workers say so again before
+  /// it runs out; a worker that stops saying so leaves the listing then).
+  virtual boost::asio::awaitable<void> report_worker(std::string queue, worker_report report,
+                                                     std::chrono::milliseconds ttl) = 0;
+  /// Up to `limit` workers that reported and whose report has not run out, from `cursor` ("" to
+  /// start). A worker present throughout a walk of every page is listed at least once.
+  virtual boost::asio::awaitable<page<worker_report>> workers(std::string queue, std::string cursor,
+                                                              std::size_t limit) = 0;
+  /// Whether the minute now (by the backend's clock) has no history point yet.
+  virtual boost::asio::awaitable<bool> history_due(std::string queue) = 0;
+  /// Stores `counts` as this minute's history point unless it has one; points older than a day
+  /// go. Returns whether it stored.
+  virtual boost::asio::awaitable<bool> record_history(std::string queue, queue_counts counts) = 0;
+  /// The history points of the last `span` (at most a day), oldest first.
+  virtual boost::asio::awaitable<std::vector<history_point>> history(std::string queue, std::chrono::minutes span) = 0;
+  /// About `limit` groups with jobs whose key starts with `prefix`, from `cursor` ("" to start),
+  /// in no particular order (on Redis, SCAN steps: the last may bring a few more). A call reads
+  /// a bounded part of the queue, so a page may hold fewer than `limit` groups and still have a
+  /// cursor. A group with jobs throughout a walk of every
+  /// page is listed at least once.
+  virtual boost::asio::awaitable<page<std::string>> groups(std::string queue, std::string prefix, std::string cursor,
+                                                           std::size_t limit) = 0;
+  virtual boost::asio::awaitable<group_status> group_of(std::string queue, std::string group) = 0;
+  /// Dead letters that pass `filter`, newest first, up to `limit`, from `cursor` ("" to start).
+  /// A call looks at a bounded number of them, so a page may hold fewer than `limit` and still
+  /// have a cursor.
+  virtual boost::asio::awaitable<page<dead_letter>> find_dead(std::string queue, dead_filter filter, std::string cursor,
+                                                              std::size_t limit) = 0;
 
   // --- for sharded queues (sharded_backend keeps a queue's shards, and what finds them work, in
   // this backend). The defaults throw std::logic_error: a backend without them holds no shards.

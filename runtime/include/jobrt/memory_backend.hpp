@@ -104,6 +104,20 @@ class memory_backend final : public backend {
   boost::asio::awaitable<std::int64_t> group_size(std::string queue, std::string group) override;
   boost::asio::awaitable<check_report> check(std::string queue, bool repair) override;
 
+  boost::asio::awaitable<void> report_worker(std::string queue, worker_report report,
+                                             std::chrono::milliseconds ttl) override;
+  boost::asio::awaitable<page<worker_report>> workers(std::string queue, std::string cursor,
+                                                      std::size_t limit) override;
+  boost::asio::awaitable<bool> history_due(std::string queue) override;
+  boost::asio::awaitable<bool> record_history(std::string queue, queue_counts counts) override;
+  boost::asio::awaitable<std::vector<history_point>> history(std::string queue, std::chrono::minutes span) override;
+  /// Walks the groups' hash table a bounded part at a time, as SCAN does.
+  boost::asio::awaitable<page<std::string>> groups(std::string queue, std::string prefix, std::string cursor,
+                                                   std::size_t limit) override;
+  boost::asio::awaitable<group_status> group_of(std::string queue, std::string group) override;
+  boost::asio::awaitable<page<dead_letter>> find_dead(std::string queue, dead_filter filter, std::string cursor,
+                                                      std::size_t limit) override;
+
   /// Stores the count once; the shards' queues then assign ids n * shards + k.
   boost::asio::awaitable<std::size_t> stored_shards(std::string queue, std::size_t wanted) override;
   boost::asio::awaitable<void> mark_shards(std::string queue, std::vector<std::size_t> shards) override;

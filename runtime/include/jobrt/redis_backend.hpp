@@ -109,6 +109,18 @@ class redis_backend final : public backend {
   boost::asio::awaitable<std::int64_t> purge_queue(std::string queue) override;
   boost::asio::awaitable<std::int64_t> group_size(std::string queue, std::string group) override;
   boost::asio::awaitable<check_report> check(std::string queue, bool repair) override;
+  boost::asio::awaitable<void> report_worker(std::string queue, worker_report report,
+                                             std::chrono::milliseconds ttl) override;
+  boost::asio::awaitable<page<worker_report>> workers(std::string queue, std::string cursor,
+                                                      std::size_t limit) override;
+  boost::asio::awaitable<bool> history_due(std::string queue) override;
+  boost::asio::awaitable<bool> record_history(std::string queue, queue_counts counts) override;
+  boost::asio::awaitable<std::vector<history_point>> history(std::string queue, std::chrono::minutes span) override;
+  boost::asio::awaitable<page<std::string>> groups(std::string queue, std::string prefix, std::string cursor,
+                                                   std::size_t limit) override;
+  boost::asio::awaitable<group_status> group_of(std::string queue, std::string group) override;
+  boost::asio::awaitable<page<dead_letter>> find_dead(std::string queue, dead_filter filter, std::string cursor,
+                                                      std::size_t limit) override;
 
   /// At <prefix>shards (SET NX). Once known here, the shards' enqueues assign ids n * shards + k.
   boost::asio::awaitable<std::size_t> stored_shards(std::string queue, std::size_t wanted) override;
@@ -171,7 +183,7 @@ class redis_backend final : public backend {
   redis_backend_options opts_;
   std::shared_ptr<detail::redis_link> link_;  // (shared with the listener)
   redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, requeue_, purge_,
-      check_fix_, advertise_, expire_own_, reap_turn_;
+      check_fix_, advertise_, expire_own_, reap_turn_, reports_, history_;
   // Wake-ups for delayed jobs: one listener for every queue, started on first use. The
   // wake-ups are shared with the listener, which may outlive the backend briefly.
   std::shared_ptr<detail::wakeups> wakeups_;

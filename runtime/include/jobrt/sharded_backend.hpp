@@ -94,6 +94,18 @@ class sharded_backend final : public backend {
   boost::asio::awaitable<std::int64_t> purge_queue(std::string queue) override;
   boost::asio::awaitable<std::int64_t> group_size(std::string queue, std::string group) override;
   boost::asio::awaitable<check_report> check(std::string queue, bool repair) override;
+  boost::asio::awaitable<void> report_worker(std::string queue, worker_report report,
+                                             std::chrono::milliseconds ttl) override;
+  boost::asio::awaitable<page<worker_report>> workers(std::string queue, std::string cursor,
+                                                      std::size_t limit) override;
+  boost::asio::awaitable<bool> history_due(std::string queue) override;
+  boost::asio::awaitable<bool> record_history(std::string queue, queue_counts counts) override;
+  boost::asio::awaitable<std::vector<history_point>> history(std::string queue, std::chrono::minutes span) override;
+  boost::asio::awaitable<page<std::string>> groups(std::string queue, std::string prefix, std::string cursor,
+                                                   std::size_t limit) override;
+  boost::asio::awaitable<group_status> group_of(std::string queue, std::string group) override;
+  boost::asio::awaitable<page<dead_letter>> find_dead(std::string queue, dead_filter filter, std::string cursor,
+                                                      std::size_t limit) override;
 
  private:
   struct queue_state;

@@ -17,4 +17,6 @@ extern const char* const check_fix;
 extern const char* const expire_own;
 extern const char* const advertise;
 extern const char* const reap_turn;
+extern const char* const reports;
+extern const char* const history;
 }  // namespace jobrt::lua

@@ -3,6 +3,7 @@
 #include <jobrt/memory_backend.hpp>
 
 #include "backend/queue_model.hpp"
+#include "backend/views.hpp"
 #include "backend/wakeups.hpp"
 
 #include <boost/asio/async_result.hpp>
@@ -278,6 +279,56 @@ asio::awaitable<std::int64_t> memory_backend::purge_queue(std::string queue) {
 asio::awaitable<std::int64_t> memory_backend::group_size(std::string queue, std::string group) {
   co_return read(
       queue, [&](const detail::queue_model& m) { return m.group_size(group); }, std::int64_t{0});
+}
+
+asio::awaitable<void> memory_backend::report_worker(std::string queue, worker_report report,
+                                                    std::chrono::milliseconds ttl) {
+  change(queue, [&](detail::queue_model& m) { m.report_worker(std::move(report), ttl); });
+  co_return;
+}
+
+asio::awaitable<page<worker_report>> memory_backend::workers(std::string queue, std::string cursor, std::size_t limit) {
+  // (A change: reports that ran out are removed as they are met.)
+  {
+    std::lock_guard lock(mutex_);
+    if (!find_locked(queue)) co_return page<worker_report>{};
+  }
+  co_return change(queue, [&](detail::queue_model& m) { return m.workers(cursor, limit); });
+}
+
+asio::awaitable<bool> memory_backend::history_due(std::string queue) {
+  co_return read(
+      queue, [](const detail::queue_model& m) { return m.history_due(); }, true);
+}
+
+asio::awaitable<bool> memory_backend::record_history(std::string queue, queue_counts counts) {
+  co_return change(queue, [&](detail::queue_model& m) { return m.record_history(counts); });
+}
+
+asio::awaitable<std::vector<history_point>> memory_backend::history(std::string queue, std::chrono::minutes span) {
+  co_return read(
+      queue, [&](const detail::queue_model& m) { return m.history(span); }, std::vector<history_point>{});
+}
+
+asio::awaitable<page<std::string>> memory_backend::groups(std::string queue, std::string prefix, std::string cursor,
+                                                          std::size_t limit) {
+  detail::parse_bucket_cursor(cursor);  // (refused even for a queue never used)
+  co_return read(
+      queue, [&](const detail::queue_model& m) { return m.groups(prefix, cursor, limit); }, page<std::string>{});
+}
+
+asio::awaitable<group_status> memory_backend::group_of(std::string queue, std::string group) {
+  group_status none;
+  none.group = group;
+  co_return read(
+      queue, [&](const detail::queue_model& m) { return m.group_of(group); }, none);
+}
+
+asio::awaitable<page<dead_letter>> memory_backend::find_dead(std::string queue, dead_filter filter, std::string cursor,
+                                                             std::size_t limit) {
+  detail::parse_dead_cursor(cursor);
+  co_return read(
+      queue, [&](const detail::queue_model& m) { return m.find_dead(filter, cursor, limit); }, page<dead_letter>{});
 }
 
 asio::awaitable<check_report> memory_backend::check(std::string queue, bool repair) {

@@ -7,6 +7,7 @@
 
 #include "backend/check_walk.hpp"
 #include "backend/job_codec.hpp"
+#include "backend/views.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -142,6 +143,8 @@ struct queue_model::queue_state {
   std::int64_t unhandled = 0;
   std::int64_t halted = 0;
   std::unordered_map<std::string, std::int64_t> types;  // job types workers can run -> until when (ms)
+  std::map<std::string, std::pair<std::int64_t, worker_report>> reports;  // worker -> (until when, report)
+  std::map<std::int64_t, queue_counts> history;                           // by minute
 };
 
 std::int64_t queue_model::system_now() {
@@ -970,6 +973,128 @@ check_report queue_model::check(bool repair) {
     }
   }
   if (out.repaired > 0) effects_.made_ready += q.ready.size();  // lanes made ready: waiting claims take them
+  return out;
+}
+
+// --- the operators' views ---
+
+void queue_model::report_worker(worker_report r, std::chrono::milliseconds ttl) {
+  auto now = now_();
+  r.at_ms = now;
+  auto id = r.id;
+  s_->reports[id] = {now + ttl.count(), std::move(r)};  // (reports.lua: HSET)
+}
+
+page<worker_report> queue_model::workers(const std::string& cursor, std::size_t limit) {
+  // By id from the cursor (the last id of the page before); what ran out goes as it is met,
+  // as reports.lua removes it.
+  page<worker_report> out;
+  auto now = now_();
+  auto& all = s_->reports;
+  auto it = cursor.empty() ? all.begin() : all.upper_bound(cursor);
+  while (it != all.end() && out.items.size() < limit) {
+    if (it->second.first <= now) {
+      it = all.erase(it);
+      continue;
+    }
+    out.items.push_back(it->second.second);
+    ++it;
+  }
+  if (it != all.end()) out.cursor = out.items.back().id;
+  return out;
+}
+
+bool queue_model::history_due() const {
+  auto now = now_();
+  return !s_->history.contains(now - now % minute_ms);
+}
+
+bool queue_model::record_history(const queue_counts& c) {
+  auto now = now_();
+  auto minute = now - now % minute_ms;
+  auto& h = s_->history;
+  if (!h.try_emplace(minute, c).second) return false;
+  h.erase(h.begin(), h.lower_bound(minute - history_keep_ms));  // (ZREMRANGEBYSCORE)
+  return true;
+}
+
+std::vector<history_point> queue_model::history(std::chrono::minutes span) const {
+  std::vector<history_point> out;
+  auto from = now_() - std::min<std::int64_t>(span.count() * minute_ms, history_keep_ms);
+  for (auto it = s_->history.lower_bound(from); it != s_->history.end(); ++it) out.push_back({it->first, it->second});
+  return out;
+}
+
+page<std::string> queue_model::groups(const std::string& prefix, const std::string& cursor, std::size_t limit) const {
+  // A walk of the hash table's buckets, as SCAN walks Redis's: the cursor is '<bucket>:<entries
+  // of it passed>'. A group added or erased meanwhile may make the table grow or shrink, which
+  // moves entries between buckets: the walk is for looking, as SCAN's is.
+  const auto& all = s_->groups;
+  auto [bucket, passed] = parse_bucket_cursor(cursor);
+  page<std::string> out;
+  std::size_t budget = 1000;  // entries looked at, as a SCAN step's COUNT
+  for (; bucket < all.bucket_count(); ++bucket, passed = 0) {
+    std::size_t i = 0;
+    for (auto it = all.begin(bucket); it != all.end(bucket); ++it, ++i) {
+      if (i < passed) continue;
+      if (out.items.size() == limit || budget == 0) {
+        out.cursor = fmt::format("{}:{}", bucket, i);
+        return out;
+      }
+      --budget;
+      if (it->first.starts_with(prefix)) out.items.push_back(it->first);
+    }
+  }
+  return out;
+}
+
+group_status queue_model::group_of(const std::string& group) const {
+  const auto& q = *s_;
+  group_status out;
+  out.group = group;
+  if (auto g = q.groups.find(group); g != q.groups.end()) {
+    out.depth = static_cast<std::int64_t>(g->second.size());
+    out.head = split_record(g->second.front());
+  }
+  if (auto p = q.paused.find(group); p != q.paused.end()) out.paused = p->second;
+  out.parked = q.parked.contains(group);
+  // (ZSCORE on Redis; the model keeps the set by due time only, so it looks through it.)
+  const std::string lane = "g:" + group;
+  for (const auto& [due, member] : q.delayed)
+    if (member == lane) out.waiting_until_ms = due;
+  return out;
+}
+
+page<dead_letter> queue_model::find_dead(const dead_filter& filter, const std::string& cursor,
+                                         std::size_t limit) const {
+  // Newest first, and by id backwards within a millisecond: ZRANGE BYSCORE REV's order.
+  std::vector<const dead_letter*> all;
+  for (const auto& [id, d] : s_->dead) all.push_back(&d);
+  std::sort(all.begin(), all.end(), [](const dead_letter* a, const dead_letter* b) {
+    return a->at_ms != b->at_ms ? a->at_ms > b->at_ms : a->id > b->id;
+  });
+  auto from = parse_dead_cursor(cursor);
+  auto it = all.begin();
+  if (from) {
+    it = std::find_if(all.begin(), all.end(), [&](const dead_letter* d) { return d->at_ms <= from->at_ms; });
+    for (std::int64_t n = 0; n < from->skip && it != all.end() && (*it)->at_ms == from->at_ms; ++n) ++it;
+  }
+  page<dead_letter> out;
+  dead_cursor at = from.value_or(dead_cursor{});
+  std::size_t looked = 0;
+  for (; it != all.end(); ++it) {
+    if (out.items.size() == limit || looked == dead_scan_bound) {
+      out.cursor = to_string(at);
+      return out;
+    }
+    ++looked;
+    const auto& d = **it;
+    if (d.at_ms == at.at_ms && (from || looked > 1))
+      ++at.skip;
+    else
+      at = {d.at_ms, 1};
+    if (passes(filter, d)) out.items.push_back(d);
+  }
   return out;
 }
 

@@ -62,6 +62,15 @@ class queue_model {
   void purge_queue();
   std::int64_t group_size(const std::string& group) const;
   check_report check(bool repair);
+  // The operators' views (reports.lua, history.lua, and the reads of redis_backend).
+  void report_worker(worker_report r, std::chrono::milliseconds ttl);
+  page<worker_report> workers(const std::string& cursor, std::size_t limit);
+  bool history_due() const;
+  bool record_history(const queue_counts& c);
+  std::vector<history_point> history(std::chrono::minutes span) const;
+  page<std::string> groups(const std::string& prefix, const std::string& cursor, std::size_t limit) const;
+  group_status group_of(const std::string& group) const;
+  page<dead_letter> find_dead(const dead_filter& filter, const std::string& cursor, std::size_t limit) const;
   /// Shard `offset` of a queue of `stride` shards: the ids it assigns are n * stride + offset.
   void assign_ids(std::int64_t stride, std::int64_t offset) noexcept {
     id_stride_ = stride;

@@ -6,6 +6,7 @@
 #include "backend/finish_parts.hpp"
 #include "backend/job_codec.hpp"
 #include "backend/lua_scripts.hpp"
+#include "backend/views.hpp"
 #include "backend/wakeups.hpp"
 #include "redis/cluster_map.hpp"
 #include "redis/redis_link.hpp"
@@ -105,6 +106,8 @@ redis_backend::redis_backend(asio::any_io_executor ex, std::vector<redis::config
       advertise_(lua::advertise),
       expire_own_(lua::expire_own),
       reap_turn_(lua::reap_turn),
+      reports_(lua::reports),
+      history_(lua::history),
       wakeups_(std::make_shared<detail::wakeups>()) {
   std::random_device random;
   call_nonce_ = (std::uint64_t{random()} << 32) ^ random();
@@ -798,6 +801,25 @@ asio::awaitable<bool> redis_backend::resume(std::string queue, std::string group
   co_return r.as_integer() == 1;
 }
 
+namespace {
+
+// A group's entry of `paused` (pause.lua, finish.lua's halt).
+paused_group paused_of(std::string group, std::string_view entry) {
+  paused_group g;
+  g.group = std::move(group);
+  boost::system::error_code ec;
+  auto v = boost::json::parse(entry, ec);
+  if (!ec && v.is_object()) {
+    auto& o = v.as_object();
+    if (auto* s = o.if_contains("state"); s && s->is_string()) g.halted = s->as_string() == "halted";
+    if (auto* m = o.if_contains("error"); m && m->is_string()) g.error = std::string(m->as_string());
+    if (auto* at = o.if_contains("at"); at && at->is_number()) g.at_ms = at->to_number<std::int64_t>();
+  }
+  return g;
+}
+
+}  // namespace
+
 asio::awaitable<std::vector<paused_group>> redis_backend::paused_groups(std::string queue) {
   // HSCAN in pages, not HGETALL: an operator may have paused a great many groups.
   auto p = key_prefix(queue);
@@ -812,17 +834,7 @@ asio::awaitable<std::vector<paused_group>> redis_backend::paused_groups(std::str
     const auto& e = r.as_array().at(1).as_array();
     for (std::size_t i = 0; i + 1 < e.size(); i += 2) {
       if (!seen.insert(e[i].as_string()).second) continue;
-      paused_group g;
-      g.group = e[i].as_string();
-      boost::system::error_code ec;
-      auto v = boost::json::parse(e[i + 1].as_string(), ec);
-      if (!ec && v.is_object()) {
-        auto& o = v.as_object();
-        if (auto* s = o.if_contains("state"); s && s->is_string()) g.halted = s->as_string() == "halted";
-        if (auto* m = o.if_contains("error"); m && m->is_string()) g.error = std::string(m->as_string());
-        if (auto* at = o.if_contains("at"); at && at->is_number()) g.at_ms = at->to_number<std::int64_t>();
-      }
-      out.push_back(std::move(g));
+      out.push_back(paused_of(e[i].as_string(), e[i + 1].as_string()));
     }
   } while (cursor != "0");
   std::sort(out.begin(), out.end(), [](const paused_group& a, const paused_group& b) { return a.group < b.group; });
@@ -840,7 +852,7 @@ namespace {
 
 // check's walk: every structure of a queue read in pages, each call bounded (a list's page, a
 // SCAN step) so that no call holds the server up, however big the queue is.
-constexpr std::size_t page = 1000;
+constexpr std::size_t walk_page = 1000;
 // How far check_fix.lua searches a long list from each end in one call: LPOS compares about 45
 // million entries a second here, so two searches of this many take about 10 ms.
 constexpr std::size_t search_bound = 200000;
@@ -866,10 +878,10 @@ asio::awaitable<reply> read(detail::redis_link& link, request req, const std::st
 // twice (check confirms what it suspects).
 asio::awaitable<std::vector<std::string>> read_list(detail::redis_link& link, std::string key, std::int64_t& calls) {
   std::vector<std::string> out;
-  for (std::size_t at = 0;; at += page) {
-    reply r = co_await read(link, request("LRANGE", key, at, at + page - 1), key, calls);
+  for (std::size_t at = 0;; at += walk_page) {
+    reply r = co_await read(link, request("LRANGE", key, at, at + walk_page - 1), key, calls);
     for (auto& e : r.as_array()) out.push_back(e.as_string());
-    if (r.as_array().size() < page) co_return out;
+    if (r.as_array().size() < walk_page) co_return out;
   }
 }
 
@@ -881,7 +893,7 @@ asio::awaitable<std::vector<std::string>> read_scan(detail::redis_link& link, st
   std::unordered_set<std::string> seen;
   std::string cursor = "0";
   do {
-    reply r = co_await read(link, request(command, key, cursor, "COUNT", page), key, calls);
+    reply r = co_await read(link, request(command, key, cursor, "COUNT", walk_page), key, calls);
     cursor = r.as_array().at(0).as_string();
     const auto& items = r.as_array().at(1).as_array();
     for (std::size_t i = 0; i < items.size(); i += stride)
@@ -907,7 +919,8 @@ asio::awaitable<detail::queue_walk> walk(detail::redis_link& link, std::string p
   std::unordered_set<std::string> keys;
   std::string cursor = "0";
   do {
-    reply r = co_await read(link, request("SCAN", cursor, "MATCH", glob_literal(p) + "*", "COUNT", page), p, w.calls);
+    reply r =
+        co_await read(link, request("SCAN", cursor, "MATCH", glob_literal(p) + "*", "COUNT", walk_page), p, w.calls);
     cursor = r.as_array().at(0).as_string();
     for (auto& k : r.as_array().at(1).as_array()) {
       std::string_view name = std::string_view(k.as_string()).substr(p.size());
@@ -934,10 +947,10 @@ asio::awaitable<detail::queue_walk> walk(detail::redis_link& link, std::string p
       std::vector<std::string> records;
       for (auto& e : head.as_array()) records.push_back(e.as_string());
       if (records.size() == 100) {
-        for (std::size_t at = 100;; at += page) {
-          reply more = co_await read(link, request("LRANGE", p + "g:" + groups[i], at, at + page - 1), p, w.calls);
+        for (std::size_t at = 100;; at += walk_page) {
+          reply more = co_await read(link, request("LRANGE", p + "g:" + groups[i], at, at + walk_page - 1), p, w.calls);
           for (auto& e : more.as_array()) records.push_back(e.as_string());
-          if (more.as_array().size() < page) break;
+          if (more.as_array().size() < walk_page) break;
         }
       }
       w.groups.emplace_back(groups[i], std::move(records));
@@ -1168,7 +1181,7 @@ asio::awaitable<std::int64_t> redis_backend::purge_queue(std::string queue) {
   std::int64_t removed = 0;
   std::string cursor = "0";
   do {
-    request scan("SCAN", cursor, "MATCH", pattern, "COUNT", page);
+    request scan("SCAN", cursor, "MATCH", pattern, "COUNT", walk_page);
     scan.options.resend_safe = true;
     reply r = co_await link_->exec(std::move(scan), prefix);
     cursor = r.as_array().at(0).as_string();
@@ -1181,6 +1194,169 @@ asio::awaitable<std::int64_t> redis_backend::purge_queue(std::string queue) {
     removed += (co_await link_->exec(std::move(unlink), prefix)).as_integer();
   } while (cursor != "0");
   co_return removed;
+}
+
+// --- the operators' views ---
+
+asio::awaitable<void> redis_backend::report_worker(std::string queue, worker_report report,
+                                                   std::chrono::milliseconds ttl) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 1> keys{p + "reports"};
+  std::array<std::string, 4> args{"put", report.id, std::to_string(ttl.count()), detail::report_json(report)};
+  co_await link_->run(reports_, reports_.make_request(keys, args), p);
+}
+
+asio::awaitable<page<worker_report>> redis_backend::workers(std::string queue, std::string cursor, std::size_t limit) {
+  auto p = key_prefix(queue);
+  if (cursor.empty()) cursor = "0";
+  if (cursor.find_first_not_of("0123456789") != std::string::npos)
+    throw std::invalid_argument("worker cursor '" + cursor + "' is not one that a listing gave");
+  std::array<std::string, 1> keys{p + "reports"};
+  std::array<std::string, 3> args{"list", cursor, std::to_string(std::max<std::size_t>(limit, 1))};
+  reply r = co_await link_->run(reports_, reports_.make_request(keys, args), p);
+  const auto& e = r.as_array();
+  page<worker_report> out;
+  if (e.at(0).as_string() != "0") out.cursor = e.at(0).as_string();
+  for (std::size_t i = 1; i < e.size(); ++i) {
+    std::string_view entry = e[i].as_string();
+    auto bar = entry.find('|');
+    if (bar == std::string_view::npos) continue;
+    auto report = detail::parse_report(entry.substr(bar + 1));
+    std::from_chars(entry.data(), entry.data() + bar, report.at_ms);
+    out.items.push_back(std::move(report));
+  }
+  co_return out;
+}
+
+asio::awaitable<bool> redis_backend::history_due(std::string queue) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 1> keys{p + "history"};
+  std::array<std::string, 1> args{"due"};
+  reply r = co_await link_->run(history_, history_.make_request(keys, args), p);
+  co_return r.as_integer() == 1;
+}
+
+asio::awaitable<bool> redis_backend::record_history(std::string queue, queue_counts counts) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 1> keys{p + "history"};
+  std::array<std::string, 2> args{"put", detail::counts_json(counts)};
+  reply r = co_await link_->run(history_, history_.make_request(keys, args), p);
+  co_return r.as_integer() == 1;
+}
+
+asio::awaitable<std::vector<history_point>> redis_backend::history(std::string queue, std::chrono::minutes span) {
+  auto p = key_prefix(queue);
+  auto now = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch());
+  auto from = now.count() - std::min<std::int64_t>(span.count() * detail::minute_ms, detail::history_keep_ms);
+  // (At most a point a minute: a day's is 1,440 entries.)
+  request req("ZRANGE", p + "history", std::to_string(from), "+inf", "BYSCORE");
+  req.options.resend_safe = true;
+  reply r = co_await link_->exec(std::move(req), p);
+  std::vector<history_point> out;
+  for (const auto& e : r.as_array()) {
+    std::string_view entry = e.as_string();
+    auto bar = entry.find('|');
+    if (bar == std::string_view::npos) continue;
+    history_point point;
+    std::from_chars(entry.data(), entry.data() + bar, point.minute_ms);
+    point.counts = detail::parse_counts(entry.substr(bar + 1));
+    out.push_back(point);
+  }
+  co_return out;
+}
+
+asio::awaitable<page<std::string>> redis_backend::groups(std::string queue, std::string prefix, std::string cursor,
+                                                         std::size_t limit) {
+  auto p = key_prefix(queue);
+  if (cursor.empty()) cursor = "0";
+  if (cursor.find_first_not_of("0123456789") != std::string::npos)
+    throw std::invalid_argument("group cursor '" + cursor + "' is not one that a listing gave");
+  // SCAN steps of the queue's group lists (each bounded), at most ten a page: a prefix few
+  // groups have ends a page with fewer than asked and a cursor. The first step's COUNT is the
+  // limit, and each next one's four times the last's (up to 1,000), so that a page holds about
+  // `limit` groups (a step returns what it found: a page may hold some more).
+  auto pattern = glob_literal(p + "g:" + prefix) + "*";
+  page<std::string> out;
+  std::size_t count = std::clamp<std::size_t>(limit, 10, 1000);
+  for (int step = 0; step < 10 && out.items.size() < limit; ++step, count = std::min<std::size_t>(count * 4, 1000)) {
+    request req("SCAN", cursor, "MATCH", pattern, "COUNT", count);
+    req.options.resend_safe = true;
+    reply r = co_await link_->exec(std::move(req), p);
+    cursor = r.as_array().at(0).as_string();
+    for (const auto& k : r.as_array().at(1).as_array())
+      out.items.emplace_back(std::string_view(k.as_string()).substr(p.size() + 2));
+    if (cursor == "0") break;
+  }
+  if (cursor != "0") out.cursor = cursor;
+  co_return out;
+}
+
+asio::awaitable<group_status> redis_backend::group_of(std::string queue, std::string group) {
+  auto p = key_prefix(queue);
+  auto list = p + "g:" + group;
+  request req;
+  req.push("LLEN", list)
+      .push("LINDEX", list, 0)
+      .push("HGET", p + "paused", group)
+      .push("SISMEMBER", p + "parked", group)
+      .push("ZSCORE", p + "delayed", "g:" + group);
+  req.options.resend_safe = true;
+  reply r = co_await link_->exec(std::move(req), p);
+  const auto& e = r.as_array();
+  group_status out;
+  out.depth = e.at(0).as_integer();
+  if (!e.at(1).is_nil()) out.head = detail::split_record(e.at(1).as_string());
+  if (!e.at(2).is_nil()) out.paused = paused_of(group, e.at(2).as_string());
+  out.parked = e.at(3).as_integer() == 1;
+  if (!e.at(4).is_nil()) out.waiting_until_ms = std::stoll(e.at(4).as_string());
+  out.group = std::move(group);
+  co_return out;
+}
+
+asio::awaitable<page<dead_letter>> redis_backend::find_dead(std::string queue, dead_filter filter, std::string cursor,
+                                                            std::size_t limit) {
+  auto p = key_prefix(queue);
+  auto from = detail::parse_dead_cursor(cursor);
+  detail::dead_cursor at = from.value_or(detail::dead_cursor{});
+  bool started = from.has_value();
+  page<dead_letter> out;
+  std::size_t looked = 0;
+  constexpr std::size_t step = 500;
+  // Newest first: ZRANGE BYSCORE REV from the cursor's time, past the letters of that time
+  // already seen; the letters' texts by HMGET, in pages, up to dead_scan_bound letters a call.
+  for (;;) {
+    request ids("ZRANGE", p + "dead", started ? std::to_string(at.at_ms) : std::string("+inf"), "-inf", "BYSCORE",
+                "REV", "LIMIT", std::to_string(started ? at.skip : 0), std::to_string(step), "WITHSCORES");
+    ids.options.resend_safe = true;
+    reply r = co_await link_->exec(std::move(ids), p);
+    const auto& e = r.as_array();
+    if (e.empty()) co_return out;  // the end: no cursor
+    std::vector<std::string_view> names;
+    for (std::size_t i = 0; i + 1 < e.size(); i += 2) names.push_back(e[i].as_string());
+    request infos("HMGET", p + "dead:info", names);
+    infos.options.resend_safe = true;
+    reply info = co_await link_->exec(std::move(infos), p);
+    const auto& texts = info.as_array();
+    for (std::size_t i = 0; i + 1 < e.size(); i += 2) {
+      if (out.items.size() == limit || looked == detail::dead_scan_bound) {
+        out.cursor = detail::to_string(at);
+        co_return out;
+      }
+      ++looked;
+      std::int64_t ms = std::stoll(e[i + 1].as_string());
+      if (started && ms == at.at_ms) {
+        ++at.skip;
+      } else {
+        at = {ms, 1};
+        started = true;
+      }
+      const auto& text = texts.at(i / 2);
+      if (text.is_nil()) continue;  // purged meanwhile
+      auto d = parse_dead_letter(e[i].as_string(), text.as_string(), ms);
+      if (detail::passes(filter, d)) out.items.push_back(std::move(d));
+    }
+    if (e.size() / 2 < step) co_return out;
+  }
 }
 
 }  // namespace jobrt

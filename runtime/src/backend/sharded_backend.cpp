@@ -950,4 +950,89 @@ awaitable<check_report> sharded_backend::check(std::string queue, bool repair) {
   co_return sum;
 }
 
+// --- the operators' views: workers and history are the queue's own (its first shard's keys
+// when it has one), groups and dead letters are listed a shard after another ---
+
+awaitable<void> sharded_backend::report_worker(std::string queue, worker_report report, std::chrono::milliseconds ttl) {
+  co_await inner_.report_worker(std::move(queue), std::move(report), ttl);
+}
+
+awaitable<page<worker_report>> sharded_backend::workers(std::string queue, std::string cursor, std::size_t limit) {
+  co_return co_await inner_.workers(std::move(queue), std::move(cursor), limit);
+}
+
+awaitable<bool> sharded_backend::history_due(std::string queue) {
+  co_return co_await inner_.history_due(std::move(queue));
+}
+
+awaitable<bool> sharded_backend::record_history(std::string queue, queue_counts counts) {
+  co_return co_await inner_.record_history(std::move(queue), counts);
+}
+
+awaitable<std::vector<history_point>> sharded_backend::history(std::string queue, std::chrono::minutes span) {
+  co_return co_await inner_.history(std::move(queue), span);
+}
+
+namespace {
+
+// A listing's cursor over shards: '<shard>/<the shard's cursor>'.
+std::pair<std::size_t, std::string> split_cursor(const std::string& cursor, std::size_t shards) {
+  if (cursor.empty()) return {0, ""};
+  auto slash = cursor.find('/');
+  std::size_t k = 0;
+  auto [end, ec] = std::from_chars(cursor.data(), cursor.data() + (slash == std::string::npos ? 0 : slash), k);
+  if (slash == std::string::npos || ec != std::errc() || end != cursor.data() + slash || k >= shards)
+    throw std::invalid_argument("cursor '" + cursor + "' is not one that a listing of this queue gave");
+  return {k, cursor.substr(slash + 1)};
+}
+
+// Lists the shards one after another from the cursor's, until `limit` items came or every shard
+// has been asked once in this call.
+template <class T, class List>
+awaitable<page<T>> over_shards(std::size_t shards, const std::string& cursor, std::size_t limit, List list) {
+  auto [k, inner] = split_cursor(cursor, shards);
+  page<T> out;
+  for (; k < shards; ++k, inner.clear()) {
+    auto some = co_await list(k, inner, limit - out.items.size());
+    out.items.insert(out.items.end(), std::make_move_iterator(some.items.begin()),
+                     std::make_move_iterator(some.items.end()));
+    if (!some.cursor.empty()) {
+      out.cursor = fmt::format("{}/{}", k, some.cursor);
+      co_return out;
+    }
+    if (out.items.size() >= limit && k + 1 < shards) {
+      out.cursor = fmt::format("{}/", k + 1);
+      co_return out;
+    }
+  }
+  co_return out;
+}
+
+}  // namespace
+
+awaitable<page<std::string>> sharded_backend::groups(std::string queue, std::string prefix, std::string cursor,
+                                                     std::size_t limit) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.groups(q->names[0], std::move(prefix), std::move(cursor), limit);
+  co_return co_await over_shards<std::string>(q->shards, cursor, limit,
+                                              [&](std::size_t k, std::string at, std::size_t n) {
+                                                return inner_.groups(q->names[k], prefix, std::move(at), n);
+                                              });
+}
+
+awaitable<group_status> sharded_backend::group_of(std::string queue, std::string group) {
+  auto q = co_await state_of(queue);
+  co_return co_await inner_.group_of(q->names[shard_of(group, q->shards)], std::move(group));
+}
+
+awaitable<page<dead_letter>> sharded_backend::find_dead(std::string queue, dead_filter filter, std::string cursor,
+                                                        std::size_t limit) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.find_dead(q->names[0], std::move(filter), std::move(cursor), limit);
+  co_return co_await over_shards<dead_letter>(q->shards, cursor, limit,
+                                              [&](std::size_t k, std::string at, std::size_t n) {
+                                                return inner_.find_dead(q->names[k], filter, std::move(at), n);
+                                              });
+}
+
 }  // namespace jobrt

@@ -80,6 +80,7 @@ asio::awaitable<void> maintenance::reap_loop(std::shared_ptr<maintenance> self) 
       continue;  // more to do: at once
     if ((all = std::exchange(self->reap_now_, false))) continue;
     co_await self->about_types();
+    co_await self->for_operators();
     if (self->stopped_) break;  // (stop's cancel of the timer came while about_types was in a call)
     // reap_now's cancel of the timer, too, may have come during that call, before the wait
     // below: the flag says so.
@@ -117,6 +118,41 @@ asio::awaitable<void> maintenance::about_types() {
     }
   } catch (const std::exception& e) {
     if (!stopped_) jobrt::log(log_level::warn, source_, "job types: {}", e.what());
+  }
+}
+
+// What operators see (the dashboard): the worker's report of itself, every reaper period (at
+// least a second apart, at most ten), kept for three; and once a minute, the queue's counts as
+// the minute's history point, when no process has stored one yet.
+asio::awaitable<void> maintenance::for_operators() {
+  auto now = clock::now();
+  auto period =
+      std::clamp<std::chrono::milliseconds>(opts_.reap_period, std::chrono::seconds(1), std::chrono::seconds(10));
+  try {
+    if (hooks_.report && now - reported_ >= period && !stopped_) {
+      co_await stoppable(reap_stop_, strand_,
+                         bounded(strand_, backend_.report_worker(opts_.queue, hooks_.report(), 3 * period),
+                                 opts_.lease_ttl, "reporting the worker"));
+      reported_ = now;
+    }
+    auto minute =
+        std::chrono::duration_cast<std::chrono::minutes>(std::chrono::system_clock::now().time_since_epoch()).count();
+    if (minute != history_minute_ && !stopped_) {
+      bool due = co_await stoppable(
+          reap_stop_, strand_,
+          bounded(strand_, backend_.history_due(opts_.queue), opts_.lease_ttl, "looking at the queue's history"));
+      if (due && !stopped_) {
+        auto counts = co_await stoppable(
+            reap_stop_, strand_,
+            bounded(strand_, backend_.counts(opts_.queue), opts_.lease_ttl, "counting the queue for its history"));
+        co_await stoppable(reap_stop_, strand_,
+                           bounded(strand_, backend_.record_history(opts_.queue, counts), opts_.lease_ttl,
+                                   "recording the queue's history"));
+      }
+      history_minute_ = minute;
+    }
+  } catch (const std::exception& e) {
+    if (!stopped_) jobrt::log(log_level::warn, source_, "reports for operators: {}", e.what());
   }
 }
 

@@ -40,6 +40,8 @@ struct maintenance_hooks {
   std::function<std::vector<std::string>(std::chrono::steady_clock::time_point now)> unhandled_types;
   // What the backend said of one of them (backend::unrunnable_for), just now.
   std::function<void(const std::string& type, std::chrono::milliseconds none_for)> unrunnable;
+  // How the worker describes itself to operators (backend::report_worker), now.
+  std::function<worker_report()> report;
 };
 
 class maintenance : public std::enable_shared_from_this<maintenance> {
@@ -67,6 +69,7 @@ class maintenance : public std::enable_shared_from_this<maintenance> {
  private:
   static boost::asio::awaitable<void> reap_loop(std::shared_ptr<maintenance> self);
   boost::asio::awaitable<void> about_types();
+  boost::asio::awaitable<void> for_operators();
   static boost::asio::awaitable<void> promote_loop(std::shared_ptr<maintenance> self);
 
   boost::asio::any_io_executor strand_;
@@ -76,6 +79,8 @@ class maintenance : public std::enable_shared_from_this<maintenance> {
   maintenance_hooks hooks_;
   std::vector<std::string> handled_types_;
   std::chrono::steady_clock::time_point advertised_{};  // when the worker last said which types it runs
+  std::chrono::steady_clock::time_point reported_{};    // when it last reported itself
+  std::int64_t history_minute_ = 0;                     // the last minute it looked at the history in
   boost::asio::steady_timer reap_timer_;
   boost::asio::cancellation_signal reap_stop_;     // ends a reap on its way
   boost::asio::steady_timer retry_timer_;          // the promoter's pause after a failure

@@ -1,0 +1,48 @@
+// What the operators' views of backend.hpp (workers, history, groups, dead letters) share
+// between the backends: how a worker's report and a history point are written as JSON, which
+// dead letters a filter passes, and the cursor of find_dead.
+#pragma once
+
+#include <jobrt/backend.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace jobrt::detail {
+
+/// A report as JSON, but for at_ms (the backend's to set).
+std::string report_json(const worker_report& r);
+/// A report read back; fields that are missing or of the wrong kind stay at their defaults.
+worker_report parse_report(std::string_view json);
+
+/// The counters and gauges of `c` as a JSON object.
+std::string counts_json(const queue_counts& c);
+queue_counts parse_counts(std::string_view json);
+
+/// The type of a dead letter's job, as its record says ("" when it does not).
+std::string type_of_record(std::string_view record);
+bool passes(const dead_filter& f, const dead_letter& d);
+
+/// Where find_dead goes on: past the letters newer than `at_ms`, and `skip` of those at it.
+struct dead_cursor {
+  std::int64_t at_ms = 0;
+  std::int64_t skip = 0;
+};
+std::string to_string(const dead_cursor& c);
+/// Throws std::invalid_argument, naming the text, when it is not a cursor find_dead made.
+std::optional<dead_cursor> parse_dead_cursor(std::string_view text);
+/// The most dead letters one find_dead call looks at.
+inline constexpr std::size_t dead_scan_bound = 2000;
+
+/// The memory backend's group cursor: '<bucket>:<entries of it passed>' ({0, 0} for "").
+/// Throws std::invalid_argument, naming the text, when it is not one.
+std::pair<std::size_t, std::size_t> parse_bucket_cursor(std::string_view text);
+
+/// The minute that `ms` falls in (its start), and how long history points are kept.
+inline constexpr std::int64_t minute_ms = 60000;
+inline constexpr std::int64_t history_keep_ms = 24 * 60 * minute_ms;
+
+}  // namespace jobrt::detail
