@@ -36,6 +36,7 @@ void add_worker(CLI::App& jobrt, action& chosen);
 void add_enqueue(CLI::App& jobrt, action& chosen);
 void add_admin(CLI::App& jobrt, action& chosen);  // stats, check, dlq, group, queue
 void add_demo(CLI::App& jobrt, action& chosen);   // demo, and the hidden demo-worker
+void add_dashboard(CLI::App& jobrt, action& chosen);
 
 /// Adds command `name` to `parent`: chosen on the command line, `run` becomes the work.
 template <class Run>

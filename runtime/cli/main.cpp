@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
   add_enqueue(app, chosen);
   add_admin(app, chosen);
   add_demo(app, chosen);
+  add_dashboard(app, chosen);
   bool version_json = false;
   auto* version = add_command(app, chosen, "version", "print the version", [&] {
     if (version_json)

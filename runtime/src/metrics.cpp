@@ -1,13 +1,11 @@
 #include <jobrt/metrics.hpp>
 
+#include "http/listener.hpp"
+
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
-#include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
 
@@ -216,61 +214,43 @@ std::string prometheus_text(const std::vector<queue_metrics>& queues) {
   return out;
 }
 
-struct metrics_server::state : std::enable_shared_from_this<state> {
-  state(asio::any_io_executor ex, const tcp::endpoint& at, render_fn r) : acceptor(ex), render(std::move(r)) {
-    boost::system::error_code ec;
-    acceptor.open(at.protocol(), ec);
-    if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec) acceptor.bind(at, ec);
-    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec)
-      throw std::runtime_error(
-          fmt::format("metrics: cannot listen on {}:{}: {}", at.address().to_string(), at.port(), ec.message()));
+struct metrics_server::state {
+  explicit state(asio::any_io_executor ex, const tcp::endpoint& at, render_fn render)
+      : listener(std::move(ex), at, answer(std::move(render)), "metrics") {}
+
+  static detail::http_listener::handler answer(render_fn render) {
+    return [render = std::move(render)](beast::tcp_stream& stream, detail::http_listener::request& req) {
+      return respond(render, stream, req);
+    };
   }
 
-  static asio::awaitable<void> accept_loop(std::shared_ptr<state> self) {
-    for (;;) {
-      auto [ec, socket] = co_await self->acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
-      if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) co_return;
-      if (ec) continue;  // a client that went away: accept the next
-      asio::co_spawn(self->acceptor.get_executor(), serve(self, beast::tcp_stream(std::move(socket))), asio::detached);
-    }
-  }
-
-  static asio::awaitable<void> serve(std::shared_ptr<state> self, beast::tcp_stream stream) {
-    beast::flat_buffer buffer;
-    for (;;) {
-      http::request<http::string_body> req;
-      stream.expires_after(std::chrono::seconds(30));
-      auto [ec, n] = co_await http::async_read(stream, buffer, req, asio::as_tuple(asio::use_awaitable));
-      if (ec) co_return;  // closed, timed out, or not HTTP
-      http::response<http::string_body> res;
-      res.version(req.version());
-      res.keep_alive(req.keep_alive());
-      if (req.method() != http::verb::get || req.target() != "/metrics") {
-        res.result(http::status::not_found);
-        res.set(http::field::content_type, "text/plain");
-        res.body() = "jobrt serves only GET /metrics\n";
-      } else {
-        std::string body;
-        try {
-          body = co_await self->render();
-          res.result(http::status::ok);
-        } catch (const std::exception& e) {
-          res.result(http::status::internal_server_error);
-          body = fmt::format("jobrt: metrics failed: {}\n", e.what());
-        }
-        res.set(http::field::content_type, "text/plain; version=0.0.4");
-        res.body() = std::move(body);
+  static asio::awaitable<bool> respond(const render_fn& render, beast::tcp_stream& stream,
+                                       detail::http_listener::request& req) {
+    http::response<http::string_body> res;
+    res.version(req.version());
+    res.keep_alive(req.keep_alive());
+    if (req.method() != http::verb::get || req.target() != "/metrics") {
+      res.result(http::status::not_found);
+      res.set(http::field::content_type, "text/plain");
+      res.body() = "jobrt serves only GET /metrics\n";
+    } else {
+      std::string body;
+      try {
+        body = co_await render();
+        res.result(http::status::ok);
+      } catch (const std::exception& e) {
+        res.result(http::status::internal_server_error);
+        body = fmt::format("jobrt: metrics failed: {}\n", e.what());
       }
-      res.prepare_payload();
-      auto [wec, written] = co_await http::async_write(stream, res, asio::as_tuple(asio::use_awaitable));
-      if (wec || !res.keep_alive()) co_return;
+      res.set(http::field::content_type, "text/plain; version=0.0.4");
+      res.body() = std::move(body);
     }
+    res.prepare_payload();
+    auto [wec, written] = co_await http::async_write(stream, res, asio::as_tuple(asio::use_awaitable));
+    co_return !wec && res.keep_alive();
   }
 
-  tcp::acceptor acceptor;
-  render_fn render;
+  detail::http_listener listener;
 };
 
 metrics_server::metrics_server(asio::any_io_executor ex, const tcp::endpoint& at, render_fn render)
@@ -278,16 +258,11 @@ metrics_server::metrics_server(asio::any_io_executor ex, const tcp::endpoint& at
 
 metrics_server::~metrics_server() { stop(); }
 
-tcp::endpoint metrics_server::local_endpoint() const { return state_->acceptor.local_endpoint(); }
+tcp::endpoint metrics_server::local_endpoint() const { return state_->listener.local_endpoint(); }
 
-void metrics_server::start() {
-  asio::co_spawn(state_->acceptor.get_executor(), state::accept_loop(state_), asio::detached);
-}
+void metrics_server::start() { state_->listener.start(); }
 
-void metrics_server::stop() {
-  boost::system::error_code ec;
-  state_->acceptor.close(ec);
-}
+void metrics_server::stop() { state_->listener.stop(); }
 
 tcp::endpoint parse_listen_address(const std::string& text) {
   auto colon = text.rfind(':');

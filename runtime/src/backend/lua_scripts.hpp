@@ -1,4 +1,4 @@
-// The Lua scripts of runtime/lua/, embedded at build time (see runtime/embed_lua.cmake).
+// The Lua scripts of runtime/lua/, embedded at build time (see runtime/embed_text.cmake).
 #pragma once
 
 namespace jobrt::lua {

@@ -37,7 +37,7 @@ std::optional<json::object> object_of(std::string_view text) {
 // The counters and gauges, by the names `stats` and the CLI use.
 template <class Counts, class F>
 void each_count(Counts& c, F f) {
-  f("ready", c.ready_lanes);
+  f("ready_lanes", c.ready_lanes);
   f("running", c.running);
   f("delayed", c.delayed);
   f("paused", c.paused);
@@ -99,11 +99,13 @@ worker_report parse_report(std::string_view text) {
   return r;
 }
 
-std::string counts_json(const queue_counts& c) {
+json::object counts_object(const queue_counts& c) {
   json::object o;
   each_count(c, [&](std::string_view name, std::int64_t v) { o[name] = v; });
-  return json::serialize(o);
+  return o;
 }
+
+std::string counts_json(const queue_counts& c) { return json::serialize(counts_object(c)); }
 
 queue_counts parse_counts(std::string_view text) {
   queue_counts c;

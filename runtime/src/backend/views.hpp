@@ -5,6 +5,8 @@
 
 #include <jobrt/backend.hpp>
 
+#include <boost/json/object.hpp>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -18,7 +20,8 @@ std::string report_json(const worker_report& r);
 /// A report read back; fields that are missing or of the wrong kind stay at their defaults.
 worker_report parse_report(std::string_view json);
 
-/// The counters and gauges of `c` as a JSON object.
+/// The counters and gauges of `c` as a JSON object, by the names `jobrt stats --json` uses.
+boost::json::object counts_object(const queue_counts& c);
 std::string counts_json(const queue_counts& c);
 queue_counts parse_counts(std::string_view json);
 

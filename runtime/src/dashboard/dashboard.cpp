@@ -1,0 +1,585 @@
+// The dashboard: routes, the JSON API over the backend's operators' views, the event stream,
+// and the pages (runtime/src/dashboard/assets, built into the library). See docs/DASHBOARD.md.
+//
+// (JSON is built by plain functions, not inside coroutines: GCC 12 miscompiles braced lists of
+// temporaries in a coroutine body.)
+#include <jobrt/dashboard.hpp>
+#include <jobrt/error.hpp>
+#include <jobrt/job.hpp>
+
+#include "backend/job_codec.hpp"
+#include "backend/views.hpp"
+#include "dashboard/assets.hpp"
+#include "http/listener.hpp"
+#include "worker/loops.hpp"
+
+#include <fmt/format.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/write.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+#include <boost/system/system_error.hpp>
+#include <boost/url/parse.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <stdexcept>
+
+namespace jobrt {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace json = boost::json;
+using asio::awaitable;
+using response = http::response<http::string_body>;
+
+namespace {
+
+// A request the API refuses, with the status and the words it answers with.
+struct refusal : std::runtime_error {
+  refusal(http::status s, const std::string& what) : std::runtime_error(what), status(s) {}
+  http::status status;
+};
+
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+response make_response(const dashboard::request& req, http::status status, std::string_view type, std::string body) {
+  response res(status, req.version());
+  res.set(http::field::content_type, type);
+  res.set(http::field::cache_control, "no-store");
+  res.set("X-Content-Type-Options", "nosniff");
+  // The pages load nothing from elsewhere and run no inline script.
+  res.set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'");
+  res.keep_alive(req.keep_alive());
+  res.body() = std::move(body);
+  res.prepare_payload();
+  return res;
+}
+
+response json_response(const dashboard::request& req, http::status status, const json::value& v) {
+  return make_response(req, status, "application/json", json::serialize(v));
+}
+
+json::object error_object(std::string_view message) {
+  json::object o;
+  o["error"] = message;
+  return o;
+}
+
+// A job's record: its parts decoded, or as stored with why it does not decode.
+json::object record_object(const job_record& r, std::string_view group) {
+  json::object o;
+  o["id"] = r.id;
+  o["attempts"] = r.attempts;
+  try {
+    auto j = detail::decode(r, group);
+    o["type"] = j.type;
+    o["payload"] = j.payload;
+    o["max_attempts"] = j.max_attempts;
+    o["enqueued_at"] = j.enqueued_at_ms;
+  } catch (const std::exception& e) {
+    o["record"] = r.body;
+    o["malformed"] = r.malformed.empty() ? std::string(e.what()) : r.malformed;
+  }
+  return o;
+}
+
+json::object dead_object(const dead_letter& d) {
+  json::object o;
+  o["id"] = d.id;
+  o["group"] = d.group;
+  try {
+    auto j = decode_job(d.record, d.group);
+    o["type"] = j.type;
+    o["payload"] = j.payload;
+    o["max_attempts"] = j.max_attempts;
+    o["enqueued_at"] = j.enqueued_at_ms;
+  } catch (const std::exception&) {
+    o["record"] = d.record;
+  }
+  o["runs"] = d.runs;
+  o["error"] = d.error;
+  o["at"] = d.at_ms;
+  return o;
+}
+
+json::object report_object(const worker_report& r) {
+  json::object o;
+  o["id"] = r.id;
+  o["host"] = r.host;
+  o["pid"] = r.pid;
+  o["concurrency"] = r.concurrency;
+  o["started"] = r.started_ms;
+  o["running"] = r.running;
+  json::array jobs;
+  for (const auto& j : r.jobs) {
+    json::object e;
+    e["id"] = j.id;
+    e["group"] = j.group;
+    e["type"] = j.type;
+    e["since"] = j.since_ms;
+    jobs.push_back(std::move(e));
+  }
+  o["jobs"] = std::move(jobs);
+  o["at"] = r.at_ms;
+  o["heartbeat_age_ms"] = std::max<std::int64_t>(0, now_ms() - r.at_ms);
+  return o;
+}
+
+json::object group_object(const group_status& s) {
+  json::object o;
+  o["group"] = s.group;
+  o["depth"] = s.depth;
+  o["head"] = s.head ? json::value(record_object(*s.head, s.group)) : json::value(nullptr);
+  if (s.paused) {
+    json::object p;
+    p["halted"] = s.paused->halted;
+    p["error"] = s.paused->error;
+    p["at"] = s.paused->at_ms;
+    o["paused"] = std::move(p);
+  } else {
+    o["paused"] = nullptr;
+  }
+  o["parked"] = s.parked;
+  o["waiting_until"] = s.waiting_until_ms;
+  return o;
+}
+
+json::object running_object(const worker_report& r, const worker_report::job& j) {
+  json::object o;
+  o["worker"] = r.id;
+  o["host"] = r.host;
+  o["pid"] = r.pid;
+  o["id"] = j.id;
+  o["group"] = j.group;
+  o["type"] = j.type;
+  o["since"] = j.since_ms;
+  o["reported_at"] = r.at_ms;
+  return o;
+}
+
+// A query parameter, decoded; "" when absent.
+std::string param(const boost::urls::url_view& u, std::string_view name) {
+  auto it = u.params().find(name);
+  return it == u.params().end() ? std::string() : std::string((*it).value);
+}
+
+std::size_t limit_param(const boost::urls::url_view& u, std::size_t fallback, std::size_t most) {
+  auto text = param(u, "limit");
+  if (text.empty()) return fallback;
+  std::size_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size() || n == 0 || n > most)
+    throw refusal(http::status::bad_request, fmt::format("limit '{}' is not a number from 1 to {}", text, most));
+  return n;
+}
+
+// The ids of an action's body: {"ids": ["...", ...]}.
+std::vector<std::string> ids_of(const std::string& body) {
+  boost::system::error_code ec;
+  auto v = json::parse(body, ec);
+  if (ec || !v.is_object()) throw refusal(http::status::bad_request, "the body is not a JSON object");
+  auto* ids = v.as_object().if_contains("ids");
+  if (!ids || !ids->is_array()) throw refusal(http::status::bad_request, "the body has no \"ids\" array");
+  std::vector<std::string> out;
+  for (const auto& id : ids->as_array()) {
+    if (!id.is_string()) throw refusal(http::status::bad_request, "an entry of \"ids\" is not a string");
+    out.emplace_back(id.as_string());
+  }
+  if (out.empty()) throw refusal(http::status::bad_request, "\"ids\" is empty: name the dead letters");
+  return out;
+}
+
+// Whether a token given matches the one set, in a time that does not depend on where they
+// differ.
+bool same_token(std::string_view given, std::string_view set) {
+  if (given.size() != set.size() || set.empty()) return false;
+  unsigned char diff = 0;
+  for (std::size_t i = 0; i < set.size(); ++i) diff |= static_cast<unsigned char>(given[i] ^ set[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+struct dashboard::impl : std::enable_shared_from_this<impl> {
+  impl(asio::any_io_executor e, backend& s, dashboard_options o) : ex(std::move(e)), store(s), opts(std::move(o)) {
+    if (opts.queues.empty()) throw std::invalid_argument("dashboard: no queue to show");
+    for (const auto& q : opts.queues) check_queue_name(q);
+  }
+
+  // A call to the backend within call_limit; what goes wrong becomes the answer's error.
+  template <class T>
+  awaitable<T> call(awaitable<T> c, std::string_view what) {
+    try {
+      co_return co_await detail::bounded(ex, std::move(c), opts.call_limit, what);
+    } catch (const refusal&) {
+      throw;
+    } catch (const std::invalid_argument& e) {
+      throw refusal(http::status::bad_request, e.what());
+    } catch (const boost::system::system_error& e) {
+      if (e.code() == make_error_code(errc::group_busy)) throw refusal(http::status::conflict, e.what());
+      throw refusal(http::status::service_unavailable, fmt::format("the store failed {}: {}", what, e.what()));
+    } catch (const std::exception& e) {
+      auto why = opts.store_error ? opts.store_error() : std::string();
+      throw refusal(http::status::service_unavailable,
+                    fmt::format("the store failed {}: {}{}", what, e.what(), why.empty() ? "" : " (" + why + ")"));
+    }
+  }
+
+  const std::string& queue_named(const std::string& name) const {
+    auto it = std::find(opts.queues.begin(), opts.queues.end(), name);
+    if (it == opts.queues.end())
+      throw refusal(http::status::not_found, fmt::format("queue '{}' is not one this dashboard shows", name));
+    return *it;
+  }
+
+  void may_act(const request& req) const {
+    if (opts.read_only) throw refusal(http::status::forbidden, "the dashboard is read-only (--read-only)");
+    if (opts.token.empty()) throw refusal(http::status::forbidden, "actions are off: the dashboard has no token");
+    auto given = req.find("X-Jobrt-Token");
+    if (given == req.end() || !same_token(given->value(), opts.token))
+      throw refusal(http::status::unauthorized, "this action needs the dashboard's token, in the X-Jobrt-Token header");
+  }
+
+  // Every worker's report, a page of 100 at a time, up to 1,000 (enough for a dashboard's view).
+  awaitable<std::pair<std::vector<worker_report>, bool>> all_reports(const std::string& q) {
+    std::vector<worker_report> out;
+    std::string cursor;
+    for (int pages = 0; pages < 10; ++pages) {
+      auto p = co_await call(store.workers(q, cursor, 100), "listing workers");
+      out.insert(out.end(), std::make_move_iterator(p.items.begin()), std::make_move_iterator(p.items.end()));
+      cursor = std::move(p.cursor);
+      if (cursor.empty()) break;
+    }
+    co_return std::make_pair(std::move(out), !cursor.empty());
+  }
+
+  awaitable<json::value> overview() {
+    json::array queues;
+    for (const auto& q : opts.queues) {
+      json::object o;
+      o["name"] = q;
+      try {
+        auto counts = co_await call(store.counts(q), "counting the queue");
+        auto [reports, more] = co_await all_reports(q);
+        o["counts"] = detail::counts_object(counts);
+        o["workers"] = reports.size();
+        o["workers_more"] = more;
+        std::int64_t running = 0;
+        for (const auto& r : reports) running += r.running;
+        o["running_reported"] = running;
+        o["latency_ms"] =
+            counts.next_enqueued_ms > 0 ? std::max<std::int64_t>(0, now_ms() - counts.next_enqueued_ms) : 0;
+      } catch (const refusal& e) {
+        o["error"] = e.what();
+      }
+      queues.push_back(std::move(o));
+    }
+    json::object out;
+    out["queues"] = std::move(queues);
+    out["actions"] = !opts.read_only && !opts.token.empty();
+    out["read_only"] = opts.read_only;
+    out["now"] = now_ms();
+    co_return out;
+  }
+
+  awaitable<json::value> group_page(const std::string& q, const boost::urls::url_view& u) {
+    auto found = co_await call(store.groups(q, param(u, "prefix"), param(u, "cursor"), limit_param(u, 50, 500)),
+                               "listing groups");
+    json::array groups;
+    for (const auto& g : found.items) {
+      auto s = co_await call(store.group_of(q, g), "reading a group");
+      groups.push_back(group_object(s));
+    }
+    json::object out;
+    out["groups"] = std::move(groups);
+    out["cursor"] = found.cursor;
+    co_return out;
+  }
+
+  awaitable<json::value> group(const std::string& q, const std::string& g) {
+    auto s = co_await call(store.group_of(q, g), "reading the group");
+    auto o = group_object(s);
+    o["running"] = nullptr;
+    auto [reports, more] = co_await all_reports(q);
+    for (const auto& r : reports)
+      for (const auto& j : r.jobs)
+        if (j.group == g) o["running"] = running_object(r, j);
+    co_return o;
+  }
+
+  awaitable<json::value> job(const std::string& q, const std::string& id, const std::string& g) {
+    json::object o;
+    o["id"] = id;
+    if (auto d = co_await call(store.dead_letter_of(q, id), "reading the dead letters")) {
+      o["state"] = "dead";
+      o["dead"] = dead_object(*d);
+      co_return o;
+    }
+    auto [reports, more] = co_await all_reports(q);
+    for (const auto& r : reports)
+      for (const auto& j : r.jobs)
+        if (j.id == id) {
+          o["state"] = "running";
+          o["running"] = running_object(r, j);
+          co_return o;
+        }
+    if (!g.empty()) {  // the group named: its head is the job, waiting to run
+      auto s = co_await call(store.group_of(q, g), "reading the group");
+      if (s.head && s.head->id == id) {
+        o["state"] = s.waiting_until_ms > 0 ? "delayed" : s.paused ? "paused" : "pending";
+        o["group"] = group_object(s);
+        co_return o;
+      }
+    }
+    throw refusal(http::status::not_found,
+                  fmt::format("job '{}' is neither dead-lettered nor running now, nor its group's next: it may be "
+                              "pending behind others, delayed or done",
+                              id));
+  }
+
+  awaitable<json::value> dead_page(const std::string& q, const boost::urls::url_view& u) {
+    dead_filter f;
+    f.group = param(u, "group");
+    f.type = param(u, "type");
+    f.text = param(u, "text");
+    auto found =
+        co_await call(store.find_dead(q, f, param(u, "cursor"), limit_param(u, 50, 500)), "listing dead letters");
+    json::array letters;
+    for (const auto& d : found.items) letters.push_back(dead_object(d));
+    json::object out;
+    out["letters"] = std::move(letters);
+    out["cursor"] = found.cursor;
+    co_return out;
+  }
+
+  awaitable<json::value> worker_page(const std::string& q, const boost::urls::url_view& u) {
+    auto found = co_await call(store.workers(q, param(u, "cursor"), limit_param(u, 100, 500)), "listing workers");
+    json::array workers;
+    for (const auto& r : found.items) workers.push_back(report_object(r));
+    json::object out;
+    out["workers"] = std::move(workers);
+    out["cursor"] = found.cursor;
+    co_return out;
+  }
+
+  awaitable<json::value> history(const std::string& q, const boost::urls::url_view& u) {
+    auto minutes = param(u, "minutes");
+    int n = 60;
+    if (!minutes.empty()) {
+      auto [end, ec] = std::from_chars(minutes.data(), minutes.data() + minutes.size(), n);
+      if (ec != std::errc() || end != minutes.data() + minutes.size() || n < 1 || n > 1440)
+        throw refusal(http::status::bad_request, fmt::format("minutes '{}' is not a number from 1 to 1440", minutes));
+    }
+    auto points = co_await call(store.history(q, std::chrono::minutes(n)), "reading the history");
+    json::array out;
+    for (const auto& p : points) {
+      json::object o;
+      o["minute"] = p.minute_ms;
+      o["counts"] = detail::counts_object(p.counts);
+      out.push_back(std::move(o));
+    }
+    json::object body;
+    body["points"] = std::move(out);
+    co_return body;
+  }
+
+  // /api/queues/<q>/... ; `rest` is what follows the queue's name.
+  awaitable<json::value> queue_api(const request& req, const std::string& q, const std::vector<std::string>& rest,
+                                   const boost::urls::url_view& u) {
+    bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
+    // (No braced lists in a coroutine: see the top.) `is(a)` and `is(a, "")` match a path of one
+    // word and of that word and any other.
+    auto is = [&](std::string_view first, std::optional<std::string_view> second = std::nullopt) {
+      if (rest.size() != (second ? 2u : 1u) || rest[0] != first) return false;
+      return !second || second->empty() || rest[1] == *second;
+    };
+    if (get && is("history")) co_return co_await history(q, u);
+    if (get && is("groups")) co_return co_await group_page(q, u);
+    if (get && is("groups", "")) co_return co_await group(q, rest[1]);
+    if (post && rest.size() == 3 && rest[0] == "groups" && (rest[2] == "pause" || rest[2] == "resume")) {
+      may_act(req);
+      json::object out;
+      if (rest[2] == "pause") {
+        out["changed"] = co_await call(store.pause(q, rest[1]), "pausing the group");
+      } else {
+        auto mode = param(u, "skip") == "1" ? resume_mode::skip : resume_mode::retry;
+        out["changed"] = co_await call(store.resume(q, rest[1], mode), "resuming the group");
+      }
+      co_return out;
+    }
+    if (get && is("jobs", "")) co_return co_await job(q, rest[1], param(u, "group"));
+    if (get && is("dead")) co_return co_await dead_page(q, u);
+    if (get && is("dead", "")) {
+      auto d = co_await call(store.dead_letter_of(q, rest[1]), "reading the dead letters");
+      if (!d) throw refusal(http::status::not_found, fmt::format("no dead letter '{}'", rest[1]));
+      co_return dead_object(*d);
+    }
+    if (post && is("dead", "requeue")) {
+      may_act(req);
+      auto ids = ids_of(req.body());
+      auto done = co_await call(store.requeue(q, std::move(ids), param(u, "at_head") == "1"), "requeueing");
+      json::array names(done.begin(), done.end());
+      json::object out;
+      out["requeued"] = std::move(names);
+      co_return out;
+    }
+    if (post && is("dead", "purge")) {
+      may_act(req);
+      auto ids = ids_of(req.body());
+      json::object out;
+      out["purged"] = co_await call(store.purge(q, std::move(ids)), "purging");
+      co_return out;
+    }
+    if (get && is("workers")) co_return co_await worker_page(q, u);
+    throw refusal(get || post ? http::status::not_found : http::status::method_not_allowed,
+                  fmt::format("no {} {} in the dashboard's API", std::string(req.method_string()), u.path()));
+  }
+
+  awaitable<response> answer(const request& req, std::string_view path) {
+    auto parsed = boost::urls::parse_origin_form(path);
+    if (!parsed) co_return json_response(req, http::status::bad_request, error_object("the address does not parse"));
+    auto u = *parsed;
+    std::vector<std::string> seg;
+    for (auto s : u.segments()) seg.emplace_back(s);
+    if (seg.size() == 1 && seg[0].empty()) seg.clear();  // "/"
+    if (seg.empty() || (seg.size() == 1 && (seg[0] == "app.js" || seg[0] == "style.css"))) {
+      if (req.method() != http::verb::get)
+        co_return json_response(req, http::status::method_not_allowed, error_object("the pages take GET"));
+      if (seg.empty())
+        co_return make_response(req, http::status::ok, "text/html; charset=utf-8", dashboard_assets::index);
+      if (seg[0] == "app.js")
+        co_return make_response(req, http::status::ok, "text/javascript; charset=utf-8", dashboard_assets::app);
+      co_return make_response(req, http::status::ok, "text/css; charset=utf-8", dashboard_assets::style);
+    }
+    try {
+      if (seg.size() < 2 || seg[0] != "api") throw refusal(http::status::not_found, "no such page");
+      if (seg.size() == 2 && seg[1] == "overview" && req.method() == http::verb::get)
+        co_return json_response(req, http::status::ok, co_await overview());
+      if (seg.size() >= 3 && seg[1] == "queues") {
+        const auto& q = queue_named(seg[2]);
+        std::vector<std::string> rest(seg.begin() + 3, seg.end());
+        co_return json_response(req, http::status::ok, co_await queue_api(req, q, rest, u));
+      }
+      throw refusal(http::status::not_found, fmt::format("no {} in the dashboard's API", u.path()));
+    } catch (const refusal& e) {
+      co_return json_response(req, e.status, error_object(e.what()));
+    }
+  }
+
+  // /api/events: the overview now and every live_period, as server-sent events, until the client
+  // goes or stop().
+  awaitable<void> events(beast::tcp_stream& stream, const request& req) {
+    http::response<http::empty_body> head(http::status::ok, req.version());
+    head.set(http::field::content_type, "text/event-stream");
+    head.set(http::field::cache_control, "no-store");
+    head.keep_alive(false);  // (the events end with the connection)
+    http::response_serializer<http::empty_body> sr(head);
+    auto [hec, hn] = co_await http::async_write_header(stream, sr, asio::as_tuple(asio::use_awaitable));
+    if (hec) co_return;
+    auto timer = std::make_shared<asio::steady_timer>(stream.get_executor());
+    {
+      std::lock_guard lock(mutex);
+      if (stopped) co_return;
+      timers.insert(timer.get());
+    }
+    struct leave {
+      impl& self;
+      asio::steady_timer* t;
+      ~leave() {
+        std::lock_guard lock(self.mutex);
+        self.timers.erase(t);
+      }
+    } guard{*this, timer.get()};
+    for (;;) {
+      auto data = "event: overview\ndata: " + json::serialize(co_await overview()) + "\n\n";
+      auto [wec, wn] = co_await asio::async_write(stream, asio::buffer(data), asio::as_tuple(asio::use_awaitable));
+      if (wec) co_return;
+      timer->expires_after(opts.live_period);
+      co_await timer->async_wait(asio::as_tuple(asio::use_awaitable));  // (cancelled by stop())
+      std::lock_guard lock(mutex);
+      if (stopped) co_return;
+    }
+  }
+
+  void stop() {
+    std::lock_guard lock(mutex);
+    stopped = true;
+    for (auto* t : timers) t->cancel();
+  }
+
+  asio::any_io_executor ex;
+  backend& store;
+  dashboard_options opts;
+  std::mutex mutex;
+  bool stopped = false;
+  std::set<asio::steady_timer*> timers;  // of the event streams
+};
+
+dashboard::dashboard(asio::any_io_executor ex, backend& store, dashboard_options opts)
+    : impl_(std::make_shared<impl>(std::move(ex), store, std::move(opts))) {}
+
+dashboard::~dashboard() { impl_->stop(); }
+
+void dashboard::stop() { impl_->stop(); }
+
+awaitable<bool> dashboard::serve(beast::tcp_stream& stream, const request& req, std::string_view path) {
+  auto self = impl_;
+  if (path.empty()) {  // mounted at /x, asked for /x: the pages' links are relative to /x/
+    response res(http::status::moved_permanently, req.version());
+    res.set(http::field::location, std::string(req.target()) + "/");
+    res.keep_alive(req.keep_alive());
+    res.prepare_payload();
+    auto [ec, n] = co_await http::async_write(stream, res, asio::as_tuple(asio::use_awaitable));
+    co_return !ec && req.keep_alive();
+  }
+  if (path == "/api/events" && req.method() == http::verb::get) {
+    co_await self->events(stream, req);
+    co_return false;
+  }
+  auto res = co_await self->answer(req, path);
+  auto [ec, n] = co_await http::async_write(stream, res, asio::as_tuple(asio::use_awaitable));
+  co_return !ec && res.keep_alive();
+}
+
+struct dashboard_server::state {
+  state(asio::any_io_executor ex, const asio::ip::tcp::endpoint& at, std::shared_ptr<dashboard> b)
+      : board(std::move(b)),
+        listener(
+            std::move(ex), at,
+            [board = board](beast::tcp_stream& stream, detail::http_listener::request& req) {
+              return board->serve(stream, req, req.target());
+            },
+            "dashboard") {}
+  std::shared_ptr<dashboard> board;
+  detail::http_listener listener;
+};
+
+dashboard_server::dashboard_server(asio::any_io_executor ex, const asio::ip::tcp::endpoint& at,
+                                   std::shared_ptr<dashboard> board)
+    : state_(std::make_unique<state>(std::move(ex), at, std::move(board))) {}
+
+dashboard_server::~dashboard_server() { stop(); }
+
+asio::ip::tcp::endpoint dashboard_server::local_endpoint() const { return state_->listener.local_endpoint(); }
+
+void dashboard_server::start() { state_->listener.start(); }
+
+void dashboard_server::stop() {
+  state_->listener.stop();
+  state_->board->stop();
+}
+
+}  // namespace jobrt

@@ -1,0 +1,335 @@
+// The dashboard's JSON API, from C++: over the memory backend and a real redis-server, each
+// route, the token and read-only mode, the event stream, and a store that does not answer.
+// (The pages are tested in a browser: tests/dashboard.)
+#include "support/redis_server.hpp"
+#include "support/run.hpp"
+
+#include <jobrt/dashboard.hpp>
+#include <jobrt/memory_backend.hpp>
+#include <jobrt/producer.hpp>
+#include <jobrt/redis_backend.hpp>
+#include <jobrt/worker.hpp>
+
+#include <fmt/format.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/read_until.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/json/parse.hpp>
+
+#include <doctest/doctest.h>
+
+namespace asio = boost::asio;
+namespace json = boost::json;
+using namespace jobrt;
+using namespace jobrt::test;
+using asio::awaitable;
+
+namespace {
+
+struct answer {
+  int status = 0;
+  std::string head;
+  std::string body;
+  json::value json() const { return json::parse(body); }
+};
+
+// One HTTP/1.0 request to the dashboard at `port` (the server closes after its answer).
+awaitable<answer> ask(unsigned short port, std::string method, std::string target, std::string token = {},
+                      std::string body = {}) {
+  asio::ip::tcp::socket s(co_await asio::this_coro::executor);
+  co_await s.async_connect({asio::ip::make_address("127.0.0.1"), port}, asio::use_awaitable);
+  auto req = fmt::format("{} {} HTTP/1.0\r\nHost: localhost\r\nContent-Length: {}\r\n{}\r\n{}", method, target,
+                         body.size(), token.empty() ? "" : "X-Jobrt-Token: " + token + "\r\n", body);
+  co_await asio::async_write(s, asio::buffer(req), asio::use_awaitable);
+  std::string text;
+  co_await asio::async_read(s, asio::dynamic_buffer(text), asio::as_tuple(asio::use_awaitable));
+  answer a;
+  auto end = text.find("\r\n\r\n");
+  REQUIRE(end != std::string::npos);
+  a.head = text.substr(0, end);
+  a.body = text.substr(end + 4);
+  a.status = std::stoi(text.substr(9, 3));
+  co_return a;
+}
+
+job_spec make(std::string type, json::value payload, std::string group = {}) {
+  job_spec s;
+  s.type = std::move(type);
+  s.payload = std::move(payload);
+  if (!group.empty()) s.group = std::move(group);
+  return s;
+}
+
+// A dashboard on the memory backend, for queue "q", with these options.
+struct fixture {
+  explicit fixture(asio::io_context& ctx, dashboard_options o = {}) : store(ctx.get_executor()) {
+    if (o.queues.empty()) o.queues = {"q"};
+    board = std::make_shared<dashboard>(ctx.get_executor(), store, o);
+    server = std::make_unique<dashboard_server>(ctx.get_executor(),
+                                                asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0), board);
+    server->start();
+    port = server->local_endpoint().port();
+  }
+  memory_backend store;
+  std::shared_ptr<dashboard> board;
+  std::unique_ptr<dashboard_server> server;
+  unsigned short port = 0;
+};
+
+dashboard_options with_token(std::string token) {
+  dashboard_options o;
+  o.token = std::move(token);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("dashboard API: overview, groups by prefix, a group, and its pause and resume with the token") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    fixture f(ctx, with_token("s3cret"));
+    producer p(f.store, "q");
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 30; ++i)
+      specs.push_back(make("t", json::object{{"i", i}}, fmt::format("{}:{}", i % 2 ? "acme" : "beta", i)));
+    co_await p.enqueue_bulk(std::move(specs));
+
+    auto o = co_await ask(f.port, "GET", "/api/overview");
+    REQUIRE(o.status == 200);
+    auto v = o.json();
+    CHECK(v.at("queues").at(0).at("name") == "q");
+    CHECK(v.at("queues").at(0).at("counts").at("enqueued") == 30);
+    CHECK(v.at("queues").at(0).at("counts").at("groups") == 30);
+    CHECK(v.at("actions") == true);
+    CHECK(o.head.find("Content-Type: application/json") != std::string::npos);
+
+    std::set<std::string> acme;
+    std::string cursor;
+    for (int pages = 0; pages < 100; ++pages) {
+      auto g = co_await ask(f.port, "GET", "/api/queues/q/groups?prefix=acme%3A&limit=4&cursor=" + cursor);
+      REQUIRE(g.status == 200);
+      auto body = g.json();
+      for (const auto& e : body.at("groups").as_array()) {
+        acme.insert(std::string(e.at("group").as_string()));
+        CHECK(e.at("depth") == 1);
+        CHECK(e.at("head").at("type") == "t");
+      }
+      cursor = std::string(body.at("cursor").as_string());
+      if (cursor.empty()) break;
+    }
+    CHECK(acme.size() == 15);
+
+    auto one = co_await ask(f.port, "GET", "/api/queues/q/groups/acme%3A3");
+    REQUIRE(one.status == 200);
+    CHECK(one.json().at("head").at("payload").at("i") == 3);
+    CHECK(one.json().at("paused").is_null());
+    CHECK(one.json().at("running").is_null());
+
+    CHECK((co_await ask(f.port, "POST", "/api/queues/q/groups/acme%3A3/pause")).status == 401);
+    CHECK((co_await ask(f.port, "POST", "/api/queues/q/groups/acme%3A3/pause", "wrong!")).status == 401);
+    auto paused = co_await ask(f.port, "POST", "/api/queues/q/groups/acme%3A3/pause", "s3cret");
+    REQUIRE(paused.status == 200);
+    CHECK(paused.json().at("changed") == true);
+    CHECK((co_await f.store.paused_groups("q")).size() == 1);
+    auto seen = co_await ask(f.port, "GET", "/api/queues/q/groups/acme%3A3");
+    CHECK(seen.json().at("paused").at("halted") == false);
+    auto resumed = co_await ask(f.port, "POST", "/api/queues/q/groups/acme%3A3/resume", "s3cret");
+    CHECK(resumed.json().at("changed") == true);
+    CHECK((co_await f.store.paused_groups("q")).empty());
+
+    CHECK((co_await ask(f.port, "GET", "/api/queues/other/groups")).status == 404);
+    CHECK((co_await ask(f.port, "GET", "/api/queues/q/nothing")).status == 404);
+    CHECK((co_await ask(f.port, "DELETE", "/api/queues/q/groups")).status == 405);
+    auto bad = co_await ask(f.port, "GET", "/api/queues/q/groups?cursor=zzz");
+    CHECK(bad.status == 400);
+    CHECK(bad.json().at("error").as_string().find("zzz") != json::string::npos);
+    CHECK((co_await ask(f.port, "GET", "/api/queues/q/groups?limit=0")).status == 400);
+  });
+}
+
+TEST_CASE("dashboard API: dead letters by filter, one by id, requeued and purged, and a job by id") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    fixture f(ctx, with_token("t0ken"));
+    producer p(f.store, "q");
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 12; ++i) specs.push_back(make(i % 3 ? "mail" : "import", json::object{{"i", i}}));
+    co_await p.enqueue_bulk(std::move(specs));
+    claim_options co;
+    co.worker = "w";
+    co.max = 100;
+    auto leased = co_await f.store.claim("q", co);
+    REQUIRE(leased.size() == 12);
+    std::vector<finish_item> items;
+    for (std::size_t i = 0; i < leased.size(); ++i) {
+      finish_item it;
+      it.token = leased[i].token;
+      it.kind = finish_kind::fail;
+      it.error = i % 2 ? "SMTP <refused>" : "timeout";
+      items.push_back(std::move(it));
+    }
+    co_await f.store.finish("q", "w", std::move(items), std::chrono::seconds(30));
+
+    auto mail = co_await ask(f.port, "GET", "/api/queues/q/dead?type=mail&text=smtp&limit=100");
+    REQUIRE(mail.status == 200);
+    auto letters = mail.json().at("letters").as_array();
+    for (const auto& d : letters) {
+      CHECK(d.at("type") == "mail");
+      CHECK(d.at("error") == "SMTP <refused>");  // as text: the API returns it as it is
+    }
+    CHECK(!letters.empty());
+    auto id = std::string(letters.at(0).at("id").as_string());
+    auto one = co_await ask(f.port, "GET", "/api/queues/q/dead/" + id);
+    CHECK(one.json().at("id").as_string() == id);
+    auto job = co_await ask(f.port, "GET", "/api/queues/q/jobs/" + id);
+    CHECK(job.json().at("state") == "dead");
+    CHECK((co_await ask(f.port, "GET", "/api/queues/q/jobs/nope")).status == 404);
+
+    auto requeue_body = fmt::format(R"({{"ids":["{}"]}})", id);
+    CHECK((co_await ask(f.port, "POST", "/api/queues/q/dead/requeue", "", requeue_body)).status == 401);
+    auto requeued = co_await ask(f.port, "POST", "/api/queues/q/dead/requeue", "t0ken", requeue_body);
+    REQUIRE(requeued.status == 200);
+    CHECK(requeued.json().at("requeued").at(0).as_string() == id);
+    CHECK((co_await f.store.counts("q")).dead == 11);
+    auto empty = co_await ask(f.port, "POST", "/api/queues/q/dead/purge", "t0ken", R"({"ids":[]})");
+    CHECK(empty.status == 400);
+    CHECK((co_await ask(f.port, "POST", "/api/queues/q/dead/purge", "t0ken", "not json")).status == 400);
+    auto all = (co_await ask(f.port, "GET", "/api/queues/q/dead?limit=100")).json();
+    std::string ids = "[";
+    for (const auto& d : all.at("letters").as_array())
+      ids += (ids.size() > 1 ? ",\"" : "\"") + std::string(d.at("id").as_string()) + "\"";
+    ids += "]";
+    auto purged = co_await ask(f.port, "POST", "/api/queues/q/dead/purge", "t0ken", R"({"ids":)" + ids + "}");
+    CHECK(purged.json().at("purged") == 11);
+    CHECK((co_await f.store.counts("q")).dead == 0);
+  });
+}
+
+TEST_CASE("dashboard API: read-only and tokenless dashboards take no action") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    dashboard_options ro;
+    ro.token = "x";
+    ro.read_only = true;
+    fixture f(ctx, ro);
+    auto r = co_await ask(f.port, "POST", "/api/queues/q/groups/g/pause", "x");
+    CHECK(r.status == 403);
+    CHECK(r.json().at("error").as_string().find("read-only") != json::string::npos);
+    CHECK((co_await ask(f.port, "GET", "/api/overview")).json().at("actions") == false);
+    fixture none(ctx);
+    CHECK((co_await ask(none.port, "POST", "/api/queues/q/groups/g/pause", "")).status == 403);
+  });
+}
+
+TEST_CASE("dashboard API: workers, their running jobs, a group's lease holder, history and live events") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    dashboard_options o;
+    o.live_period = std::chrono::milliseconds(100);
+    fixture f(ctx, o);
+    worker_options wo;
+    wo.queue = "q";
+    wo.id = "busy-1";
+    wo.concurrency = 3;
+    wo.reap_period = std::chrono::milliseconds(100);
+    worker w(ctx.get_executor(), f.store, wo);
+    bool release = false;
+    w.add_handler("hold", [&](job_context&) -> awaitable<void> {
+      while (!release) co_await sleep_for(std::chrono::milliseconds(10));
+    });
+    w.start();
+    producer p(f.store, "q");
+    auto spec = make("hold", json::object{}, "tenant-9");
+    auto id = (co_await p.enqueue(spec)).id;
+    json::value mine;
+    CHECK(co_await eventually(
+        [&]() -> awaitable<bool> {
+          auto page = (co_await ask(f.port, "GET", "/api/queues/q/workers")).json();
+          for (const auto& e : page.at("workers").as_array())
+            if (e.at("id") == "busy-1" && e.at("running") == 1) mine = e;
+          co_return !mine.is_null();
+        },
+        std::chrono::seconds(10)));
+    CHECK(mine.at("concurrency") == 3);
+    CHECK(mine.at("jobs").at(0).at("group") == "tenant-9");
+    auto g = (co_await ask(f.port, "GET", "/api/queues/q/groups/tenant-9")).json();
+    CHECK(g.at("running").at("worker") == "busy-1");
+    auto job = (co_await ask(f.port, "GET", "/api/queues/q/jobs/" + id)).json();
+    CHECK(job.at("state") == "running");
+    auto history = (co_await ask(f.port, "GET", "/api/queues/q/history?minutes=60")).json();
+    CHECK(history.at("points").as_array().size() == 1);  // the worker stored this minute's
+    CHECK((co_await ask(f.port, "GET", "/api/queues/q/history?minutes=0")).status == 400);
+
+    // Events: the overview at once and every live_period.
+    asio::ip::tcp::socket s(ctx);
+    co_await s.async_connect({asio::ip::make_address("127.0.0.1"), f.port}, asio::use_awaitable);
+    std::string req = "GET /api/events HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    co_await asio::async_write(s, asio::buffer(req), asio::use_awaitable);
+    std::string text;
+    int events = 0;
+    while (events < 3) {
+      auto n = co_await asio::async_read_until(s, asio::dynamic_buffer(text), "\n\n", asio::use_awaitable);
+      if (text.substr(0, n).find("event: overview\n") != std::string::npos) ++events;
+      text.erase(0, n);
+    }
+    CHECK(events == 3);
+    f.board->stop();  // ends the stream
+    auto [ec, n] = co_await asio::async_read(s, asio::dynamic_buffer(text), asio::as_tuple(asio::use_awaitable));
+    CHECK(ec == asio::error::eof);
+    release = true;
+    co_await w.stop(std::chrono::seconds(5));
+  });
+}
+
+TEST_CASE("dashboard API: a Redis that does not answer is an error in the answer, not a hang") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis::config dead;
+    dead.host = "127.0.0.1";
+    dead.port = std::to_string(free_port());  // nothing listens there
+    redis_backend store(ctx.get_executor(), dead);
+    dashboard_options o;
+    o.queues = {"q"};
+    o.call_limit = std::chrono::milliseconds(500);
+    o.store_error = [&store] { return store.connection().last_error(); };
+    auto board = std::make_shared<dashboard>(ctx.get_executor(), store, o);
+    dashboard_server server(ctx.get_executor(), asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0), board);
+    server.start();
+    auto port = server.local_endpoint().port();
+    auto began = std::chrono::steady_clock::now();
+    auto overview = co_await ask(port, "GET", "/api/overview");
+    CHECK(overview.status == 200);
+    CHECK(!overview.json().at("queues").at(0).at("error").as_string().empty());
+    auto groups = co_await ask(port, "GET", "/api/queues/q/groups");
+    CHECK(groups.status == 503);
+    CHECK(groups.json().at("error").as_string().find("refused") != json::string::npos);
+    CHECK(std::chrono::steady_clock::now() - began < std::chrono::seconds(5));
+    server.stop();
+  });
+}
+
+TEST_CASE("dashboard API: the same over a real redis-server") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), shared_redis());
+    auto queue = key_prefix() + "dash";
+    dashboard_options o;
+    o.queues = {queue};
+    o.token = "tok";
+    auto board = std::make_shared<dashboard>(ctx.get_executor(), store, o);
+    dashboard_server server(ctx.get_executor(), asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0), board);
+    server.start();
+    auto port = server.local_endpoint().port();
+    producer p(store, queue);
+    auto spec = make("t", json::object{{"x", "<script>alert(1)</script>"}}, "g/with/slashes");
+    co_await p.enqueue(spec);
+    auto base = "/api/queues/" + queue;
+    auto g = co_await ask(port, "GET", base + "/groups/g%2Fwith%2Fslashes");
+    REQUIRE(g.status == 200);
+    CHECK(g.json().at("depth") == 1);
+    CHECK(g.json().at("head").at("payload").at("x") == "<script>alert(1)</script>");
+    auto page = co_await ask(port, "GET", base + "/groups?prefix=g%2F");
+    CHECK(page.json().at("groups").at(0).at("group") == "g/with/slashes");
+    CHECK((co_await ask(port, "POST", base + "/groups/g%2Fwith%2Fslashes/pause", "tok")).json().at("changed") == true);
+    CHECK((co_await ask(port, "POST", base + "/groups/g%2Fwith%2Fslashes/resume?skip=1", "tok")).status == 200);
+    CHECK((co_await store.counts(queue)).dead == 1);  // skipped: its job went to the dead letters
+    server.stop();
+  });
+}
