@@ -4,9 +4,11 @@
 //   jobrt_example_http_server [--port N] [--redis URL]
 //   POST /jobs   {"type": "greet", "payload": {...}, "group": "optional"}  -> 202 {"id": "..."}
 //   GET  /stats  -> 200 {"done": N, "queue": {...counts}}
+//   /dashboard/  the jobrt dashboard of queue "http", mounted here (read-only)
 //
 // Handler `greet` waits a little (on a timer) and counts itself done. It prints "listening on
 // PORT" when it accepts connections; SIGTERM or SIGINT stop it gracefully.
+#include <jobrt/dashboard.hpp>
 #include <jobrt/memory_backend.hpp>
 #include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
@@ -82,13 +84,23 @@ asio::awaitable<response> handle(const http::request<http::string_body>& req, jo
   co_return reply(req, http::status::not_found, {{"error", "POST /jobs or GET /stats"}});
 }
 
-asio::awaitable<void> session(beast::tcp_stream stream, jobrt::producer& jobs, jobrt::backend& store) {
+asio::awaitable<void> session(beast::tcp_stream stream, jobrt::producer& jobs, jobrt::backend& store,
+                              jobrt::dashboard& board) {
   beast::flat_buffer buffer;
   for (;;) {
     http::request<http::string_body> req;
     stream.expires_after(std::chrono::seconds(30));
     auto [ec, n] = co_await http::async_read(stream, buffer, req, asio::as_tuple(asio::use_awaitable));
     if (ec) co_return;
+    stream.expires_never();
+    // The dashboard, under /dashboard: it answers (or streams events) itself.
+    constexpr std::string_view mount = "/dashboard";
+    std::string_view target = req.target();
+    if (target.starts_with(mount) &&
+        (target.size() == mount.size() || target[mount.size()] == '/' || target[mount.size()] == '?')) {
+      if (!co_await board.serve(stream, req, target.substr(mount.size()))) co_return;
+      continue;
+    }
     auto res = co_await handle(req, jobs, store);
     auto [wec, written] = co_await http::async_write(stream, res, asio::as_tuple(asio::use_awaitable));
     if (wec || !res.keep_alive()) co_return;
@@ -122,6 +134,10 @@ int main(int argc, char** argv) {
     co_await t.async_wait(asio::use_awaitable);
     ++done;
   });
+  jobrt::dashboard_options dopts;
+  dopts.queues = {"http"};
+  dopts.read_only = true;
+  jobrt::dashboard board(ctx.get_executor(), *store, dopts);
   tcp::acceptor acceptor(ctx, {asio::ip::make_address("127.0.0.1"), port});
   asio::signal_set signals(ctx, SIGTERM, SIGINT);
   worker.start();
@@ -131,7 +147,7 @@ int main(int argc, char** argv) {
         for (;;) {
           auto [ec, socket] = co_await acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
           if (ec) co_return;
-          asio::co_spawn(ctx, session(beast::tcp_stream(std::move(socket)), jobs, *store), asio::detached);
+          asio::co_spawn(ctx, session(beast::tcp_stream(std::move(socket)), jobs, *store, board), asio::detached);
         }
       },
       asio::detached);
@@ -140,6 +156,7 @@ int main(int argc, char** argv) {
       [&]() -> asio::awaitable<void> {
         co_await signals.async_wait(asio::use_awaitable);
         acceptor.close();
+        board.stop();  // (its event streams)
         co_await worker.stop(std::chrono::seconds(5));
         ctx.stop();
       },

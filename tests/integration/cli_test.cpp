@@ -565,6 +565,7 @@ TEST_CASE("the example HTTP server enqueues a job per POST and runs them on its 
   posix_spawn_file_actions_destroy(&files);
   std::vector<std::string> answers;
   std::string stats;
+  std::vector<std::string> mounted;
   run([&](asio::io_context& ctx) -> awaitable<void> {
     unsigned short port = 0;
     co_await eventually([&] {
@@ -601,6 +602,11 @@ TEST_CASE("the example HTTP server enqueues a job per POST and runs them on its 
       // A handler is done before its finish reaches the queue's counters: wait for both.
       co_return stats.find(R"("done":20)") != std::string::npos&& stats.find(R"("completed":20)") != std::string::npos;
     });
+    // The dashboard it mounts under /dashboard: its pages, its API, and no actions (read-only).
+    mounted.push_back(co_await call("GET", "/dashboard", ""));
+    mounted.push_back(co_await call("GET", "/dashboard/", ""));
+    mounted.push_back(co_await call("GET", "/dashboard/api/overview", ""));
+    mounted.push_back(co_await call("POST", "/dashboard/api/queues/http/groups/g1/pause", ""));
   });
   ::kill(pid, SIGTERM);
   int status = 0;
@@ -615,10 +621,65 @@ TEST_CASE("the example HTTP server enqueues a job per POST and runs them on its 
   CHECK(answers[21].find("job type is empty") != std::string::npos);
   CHECK(stats.find(R"("done":20)") != std::string::npos);
   CHECK(stats.find(R"("completed":20)") != std::string::npos);
+  REQUIRE(mounted.size() == 4);
+  CHECK(mounted[0].starts_with("HTTP/1.0 301"));
+  CHECK(mounted[0].find("Location: /dashboard/\r\n") != std::string::npos);
+  CHECK(mounted[1].starts_with("HTTP/1.0 200"));
+  CHECK(mounted[1].find("<title>jobrt</title>") != std::string::npos);
+  CHECK(mounted[2].find(R"("name":"http")") != std::string::npos);
+  CHECK(mounted[2].find(R"("completed":20)") != std::string::npos);
+  CHECK(mounted[3].starts_with("HTTP/1.0 403"));
+}
+
+TEST_CASE("jobrt dashboard serves its API, prints a made-up token, and refuses a bad or taken address") {
+  auto url = url_of(shared_redis());
+  std::string queue = key_prefix() + "board";
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "noop", "--group", "g"}).status == 0);
+  auto out = fmt::format("/tmp/jobrt-cli-dashboard-{}.out", ::getpid());
+  auto pid = start({"dashboard", "--redis", url, "--queue", queue, "--listen", "127.0.0.1:0"}, out);
+  unsigned short port = 0;
+  std::string token, overview;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    co_await eventually([&] {
+      std::ifstream in(out);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      auto at = text.find("listening on http://127.0.0.1:");
+      if (at != std::string::npos) port = static_cast<unsigned short>(std::stoi(text.substr(at + 30)));
+      auto t = text.find("actions need this token");
+      if (t != std::string::npos && text.find('\n', t) != std::string::npos) {
+        auto colon = text.find(": ", t + 23);
+        token = text.substr(colon + 2, text.find('\n', t) - colon - 2);
+      }
+      return port != 0 && !token.empty();
+    });
+    REQUIRE(port != 0);
+    asio::ip::tcp::socket s(ctx);
+    co_await s.async_connect({asio::ip::make_address("127.0.0.1"), port}, asio::use_awaitable);
+    std::string req = "GET /api/overview HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    co_await asio::async_write(s, asio::buffer(req), asio::use_awaitable);
+    co_await asio::async_read(s, asio::dynamic_buffer(overview), asio::as_tuple(asio::use_awaitable));
+  });
+  CHECK(token.size() == 32);
+  CHECK(overview.starts_with("HTTP/1.0 200"));
+  CHECK(overview.find(R"("enqueued":1)") != std::string::npos);
+  // The address it has is taken: a second one cannot listen there.
+  auto taken =
+      jobrt_cli({"dashboard", "--redis", url, "--queue", queue, "--listen", fmt::format("127.0.0.1:{}", port)});
+  CHECK(taken.status == 1);
+  CHECK(taken.output.find(fmt::format("dashboard: cannot listen on 127.0.0.1:{}: Address already in use", port)) !=
+        std::string::npos);
+  ::kill(pid, SIGTERM);
+  CHECK(wait_for(pid, out).status == 0);
+  auto bad = jobrt_cli({"dashboard", "--listen", "nowhere"});
+  CHECK(bad.status == 2);
+  CHECK(bad.output.find("dashboard: --listen: listen address 'nowhere' has no :PORT") != std::string::npos);
+  CHECK(jobrt_cli({"dashboard", "--queue", "a{b}"}).status == 2);
+  CHECK(jobrt_cli({"dashboard", "--token", ""}).status == 2);
 }
 
 TEST_CASE("every jobrt command answers --help and version prints it and REDIS_URL is the default server") {
-  for (std::string command : {"worker", "enqueue", "stats", "check", "dlq", "group", "queue", "protocol", "demo"}) {
+  for (std::string command :
+       {"worker", "enqueue", "stats", "check", "dlq", "group", "queue", "protocol", "demo", "dashboard"}) {
     auto help = jobrt_cli({command, "--help"});
     CHECK_MESSAGE(help.status == 0, command);
     CHECK_MESSAGE(help.output.starts_with("usage: jobrt " + command), help.output);
