@@ -44,6 +44,7 @@ int run_dashboard(dashboard_args& a) {
   dashboard_options o;
   o.queues = a.queues.empty() ? std::vector<std::string>{"default"} : a.queues;
   o.read_only = a.read_only;
+  if (at.address().is_loopback()) o.hosts = {"localhost", "127.0.0.1", "[::1]"};
   bool made_up = false;
   if (!a.read_only) {
     o.token = a.token;

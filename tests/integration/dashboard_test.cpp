@@ -206,6 +206,28 @@ TEST_CASE("dashboard API: dead letters by filter, one by id, requeued and purged
   });
 }
 
+TEST_CASE("dashboard API: a dashboard told its host names answers no other (DNS rebinding)") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    dashboard_options o;
+    o.hosts = {"localhost", "127.0.0.1", "[::1]"};
+    fixture f(ctx, o);
+    CHECK((co_await ask(f.port, "GET", "/api/overview")).status == 200);  // Host: localhost
+    auto raw = [&](std::string host) -> awaitable<std::string> {
+      asio::ip::tcp::socket s(co_await asio::this_coro::executor);
+      co_await s.async_connect({asio::ip::make_address("127.0.0.1"), f.port}, asio::use_awaitable);
+      auto req = fmt::format("GET /api/overview HTTP/1.0\r\nHost: {}\r\n\r\n", host);
+      co_await asio::async_write(s, asio::buffer(req), asio::use_awaitable);
+      std::string text;
+      co_await asio::async_read(s, asio::dynamic_buffer(text), asio::as_tuple(asio::use_awaitable));
+      co_return text;
+    };
+    CHECK((co_await raw("127.0.0.1:8080")).starts_with("HTTP/1.0 200"));
+    CHECK((co_await raw("[::1]:8080")).starts_with("HTTP/1.0 200"));
+    CHECK((co_await raw("attacker.example:8080")).starts_with("HTTP/1.0 421"));
+    CHECK((co_await raw("attacker.example")).starts_with("HTTP/1.0 421"));
+  });
+}
+
 TEST_CASE("dashboard API: read-only and tokenless dashboards take no action") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     dashboard_options ro;

@@ -448,7 +448,22 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
                   fmt::format("no {} {} in the dashboard's API", std::string(req.method_string()), u.path()));
   }
 
+  // Whether the request's Host names one of opts.hosts (any when there are none).
+  bool host_allowed(const request& req) const {
+    if (opts.hosts.empty()) return true;
+    std::string_view host = req[http::field::host];
+    if (host.starts_with('[')) {
+      host = host.substr(0, host.find(']') + 1);
+    } else if (auto colon = host.rfind(':'); colon != std::string_view::npos) {
+      host = host.substr(0, colon);
+    }
+    return std::find(opts.hosts.begin(), opts.hosts.end(), host) != opts.hosts.end();
+  }
+
   awaitable<response> answer(const request& req, std::string_view path) {
+    if (!host_allowed(req))
+      co_return json_response(req, http::status::misdirected_request,
+                              error_object("this dashboard answers only to the names it serves at (Host)"));
     auto parsed = boost::urls::parse_origin_form(path);
     if (!parsed) co_return json_response(req, http::status::bad_request, error_object("the address does not parse"));
     auto u = *parsed;
@@ -545,7 +560,7 @@ awaitable<bool> dashboard::serve(beast::tcp_stream& stream, const request& req, 
     auto [ec, n] = co_await http::async_write(stream, res, asio::as_tuple(asio::use_awaitable));
     co_return !ec && req.keep_alive();
   }
-  if (path == "/api/events" && req.method() == http::verb::get) {
+  if (path == "/api/events" && req.method() == http::verb::get && self->host_allowed(req)) {
     co_await self->events(stream, req);
     co_return false;
   }
