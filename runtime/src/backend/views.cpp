@@ -62,7 +62,7 @@ std::string lowered(std::string_view s) {
 
 }  // namespace
 
-std::string report_json(const worker_report& r) {
+json::object report_object(const worker_report& r) {
   json::object o;
   o["id"] = r.id;
   o["host"] = r.host;
@@ -73,11 +73,18 @@ std::string report_json(const worker_report& r) {
   json::array jobs;
   for (std::size_t i = 0; i < r.jobs.size() && i < max_reported_jobs; ++i) {
     const auto& j = r.jobs[i];
-    jobs.push_back(json::object{{"id", j.id}, {"group", j.group}, {"type", j.type}, {"since", j.since_ms}});
+    json::object e;
+    e["id"] = j.id;
+    e["group"] = j.group;
+    e["type"] = j.type;
+    e["since"] = j.since_ms;
+    jobs.push_back(std::move(e));
   }
   o["jobs"] = std::move(jobs);
-  return json::serialize(o);
+  return o;
 }
+
+std::string report_json(const worker_report& r) { return json::serialize(report_object(r)); }
 
 worker_report parse_report(std::string_view text) {
   worker_report r;

@@ -16,6 +16,7 @@
 namespace jobrt::detail {
 
 /// A report as JSON, but for at_ms (the backend's to set).
+boost::json::object report_object(const worker_report& r);
 std::string report_json(const worker_report& r);
 /// A report read back; fields that are missing or of the wrong kind stay at their defaults.
 worker_report parse_report(std::string_view json);

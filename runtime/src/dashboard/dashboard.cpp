@@ -115,24 +115,9 @@ json::object dead_object(const dead_letter& d) {
   return o;
 }
 
+// A report as the backend keeps it, with when it came and how long ago that is.
 json::object report_object(const worker_report& r) {
-  json::object o;
-  o["id"] = r.id;
-  o["host"] = r.host;
-  o["pid"] = r.pid;
-  o["concurrency"] = r.concurrency;
-  o["started"] = r.started_ms;
-  o["running"] = r.running;
-  json::array jobs;
-  for (const auto& j : r.jobs) {
-    json::object e;
-    e["id"] = j.id;
-    e["group"] = j.group;
-    e["type"] = j.type;
-    e["since"] = j.since_ms;
-    jobs.push_back(std::move(e));
-  }
-  o["jobs"] = std::move(jobs);
+  auto o = detail::report_object(r);
   o["at"] = r.at_ms;
   o["heartbeat_age_ms"] = std::max<std::int64_t>(0, now_ms() - r.at_ms);
   return o;
