@@ -92,7 +92,7 @@ asio::awaitable<void> session(beast::tcp_stream stream, jobrt::producer& jobs, j
     stream.expires_after(std::chrono::seconds(30));
     auto [ec, n] = co_await http::async_read(stream, buffer, req, asio::as_tuple(asio::use_awaitable));
     if (ec) co_return;
-    stream.expires_never();
+    stream.expires_after(std::chrono::seconds(30));  // for the answer too
     // The dashboard, under /dashboard: it answers (or streams events) itself.
     constexpr std::string_view mount = "/dashboard";
     std::string_view target = req.target();
@@ -137,6 +137,7 @@ int main(int argc, char** argv) {
   jobrt::dashboard_options dopts;
   dopts.queues = {"http"};
   dopts.read_only = true;
+  dopts.hosts = {"localhost", "127.0.0.1"};  // on loopback: no other name (DNS rebinding)
   jobrt::dashboard board(ctx.get_executor(), *store, dopts);
   tcp::acceptor acceptor(ctx, {asio::ip::make_address("127.0.0.1"), port});
   asio::signal_set signals(ctx, SIGTERM, SIGINT);

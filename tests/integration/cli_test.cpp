@@ -606,7 +606,7 @@ TEST_CASE("the example HTTP server enqueues a job per POST and runs them on its 
     mounted.push_back(co_await call("GET", "/dashboard", ""));
     mounted.push_back(co_await call("GET", "/dashboard/", ""));
     mounted.push_back(co_await call("GET", "/dashboard/api/overview", ""));
-    mounted.push_back(co_await call("POST", "/dashboard/api/queues/http/groups/g1/pause", ""));
+    mounted.push_back(co_await call("POST", "/dashboard/api/queues/http/group/pause?name=g1", ""));
   });
   ::kill(pid, SIGTERM);
   int status = 0;

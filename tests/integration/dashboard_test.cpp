@@ -121,27 +121,35 @@ TEST_CASE("dashboard API: overview, groups by prefix, a group, and its pause and
     }
     CHECK(acme.size() == 15);
 
-    auto one = co_await ask(f.port, "GET", "/api/queues/q/groups/acme%3A3");
+    auto one = co_await ask(f.port, "GET", "/api/queues/q/group?name=acme%3A3");
     REQUIRE(one.status == 200);
     CHECK(one.json().at("head").at("payload").at("i") == 3);
     CHECK(one.json().at("paused").is_null());
     CHECK(one.json().at("running").is_null());
 
-    CHECK((co_await ask(f.port, "POST", "/api/queues/q/groups/acme%3A3/pause")).status == 401);
-    CHECK((co_await ask(f.port, "POST", "/api/queues/q/groups/acme%3A3/pause", "wrong!")).status == 401);
-    auto paused = co_await ask(f.port, "POST", "/api/queues/q/groups/acme%3A3/pause", "s3cret");
+    CHECK((co_await ask(f.port, "POST", "/api/queues/q/group/pause?name=acme%3A3")).status == 401);
+    CHECK((co_await ask(f.port, "POST", "/api/queues/q/group/pause?name=acme%3A3", "wrong!")).status == 401);
+    auto paused = co_await ask(f.port, "POST", "/api/queues/q/group/pause?name=acme%3A3", "s3cret");
     REQUIRE(paused.status == 200);
     CHECK(paused.json().at("changed") == true);
     CHECK((co_await f.store.paused_groups("q")).size() == 1);
-    auto seen = co_await ask(f.port, "GET", "/api/queues/q/groups/acme%3A3");
+    auto seen = co_await ask(f.port, "GET", "/api/queues/q/group?name=acme%3A3");
     CHECK(seen.json().at("paused").at("halted") == false);
-    auto resumed = co_await ask(f.port, "POST", "/api/queues/q/groups/acme%3A3/resume", "s3cret");
+    auto resumed = co_await ask(f.port, "POST", "/api/queues/q/group/resume?name=acme%3A3", "s3cret");
     CHECK(resumed.json().at("changed") == true);
     CHECK((co_await f.store.paused_groups("q")).empty());
 
     CHECK((co_await ask(f.port, "GET", "/api/queues/other/groups")).status == 404);
     CHECK((co_await ask(f.port, "GET", "/api/queues/q/nothing")).status == 404);
     CHECK((co_await ask(f.port, "DELETE", "/api/queues/q/groups")).status == 405);
+    CHECK((co_await ask(f.port, "GET", "/api/queues/q/group/pause?name=g")).status == 405);
+    CHECK((co_await ask(f.port, "POST", "/api/overview")).status == 405);
+    auto nameless = co_await ask(f.port, "GET", "/api/queues/q/group");
+    CHECK(nameless.status == 400);
+    CHECK(nameless.json().at("error") == "parameter 'name' is missing");
+    auto dots = co_await ask(f.port, "GET", "/api/queues/q/group?name=..");
+    CHECK(dots.status == 200);
+    CHECK(dots.json().at("group") == "..");
     auto bad = co_await ask(f.port, "GET", "/api/queues/q/groups?cursor=zzz");
     CHECK(bad.status == 400);
     CHECK(bad.json().at("error").as_string().find("zzz") != json::string::npos);
@@ -180,11 +188,11 @@ TEST_CASE("dashboard API: dead letters by filter, one by id, requeued and purged
     }
     CHECK(!letters.empty());
     auto id = std::string(letters.at(0).at("id").as_string());
-    auto one = co_await ask(f.port, "GET", "/api/queues/q/dead/" + id);
+    auto one = co_await ask(f.port, "GET", "/api/queues/q/letter?id=" + id);
     CHECK(one.json().at("id").as_string() == id);
-    auto job = co_await ask(f.port, "GET", "/api/queues/q/jobs/" + id);
+    auto job = co_await ask(f.port, "GET", "/api/queues/q/job?id=" + id);
     CHECK(job.json().at("state") == "dead");
-    CHECK((co_await ask(f.port, "GET", "/api/queues/q/jobs/nope")).status == 404);
+    CHECK((co_await ask(f.port, "GET", "/api/queues/q/job?id=nope")).status == 404);
 
     auto requeue_body = fmt::format(R"({{"ids":["{}"]}})", id);
     CHECK((co_await ask(f.port, "POST", "/api/queues/q/dead/requeue", "", requeue_body)).status == 401);
@@ -234,12 +242,12 @@ TEST_CASE("dashboard API: read-only and tokenless dashboards take no action") {
     ro.token = "x";
     ro.read_only = true;
     fixture f(ctx, ro);
-    auto r = co_await ask(f.port, "POST", "/api/queues/q/groups/g/pause", "x");
+    auto r = co_await ask(f.port, "POST", "/api/queues/q/group/pause?name=g", "x");
     CHECK(r.status == 403);
     CHECK(r.json().at("error").as_string().find("read-only") != json::string::npos);
     CHECK((co_await ask(f.port, "GET", "/api/overview")).json().at("actions") == false);
     fixture none(ctx);
-    CHECK((co_await ask(none.port, "POST", "/api/queues/q/groups/g/pause", "")).status == 403);
+    CHECK((co_await ask(none.port, "POST", "/api/queues/q/group/pause?name=g", "")).status == 403);
   });
 }
 
@@ -273,9 +281,9 @@ TEST_CASE("dashboard API: workers, their running jobs, a group's lease holder, h
         std::chrono::seconds(10)));
     CHECK(mine.at("concurrency") == 3);
     CHECK(mine.at("jobs").at(0).at("group") == "tenant-9");
-    auto g = (co_await ask(f.port, "GET", "/api/queues/q/groups/tenant-9")).json();
+    auto g = (co_await ask(f.port, "GET", "/api/queues/q/group?name=tenant-9")).json();
     CHECK(g.at("running").at("worker") == "busy-1");
-    auto job = (co_await ask(f.port, "GET", "/api/queues/q/jobs/" + id)).json();
+    auto job = (co_await ask(f.port, "GET", "/api/queues/q/job?id=" + id)).json();
     CHECK(job.at("state") == "running");
     auto history = (co_await ask(f.port, "GET", "/api/queues/q/history?minutes=60")).json();
     CHECK(history.at("points").as_array().size() == 1);  // the worker stored this minute's
@@ -343,14 +351,15 @@ TEST_CASE("dashboard API: the same over a real redis-server") {
     auto spec = make("t", json::object{{"x", "<script>alert(1)</script>"}}, "g/with/slashes");
     co_await p.enqueue(spec);
     auto base = "/api/queues/" + queue;
-    auto g = co_await ask(port, "GET", base + "/groups/g%2Fwith%2Fslashes");
+    auto g = co_await ask(port, "GET", base + "/group?name=g%2Fwith%2Fslashes");
     REQUIRE(g.status == 200);
     CHECK(g.json().at("depth") == 1);
     CHECK(g.json().at("head").at("payload").at("x") == "<script>alert(1)</script>");
     auto page = co_await ask(port, "GET", base + "/groups?prefix=g%2F");
     CHECK(page.json().at("groups").at(0).at("group") == "g/with/slashes");
-    CHECK((co_await ask(port, "POST", base + "/groups/g%2Fwith%2Fslashes/pause", "tok")).json().at("changed") == true);
-    CHECK((co_await ask(port, "POST", base + "/groups/g%2Fwith%2Fslashes/resume?skip=1", "tok")).status == 200);
+    CHECK((co_await ask(port, "POST", base + "/group/pause?name=g%2Fwith%2Fslashes", "tok")).json().at("changed") ==
+          true);
+    CHECK((co_await ask(port, "POST", base + "/group/resume?name=g%2Fwith%2Fslashes&skip=1", "tok")).status == 200);
     CHECK((co_await store.counts(queue)).dead == 1);  // skipped: its job went to the dead letters
     server.stop();
   });

@@ -30,9 +30,10 @@ struct dashboard_options {
   /// The most a call to the backend may take: past it, the page shows the store's error.
   std::chrono::milliseconds call_limit{3000};
   std::chrono::milliseconds live_period{1000};  ///< between two events of /api/events
-  /// The names a request's Host header may give (without its port); empty: any. A dashboard on
-  /// loopback takes only loopback names, so that a web page elsewhere cannot reach it through a
-  /// name of its own that it points at 127.0.0.1 (DNS rebinding).
+  /// The names a request's Host header may give (without its port); empty: any. Give a
+  /// dashboard on loopback only loopback names ("localhost", "127.0.0.1", "[::1]": jobrt
+  /// dashboard does), so that a web page elsewhere cannot reach it through a name of its own
+  /// that it points at 127.0.0.1 (DNS rebinding).
   std::vector<std::string> hosts;
   /// What the store's connection last said went wrong ("" if nothing), added to an error when
   /// a call got no answer: redis_backend::connection().last_error(), say.

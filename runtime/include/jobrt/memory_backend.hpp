@@ -111,7 +111,7 @@ class memory_backend final : public backend {
   boost::asio::awaitable<bool> history_due(std::string queue) override;
   boost::asio::awaitable<bool> record_history(std::string queue, queue_counts counts) override;
   boost::asio::awaitable<std::vector<history_point>> history(std::string queue, std::chrono::minutes span) override;
-  /// Walks the groups' hash table a bounded part at a time, as SCAN does.
+  /// In the groups' name order, from the last one of the page before.
   boost::asio::awaitable<page<std::string>> groups(std::string queue, std::string prefix, std::string cursor,
                                                    std::size_t limit) override;
   boost::asio::awaitable<group_status> group_of(std::string queue, std::string group) override;

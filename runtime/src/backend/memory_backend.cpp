@@ -288,12 +288,8 @@ asio::awaitable<void> memory_backend::report_worker(std::string queue, worker_re
 }
 
 asio::awaitable<page<worker_report>> memory_backend::workers(std::string queue, std::string cursor, std::size_t limit) {
-  // (A change: reports that ran out are removed as they are met.)
-  {
-    std::lock_guard lock(mutex_);
-    if (!find_locked(queue)) co_return page<worker_report>{};
-  }
-  co_return change(queue, [&](detail::queue_model& m) { return m.workers(cursor, limit); });
+  co_return read(
+      queue, [&](const detail::queue_model& m) { return m.workers(cursor, limit); }, page<worker_report>{});
 }
 
 asio::awaitable<bool> memory_backend::history_due(std::string queue) {
@@ -312,7 +308,7 @@ asio::awaitable<std::vector<history_point>> memory_backend::history(std::string 
 
 asio::awaitable<page<std::string>> memory_backend::groups(std::string queue, std::string prefix, std::string cursor,
                                                           std::size_t limit) {
-  detail::parse_bucket_cursor(cursor);  // (refused even for a queue never used)
+  detail::parse_group_cursor(cursor);  // (refused even for a queue never used)
   co_return read(
       queue, [&](const detail::queue_model& m) { return m.groups(prefix, cursor, limit); }, page<std::string>{});
 }

@@ -116,8 +116,9 @@ bool unique_of(std::string_view record) {
 struct queue_model::queue_state {
   std::deque<std::string> ready;  // lanes: 'j:<record>' or 'g:<group>'
   // g:<group>: pending records; the running job stays at the head. Erased when empty, as Redis
-  // deletes an empty list, so that "no entry" and "empty" mean the same thing.
-  std::unordered_map<std::string, std::deque<std::string>> groups;
+  // deletes an empty list, so that "no entry" and "empty" mean the same thing. Ordered, so that
+  // a listing by prefix goes on from the last name it gave.
+  std::map<std::string, std::deque<std::string>> groups;
   std::unordered_map<std::string, std::int64_t> active;  // token -> lease deadline (ms)
   // claimed:<worker>. On Redis only BLMOVE fills it; memory has no BLMOVE, so nothing ever does,
   // but claim and release read it as the scripts do.
@@ -982,25 +983,23 @@ void queue_model::report_worker(worker_report r, std::chrono::milliseconds ttl) 
   auto now = now_();
   r.at_ms = now;
   auto id = r.id;
-  s_->reports[id] = {now + ttl.count(), std::move(r)};  // (reports.lua: HSET)
+  auto& all = s_->reports;
+  all[id] = {now + ttl.count(), std::move(r)};  // (reports.lua: HSET)
+  // Reports that ran out go here, not when listed (the model keeps no second index: it looks
+  // at every report, as many as the live workers and those stopped since the last report).
+  std::erase_if(all, [&](const auto& e) { return e.second.first <= now; });
 }
 
-page<worker_report> queue_model::workers(const std::string& cursor, std::size_t limit) {
-  // By id from the cursor (the last id of the page before); what ran out goes as it is met,
-  // as reports.lua removes it.
+page<worker_report> queue_model::workers(const std::string& cursor, std::size_t limit) const {
+  // By id from the cursor (the last id of the page before); those that ran out are skipped.
   page<worker_report> out;
+  limit = std::max<std::size_t>(limit, 1);
   auto now = now_();
-  auto& all = s_->reports;
+  const auto& all = s_->reports;
   auto it = cursor.empty() ? all.begin() : all.upper_bound(cursor);
-  while (it != all.end() && out.items.size() < limit) {
-    if (it->second.first <= now) {
-      it = all.erase(it);
-      continue;
-    }
-    out.items.push_back(it->second.second);
-    ++it;
-  }
-  if (it != all.end()) out.cursor = out.items.back().id;
+  for (; it != all.end() && out.items.size() < limit; ++it)
+    if (it->second.first > now) out.items.push_back(it->second.second);
+  if (it != all.end() && !out.items.empty()) out.cursor = out.items.back().id;
   return out;
 }
 
@@ -1026,24 +1025,19 @@ std::vector<history_point> queue_model::history(std::chrono::minutes span) const
 }
 
 page<std::string> queue_model::groups(const std::string& prefix, const std::string& cursor, std::size_t limit) const {
-  // A walk of the hash table's buckets, as SCAN walks Redis's: the cursor is '<bucket>:<entries
-  // of it passed>'. A group added or erased meanwhile may make the table grow or shrink, which
-  // moves entries between buckets: the walk is for looking, as SCAN's is.
+  // In name order from the cursor ('g:' and the last name of the page before): a group with
+  // jobs throughout is listed once, whatever else comes and goes.
+  auto after = parse_group_cursor(cursor);
   const auto& all = s_->groups;
-  auto [bucket, passed] = parse_bucket_cursor(cursor);
+  auto it = after ? all.upper_bound(std::max(*after, prefix)) : all.lower_bound(prefix);
   page<std::string> out;
-  std::size_t budget = 1000;  // entries looked at, as a SCAN step's COUNT
-  for (; bucket < all.bucket_count(); ++bucket, passed = 0) {
-    std::size_t i = 0;
-    for (auto it = all.begin(bucket); it != all.end(bucket); ++it, ++i) {
-      if (i < passed) continue;
-      if (out.items.size() == limit || budget == 0) {
-        out.cursor = fmt::format("{}:{}", bucket, i);
-        return out;
-      }
-      --budget;
-      if (it->first.starts_with(prefix)) out.items.push_back(it->first);
+  limit = std::max<std::size_t>(limit, 1);
+  for (; it != all.end() && it->first.starts_with(prefix); ++it) {
+    if (out.items.size() == limit) {
+      out.cursor = "g:" + out.items.back();
+      return out;
     }
+    out.items.push_back(it->first);
   }
   return out;
 }
@@ -1077,7 +1071,13 @@ page<dead_letter> queue_model::find_dead(const dead_filter& filter, const std::s
   auto it = all.begin();
   if (from) {
     it = std::find_if(all.begin(), all.end(), [&](const dead_letter* d) { return d->at_ms <= from->at_ms; });
-    for (std::int64_t n = 0; n < from->skip && it != all.end() && (*it)->at_ms == from->at_ms; ++n) ++it;
+    auto anchor = std::find_if(it, all.end(),
+                               [&](const dead_letter* d) { return d->at_ms != from->at_ms || d->id == from->last_id; });
+    if (anchor != all.end() && (*anchor)->at_ms == from->at_ms) {
+      it = std::next(anchor);  // right after the letter last seen
+    } else {
+      for (std::int64_t n = 0; n < from->skip && it != all.end() && (*it)->at_ms == from->at_ms; ++n) ++it;
+    }
   }
   page<dead_letter> out;
   dead_cursor at = from.value_or(dead_cursor{});
@@ -1092,7 +1092,8 @@ page<dead_letter> queue_model::find_dead(const dead_filter& filter, const std::s
     if (d.at_ms == at.at_ms && (from || looked > 1))
       ++at.skip;
     else
-      at = {d.at_ms, 1};
+      at = {d.at_ms, 1, {}};
+    at.last_id = d.id;
     if (passes(filter, d)) out.items.push_back(d);
   }
   return out;

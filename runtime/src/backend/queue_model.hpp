@@ -64,7 +64,7 @@ class queue_model {
   check_report check(bool repair);
   // The operators' views (reports.lua, history.lua, and the reads of redis_backend).
   void report_worker(worker_report r, std::chrono::milliseconds ttl);
-  page<worker_report> workers(const std::string& cursor, std::size_t limit);
+  page<worker_report> workers(const std::string& cursor, std::size_t limit) const;
   bool history_due() const;
   bool record_history(const queue_counts& c);
   std::vector<history_point> history(std::chrono::minutes span) const;

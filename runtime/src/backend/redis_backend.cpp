@@ -1201,28 +1201,38 @@ asio::awaitable<std::int64_t> redis_backend::purge_queue(std::string queue) {
 asio::awaitable<void> redis_backend::report_worker(std::string queue, worker_report report,
                                                    std::chrono::milliseconds ttl) {
   auto p = key_prefix(queue);
-  std::array<std::string, 1> keys{p + "reports"};
-  std::array<std::string, 4> args{"put", report.id, std::to_string(ttl.count()), detail::report_json(report)};
+  std::array<std::string, 2> keys{p + "reports", p + "reports:until"};
+  std::array<std::string, 3> args{report.id, std::to_string(ttl.count()), detail::report_json(report)};
   co_await link_->run(reports_, reports_.make_request(keys, args), p);
 }
 
 asio::awaitable<page<worker_report>> redis_backend::workers(std::string queue, std::string cursor, std::size_t limit) {
   auto p = key_prefix(queue);
   if (cursor.empty()) cursor = "0";
-  if (cursor.find_first_not_of("0123456789") != std::string::npos)
+  if (cursor.size() > 20 || cursor.find_first_not_of("0123456789") != std::string::npos)
     throw std::invalid_argument("worker cursor '" + cursor + "' is not one that a listing gave");
-  std::array<std::string, 1> keys{p + "reports"};
-  std::array<std::string, 3> args{"list", cursor, std::to_string(std::max<std::size_t>(limit, 1))};
-  reply r = co_await link_->run(reports_, reports_.make_request(keys, args), p);
-  const auto& e = r.as_array();
+  // Read only (a replica or a read-only user may list): the reports that ran out are skipped by
+  // the server's clock, and removed by the next report (reports.lua).
+  request req;
+  req.push("TIME").push("HSCAN", p + "reports", cursor, "COUNT", std::max<std::size_t>(limit, 1));
+  req.options.resend_safe = true;
+  reply r = co_await link_->exec(std::move(req), p);
+  const auto& time = r.as_array().at(0).as_array();
+  auto now = std::stoll(time.at(0).as_string()) * 1000 + std::stoll(time.at(1).as_string()) / 1000;
+  const auto& scan = r.as_array().at(1).as_array();
   page<worker_report> out;
-  if (e.at(0).as_string() != "0") out.cursor = e.at(0).as_string();
-  for (std::size_t i = 1; i < e.size(); ++i) {
-    std::string_view entry = e[i].as_string();
-    auto bar = entry.find('|');
-    if (bar == std::string_view::npos) continue;
-    auto report = detail::parse_report(entry.substr(bar + 1));
-    std::from_chars(entry.data(), entry.data() + bar, report.at_ms);
+  if (scan.at(0).as_string() != "0") out.cursor = scan.at(0).as_string();
+  const auto& found = scan.at(1).as_array();
+  for (std::size_t i = 0; i + 1 < found.size(); i += 2) {
+    std::string_view entry = found[i + 1].as_string();
+    auto first = entry.find('|');
+    auto second = first == std::string_view::npos ? first : entry.find('|', first + 1);
+    if (second == std::string_view::npos) continue;
+    std::int64_t until = 0;
+    std::from_chars(entry.data(), entry.data() + first, until);
+    if (until <= now) continue;
+    auto report = detail::parse_report(entry.substr(second + 1));
+    std::from_chars(entry.data() + first + 1, entry.data() + second, report.at_ms);
     out.items.push_back(std::move(report));
   }
   co_return out;
@@ -1269,8 +1279,9 @@ asio::awaitable<page<std::string>> redis_backend::groups(std::string queue, std:
                                                          std::size_t limit) {
   auto p = key_prefix(queue);
   if (cursor.empty()) cursor = "0";
-  if (cursor.find_first_not_of("0123456789") != std::string::npos)
+  if (cursor.size() > 20 || cursor.find_first_not_of("0123456789") != std::string::npos)
     throw std::invalid_argument("group cursor '" + cursor + "' is not one that a listing gave");
+  limit = std::max<std::size_t>(limit, 1);
   // SCAN steps of the queue's group lists (each bounded), at most ten a page: a prefix few
   // groups have ends a page with fewer than asked and a cursor. The first step's COUNT is the
   // limit, and each next one's four times the last's (up to 1,000), so that a page holds about
@@ -1322,14 +1333,46 @@ asio::awaitable<page<dead_letter>> redis_backend::find_dead(std::string queue, d
   page<dead_letter> out;
   std::size_t looked = 0;
   constexpr std::size_t step = 500;
-  // Newest first: ZRANGE BYSCORE REV from the cursor's time, past the letters of that time
-  // already seen; the letters' texts by HMGET, in pages, up to dead_scan_bound letters a call.
+  limit = std::max<std::size_t>(limit, 1);
+  // Newest first (ZRANGE BYSCORE REV), from the cursor: the letters of its time past those seen
+  // (at most as many as there are: a letter of that time requeued meanwhile skips no older one),
+  // then the older ones, in one round trip; their texts by HMGET; up to dead_scan_bound letters
+  // a call.
   for (;;) {
-    request ids("ZRANGE", p + "dead", started ? std::to_string(at.at_ms) : std::string("+inf"), "-inf", "BYSCORE",
-                "REV", "LIMIT", std::to_string(started ? at.skip : 0), std::to_string(step), "WITHSCORES");
-    ids.options.resend_safe = true;
-    reply r = co_await link_->exec(std::move(ids), p);
-    const auto& e = r.as_array();
+    // Right after the letter last seen, by its rank, while it is there (with the time it had).
+    std::optional<std::int64_t> rank;
+    if (started) {
+      request where;
+      where.push("ZREVRANK", p + "dead", at.last_id).push("ZSCORE", p + "dead", at.last_id);
+      where.options.resend_safe = true;
+      reply w = co_await link_->exec(std::move(where), p);
+      const auto& e = w.as_array();
+      if (!e.at(0).is_nil() && !e.at(1).is_nil() && std::stoll(e.at(1).as_string()) == at.at_ms)
+        rank = e.at(0).as_integer();
+    }
+    request req;
+    if (rank) {
+      req.push("ZRANGE", p + "dead", *rank + 1, *rank + static_cast<std::int64_t>(step), "REV", "WITHSCORES");
+    } else if (started) {
+      auto t = std::to_string(at.at_ms);
+      req.push("ZRANGE", p + "dead", t, t, "BYSCORE", "REV", "LIMIT", at.skip, step, "WITHSCORES")
+          .push("ZRANGE", p + "dead", "(" + t, "-inf", "BYSCORE", "REV", "LIMIT", 0, step, "WITHSCORES");
+    } else {
+      req.push("ZRANGE", p + "dead", "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, step, "WITHSCORES");
+    }
+    req.options.resend_safe = true;
+    reply r = co_await link_->exec(std::move(req), p);
+    std::vector<reply> e;  // (member, score) pairs, at most a step's
+    auto take = [&](reply& part) {
+      for (auto& x : part.as_array())
+        if (e.size() < 2 * step) e.push_back(std::move(x));
+    };
+    if (started && !rank) {
+      take(r.as_array().at(0));
+      take(r.as_array().at(1));
+    } else {
+      take(r);
+    }
     if (e.empty()) co_return out;  // the end: no cursor
     std::vector<std::string_view> names;
     for (std::size_t i = 0; i + 1 < e.size(); i += 2) names.push_back(e[i].as_string());
@@ -1347,9 +1390,11 @@ asio::awaitable<page<dead_letter>> redis_backend::find_dead(std::string queue, d
       if (started && ms == at.at_ms) {
         ++at.skip;
       } else {
-        at = {ms, 1};
+        at.at_ms = ms;  // (no braced list in a coroutine: GCC 12)
+        at.skip = 1;
         started = true;
       }
+      at.last_id = e[i].as_string();
       const auto& text = texts.at(i / 2);
       if (text.is_nil()) continue;  // purged meanwhile
       auto d = parse_dead_letter(e[i].as_string(), text.as_string(), ms);

@@ -133,34 +133,31 @@ bool passes(const dead_filter& f, const dead_letter& d) {
   return true;
 }
 
-std::string to_string(const dead_cursor& c) { return std::to_string(c.at_ms) + ":" + std::to_string(c.skip); }
+std::string to_string(const dead_cursor& c) {
+  return std::to_string(c.at_ms) + ":" + std::to_string(c.skip) + ":" + c.last_id;
+}
 
 std::optional<dead_cursor> parse_dead_cursor(std::string_view text) {
   if (text.empty()) return std::nullopt;
   dead_cursor c;
-  auto colon = text.find(':');
   auto number = [](std::string_view s, std::int64_t& out) {
     auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
     return ec == std::errc() && end == s.data() + s.size() && out >= 0;
   };
-  if (colon == std::string_view::npos || !number(text.substr(0, colon), c.at_ms) ||
-      !number(text.substr(colon + 1), c.skip))
+  auto first = text.find(':');
+  auto second = first == std::string_view::npos ? first : text.find(':', first + 1);
+  if (second == std::string_view::npos || !number(text.substr(0, first), c.at_ms) ||
+      !number(text.substr(first + 1, second - first - 1), c.skip) || second + 1 == text.size())
     throw std::invalid_argument("dead letter cursor '" + std::string(text) + "' is not one that a listing gave");
+  c.last_id = std::string(text.substr(second + 1));
   return c;
 }
 
-std::pair<std::size_t, std::size_t> parse_bucket_cursor(std::string_view text) {
-  std::pair<std::size_t, std::size_t> out{0, 0};
-  if (text.empty()) return out;
-  auto number = [](std::string_view s, std::size_t& n) {
-    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
-    return ec == std::errc() && end == s.data() + s.size();
-  };
-  auto colon = text.find(':');
-  if (colon == std::string_view::npos || !number(text.substr(0, colon), out.first) ||
-      !number(text.substr(colon + 1), out.second))
+std::optional<std::string> parse_group_cursor(std::string_view text) {
+  if (text.empty()) return std::nullopt;
+  if (!text.starts_with("g:"))
     throw std::invalid_argument("group cursor '" + std::string(text) + "' is not one that a listing gave");
-  return out;
+  return std::string(text.substr(2));
 }
 
 }  // namespace jobrt::detail

@@ -30,20 +30,24 @@ queue_counts parse_counts(std::string_view json);
 std::string type_of_record(std::string_view record);
 bool passes(const dead_filter& f, const dead_letter& d);
 
-/// Where find_dead goes on: past the letters newer than `at_ms`, and `skip` of those at it.
+/// Where find_dead goes on: after the letter `last_id` of time `at_ms` while that letter is still
+/// there (newest first, and by id backwards within a millisecond); else past the letters newer
+/// than `at_ms` and `skip` of those at it (as many as there still are).
 struct dead_cursor {
   std::int64_t at_ms = 0;
   std::int64_t skip = 0;
+  std::string last_id;
 };
+/// '<at>:<skip>:<last id>'.
 std::string to_string(const dead_cursor& c);
 /// Throws std::invalid_argument, naming the text, when it is not a cursor find_dead made.
 std::optional<dead_cursor> parse_dead_cursor(std::string_view text);
 /// The most dead letters one find_dead call looks at.
 inline constexpr std::size_t dead_scan_bound = 2000;
 
-/// The memory backend's group cursor: '<bucket>:<entries of it passed>' ({0, 0} for "").
+/// The memory backend's group cursor: 'g:' and the last group listed (nullopt for "").
 /// Throws std::invalid_argument, naming the text, when it is not one.
-std::pair<std::size_t, std::size_t> parse_bucket_cursor(std::string_view text);
+std::optional<std::string> parse_group_cursor(std::string_view text);
 
 /// The minute that `ms` falls in (its start), and how long history points are kept.
 inline constexpr std::int64_t minute_ms = 60000;

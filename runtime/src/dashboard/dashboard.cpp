@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/buffer.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -28,9 +29,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <stdexcept>
 
 namespace jobrt {
@@ -159,6 +160,13 @@ json::object running_object(const worker_report& r, const worker_report::job& j)
 std::string param(const boost::urls::url_view& u, std::string_view name) {
   auto it = u.params().find(name);
   return it == u.params().end() ? std::string() : std::string((*it).value);
+}
+
+// A query parameter that must be there and not empty.
+std::string required(const boost::urls::url_view& u, std::string_view name) {
+  auto value = param(u, name);
+  if (value.empty()) throw refusal(http::status::bad_request, fmt::format("parameter '{}' is missing", name));
+  return value;
 }
 
 std::size_t limit_param(const boost::urls::url_view& u, std::size_t fallback, std::size_t most) {
@@ -382,55 +390,46 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
   }
 
   // /api/queues/<q>/... ; `rest` is what follows the queue's name.
-  awaitable<json::value> queue_api(const request& req, const std::string& q, const std::vector<std::string>& rest,
+  // /api/queues/<q>/<route>. Names (a group, an id) go in the query, never the path, where '.'
+  // and '..' would be taken for steps by browsers.
+  awaitable<json::value> queue_api(const request& req, const std::string& q, std::string_view route,
                                    const boost::urls::url_view& u) {
-    bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
-    // (No braced lists in a coroutine: see the top.) `is(a)` and `is(a, "")` match a path of one
-    // word and of that word and any other.
-    auto is = [&](std::string_view first, std::optional<std::string_view> second = std::nullopt) {
-      if (rest.size() != (second ? 2u : 1u) || rest[0] != first) return false;
-      return !second || second->empty() || rest[1] == *second;
-    };
-    if (get && is("history")) co_return co_await history(q, u);
-    if (get && is("groups")) co_return co_await group_page(q, u);
-    if (get && is("groups", "")) co_return co_await group(q, rest[1]);
-    if (post && rest.size() == 3 && rest[0] == "groups" && (rest[2] == "pause" || rest[2] == "resume")) {
-      may_act(req);
-      json::object out;
-      if (rest[2] == "pause") {
-        out["changed"] = co_await call(store.pause(q, rest[1]), "pausing the group");
-      } else {
-        auto mode = param(u, "skip") == "1" ? resume_mode::skip : resume_mode::retry;
-        out["changed"] = co_await call(store.resume(q, rest[1], mode), "resuming the group");
-      }
-      co_return out;
-    }
-    if (get && is("jobs", "")) co_return co_await job(q, rest[1], param(u, "group"));
-    if (get && is("dead")) co_return co_await dead_page(q, u);
-    if (get && is("dead", "")) {
-      auto d = co_await call(store.dead_letter_of(q, rest[1]), "reading the dead letters");
-      if (!d) throw refusal(http::status::not_found, fmt::format("no dead letter '{}'", rest[1]));
+    // Each route takes one method: GET reads, POST acts.
+    static constexpr std::string_view reads[] = {"history", "groups", "group", "job", "dead", "letter", "workers"};
+    static constexpr std::string_view acts[] = {"group/pause", "group/resume", "dead/requeue", "dead/purge"};
+    bool reading = std::find(std::begin(reads), std::end(reads), route) != std::end(reads);
+    bool acting = std::find(std::begin(acts), std::end(acts), route) != std::end(acts);
+    if (!reading && !acting)
+      throw refusal(http::status::not_found, fmt::format("no route '{}' in the dashboard's API", route));
+    if (req.method() != (reading ? http::verb::get : http::verb::post))
+      throw refusal(http::status::method_not_allowed,
+                    fmt::format("'{}' takes {}", route, reading ? "GET" : "POST (with the token)"));
+    if (acting) may_act(req);
+    if (route == "history") co_return co_await history(q, u);
+    if (route == "groups") co_return co_await group_page(q, u);
+    if (route == "group") co_return co_await group(q, required(u, "name"));
+    if (route == "job") co_return co_await job(q, required(u, "id"), param(u, "group"));
+    if (route == "dead") co_return co_await dead_page(q, u);
+    if (route == "letter") {
+      auto id = required(u, "id");
+      auto d = co_await call(store.dead_letter_of(q, id), "reading the dead letters");
+      if (!d) throw refusal(http::status::not_found, fmt::format("no dead letter '{}'", id));
       co_return dead_object(*d);
     }
-    if (post && is("dead", "requeue")) {
-      may_act(req);
-      auto ids = ids_of(req.body());
-      auto done = co_await call(store.requeue(q, std::move(ids), param(u, "at_head") == "1"), "requeueing");
-      json::array names(done.begin(), done.end());
-      json::object out;
-      out["requeued"] = std::move(names);
-      co_return out;
+    if (route == "workers") co_return co_await worker_page(q, u);
+    json::object out;
+    if (route == "group/pause") {
+      out["changed"] = co_await call(store.pause(q, required(u, "name")), "pausing the group");
+    } else if (route == "group/resume") {
+      auto mode = param(u, "skip") == "1" ? resume_mode::skip : resume_mode::retry;
+      out["changed"] = co_await call(store.resume(q, required(u, "name"), mode), "resuming the group");
+    } else if (route == "dead/requeue") {
+      auto done = co_await call(store.requeue(q, ids_of(req.body()), param(u, "at_head") == "1"), "requeueing");
+      out["requeued"] = json::array(done.begin(), done.end());
+    } else {
+      out["purged"] = co_await call(store.purge(q, ids_of(req.body())), "purging");
     }
-    if (post && is("dead", "purge")) {
-      may_act(req);
-      auto ids = ids_of(req.body());
-      json::object out;
-      out["purged"] = co_await call(store.purge(q, std::move(ids)), "purging");
-      co_return out;
-    }
-    if (get && is("workers")) co_return co_await worker_page(q, u);
-    throw refusal(get || post ? http::status::not_found : http::status::method_not_allowed,
-                  fmt::format("no {} {} in the dashboard's API", std::string(req.method_string()), u.path()));
+    co_return out;
   }
 
   // Whether the request's Host names one of opts.hosts (any when there are none).
@@ -466,12 +465,15 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
     }
     try {
       if (seg.size() < 2 || seg[0] != "api") throw refusal(http::status::not_found, "no such page");
-      if (seg.size() == 2 && seg[1] == "overview" && req.method() == http::verb::get)
+      if (seg.size() == 2 && seg[1] == "overview") {
+        if (req.method() != http::verb::get) throw refusal(http::status::method_not_allowed, "'overview' takes GET");
         co_return json_response(req, http::status::ok, co_await overview());
-      if (seg.size() >= 3 && seg[1] == "queues") {
+      }
+      if (seg.size() >= 4 && seg[1] == "queues") {
         const auto& q = queue_named(seg[2]);
-        std::vector<std::string> rest(seg.begin() + 3, seg.end());
-        co_return json_response(req, http::status::ok, co_await queue_api(req, q, rest, u));
+        std::string route = seg[3];
+        for (std::size_t i = 4; i < seg.size(); ++i) route += "/" + seg[i];
+        co_return json_response(req, http::status::ok, co_await queue_api(req, q, route, u));
       }
       throw refusal(http::status::not_found, fmt::format("no {} in the dashboard's API", u.path()));
     } catch (const refusal& e) {
@@ -493,7 +495,7 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
     {
       std::lock_guard lock(mutex);
       if (stopped) co_return;
-      timers.insert(timer.get());
+      timers[timer.get()] = timer;
     }
     struct leave {
       impl& self;
@@ -505,19 +507,25 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
     } guard{*this, timer.get()};
     for (;;) {
       auto data = "event: overview\ndata: " + json::serialize(co_await overview()) + "\n\n";
+      stream.expires_after(std::chrono::seconds(10));  // a client that stops reading is let go
       auto [wec, wn] = co_await asio::async_write(stream, asio::buffer(data), asio::as_tuple(asio::use_awaitable));
       if (wec) co_return;
-      timer->expires_after(opts.live_period);
-      co_await timer->async_wait(asio::as_tuple(asio::use_awaitable));  // (cancelled by stop())
-      std::lock_guard lock(mutex);
-      if (stopped) co_return;
+      stream.expires_never();
+      {
+        std::lock_guard lock(mutex);  // (a stop() that came during the write finds no wait to cut)
+        if (stopped) co_return;
+        timer->expires_after(opts.live_period);
+      }
+      co_await timer->async_wait(asio::as_tuple(asio::use_awaitable));  // (cut short by stop())
     }
   }
 
   void stop() {
     std::lock_guard lock(mutex);
     stopped = true;
-    for (auto* t : timers) t->cancel();
+    // Each cancel on its timer's executor: the stream may run on another thread.
+    for (auto& [raw, weak] : timers)
+      if (auto t = weak.lock()) asio::post(t->get_executor(), [t] { t->cancel(); });
   }
 
   asio::any_io_executor ex;
@@ -525,7 +533,7 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
   dashboard_options opts;
   std::mutex mutex;
   bool stopped = false;
-  std::set<asio::steady_timer*> timers;  // of the event streams
+  std::map<asio::steady_timer*, std::weak_ptr<asio::steady_timer>> timers;  // of the event streams
 };
 
 dashboard::dashboard(asio::any_io_executor ex, backend& store, dashboard_options opts)
@@ -537,9 +545,12 @@ void dashboard::stop() { impl_->stop(); }
 
 awaitable<bool> dashboard::serve(beast::tcp_stream& stream, const request& req, std::string_view path) {
   auto self = impl_;
-  if (path.empty()) {  // mounted at /x, asked for /x: the pages' links are relative to /x/
+  if (path.empty() || path.starts_with('?')) {  // mounted at /x, asked for /x[?...]: the pages'
+    // links are relative to /x/
+    std::string_view target = req.target();
+    auto query = target.substr(target.size() - path.size());
     response res(http::status::moved_permanently, req.version());
-    res.set(http::field::location, std::string(req.target()) + "/");
+    res.set(http::field::location, fmt::format("{}/{}", target.substr(0, target.size() - path.size()), query));
     res.keep_alive(req.keep_alive());
     res.prepare_payload();
     auto [ec, n] = co_await http::async_write(stream, res, asio::as_tuple(asio::use_awaitable));

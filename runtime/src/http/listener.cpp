@@ -38,7 +38,9 @@ struct http_listener::state {
       stream.expires_after(std::chrono::seconds(30));
       auto [ec, n] = co_await http::async_read(stream, buffer, parser, asio::as_tuple(asio::use_awaitable));
       if (ec) co_return;  // closed, timed out, too big, or not HTTP
-      stream.expires_never();
+      // The handler's answer, written within the same bound (a client that stops reading is
+      // let go); a handler that streams sets its own per write.
+      stream.expires_after(std::chrono::seconds(30));
       auto req = parser.release();
       bool again = false;
       try {

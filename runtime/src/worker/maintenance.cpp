@@ -122,17 +122,19 @@ asio::awaitable<void> maintenance::about_types() {
 }
 
 // What operators see (the dashboard): the worker's report of itself, every reaper period (at
-// least a second apart, at most ten), kept for three; and once a minute, the queue's counts as
-// the minute's history point, when no process has stored one yet.
+// least a second apart), kept for three reaper periods (at least 30 s: a report outlasts the
+// wait to the next); and once a minute, the queue's counts as the minute's history point, when
+// no process has stored one yet.
 asio::awaitable<void> maintenance::for_operators() {
   auto now = clock::now();
   auto period =
       std::clamp<std::chrono::milliseconds>(opts_.reap_period, std::chrono::seconds(1), std::chrono::seconds(10));
   try {
     if (hooks_.report && now - reported_ >= period && !stopped_) {
+      auto keep = 3 * std::max<std::chrono::milliseconds>(opts_.reap_period, std::chrono::seconds(10));
       co_await stoppable(reap_stop_, strand_,
-                         bounded(strand_, backend_.report_worker(opts_.queue, hooks_.report(), 3 * period),
-                                 opts_.lease_ttl, "reporting the worker"));
+                         bounded(strand_, backend_.report_worker(opts_.queue, hooks_.report(), keep), opts_.lease_ttl,
+                                 "reporting the worker"));
       reported_ = now;
     }
     auto minute =

@@ -166,7 +166,7 @@ async function groupsPage() {
     el('table', { id: 'groups' }, el('thead', {}, el('tr', {}, ['group', 'jobs', 'next job', 'state'].map((h) => el('th', {}, h)))), rows),
     more);
   if (prefix) {  // the group of that key, when there is one, first
-    const g = await api(q() + 'groups/' + enc(prefix));
+    const g = await api(q() + 'group?name=' + enc(prefix));
     if (g.depth > 0 || g.paused) rows.append(groupRow(g));
   }
   let cursor = '';
@@ -190,10 +190,13 @@ function groupRow(g) {
 
 async function groupPage() {
   const name = params().get('g') || '';
-  const g = await api(q() + 'groups/' + enc(name));
+  const g = await api(q() + 'group?name=' + enc(name));
   const st = groupState(g);
   const reload = () => groupPage();
-  const doAct = (path) => async () => { await act(q() + 'groups/' + enc(name) + '/' + path); await reload(); };
+  const doAct = (what, extra = '') => async () => {
+    await act(q() + 'group/' + what + '?name=' + enc(name) + extra);
+    await reload();
+  };
   main.replaceChildren(el('h2', {}, 'Group ', el('span', { class: 'mono', id: 'group-name' }, name)),
     el('dl', { id: 'group' },
       el('dt', {}, 'state'), el('dd', {}, el('span', { class: 'state ' + st, id: 'group-state' }, st)),
@@ -207,7 +210,7 @@ async function groupPage() {
     el('form', { class: 'bar', onsubmit: (e) => e.preventDefault() },
       actionButton('Pause', 'act', doAct('pause')),
       actionButton('Resume', 'act', doAct('resume')),
-      actionButton('Resume, skipping the halted job', 'danger', doAct('resume?skip=1'))));
+      actionButton('Resume, skipping the halted job', 'danger', doAct('resume', '&skip=1'))));
 }
 
 // --- a job by id ---
@@ -224,7 +227,7 @@ async function jobPage() {
   if (!id) return;
   let j;
   try {
-    j = await api(q() + 'jobs/' + enc(id) + (group ? '?group=' + enc(group) : ''));
+    j = await api(q() + 'job?id=' + enc(id) + (group ? '&group=' + enc(group) : ''));
   } catch (e) {
     out.append(el('p', { class: 'muted' }, e.message));
     return;
