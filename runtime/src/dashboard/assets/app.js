@@ -3,7 +3,7 @@
 // never as markup.
 'use strict';
 
-const state = { queues: [], queue: '', actions: false, readOnly: false, events: null, overview: null };
+const state = { queues: [], queue: '', actions: false, readOnly: false, events: null, overview: null, liveError: false };
 const main = document.getElementById('main');
 
 // An element with attributes (on* are listeners) and children (strings become text).
@@ -111,7 +111,14 @@ async function overviewPage() {
   main.replaceChildren(el('div', { id: 'figures' }), el('h2', {}, 'Last hour: ' + state.queue),
     el('div', { id: 'chart' }, 'loading…'));
   if (state.overview) drawOverview(state.overview);
-  const h = await api(q() + 'history?minutes=60');
+  let h;
+  try {
+    h = await api(q() + 'history?minutes=60');
+  } catch (e) {
+    const box = document.getElementById('chart');
+    if (box) box.replaceChildren(el('p', { class: 'muted' }, 'The history could not be read: ' + e.message));
+    return;
+  }
   drawChart(h.points);
 }
 
@@ -194,7 +201,11 @@ async function groupPage() {
   const st = groupState(g);
   const reload = () => groupPage();
   const doAct = (what, extra = '') => async () => {
-    await act(q() + 'group/' + what + '?name=' + enc(name) + extra);
+    try {
+      await act(q() + 'group/' + what + '?name=' + enc(name) + extra);
+    } catch (e) {
+      return;  // (shown by api())
+    }
     await reload();
   };
   main.replaceChildren(el('h2', {}, 'Group ', el('span', { class: 'mono', id: 'group-name' }, name)),
@@ -257,7 +268,11 @@ async function deadPage() {
   const all = () => shown.map((s) => s.id);
   const run = (what, ids) => async () => {
     if (ids().length === 0) return;
-    await act(q() + 'dead/' + what, { ids: ids() });
+    try {
+      await act(q() + 'dead/' + what, { ids: ids() });
+    } catch (e) {
+      return;  // (shown by api())
+    }
     await deadPage();
   };
   main.replaceChildren(el('h2', {}, 'Dead letters of ' + state.queue),
@@ -339,8 +354,16 @@ function live() {
   state.events.addEventListener('overview', (m) => {
     state.overview = JSON.parse(m.data);
     drawOverview(state.overview);
+    // The store's error while it lasts; gone once every queue answers again (an error of
+    // another kind, an action's, stays until the next call).
     const bad = state.overview.queues.find((qu) => qu.error);
-    if (bad) showError(bad.name + ': ' + bad.error);
+    if (bad) {
+      showError(bad.name + ': ' + bad.error);
+      state.liveError = true;
+    } else if (state.liveError) {
+      showError('');
+      state.liveError = false;
+    }
   });
 }
 
