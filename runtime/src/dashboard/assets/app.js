@@ -341,11 +341,13 @@ async function route() {
   const name = h.split('?')[0];
   for (const a of document.querySelectorAll('nav a'))
     a.classList.toggle('on', a.dataset.page === (name === 'group' ? 'groups' : name || 'overview'));
+  main.removeAttribute('data-loaded');
   try {
     await (pages[name] || overviewPage)();
   } catch (e) {
     // (shown by api())
   }
+  main.setAttribute('data-loaded', '');  // (the page has what it asked for: for tests)
 }
 
 function live() {
