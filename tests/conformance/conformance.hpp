@@ -253,7 +253,7 @@ class gated_backend final : public backend {
   awaitable<page<worker_report>> workers(std::string q, std::string c, std::size_t n) override {
     return inner_.workers(std::move(q), std::move(c), n);
   }
-  awaitable<bool> history_due(std::string q) override { return inner_.history_due(std::move(q)); }
+  awaitable<bool> claim_history(std::string q) override { return inner_.claim_history(std::move(q)); }
   awaitable<bool> record_history(std::string q, queue_counts c) override {
     return inner_.record_history(std::move(q), c);
   }

@@ -179,7 +179,7 @@ class counting_backend final : public jobrt::backend {
                                                                     std::size_t n) override {
     return inner_.workers(std::move(q), std::move(c), n);
   }
-  boost::asio::awaitable<bool> history_due(std::string q) override { return inner_.history_due(std::move(q)); }
+  boost::asio::awaitable<bool> claim_history(std::string q) override { return inner_.claim_history(std::move(q)); }
   boost::asio::awaitable<bool> record_history(std::string q, jobrt::queue_counts c) override {
     return inner_.record_history(std::move(q), c);
   }

@@ -320,6 +320,9 @@ class backend {
   /// idempotent.
   virtual boost::asio::awaitable<reap_result> reap(std::string queue, reap_options opts) = 0;
   virtual boost::asio::awaitable<queue_counts> counts(std::string queue) = 0;
+  /// counts()' counters alone (enqueued, started, completed, failed, retried, deferred,
+  /// unhandled, halted, recovered; groups), the rest 0: one read on Redis. The default is counts().
+  virtual boost::asio::awaitable<queue_counts> counters(std::string queue);
 
   // --- delayed jobs ---
 
@@ -390,8 +393,10 @@ class backend {
   /// start). A worker present throughout a walk of every page is listed at least once.
   virtual boost::asio::awaitable<page<worker_report>> workers(std::string queue, std::string cursor,
                                                               std::size_t limit) = 0;
-  /// Whether the minute now (by the backend's clock) has no history point yet.
-  virtual boost::asio::awaitable<bool> history_due(std::string queue) = 0;
+  /// Whether the caller is to record this minute's history point: true for the first caller in
+  /// the minute (by the backend's clock) while the minute has none, false for every other (so
+  /// that one process a minute counts the queue, not all of them).
+  virtual boost::asio::awaitable<bool> claim_history(std::string queue) = 0;
   /// Stores `counts` as this minute's history point unless it has one; points older than a day
   /// go. Returns whether it stored.
   virtual boost::asio::awaitable<bool> record_history(std::string queue, queue_counts counts) = 0;

@@ -108,7 +108,7 @@ class memory_backend final : public backend {
                                              std::chrono::milliseconds ttl) override;
   boost::asio::awaitable<page<worker_report>> workers(std::string queue, std::string cursor,
                                                       std::size_t limit) override;
-  boost::asio::awaitable<bool> history_due(std::string queue) override;
+  boost::asio::awaitable<bool> claim_history(std::string queue) override;
   boost::asio::awaitable<bool> record_history(std::string queue, queue_counts counts) override;
   boost::asio::awaitable<std::vector<history_point>> history(std::string queue, std::chrono::minutes span) override;
   /// In the groups' name order, from the last one of the page before.

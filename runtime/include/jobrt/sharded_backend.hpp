@@ -74,6 +74,7 @@ class sharded_backend final : public backend {
   boost::asio::awaitable<std::int64_t> expire_own(std::string queue, std::string worker) override;
   boost::asio::awaitable<void> release(std::string queue, std::string worker, std::vector<std::string> tokens) override;
   boost::asio::awaitable<reap_result> reap(std::string queue, reap_options opts) override;
+  boost::asio::awaitable<queue_counts> counters(std::string queue) override;
   boost::asio::awaitable<queue_counts> counts(std::string queue) override;
 
   boost::asio::awaitable<promote_result> promote(std::string queue, std::size_t max) override;
@@ -98,7 +99,7 @@ class sharded_backend final : public backend {
                                              std::chrono::milliseconds ttl) override;
   boost::asio::awaitable<page<worker_report>> workers(std::string queue, std::string cursor,
                                                       std::size_t limit) override;
-  boost::asio::awaitable<bool> history_due(std::string queue) override;
+  boost::asio::awaitable<bool> claim_history(std::string queue) override;
   boost::asio::awaitable<bool> record_history(std::string queue, queue_counts counts) override;
   boost::asio::awaitable<std::vector<history_point>> history(std::string queue, std::chrono::minutes span) override;
   boost::asio::awaitable<page<std::string>> groups(std::string queue, std::string prefix, std::string cursor,

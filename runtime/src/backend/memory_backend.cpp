@@ -292,9 +292,8 @@ asio::awaitable<page<worker_report>> memory_backend::workers(std::string queue, 
       queue, [&](const detail::queue_model& m) { return m.workers(cursor, limit); }, page<worker_report>{});
 }
 
-asio::awaitable<bool> memory_backend::history_due(std::string queue) {
-  co_return read(
-      queue, [](const detail::queue_model& m) { return m.history_due(); }, true);
+asio::awaitable<bool> memory_backend::claim_history(std::string queue) {
+  co_return change(queue, [](detail::queue_model& m) { return m.claim_history(); });
 }
 
 asio::awaitable<bool> memory_backend::record_history(std::string queue, queue_counts counts) {

@@ -146,6 +146,7 @@ struct queue_model::queue_state {
   std::unordered_map<std::string, std::int64_t> types;  // job types workers can run -> until when (ms)
   std::map<std::string, std::pair<std::int64_t, worker_report>> reports;  // worker -> (until when, report)
   std::map<std::int64_t, queue_counts> history;                           // by minute
+  std::int64_t history_claimed = 0;                                       // history:claim
 };
 
 std::int64_t queue_model::system_now() {
@@ -1003,9 +1004,12 @@ page<worker_report> queue_model::workers(const std::string& cursor, std::size_t 
   return out;
 }
 
-bool queue_model::history_due() const {
+bool queue_model::claim_history() {
   auto now = now_();
-  return !s_->history.contains(now - now % minute_ms);
+  auto minute = now - now % minute_ms;
+  if (s_->history.contains(minute) || s_->history_claimed == minute) return false;
+  s_->history_claimed = minute;
+  return true;
 }
 
 bool queue_model::record_history(const queue_counts& c) {

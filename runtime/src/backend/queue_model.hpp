@@ -65,7 +65,7 @@ class queue_model {
   // The operators' views (reports.lua, history.lua, and the reads of redis_backend).
   void report_worker(worker_report r, std::chrono::milliseconds ttl);
   page<worker_report> workers(const std::string& cursor, std::size_t limit) const;
-  bool history_due() const;
+  bool claim_history();
   bool record_history(const queue_counts& c);
   std::vector<history_point> history(std::chrono::minutes span) const;
   page<std::string> groups(const std::string& prefix, const std::string& cursor, std::size_t limit) const;

@@ -598,26 +598,11 @@ asio::awaitable<reap_result> redis_backend::reap(std::string queue, reap_options
   co_return out;
 }
 
-asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
-  auto p = key_prefix(queue);
-  request req;
-  req.push("LLEN", p + "ready")
-      .push("ZCOUNT", p + "active", "-inf", "(+inf")  // (the member at +inf is no lease: claim.lua)
-      .push("ZCARD", p + "dead")
-      .push("HGETALL", p + "stats")
-      .push("ZCARD", p + "delayed")
-      .push("HLEN", p + "paused")
-      .push("LINDEX", p + "ready", 0);
-  req.options.resend_safe = true;
-  reply r = co_await link_->exec(std::move(req), p);
-  const auto& e = r.as_array();
-  queue_counts c;
-  c.ready_lanes = e.at(0).as_integer();
-  c.running = e.at(1).as_integer();
-  c.dead = e.at(2).as_integer();
-  c.delayed = e.at(4).as_integer();
-  c.paused = e.at(5).as_integer();
-  const auto& fields = e.at(3).as_array();
+namespace {
+
+// The counters of a queue's `stats` hash (HGETALL's reply) into `c`.
+void read_stats(const reply& fields_reply, queue_counts& c) {
+  const auto& fields = fields_reply.as_array();
   for (std::size_t i = 0; i + 1 < fields.size(); i += 2) {
     const auto& name = fields[i].as_string();
     std::int64_t value = std::stoll(fields[i + 1].as_string());
@@ -642,6 +627,40 @@ asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
     else if (name == "groups")
       c.groups = value;
   }
+}
+
+}  // namespace
+
+asio::awaitable<queue_counts> redis_backend::counters(std::string queue) {
+  auto p = key_prefix(queue);
+  request req("HGETALL", p + "stats");
+  req.options.resend_safe = true;
+  reply r = co_await link_->exec(std::move(req), p);
+  queue_counts c;
+  read_stats(r, c);
+  co_return c;
+}
+
+asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
+  auto p = key_prefix(queue);
+  request req;
+  req.push("LLEN", p + "ready")
+      .push("ZCOUNT", p + "active", "-inf", "(+inf")  // (the member at +inf is no lease: claim.lua)
+      .push("ZCARD", p + "dead")
+      .push("HGETALL", p + "stats")
+      .push("ZCARD", p + "delayed")
+      .push("HLEN", p + "paused")
+      .push("LINDEX", p + "ready", 0);
+  req.options.resend_safe = true;
+  reply r = co_await link_->exec(std::move(req), p);
+  const auto& e = r.as_array();
+  queue_counts c;
+  c.ready_lanes = e.at(0).as_integer();
+  c.running = e.at(1).as_integer();
+  c.dead = e.at(2).as_integer();
+  c.delayed = e.at(4).as_integer();
+  c.paused = e.at(5).as_integer();
+  read_stats(e.at(3), c);
   // The next job to start: inline in an ungrouped lane, else its group's head (one more read).
   if (const auto& head = e.at(6); !head.is_nil()) {
     std::string_view lane = head.as_string();
@@ -1238,17 +1257,17 @@ asio::awaitable<page<worker_report>> redis_backend::workers(std::string queue, s
   co_return out;
 }
 
-asio::awaitable<bool> redis_backend::history_due(std::string queue) {
+asio::awaitable<bool> redis_backend::claim_history(std::string queue) {
   auto p = key_prefix(queue);
-  std::array<std::string, 1> keys{p + "history"};
-  std::array<std::string, 1> args{"due"};
+  std::array<std::string, 2> keys{p + "history", p + "history:claim"};
+  std::array<std::string, 1> args{"claim"};
   reply r = co_await link_->run(history_, history_.make_request(keys, args), p);
   co_return r.as_integer() == 1;
 }
 
 asio::awaitable<bool> redis_backend::record_history(std::string queue, queue_counts counts) {
   auto p = key_prefix(queue);
-  std::array<std::string, 1> keys{p + "history"};
+  std::array<std::string, 2> keys{p + "history", p + "history:claim"};
   std::array<std::string, 2> args{"put", detail::counts_json(counts)};
   reply r = co_await link_->run(history_, history_.make_request(keys, args), p);
   co_return r.as_integer() == 1;
@@ -1282,10 +1301,11 @@ asio::awaitable<page<std::string>> redis_backend::groups(std::string queue, std:
   if (cursor.size() > 20 || cursor.find_first_not_of("0123456789") != std::string::npos)
     throw std::invalid_argument("group cursor '" + cursor + "' is not one that a listing gave");
   limit = std::max<std::size_t>(limit, 1);
-  // SCAN steps of the queue's group lists (each bounded), at most ten a page: a prefix few
-  // groups have ends a page with fewer than asked and a cursor. The first step's COUNT is the
-  // limit, and each next one's four times the last's (up to 1,000), so that a page holds about
-  // `limit` groups (a step returns what it found: a page may hold some more).
+  // SCAN steps of the queue's group lists (each bounded), at most ten a page (about 5,000 keys
+  // of the server's looked at): a prefix few groups have ends a page with fewer than asked and
+  // a cursor. The first step's COUNT is the limit, and each next one's four times the last's
+  // (up to 1,000), so that a page holds about `limit` groups (a step returns what it found: a
+  // page may hold some more).
   auto pattern = glob_literal(p + "g:" + prefix) + "*";
   page<std::string> out;
   std::size_t count = std::clamp<std::size_t>(limit, 10, 1000);

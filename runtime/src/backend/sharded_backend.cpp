@@ -36,6 +36,7 @@ namespace {
 }  // namespace
 
 awaitable<std::size_t> backend::shard_count(std::string) { co_return 1; }
+awaitable<queue_counts> backend::counters(std::string queue) { co_return co_await counts(std::move(queue)); }
 awaitable<std::vector<enqueue_result>> backend::enqueue_parts(std::string queue, std::vector<encoded_job> jobs,
                                                               std::size_t) {
   co_return co_await enqueue(std::move(queue), std::move(jobs));
@@ -752,6 +753,29 @@ awaitable<queue_counts> sharded_backend::counts(std::string queue) {
   co_return sum;
 }
 
+awaitable<queue_counts> sharded_backend::counters(std::string queue) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.counters(q->names[0]);
+  std::vector<std::size_t> all(q->shards);
+  for (std::size_t k = 0; k < q->shards; ++k) all[k] = k;
+  auto each = co_await at_once<queue_counts>(all, [&](std::size_t k) { return inner_.counters(q->names[k]); });
+  each.rethrow();
+  queue_counts sum;
+  for (const auto& c : each.results) {
+    sum.groups += c.groups;
+    sum.enqueued += c.enqueued;
+    sum.started += c.started;
+    sum.completed += c.completed;
+    sum.failed += c.failed;
+    sum.retried += c.retried;
+    sum.deferred += c.deferred;
+    sum.unhandled += c.unhandled;
+    sum.halted += c.halted;
+    sum.recovered += c.recovered;
+  }
+  co_return sum;
+}
+
 // --- delayed jobs ---
 
 awaitable<promote_result> sharded_backend::promote(std::string queue, std::size_t max) {
@@ -961,8 +985,8 @@ awaitable<page<worker_report>> sharded_backend::workers(std::string queue, std::
   co_return co_await inner_.workers(std::move(queue), std::move(cursor), limit);
 }
 
-awaitable<bool> sharded_backend::history_due(std::string queue) {
-  co_return co_await inner_.history_due(std::move(queue));
+awaitable<bool> sharded_backend::claim_history(std::string queue) {
+  co_return co_await inner_.claim_history(std::move(queue));
 }
 
 awaitable<bool> sharded_backend::record_history(std::string queue, queue_counts counts) {

@@ -121,32 +121,38 @@ asio::awaitable<void> maintenance::about_types() {
   }
 }
 
-// What operators see (the dashboard): the worker's report of itself, every reaper period (at
-// least a second apart), kept for three reaper periods (at least 30 s: a report outlasts the
-// wait to the next); and once a minute, the queue's counts as the minute's history point, when
-// no process has stored one yet.
+// What operators see (the dashboard): the worker's report of itself, every ten seconds, or at
+// the next reaper period when what it runs changed (at most one a second), kept for three
+// reaper periods and at least 30 s (it outlasts the wait to the next); and once a minute, the
+// queue's counts as the minute's history point, when no process has stored one yet. An idle
+// worker so costs a call every ten seconds.
 asio::awaitable<void> maintenance::for_operators() {
   auto now = clock::now();
-  auto period =
-      std::clamp<std::chrono::milliseconds>(opts_.reap_period, std::chrono::seconds(1), std::chrono::seconds(10));
   try {
-    if (hooks_.report && now - reported_ >= period && !stopped_) {
-      auto keep = 3 * std::max<std::chrono::milliseconds>(opts_.reap_period, std::chrono::seconds(10));
-      co_await stoppable(reap_stop_, strand_,
-                         bounded(strand_, backend_.report_worker(opts_.queue, hooks_.report(), keep), opts_.lease_ttl,
-                                 "reporting the worker"));
-      reported_ = now;
+    if (hooks_.report && !stopped_) {
+      auto report = hooks_.report();
+      std::size_t sig = std::hash<std::int64_t>{}(report.running);
+      for (const auto& j : report.jobs) sig = sig * 31 + std::hash<std::string>{}(j.id);
+      auto since = now - reported_;
+      if (since >= std::chrono::seconds(10) || (sig != reported_sig_ && since >= std::chrono::seconds(1))) {
+        auto keep = 3 * std::max<std::chrono::milliseconds>(opts_.reap_period, std::chrono::seconds(10));
+        co_await stoppable(reap_stop_, strand_,
+                           bounded(strand_, backend_.report_worker(opts_.queue, std::move(report), keep),
+                                   opts_.lease_ttl, "reporting the worker"));
+        reported_ = now;
+        reported_sig_ = sig;
+      }
     }
     auto minute =
         std::chrono::duration_cast<std::chrono::minutes>(std::chrono::system_clock::now().time_since_epoch()).count();
     if (minute != history_minute_ && !stopped_) {
       bool due = co_await stoppable(
           reap_stop_, strand_,
-          bounded(strand_, backend_.history_due(opts_.queue), opts_.lease_ttl, "looking at the queue's history"));
+          bounded(strand_, backend_.claim_history(opts_.queue), opts_.lease_ttl, "looking at the queue's history"));
       if (due && !stopped_) {
         auto counts = co_await stoppable(
             reap_stop_, strand_,
-            bounded(strand_, backend_.counts(opts_.queue), opts_.lease_ttl, "counting the queue for its history"));
+            bounded(strand_, backend_.counters(opts_.queue), opts_.lease_ttl, "counting the queue for its history"));
         co_await stoppable(reap_stop_, strand_,
                            bounded(strand_, backend_.record_history(opts_.queue, counts), opts_.lease_ttl,
                                    "recording the queue's history"));

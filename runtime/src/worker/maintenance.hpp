@@ -80,6 +80,7 @@ class maintenance : public std::enable_shared_from_this<maintenance> {
   std::vector<std::string> handled_types_;
   std::chrono::steady_clock::time_point advertised_{};  // when the worker last said which types it runs
   std::chrono::steady_clock::time_point reported_{};    // when it last reported itself
+  std::size_t reported_sig_ = 0;                        // what it ran then (a hash of the jobs' ids)
   std::int64_t history_minute_ = 0;                     // the last minute it looked at the history in
   boost::asio::steady_timer reap_timer_;
   boost::asio::cancellation_signal reap_stop_;     // ends a reap on its way
