@@ -115,6 +115,8 @@ class sharded_backend final : public backend {
   // Marks shards (one call; none: nothing); a failure is logged, not thrown.
   boost::asio::awaitable<void> mark(const std::string& queue, std::vector<std::size_t> shards);
   boost::asio::awaitable<void> mark(const std::string& queue, std::size_t k);
+  // counts() or counters() over the shards, summed.
+  boost::asio::awaitable<queue_counts> summed(std::string queue, bool counters_only);
   // A claim in shard k, its tokens prefixed; marks k again (and remembers it) when it was full.
   boost::asio::awaitable<std::vector<claimed_job>> claim_in(const std::string& queue, queue_state& q, std::size_t k,
                                                             const claim_options& opts);

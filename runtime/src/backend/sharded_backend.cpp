@@ -724,11 +724,22 @@ awaitable<reap_result> sharded_backend::reap(std::string queue, reap_options opt
 }
 
 awaitable<queue_counts> sharded_backend::counts(std::string queue) {
+  co_return co_await summed(std::move(queue), false);
+}
+
+awaitable<queue_counts> sharded_backend::counters(std::string queue) {
+  co_return co_await summed(std::move(queue), true);
+}
+
+// The shards' counts (or counters alone), asked at once and summed; the next job to start is
+// the earliest enqueued of the shards' next ones.
+awaitable<queue_counts> sharded_backend::summed(std::string queue, bool counters_only) {
   auto q = co_await state_of(queue);
-  if (q->shards == 1) co_return co_await inner_.counts(q->names[0]);
+  auto ask = [&](std::size_t k) { return counters_only ? inner_.counters(q->names[k]) : inner_.counts(q->names[k]); };
+  if (q->shards == 1) co_return co_await ask(0);
   std::vector<std::size_t> all(q->shards);
   for (std::size_t k = 0; k < q->shards; ++k) all[k] = k;
-  auto each = co_await at_once<queue_counts>(all, [&](std::size_t k) { return inner_.counts(q->names[k]); });
+  auto each = co_await at_once<queue_counts>(all, ask);
   each.rethrow();
   queue_counts sum;
   for (const auto& c : each.results) {
@@ -749,29 +760,6 @@ awaitable<queue_counts> sharded_backend::counts(std::string queue) {
     sum.recovered += c.recovered;
     if (c.next_enqueued_ms != 0 && (sum.next_enqueued_ms == 0 || c.next_enqueued_ms < sum.next_enqueued_ms))
       sum.next_enqueued_ms = c.next_enqueued_ms;
-  }
-  co_return sum;
-}
-
-awaitable<queue_counts> sharded_backend::counters(std::string queue) {
-  auto q = co_await state_of(queue);
-  if (q->shards == 1) co_return co_await inner_.counters(q->names[0]);
-  std::vector<std::size_t> all(q->shards);
-  for (std::size_t k = 0; k < q->shards; ++k) all[k] = k;
-  auto each = co_await at_once<queue_counts>(all, [&](std::size_t k) { return inner_.counters(q->names[k]); });
-  each.rethrow();
-  queue_counts sum;
-  for (const auto& c : each.results) {
-    sum.groups += c.groups;
-    sum.enqueued += c.enqueued;
-    sum.started += c.started;
-    sum.completed += c.completed;
-    sum.failed += c.failed;
-    sum.retried += c.retried;
-    sum.deferred += c.deferred;
-    sum.unhandled += c.unhandled;
-    sum.halted += c.halted;
-    sum.recovered += c.recovered;
   }
   co_return sum;
 }
