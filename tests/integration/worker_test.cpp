@@ -225,12 +225,13 @@ TEST_CASE("an idle worker sends only its blocking claim and its timers' calls an
     // promoter of delayed jobs sleeps: nothing is delayed. (exists: the scripts' probe of a
     // migrating cluster slot.) Its report for operators goes every 10 s, so it may fall in these
     // 3 s (reports.lua: hset, zadd, zrange, hdel, zrem), and so may the turn of a minute (the
-    // history's look, history.lua: zrange; and then maybe the queue's counts and their point:
-    // llen, zcount, zcard, hgetall, hlen, lindex, zremrangebyscore).
+    // history's look and claim, history.lua: zrange, get, set; and then maybe the queue's counts
+    // and their point: llen, zcount, zcard, hgetall, hlen, lindex, zremrangebyscore).
     const std::set<std::string> allowed{
         "blmove",        "evalsha", "script|load", "ping",    "lpop", "zadd",   "time",
         "zrangebyscore", "zcard",   "del",         "exists",  "hset", "zrange", "hdel",
-        "zrem",          "llen",    "zcount",      "hgetall", "hlen", "lindex", "zremrangebyscore"};
+        "zrem",          "llen",    "zcount",      "hgetall", "hlen", "lindex", "zremrangebyscore",
+        "get",           "set"};
     for (auto& [name, n] : calls) CHECK_MESSAGE(allowed.count(name) == 1, "unexpected command " << name);
     CHECK(calls["blmove"] <= 3000 / 500 + 1);
     CHECK(calls["evalsha"] <= (3000 / 500 + 1) + 2 * (3000 / 300 + 1));
