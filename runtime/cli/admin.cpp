@@ -1,7 +1,8 @@
-// Operators' commands: stats, check, dlq, group.
+// Operators' commands: stats, check, job, dlq, group.
 #include "cli.hpp"
 
 #include <jobrt/job.hpp>
+#include <jobrt/job_status.hpp>
 #include <jobrt/redis_backend.hpp>
 #include <jobrt/sharded_backend.hpp>
 
@@ -313,6 +314,56 @@ int dlq_show(const common& c, const std::string& id) {
   return rc;
 }
 
+// How long until a time (ms since the epoch).
+std::string in(std::int64_t at_ms) {
+  return fmt::format("in {:.1f} s", static_cast<double>(std::max<std::int64_t>(0, at_ms - now_ms())) / 1000.0);
+}
+
+int job_show(const common& c, const std::string& id, const std::string& group) {
+  int rc = 0;
+  with_store(c, [&](backend& store) -> asio::awaitable<void> {
+    auto found = co_await find_job(store, c.queue, id, group);
+    if (!found) {
+      fmt::print(stderr,
+                 "jobrt: job: no job {} in queue {} that can be found: it is not dead-lettered nor running, and not "
+                 "kept (enqueued without --keep, or its keep ran out){}\n",
+                 id, c.queue, group.empty() ? "" : fmt::format(", nor group {}'s next", group));
+      rc = 1;
+      co_return;
+    }
+    const auto& s = *found;
+    if (c.json) {
+      fmt::print("{}\n", json::serialize(to_json(s)));
+      co_return;
+    }
+    fmt::print("id {}\nstate {}\n", s.id, to_string(s.status));
+    if (!s.group.empty())
+      fmt::print("group {}{}\n", s.group,
+                 s.group_state ? fmt::format(" ({} jobs pending or running)", s.group_state->depth) : "");
+    if (s.status == job_status::state::delayed) fmt::print("due {}\n", in(s.at_ms));
+    if (s.status == job_status::state::done) fmt::print("completed {}\n", age(s.at_ms));
+    if (s.running)
+      fmt::print("running on {} (host {}, pid {}) since {}\n", s.running_on->id, s.running_on->host, s.running_on->pid,
+                 age(s.running->since_ms));
+    if (s.record) {
+      try {
+        auto j = decode_job(fmt::format("{}|{}|{}", s.record->attempts, s.record->id, s.record->body), s.group);
+        fmt::print("type {}\npayload {}\nattempts {} of {}\nenqueued {}\n", j.type, json::serialize(j.payload),
+                   s.record->attempts, j.max_attempts, age(j.enqueued_at_ms));
+      } catch (const std::runtime_error& e) {
+        fmt::print("record {}\nmalformed {}\n", s.record->body, e.what());
+      }
+    }
+    if (s.dead) {
+      if (auto j = job_of(*s.dead))
+        fmt::print("type {}\npayload {}\nmax attempts {}\nenqueued {}\n", j->type, json::serialize(j->payload),
+                   j->max_attempts, age(j->enqueued_at_ms));
+      fmt::print("runs {}\nfailed {}\nerror {}\n", s.dead->runs, age(s.dead->at_ms), s.dead->error);
+    }
+  });
+  return rc;
+}
+
 // Those of `wanted` not in `done`, each named on stderr by `says`.
 template <class Says>
 json::array report_missing(const std::vector<std::string>& wanted, const std::set<std::string>& done, Says says) {
@@ -607,6 +658,23 @@ void add_admin(CLI::App& jobrt, action& chosen) {
       "is confirmed by one short atomic call each before it is reported. On a queue that workers\n"
       "change meanwhile, the counts are as the walk saw them. Exit code 1 when problems were found\n"
       "and not repaired.");
+
+  struct job_options {
+    common c;
+    std::string id, group;
+  };
+  auto job_o = std::make_shared<job_options>();
+  cmd = add_command(jobrt, chosen, "job", "a job by id: pending, delayed, running, done or dead",
+                    [job_o] { return job_show(job_o->c, job_o->id, job_o->group); });
+  add_common(*cmd, job_o->c);
+  cmd->add_option("ID", job_o->id, "the job's id")->required();
+  cmd->add_option("-g,--group", job_o->group, "its group: finds it as the group's next job also when it is not kept")
+      ->option_text("G");
+  cmd->footer(
+      "Finds a job enqueued with a keep (jobrt enqueue --keep MS) in any state: pending, delayed or\n"
+      "waiting for a retry, running (which worker, since when), done (for its keep) or dead. A job\n"
+      "enqueued without a keep is found dead-lettered, running, or as its group's next (--group).\n"
+      "Exit code 1 when it is not found. --json prints the object the dashboard's API gives.");
 
   add_dlq(jobrt, chosen);
   add_group(jobrt, chosen);

@@ -394,8 +394,8 @@ job_spec spec_from_line(const std::string& line) {
     return f->as_int64();
   };
   for (auto& [key, value] : o) {
-    static const std::set<std::string_view> known{"type",     "payload",      "group",      "id",
-                                                  "delay_ms", "max_attempts", "timeout_ms", "on_failure"};
+    static const std::set<std::string_view> known{"type",         "payload",    "group",      "id",     "delay_ms",
+                                                  "max_attempts", "timeout_ms", "on_failure", "keep_ms"};
     if (!known.contains(key)) throw std::invalid_argument(fmt::format("unknown field \"{}\"", key));
   }
   s.type = text("type").value_or("");
@@ -405,6 +405,7 @@ job_spec spec_from_line(const std::string& line) {
   s.delay = std::chrono::milliseconds(number_of("delay_ms").value_or(0));
   s.max_attempts = static_cast<int>(number_of("max_attempts").value_or(3));
   s.timeout = std::chrono::milliseconds(number_of("timeout_ms").value_or(0));
+  if (auto keep = number_of("keep_ms")) s.keep = std::chrono::milliseconds(*keep);
   if (auto p = text("on_failure")) s.on_failure = parse_failure_policy(*p);
   return s;
 }
@@ -413,7 +414,7 @@ job_spec spec_from_line(const std::string& line) {
 struct enqueue_args {
   std::string url = default_redis_url(), queue = "default", file, config_file, payload, on_failure;
   job_spec base;
-  std::size_t count = 0, groups = 0, delay_ms = 0, timeout_ms = 0, max_attempts = 3;
+  std::size_t count = 0, groups = 0, delay_ms = 0, timeout_ms = 0, max_attempts = 3, keep_ms = 0;
   std::size_t shards = 0;  // 0: as the queue is stored
   std::string group, durability = "primary";
   bool json = false;
@@ -447,6 +448,10 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
   number_option(*cmd, "--shards", a->shards, 1, 1024,
                 "shards the queue spreads over (default: as the queue is stored; 1 for a new one)")
       ->envname("JOBRT_SHARDS");
+  number_option(*cmd, "--keep", a->keep_ms, 0, static_cast<std::size_t>(max_job_keep.count()),
+                "keep the jobs' status, to find them by id (the dashboard), while they wait and MS after they "
+                "complete (a line's \"keep_ms\" overrides it)")
+      ->option_text("MS");
   cmd->add_flag("--json", a->json, "print JSON: {\"id\", \"duplicate\"} for one job, else the counts");
   auto job_option = [&](CLI::Option* o) {
     a->job_options.push_back(o->group("job options (one job, and the generated jobs')"));
@@ -474,7 +479,7 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
       "Puts one job (--type), one per line of a JSON-lines file (--file), or N generated (--count N\n"
       "--type TYPE) and prints the job's id, or a count. The generated jobs' payload gets \"n\": the\n"
       "job's number. A JSON line: {\"type\", \"payload\", \"group\", \"id\", \"delay_ms\",\n"
-      "\"max_attempts\", \"timeout_ms\", \"on_failure\"}. The whole file is checked before any job is\n"
+      "\"max_attempts\", \"timeout_ms\", \"on_failure\", \"keep_ms\"}. The whole file is checked before any job is\n"
       "stored: an error names its line (FILE:LINE: ...) and nothing is enqueued. A job may be at\n"
       "most 1 MiB (1048576 bytes) once encoded, payload included.");
 }
@@ -524,6 +529,7 @@ int run_enqueue(enqueue_args& a) {
     }
   }
   producer_options po;
+  po.keep = std::chrono::milliseconds(a.keep_ms);
   if (!config_file.empty()) {
     auto cfg = settings::from_file(config_file);
     if (cfg.redis_url && !given_on_command_line(a.url_option)) {  // the file over $REDIS_URL

@@ -9,6 +9,10 @@
 --   '<ms>' = at that time in milliseconds since the epoch)
 -- Returns: n times: id, duplicate (1: a job with this producer-given id is pending or running)
 --
+-- A job whose body starts '{"keep":<ms>' is kept in the index <prefix>jobs while it is pending
+-- and for <ms> after it completes (finish.lua): its id -> '<state><ms>:<length of group>:<group>
+-- <record>', state 'p' (pending, ms 0) or 'd' (due at ms). Other jobs cost the index nothing.
+--
 -- A job is stored as the record '<attempts before>|<id>|<body>': ungrouped, as the lane
 -- 'j:<record>' in ready; grouped, at the tail of <prefix>g:<group>, and the lane 'g:<group>'
 -- goes to ready only when that list was empty (the group had no pending or running job).
@@ -61,6 +65,9 @@ if n == 1 and ARGV[5] == '' and not string.find(ARGV[4], '"max"', 1, true) and
   elseif redis.call('RPUSH', prefix .. 'g:' .. group, record) == 1 then
     redis.call('RPUSH', ready, 'g:' .. group)
     redis.call('HINCRBY', stats, 'groups', '1')
+  end
+  if string.find(ARGV[4], '^{"keep":%d') then
+    redis.call('HSET', prefix .. 'jobs', id, string.format('p0:%d:', #group) .. group .. record)
   end
   redis.call('HINCRBY', stats, 'enqueued', '1')
   if marks then redis.call('ZADD', marks, 'NX', ms(redis.call('TIME')), string.format('%d', offset)) end
@@ -121,7 +128,7 @@ end
 local now = 0
 if timed then now = ms(redis.call('TIME')) end
 
-local out, lanes, groups, order, slot, later = {}, {}, {}, {}, {}, {}
+local out, lanes, groups, order, slot, later, kept = {}, {}, {}, {}, {}, {}, {}
 local stored, earliest, duplicates, due_now = 0, nil, 0, 0
 for i = 0, n - 1 do
   local id, group, body, due = ARGV[2 + i * 4], ARGV[3 + i * 4], ARGV[4 + i * 4], ARGV[5 + i * 4]
@@ -142,6 +149,10 @@ for i = 0, n - 1 do
     if due ~= '' then
       if string.sub(due, 1, 1) == '+' then at = now + tonumber(string.sub(due, 2)) else at = tonumber(due) end
       if at <= now then at = nil end
+    end
+    if find(body, '^{"keep":%d') then
+      kept[#kept + 1] = id
+      kept[#kept + 1] = string.format('%s%d:%d:', at and 'd' or 'p', at or 0, #group) .. group .. record
     end
     if at then
       local member = 'j:' .. record
@@ -183,6 +194,7 @@ for i = 1, #lanes do
   if lanes[i] then final[#final + 1] = lanes[i] end
 end
 push_all(ready, final)
+for i = 1, #kept, 4000 do redis.call('HSET', prefix .. 'jobs', unpack(kept, i, math.min(i + 3999, #kept))) end
 if #later > 0 then
   local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
   for i = 1, #later, 4000 do redis.call('ZADD', delayed, unpack(later, i, math.min(i + 3999, #later))) end

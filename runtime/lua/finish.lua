@@ -33,6 +33,12 @@
 --   number of its followers and their records (fences: the next token's + 1, + 2, ...). (Most
 --   items lease nothing: one value each keeps the reply, and Redis's work on it, small.)
 --
+-- A job enqueued with a keep (enqueue.lua) has its entry in <prefix>jobs follow it: completed,
+-- 'c<ms>:...' with the time, and its id in <prefix>done scored by when the entry goes (up to 10
+-- more than it completes of those that ran out go with each call that completes such a job, and
+-- reap.lua takes them too); waiting for a retry or a run
+-- later, 'd<due ms>:...'; back to run now, 'p0:...'; dead-lettered, no entry (dead:info has it).
+--
 -- Safe to send again: the result of each call is kept in the hash answers:<worker> until a
 -- later call says its answer came. The same call id again (a resend after a lost reply) gets
 -- that result back and changes nothing but the next jobs' leases (renewed, or reported as not
@@ -169,6 +175,26 @@ local function jumped(lane) -- (a lane 'g:<group>': its group is cut out only wh
 end
 
 local function id_of(record) return string.match(record, '^%d+|([^|]*)|') end
+-- A kept job's entry in the index (see the top): state 'c' completed, 'p' to run again after
+-- `delay` ms ('d' when that is more than 0), 'x' gone to the dead letters.
+local kept_done = 0
+local function note(record, group, state, delay)
+  local id, keep = string.match(record or '', '^%d+|([^|]*)|{"keep":(%d+)')
+  if not id then return end
+  if state == 'x' then
+    redis.call('HDEL', prefix .. 'jobs', id)
+    return
+  end
+  local at = 0
+  if state == 'c' then
+    at = clock()
+    redis.call('ZADD', prefix .. 'done', string.format('%d', at + tonumber(keep)), id)
+    kept_done = kept_done + 1
+  elseif delay > 0 then
+    state, at = 'd', clock() + delay
+  end
+  redis.call('HSET', prefix .. 'jobs', id, string.format('%s%d:%d:', state, at, #group) .. group .. record)
+end
 -- After a keep: makes the follower `id` its group's head (see 'k' above). False when the
 -- group has no jobs left (drift: check reports the lease).
 local function to_front(key, id)
@@ -202,6 +228,7 @@ local function dead_letter(record, group, err, token)
   end
   redis.call('ZADD', dead, clock(), key)
   redis.call('HSET', dead_info, key, cjson.encode({record = record or '', group = group, error = err, at = clock()}))
+  note(record, group, 'x')
   failed = failed + 1
 end
 -- A lane that goes back: later (a retry's backoff, which a paused group keeps: promote parks the
@@ -245,6 +272,7 @@ for i = 1, n do
         local unique_id = ARGV[base + 2]
         if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
         if jumped(lane) and not to_front(key, ARGV[base + 3]) then emptied = emptied + 1 end
+        note(head, string.sub(lane, 3), 'c')
         completed = completed + 1
         started = started + 1
       end
@@ -279,6 +307,11 @@ for i = 1, n do
       end
       if kind == 'a' then
         completed = completed + 1
+        if grouped then
+          note(record, string.sub(lane, 3), 'c')
+        elseif string.find(lane, '^j:%d+|[^|]*|{"keep":%d') then -- (no copy of a record not kept)
+          note(string.sub(lane, 3), '', 'c')
+        end
       else
         local group = ''
         if grouped then group = string.sub(lane, 3) end
@@ -291,7 +324,13 @@ for i = 1, n do
       local key = prefix .. lane
       local head = redis.call('LINDEX', key, 0)
       if head then
-        if kind == 'r' or kind == 'h' then redis.call('LSET', key, 0, counted(head)) end
+        if kind == 'r' or kind == 'h' then
+          head = counted(head)
+          redis.call('LSET', key, 0, head)
+        end
+        local delay = 0
+        if kind ~= 'h' then delay = tonumber(ARGV[base + 3]) or 0 end
+        note(head, string.sub(lane, 3), 'p', delay)
         if kind == 'h' then
           redis.call('HSET', paused, string.sub(lane, 3),
                      cjson.encode({state = 'halted', error = ARGV[base + 3], at = clock()}))
@@ -299,7 +338,7 @@ for i = 1, n do
           any_paused = true
           halted = halted + 1
         else
-          send_back(lane, tonumber(ARGV[base + 3]) or 0)
+          send_back(lane, delay)
         end
       end
       if kind == 'r' then retried = retried + 1 elseif kind == 'd' then deferred = deferred + 1 end
@@ -314,7 +353,9 @@ for i = 1, n do
       else
         unhandled, started = unhandled + 1, started - 1
       end
-      send_back('j:' .. record, tonumber(ARGV[base + 3]) or 0)
+      local delay = tonumber(ARGV[base + 3]) or 0
+      note(record, '', 'p', delay)
+      send_back('j:' .. record, delay)
     end
   end
 end
@@ -359,4 +400,12 @@ count('deferred', deferred)
 count('unhandled', unhandled)
 count('halted', halted)
 count('groups', -emptied)
+if kept_done > 0 then -- entries of completed jobs that ran out (one re-enqueued since keeps its own)
+  local gone_ids = redis.call('ZRANGEBYSCORE', prefix .. 'done', '-inf', clock(), 'LIMIT', 0, kept_done + 10)
+  for _, id in ipairs(gone_ids) do
+    local entry = redis.call('HGET', prefix .. 'jobs', id)
+    if entry and string.sub(entry, 1, 1) == 'c' then redis.call('HDEL', prefix .. 'jobs', id) end
+  end
+  if #gone_ids > 0 then redis.call('ZREM', prefix .. 'done', unpack(gone_ids)) end
+end
 return done()

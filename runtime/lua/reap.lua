@@ -5,6 +5,7 @@
 -- KEYS[9] <prefix>jumped
 -- ARGV[1] max leases, workers and dead letters to handle in this call
 -- ARGV[2] dead letters kept at most (0: no limit)  ARGV[3] their longest age in ms (0: no limit)
+-- ARGV[4] '1': also the entries of completed kept jobs that ran out (else '0')
 -- Returns: {leases recovered, workers reaped, lanes handed back from their claimed lists,
 --   dead letters removed by the retention limits, then the job type of each recovered job whose
 --   record was found}
@@ -76,6 +77,15 @@ for _, worker in ipairs(redis.call('ZRANGEBYSCORE', workers, '-inf', now, 'LIMIT
 end
 
 for i = #lanes, 1, -1 do redis.call('LPUSH', ready, lanes[i]) end
+-- When asked (ARGV[4] '1'), entries of completed kept jobs that ran out (see finish.lua): up to max.
+if ARGV[4] == '1' then
+  local gone_ids = redis.call('ZRANGEBYSCORE', prefix .. 'done', '-inf', now, 'LIMIT', 0, max)
+  for _, id in ipairs(gone_ids) do
+    local entry = redis.call('HGET', prefix .. 'jobs', id)
+    if entry and string.sub(entry, 1, 1) == 'c' then redis.call('HDEL', prefix .. 'jobs', id) end
+  end
+  if #gone_ids > 0 then redis.call('ZREM', prefix .. 'done', unpack(gone_ids)) end
+end
 if recovered > 0 then redis.call('HINCRBY', stats, 'recovered', recovered) end
 
 -- Dead-letter retention: the oldest go first, past the age limit or over the count.

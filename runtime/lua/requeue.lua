@@ -63,6 +63,9 @@ for i = 2, #ARGV do
       end
       redis.call('ZREM', dead, key)
       redis.call('HDEL', dead_info, key)
+      if id and string.find(body, '^{"keep":%d') then -- kept in the index again (see enqueue.lua)
+        redis.call('HSET', prefix .. 'jobs', id, string.format('p0:%d:', #group) .. group .. record)
+      end
       out[#out + 1] = key
     end
   end

@@ -46,6 +46,9 @@ void producer::check(const job_spec& spec) {
     throw std::invalid_argument(
         fmt::format("job timeout is {} ms; it must be from 0 (none) to a year", spec.timeout.count()));
   if (spec.delay.count() < 0) throw std::invalid_argument("job delay is negative");
+  if (spec.keep && (spec.keep->count() < 0 || *spec.keep > max_job_keep))
+    throw std::invalid_argument(
+        fmt::format("job keep is {} ms; it must be from 0 (none) to a year", spec.keep->count()));
   if (spec.run_at && spec.delay.count() > 0) throw std::invalid_argument("job has both a delay and a run_at time");
   if (spec.retry_backoff) {
     const auto& b = *spec.retry_backoff;
@@ -84,7 +87,11 @@ encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms, const pr
   if (!spec.group) choice = opts.rules.choose(spec.type, spec.payload);
   // The rule's policy travels with the job, unless the job names its own.
   auto policy = spec.on_failure ? spec.on_failure : choice ? choice->on_failure : std::nullopt;
-  out.body = detail::encode_body(spec, now_ms, policy);
+  auto keep = spec.keep.value_or(opts.keep);
+  if (keep.count() < 0 || keep > max_job_keep)
+    throw std::invalid_argument(
+        fmt::format("producer keep is {} ms; it must be from 0 (none) to a year", keep.count()));
+  out.body = detail::encode_body(spec, now_ms, policy, keep);
   if (out.body.size() > opts.max_body_bytes)
     throw std::invalid_argument(fmt::format("job of type '{}' is {} bytes encoded; the limit is {}", spec.type,
                                             out.body.size(), opts.max_body_bytes));

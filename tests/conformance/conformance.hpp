@@ -269,6 +269,9 @@ class gated_backend final : public backend {
   awaitable<page<dead_letter>> find_dead(std::string q, dead_filter f, std::string c, std::size_t n) override {
     return inner_.find_dead(std::move(q), std::move(f), std::move(c), n);
   }
+  awaitable<std::optional<kept_job>> kept_job_of(std::string q, std::string id) override {
+    return inner_.kept_job_of(std::move(q), std::move(id));
+  }
   awaitable<check_report> check(std::string q, bool repair) override { return inner_.check(std::move(q), repair); }
 
  private:

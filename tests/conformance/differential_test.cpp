@@ -197,7 +197,8 @@ enum class op_kind {
   purge_queue,
   advertise,
   dead_letter_of,
-  claim_wait
+  claim_wait,
+  kept_job_of
 };
 
 struct weighted {
@@ -205,7 +206,7 @@ struct weighted {
   int weight;
 };
 
-const std::array<weighted, 17> op_weights{{{op_kind::enqueue, 160},
+const std::array<weighted, 18> op_weights{{{op_kind::enqueue, 160},
                                            {op_kind::claim, 140},
                                            {op_kind::finish, 300},
                                            {op_kind::extend, 60},
@@ -221,7 +222,8 @@ const std::array<weighted, 17> op_weights{{{op_kind::enqueue, 160},
                                            {op_kind::purge_queue, 1},
                                            {op_kind::advertise, 12},
                                            {op_kind::dead_letter_of, 15},
-                                           {op_kind::claim_wait, 30}}};
+                                           {op_kind::claim_wait, 30},
+                                           {op_kind::kept_job_of, 15}}};
 
 class differential {
  public:
@@ -394,11 +396,13 @@ class differential {
   }
 
   // A body as the producer encodes it (job_codec's encode_body): "at" is made up, so that
-  // next_enqueued_ms and oldest_enqueued_ms are the same on both backends.
+  // next_enqueued_ms and oldest_enqueued_ms are the same on both backends. A third keep their
+  // status (kept for 3 hours: none runs out during the test).
   std::string job_body(std::int64_t n, bool flagged) {
     const char* type = rng_.chance(80) ? "t" : "x";
-    return fmt::format(R"({{"type":"{}","payload":{{"n":{}}},{}"at":{}}})", type, n, flagged ? R"("u":true,)" : "",
-                       1'700'000'000'000LL + n);
+    const char* keep = rng_.chance(33) ? R"({"keep":10800000,)" : "{";
+    return fmt::format(R"({}"type":"{}","payload":{{"n":{}}},{}"at":{}}})", keep, type, n,
+                       flagged ? R"("u":true,)" : "", 1'700'000'000'000LL + n);
   }
 
   // --- the operations ---
@@ -439,6 +443,7 @@ class differential {
       case op_kind::advertise: co_await do_advertise(); break;
       case op_kind::dead_letter_of: co_await do_dead_letter_of(); break;
       case op_kind::claim_wait: co_await do_claim(true); break;
+      case op_kind::kept_job_of: co_await do_kept_job_of(); break;
     }
   }
 
@@ -532,6 +537,10 @@ class differential {
     }
     if (!same(what, mt, rt)) co_return;
     note(what + " -> " + mt);
+    for (auto& e : *m.value) {
+      ids_.push_back(e.id);
+      if (ids_.size() > 300) ids_.pop_front();
+    }
     std::size_t shorts = 0;
     for (std::size_t i = 0; i < jobs.size(); ++i)
       if (is_short[i] && !(*m.value)[i].duplicate) ++shorts;
@@ -1069,6 +1078,24 @@ class differential {
     if (same(paged, pt, text(rp, show_size))) note(paged + " -> " + pt);
   }
 
+  // A job by id in the index of kept jobs: its state (pending and delayed as one: a short delay
+  // comes due by each backend's clock), group and record.
+  awaitable<void> do_kept_job_of() {
+    ++tally_["kept_job_of"];
+    std::string id = ids_.empty() || rng_.chance(10) ? "no-such-job" : ids_[rng_.below(ids_.size())];
+    std::string what = fmt::format("kept_job_of {}", id);
+    auto m = co_await attempt(b_[0]->kept_job_of(queue_, id));
+    auto r = co_await attempt(b_[1]->kept_job_of(queue_, id));
+    auto show_kept = [](const std::optional<kept_job>& k) {
+      if (!k) return std::string("none");
+      return fmt::format("{} {} group={} record={}|{}|{}", k->id,
+                         k->status == kept_job::state::done ? "done" : "waiting", show_group(k->group),
+                         k->record.attempts, k->record.id, k->record.body);
+    };
+    auto mt = text(m, show_kept);
+    if (same(what, mt, text(r, show_kept))) note(what + " -> " + mt);
+  }
+
   std::array<backend*, 2> b_;
   std::string queue_;
   std::uint64_t seed_;
@@ -1087,6 +1114,7 @@ class differential {
   std::vector<std::string> active_groups_, all_groups_;
   int next_group_ = 0;
   std::int64_t jobs_made_ = 0;
+  std::deque<std::string> ids_;    // the last 300 ids enqueue gave
   std::vector<dead_letter> dead_;  // as the last comparison saw them
   std::vector<due_range> pending_short_;
   bool reap_next_ = false;

@@ -420,12 +420,36 @@ describe('a job by id', () => {
     await h.hasText(page.locator('dt:text-is("running on") + dd'), new RegExp(`^${workerId} since `));
   });
 
+  // 31. Kept jobs (enqueued with a keep) by id: one waiting behind others in its group, one
+  //     delayed, and one done once a worker ran it.
+  test('a kept job by id shows pending, delayed and done', T, async () => {
+    const q = newQueue();
+    const hour = 3600000;
+    await h.enqueue(url(), q, [
+      ...[1, 2, 3].map((i) => ({ type: 'nobody', group: 'kg', id: `k-${i}`, keep_ms: hour, payload: { i } })),
+      { type: 'nobody', id: 'k-late', delay_ms: hour, keep_ms: hour },
+      { type: 'sleep', id: 'k-quick', keep_ms: hour, payload: { ms: 1 } }]);
+    const dash = await h.startDashboard(url(), q, { token: 't' });
+    await open(dash, '/job?id=k-3');
+    await h.hasText(page.locator('#job-state'), 'pending');
+    await h.hasText(page.locator('#job-type'), 'nobody');
+    assert.deepEqual(JSON.parse(await page.locator('#job-record').textContent()).payload, { i: 3 });
+    await open(dash, '/job?id=k-late');
+    await h.hasText(page.locator('#job-state'), 'delayed');
+    assert.ok((await page.locator('#job-at').textContent()).length > 0);
+    await h.startWorker(url(), q, {});
+    await open(dash, '/job?id=k-quick');
+    await reloadUntil('job k-quick to show as done',
+      () => h.hasText(page.locator('#job-state'), 'done', 1500));
+    await h.hasText(page.locator('dt:text-is("completed") + dd'), /\d/);
+  });
+
   // 15. An id that is nowhere: the not-found message, on the page and in #error.
   test('an unknown id shows the not-found message', T, async () => {
     const q = newQueue();
     const dash = await h.startDashboard(url(), q, { token: 't' });
     await open(dash, '/job?id=no-such-job');
-    const notFound = /^job 'no-such-job' is neither dead-lettered nor running now/;
+    const notFound = /^job 'no-such-job' is not dead-lettered nor running, and not kept/;
     await h.hasText(page.locator('#job p'), notFound);
     await h.hasText(page.locator('#error'), notFound);
     assert.equal(await page.locator('#job-state').count(), 0);

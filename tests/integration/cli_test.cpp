@@ -792,6 +792,53 @@ TEST_CASE(
   CHECK(jobrt_cli({"dlq", "list", "--redis", url, "--queue", queue}).output.empty());
 }
 
+TEST_CASE("jobrt job finds a kept job pending behind others, delayed, done and dead, and names one it cannot find") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "kept";
+  auto file = fmt::format("/tmp/jobrt-cli-kept-{}.jsonl", ::getpid());
+  std::ofstream(file) << R"({"type":"noop","group":"g","id":"k-1","keep_ms":60000})"
+                      << "\n"
+                      << R"({"type":"noop","group":"g","id":"k-2","keep_ms":60000,"payload":{"n":2}})"
+                      << "\n"
+                      << R"({"type":"sleep","payload":{"ms":1,"fail":true},"max_attempts":1,"id":"k-bad"})"
+                      << "\n"
+                      << R"({"type":"noop","id":"k-late","delay_ms":600000})"
+                      << "\n"
+                      << R"({"type":"noop","id":"plain","keep_ms":0})"
+                      << "\n";
+  // --keep is every line's keep unless the line gives its own ("keep_ms":0 gives none).
+  auto stored = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file, "--keep", "60000"});
+  std::remove(file.c_str());
+  REQUIRE(stored.status == 0);
+  auto behind = jobrt_cli({"job", "k-2", "--redis", url, "--queue", queue});
+  CHECK(behind.status == 0);
+  CHECK(behind.output.find("state pending\ngroup g (2 jobs pending or running)\ntype noop\npayload {\"n\":2}\n") !=
+        std::string::npos);
+  auto late = jobrt_cli({"job", "k-late", "--redis", url, "--queue", queue, "--json"});
+  auto late_json = boost::json::parse(late.output).as_object();
+  CHECK(late_json.at("state").as_string() == "delayed");
+  CHECK(late_json.at("at").as_int64() > 0);
+  auto plain = jobrt_cli({"job", "plain", "--redis", url, "--queue", queue});
+  CHECK(plain.status == 1);
+  CHECK(plain.output.find("jobrt: job: no job plain in queue " + queue + " that can be found") != std::string::npos);
+
+  auto out = fmt::format("/tmp/jobrt-cli-kept-worker-{}.out", ::getpid());
+  auto pid = start({"worker", "--redis", url, "--queue", queue, "--plugin", JOBRT_HANDLERS "/jobrt_noop.so", "--plugin",
+                    JOBRT_HANDLERS "/jobrt_sleep.so"},
+                   out);
+  wait_counts(cfg, queue, [](const queue_counts& c) { return c.completed == 3 && c.dead == 1; });
+  ::kill(pid, SIGTERM);
+  CHECK(wait_for(pid, out).status == 0);
+  auto done = jobrt_cli({"job", "k-2", "--redis", url, "--queue", queue});
+  CHECK(done.output.find("state done\n") != std::string::npos);
+  CHECK(done.output.find("\ncompleted ") != std::string::npos);
+  auto dead = jobrt_cli({"job", "k-bad", "--redis", url, "--queue", queue});
+  CHECK(dead.output.find("state dead\n") != std::string::npos);
+  CHECK(dead.output.find("error sleep: failed as asked (payload.fail)") != std::string::npos);
+  CHECK(jobrt_cli({"job", "plain", "--redis", url, "--queue", queue}).status == 1);  // done, and not kept
+}
+
 TEST_CASE("jobrt check reports a stuck group with exit code 1 and --repair fixes it") {
   auto cfg = shared_redis();
   auto url = url_of(cfg);

@@ -193,6 +193,29 @@ TEST_CASE("dashboard API: dead letters by filter, one by id, requeued and purged
     auto job = co_await ask(f.port, "GET", "/api/queues/q/job?id=" + id);
     CHECK(job.json().at("state") == "dead");
     CHECK((co_await ask(f.port, "GET", "/api/queues/q/job?id=nope")).status == 404);
+    // Kept jobs: one behind another in its group (pending, with its record), one done.
+    auto kept = make("mail", json::object{{"i", 99}});
+    kept.group = "kg";
+    kept.keep = std::chrono::hours(1);
+    kept.id = "kept-1";
+    co_await p.enqueue(kept);
+    kept.id = "kept-2";
+    co_await p.enqueue(kept);
+    auto behind = (co_await ask(f.port, "GET", "/api/queues/q/job?id=kept-2")).json();
+    CHECK(behind.at("state") == "pending");
+    CHECK(behind.at("job").at("payload").at("i") == 99);
+    CHECK(behind.at("group").at("depth") == 2);
+    auto first = co_await f.store.claim("q", co);
+    REQUIRE(first.size() == 1);
+    finish_item ack;
+    ack.token = first[0].token;
+    ack.unique_id = "kept-1";
+    std::vector<finish_item> acks(1, ack);
+    co_await f.store.finish("q", "w", std::move(acks), std::chrono::seconds(30));
+    auto done = (co_await ask(f.port, "GET", "/api/queues/q/job?id=kept-1")).json();
+    CHECK(done.at("state") == "done");
+    CHECK(done.at("at").as_int64() > 0);
+    CHECK(done.at("job").at("type") == "mail");
 
     auto requeue_body = fmt::format(R"({{"ids":["{}"]}})", id);
     CHECK((co_await ask(f.port, "POST", "/api/queues/q/dead/requeue", "", requeue_body)).status == 401);

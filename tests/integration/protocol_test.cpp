@@ -461,6 +461,51 @@ TEST_CASE("enqueue.lua refuses a bad due time or an all-digit id before it write
   CHECK(enqueue({"plain-id", "", R"({"type":"import","payload":{"rows":3}})", ""}) == "plain-id\n0\n");
 }
 
+TEST_CASE("a body that starts with a keep is kept in the queue's index until its keep runs out, and no other is") {
+  auto cfg = shared_redis();
+  std::string queue = key_prefix() + "protocol-kept";
+  std::string p = fmt::format("jobrt:{{{}}}:", queue);
+  auto cli = [&](std::vector<std::string> command) {
+    std::vector<std::string> args{"-h", cfg.host, "-p", cfg.port};
+    args.insert(args.end(), command.begin(), command.end());
+    return redis_cli_process(args);
+  };
+  auto enqueue = [&](std::string id, std::string body) {
+    return cli({"--eval", JOBRT_LUA_DIR "/enqueue.lua", p + "ready", p + "seq", p + "ids", p + "stats", p + "delayed",
+                ",", "1", id, "", body, ""});
+  };
+  CHECK(enqueue("kept-a", R"({"keep":200,"type":"import","payload":{}})") == "kept-a\n0\n");
+  CHECK(enqueue("kept-b", R"({"keep":200,"type":"import","payload":{}})") == "kept-b\n0\n");
+  CHECK(enqueue("spaced", R"({"keep": 200,"type":"import","payload":{}})") == "spaced\n0\n");  // not at the start
+  CHECK(enqueue("plain", R"({"type":"import","payload":{"keep":1}})") == "plain\n0\n");
+  CHECK(cli({"HKEYS", p + "jobs"}) == "kept-a\nkept-b\n");
+  CHECK(cli({"HGET", p + "jobs", "kept-a"}) == R"(p0:0:0|kept-a|{"keep":200,"type":"import","payload":{}})"
+                                                "\n");
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    claim_options co;
+    co.worker = "w";
+    co.max = 10;
+    std::vector<finish_item> acks;
+    for (auto& c : co_await store.claim(queue, co)) {
+      finish_item f;
+      f.token = c.token;
+      f.unique_id = c.job.id;
+      acks.push_back(std::move(f));
+    }
+    CHECK(acks.size() == 4);
+    co_await store.finish(queue, "w", std::move(acks), std::chrono::seconds(30));
+    CHECK((co_await store.kept_job_of(queue, "kept-b"))->status == kept_job::state::done);
+    co_await sleep_for(std::chrono::milliseconds(300));
+    reap_options ro;
+    co_await store.reap(queue, ro);  // (not asked to drop them)
+    CHECK(cli({"HLEN", p + "jobs"}) == "2\n");
+    ro.drop_kept = true;
+    co_await store.reap(queue, ro);
+  });
+  CHECK(cli({"EXISTS", p + "jobs", p + "done"}) == "0\n");
+}
+
 TEST_CASE("enqueue.lua, the C++ producer and both backends refuse the same ids, counts and max in the same words") {
   auto cfg = shared_redis();
   std::string queue = key_prefix() + "protocol-refused";

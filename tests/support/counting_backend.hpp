@@ -197,6 +197,9 @@ class counting_backend final : public jobrt::backend {
                                                                     std::size_t n) override {
     return inner_.find_dead(std::move(q), std::move(f), std::move(c), n);
   }
+  boost::asio::awaitable<std::optional<jobrt::kept_job>> kept_job_of(std::string q, std::string id) override {
+    return inner_.kept_job_of(std::move(q), std::move(id));
+  }
   boost::asio::awaitable<jobrt::check_report> check(std::string q, bool repair) override {
     return inner_.check(std::move(q), repair);
   }

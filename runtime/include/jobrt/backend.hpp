@@ -139,6 +139,9 @@ struct reap_options {
   /// (a worker's reaper gives twice its period), and nothing otherwise: one process at a time
   /// reaps the shards, so what that costs does not grow with the workers.
   std::chrono::milliseconds turn{0};
+  /// Also removes up to `max` entries of completed kept jobs (job_spec::keep) whose keep ran out
+  /// (each finish that completes kept jobs removes some too). A worker asks once a minute.
+  bool drop_kept = false;
 };
 
 struct reap_result {
@@ -251,6 +254,24 @@ struct group_status {
   bool parked = false;                ///< paused, and its lane out of circulation
   std::int64_t waiting_until_ms = 0;  ///< waiting for a retry's backoff until then; 0: not
 };
+
+/// A job enqueued with a keep (job_spec::keep), as the queue's index of such jobs holds it
+/// (backend::kept_job_of). A job that runs shows as pending: a worker's report says where it runs.
+struct kept_job {
+  enum class state {
+    pending,  ///< waiting its turn, or running
+    delayed,  ///< due later: at_ms (a delayed job, or a failed one waiting for its retry)
+    done,     ///< completed at at_ms
+  };
+  std::string id;
+  state status = state::pending;
+  std::int64_t at_ms = 0;
+  std::string group;  ///< "" when ungrouped
+  /// As last stored: a lease that expired since, or a halted group resumed, changed its attempts
+  /// (its group's head has them).
+  job_record record;
+};
+std::string_view to_string(kept_job::state s) noexcept;
 
 /// Which dead letters backend::find_dead returns: all of what is given must hold.
 struct dead_filter {
@@ -410,6 +431,9 @@ class backend {
   virtual boost::asio::awaitable<page<std::string>> groups(std::string queue, std::string prefix, std::string cursor,
                                                            std::size_t limit) = 0;
   virtual boost::asio::awaitable<group_status> group_of(std::string queue, std::string group) = 0;
+  /// The job `id`, when it was enqueued with a keep and is pending, delayed, running or completed
+  /// less than its keep ago; nullopt otherwise (a dead-lettered one: dead_letter_of). One read.
+  virtual boost::asio::awaitable<std::optional<kept_job>> kept_job_of(std::string queue, std::string id) = 0;
   /// Dead letters that pass `filter`, newest first, up to `limit`, from `cursor` ("" to start).
   /// A call looks at a bounded number of them, so a page may hold fewer than `limit` and still
   /// have a cursor.

@@ -39,6 +39,9 @@ struct backoff {
 /// The longest time limit a job may have (job_spec::timeout).
 inline constexpr std::chrono::milliseconds max_job_timeout = std::chrono::hours(24 * 365);
 
+/// The longest a completed job's status may be kept (job_spec::keep).
+inline constexpr std::chrono::milliseconds max_job_keep = std::chrono::hours(24 * 365);
+
 /// What a producer enqueues.
 struct job_spec {
   /// The handler's name. Required.
@@ -63,6 +66,10 @@ struct job_spec {
   std::optional<jobrt::backoff> retry_backoff;
   /// Overrides the grouping rule's and the worker's failure policy.
   std::optional<failure_policy> on_failure;
+  /// Keep the job's status, for a look-up by id (find_job, `jobrt job`, the dashboard), while it
+  /// waits or runs and this long after it completes; 0: not kept. When absent,
+  /// producer_options::keep. A job not kept costs the queue no index entry. At most max_job_keep.
+  std::optional<std::chrono::milliseconds> keep;
 };
 
 /// A claimed job, as its handler sees it.

@@ -25,6 +25,8 @@ struct producer_options {
   std::size_t batch = 500;
   /// Decides the group of jobs that carry none.
   grouping_rules rules;
+  /// job_spec::keep for the jobs that give none (0: none kept).
+  std::chrono::milliseconds keep{0};
 };
 
 /// enqueue_bulk failed after some of its batches were stored: the first stored() jobs are on the

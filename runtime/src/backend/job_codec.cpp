@@ -51,8 +51,10 @@ job decode_job(std::string_view record, std::string_view group) {
 namespace jobrt::detail {
 
 // Written field by field: an object built first would copy the payload, however big.
-std::string encode_body(const job_spec& spec, std::int64_t now_ms, std::optional<failure_policy> policy) {
-  std::string body = R"({"type":)";
+std::string encode_body(const job_spec& spec, std::int64_t now_ms, std::optional<failure_policy> policy,
+                        std::chrono::milliseconds keep) {
+  // A keep goes first: the scripts find it there without decoding the body (enqueue.lua).
+  std::string body = keep.count() > 0 ? fmt::format(R"({{"keep":{},"type":)", keep.count()) : R"({"type":)";
   body += boost::json::serialize(boost::json::string_view(spec.type));
   body += R"(,"payload":)";
   body += boost::json::serialize(spec.payload);

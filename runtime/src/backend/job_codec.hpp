@@ -21,8 +21,10 @@ class bad_record : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// The body of a job (without the record's header); `policy` is the failure policy it carries.
-std::string encode_body(const job_spec& spec, std::int64_t now_ms, std::optional<failure_policy> policy);
+/// The body of a job (without the record's header); `policy` is the failure policy it carries,
+/// `keep` how long its status is kept after it completes (0: not kept, no "keep" field).
+std::string encode_body(const job_spec& spec, std::int64_t now_ms, std::optional<failure_policy> policy,
+                        std::chrono::milliseconds keep = {});
 
 /// A record split into its parts; a record without a readable header says why in `malformed`.
 job_record split_record(std::string_view record);

@@ -319,6 +319,11 @@ asio::awaitable<group_status> memory_backend::group_of(std::string queue, std::s
       queue, [&](const detail::queue_model& m) { return m.group_of(group); }, none);
 }
 
+asio::awaitable<std::optional<kept_job>> memory_backend::kept_job_of(std::string queue, std::string id) {
+  co_return read(
+      queue, [&](const detail::queue_model& m) { return m.kept_job_of(id); }, std::optional<kept_job>());
+}
+
 asio::awaitable<page<dead_letter>> memory_backend::find_dead(std::string queue, dead_filter filter, std::string cursor,
                                                              std::size_t limit) {
   detail::parse_dead_cursor(cursor);

@@ -147,6 +147,11 @@ struct queue_model::queue_state {
   std::map<std::string, std::pair<std::int64_t, worker_report>> reports;  // worker -> (until when, report)
   std::map<std::int64_t, queue_counts> history;                           // by minute
   std::int64_t history_claimed = 0;                                       // history:claim
+  // Jobs enqueued with a keep: jobs, id -> entry (views.hpp's kept_entry); done, the zset of
+  // completed ones by when their entry goes, as (score, id) and id -> score.
+  std::unordered_map<std::string, std::string> kept;
+  std::set<std::pair<std::int64_t, std::string>> done;
+  std::unordered_map<std::string, std::int64_t> done_at;
 };
 
 std::int64_t queue_model::system_now() {
@@ -218,6 +223,8 @@ std::vector<enqueue_result> queue_model::enqueue(std::vector<encoded_job> jobs) 
     ++stored;
     std::string record = "0|" + id + '|' + job.body;
     std::int64_t due = job.run_at_ms > 0 ? job.run_at_ms : job.delay_ms > 0 ? now + job.delay_ms : 0;
+    if (keep_in_body(job.body))
+      q.kept[id] = due > now ? kept_entry('d', due, job.group, record) : kept_entry('p', 0, job.group, record);
     if (due > now) {
       later.emplace_back(due, job.group.empty()
                                   ? "j:" + std::move(record)
@@ -365,6 +372,38 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
       return;
     }
   };
+  // finish.lua's note: a kept job's entry completed, to run again after `delay` ms, or gone.
+  std::size_t kept_done = 0;
+  auto set_done = [&q](const std::string& id, std::int64_t until) {  // ZADD done
+    if (auto old = q.done_at.find(id); old != q.done_at.end()) {
+      q.done.erase({old->second, id});
+      old->second = until;
+    } else {
+      q.done_at.emplace(id, until);
+    }
+    q.done.emplace(until, id);
+  };
+  auto note = [&](const std::optional<std::string>& record, std::string_view group, char state,
+                  std::chrono::milliseconds delay) {
+    if (!record) return;
+    auto k = kept_in(*record);
+    if (!k) return;
+    std::string id(k->id);
+    if (state == 'x') {
+      q.kept.erase(id);
+      return;
+    }
+    std::int64_t at = 0;
+    if (state == 'c') {
+      at = now;
+      set_done(id, now + k->keep_ms);
+      ++kept_done;
+    } else if (delay.count() > 0) {
+      state = 'd';
+      at = now + delay.count();
+    }
+    q.kept[id] = kept_entry(state, at, group, *record);
+  };
   // Keyed as finish.lua does: the id, or '<id>#<fence>' when that is taken or there is no id.
   auto dead_letter_of = [&](const std::optional<std::string>& record, std::string group, std::string error,
                             std::string_view token) {
@@ -374,6 +413,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
       key += token.substr(0, token.find('|'));
     }
     auto runs = attempts_before(record.value_or("")) + 1;
+    note(record, group, 'x', {});
     q.dead[key] = dead_letter{key, std::move(group), record.value_or(""), std::move(error), now, runs};
     ++failed;
   };
@@ -399,6 +439,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
     if (kind == finish_kind::keep) {
       if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
       if (auto group = q.groups.find(lane.substr(2)); group != q.groups.end()) {
+        note(group->second.front(), group->first, 'c', {});
         group->second.pop_front();
         to_front(group->second, item.id);
         if (group->second.empty()) q.groups.erase(group);  // drift: its follower is gone (check reports it)
@@ -439,15 +480,18 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
       } else {
         record = lane.substr(2);
       }
-      if (ack)
+      if (ack) {
         ++completed;
-      else
+        note(record, grouped ? std::string_view(lane).substr(2) : std::string_view(), 'c', {});
+      } else {
         dead_letter_of(record, grouped ? lane.substr(2) : std::string(), item.error, item.token);
+      }
     } else if (grouped) {  // retry, defer, hand back or halt: the job stays at its group's head
       auto group = q.groups.find(lane.substr(2));
       if (group != q.groups.end()) {
         auto& head = group->second.front();
         if (kind == finish_kind::retry || kind == finish_kind::halt) head = counted(head);
+        note(head, group->first, 'p', kind == finish_kind::halt ? std::chrono::milliseconds(0) : item.delay);
         if (kind == finish_kind::halt) {
           q.paused[group->first] = paused_group{group->first, true, item.error, now};
           q.parked.insert(group->first);
@@ -473,6 +517,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
         ++unhandled;
         --started;
       }
+      note(record, {}, 'p', item.delay);
       send_back("j:" + record, item.delay);
     }
   }
@@ -497,6 +542,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
   q.halted += halted;
   effects_.made_ready += back.size() + front.size();
   delay(std::move(later));
+  if (kept_done > 0) drop_done(now, kept_done + 10);
   return out;
 }
 
@@ -627,6 +673,7 @@ reap_result queue_model::reap(reap_options opts) {
     expired += std::min(dead.size() - expired - opts.dead_max_count, max - expired);
   for (std::size_t i = 0; i < expired; ++i) q.dead.erase(dead[i].second);
   result.dead_removed = static_cast<std::int64_t>(expired);
+  if (opts.drop_kept) drop_done(now, max);
   return result;
 }
 
@@ -723,6 +770,7 @@ std::vector<std::string> queue_model::requeue(std::vector<std::string> ids, bool
     std::string record = reset(found->second.record);
     if (unique_of(record) && !q.ids.insert(id_in(record)).second) continue;  // a pending job has it
     const std::string& group = found->second.group;
+    if (auto k = kept_in(record)) q.kept[std::string(k->id)] = kept_entry('p', 0, group, record);
     if (group.empty()) {
       if (at_head)
         q.ready.insert(q.ready.begin() + static_cast<std::ptrdiff_t>(in_front++), "j:" + record);
@@ -802,6 +850,7 @@ bool queue_model::resume(const std::string& group, resume_mode mode) {
     if (halted) head = uncounted(head);
     std::string id = id_in(head);
     if (unique_of(head)) q.ids.erase(id);
+    if (kept_in(head)) q.kept.erase(id);
     std::string key = id;  // as resume.lua: a key of its own when the id is taken or missing
     while (key.empty() || q.dead.contains(key)) key += "#" + std::to_string(++q.fence);
     q.dead[key] = dead_letter{key, group, std::move(head), std::move(why), now_(), runs};
@@ -821,6 +870,25 @@ std::vector<paused_group> queue_model::paused_groups() const {
   std::vector<paused_group> out;
   for (auto& [name, state] : s_->paused) out.push_back(state);
   return out;
+}
+
+void queue_model::drop_done(std::int64_t now, std::size_t max) {
+  auto& q = *s_;
+  for (std::size_t n = 0; n < max && !q.done.empty() && q.done.begin()->first <= now; ++n) {
+    auto id = q.done.begin()->second;
+    q.done.erase(q.done.begin());
+    q.done_at.erase(id);
+    if (auto e = q.kept.find(id); e != q.kept.end() && e->second.starts_with('c'))
+      q.kept.erase(e);  // (else enqueued again)
+  }
+}
+
+std::optional<kept_job> queue_model::kept_job_of(const std::string& id) const {
+  auto e = s_->kept.find(id);
+  if (e == s_->kept.end()) return std::nullopt;
+  std::optional<std::int64_t> gone_at;
+  if (auto d = s_->done_at.find(id); d != s_->done_at.end()) gone_at = d->second;
+  return parse_kept_entry(id, e->second, now_(), gone_at);
 }
 
 void queue_model::purge_queue() {

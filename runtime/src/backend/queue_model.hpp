@@ -71,6 +71,7 @@ class queue_model {
   page<std::string> groups(const std::string& prefix, const std::string& cursor, std::size_t limit) const;
   group_status group_of(const std::string& group) const;
   page<dead_letter> find_dead(const dead_filter& filter, const std::string& cursor, std::size_t limit) const;
+  std::optional<kept_job> kept_job_of(const std::string& id) const;
   /// Shard `offset` of a queue of `stride` shards: the ids it assigns are n * stride + offset.
   void assign_ids(std::int64_t stride, std::int64_t offset) noexcept {
     id_stride_ = stride;
@@ -79,6 +80,8 @@ class queue_model {
 
  private:
   struct queue_state;
+  // finish.lua's and reap.lua's removal of kept jobs' entries that ran out: up to `max`.
+  void drop_done(std::int64_t now, std::size_t max);
   // ZADD delayed, and (effects) PUBLISH when the earliest entry is new.
   void delay(std::vector<std::pair<std::int64_t, std::string>> entries);
 

@@ -55,6 +55,12 @@ claimed_job from_token(std::string token, const reply& record, const std::vector
   return out;
 }
 
+// The reply to TIME, in milliseconds since the epoch.
+std::int64_t server_ms(const reply& time) {
+  const auto& e = time.as_array();
+  return std::stoll(e.at(0).as_string()) * 1000 + std::stoll(e.at(1).as_string()) / 1000;
+}
+
 std::vector<claimed_job> parse_claimed(const reply& r) {
   std::vector<claimed_job> out;
   const auto& e = r.as_array();
@@ -567,8 +573,7 @@ asio::awaitable<std::chrono::milliseconds> redis_backend::unrunnable_for(std::st
   reply r = co_await link_->exec(std::move(req), p);
   const auto& e = r.as_array();
   if (e.at(1).is_nil()) co_return std::chrono::milliseconds::max();
-  const auto& time = e.at(0).as_array();
-  auto now = std::stoll(time.at(0).as_string()) * 1000 + std::stoll(time.at(1).as_string()) / 1000;
+  auto now = server_ms(e.at(0));
   co_return std::chrono::milliseconds(std::max<std::int64_t>(0, now - std::stoll(e.at(1).as_string())));
 }
 
@@ -589,8 +594,8 @@ asio::awaitable<reap_result> redis_backend::reap(std::string queue, reap_options
   auto p = key_prefix(queue);
   std::array<std::string, 9> keys{p + "ready",  p + "active", p + "stats",     p + "workers", p + "paused",
                                   p + "parked", p + "dead",   p + "dead:info", p + "jumped"};
-  std::array<std::string, 3> args{std::to_string(opts.max), std::to_string(opts.dead_max_count),
-                                  std::to_string(opts.dead_max_age.count())};
+  std::array<std::string, 4> args{std::to_string(opts.max), std::to_string(opts.dead_max_count),
+                                  std::to_string(opts.dead_max_age.count()), opts.drop_kept ? "1" : "0"};
   reply r = co_await link_->run(reap_, reap_.make_request(keys, args), p);
   const auto& e = r.as_array();
   reap_result out{e.at(0).as_integer(), e.at(1).as_integer(), e.at(2).as_integer(), e.at(3).as_integer(), {}};
@@ -1236,8 +1241,7 @@ asio::awaitable<page<worker_report>> redis_backend::workers(std::string queue, s
   req.push("TIME").push("HSCAN", p + "reports", cursor, "COUNT", std::max<std::size_t>(limit, 1));
   req.options.resend_safe = true;
   reply r = co_await link_->exec(std::move(req), p);
-  const auto& time = r.as_array().at(0).as_array();
-  auto now = std::stoll(time.at(0).as_string()) * 1000 + std::stoll(time.at(1).as_string()) / 1000;
+  auto now = server_ms(r.as_array().at(0));
   const auto& scan = r.as_array().at(1).as_array();
   page<worker_report> out;
   if (scan.at(0).as_string() != "0") out.cursor = scan.at(0).as_string();
@@ -1320,6 +1324,19 @@ asio::awaitable<page<std::string>> redis_backend::groups(std::string queue, std:
   }
   if (cursor != "0") out.cursor = cursor;
   co_return out;
+}
+
+asio::awaitable<std::optional<kept_job>> redis_backend::kept_job_of(std::string queue, std::string id) {
+  auto p = key_prefix(queue);
+  request req;
+  req.push("HGET", p + "jobs", id).push("ZSCORE", p + "done", id).push("TIME");
+  req.options.resend_safe = true;
+  reply r = co_await link_->exec(std::move(req), p);
+  const auto& e = r.as_array();
+  if (e.at(0).is_nil()) co_return std::nullopt;
+  std::optional<std::int64_t> gone_at;
+  if (!e.at(1).is_nil()) gone_at = std::stoll(e.at(1).as_string());
+  co_return detail::parse_kept_entry(std::move(id), e.at(0).as_string(), server_ms(e.at(2)), gone_at);
 }
 
 asio::awaitable<group_status> redis_backend::group_of(std::string queue, std::string group) {

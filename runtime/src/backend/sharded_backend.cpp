@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <charconv>
 #include <deque>
+#include <numeric>
 #include <random>
 #include <stdexcept>
 
@@ -655,7 +656,8 @@ awaitable<reap_result> sharded_backend::reap(std::string queue, reap_options opt
   // at that shard's ready list (a mark lost with a worker that took it and crashed). The others
   // only ask whose turn it is. So the reaping of an idle queue costs a few calls a period, not
   // one per shard, and a crashed worker's leases come back within a TTL, a third and a period.
-  std::vector<bool> reaping(q->shards, opts.turn.count() == 0);
+  // Asked to drop the kept jobs' entries that ran out (once a minute), every shard.
+  std::vector<bool> reaping(q->shards, opts.turn.count() == 0 || opts.drop_kept);
   std::size_t walk;
   {
     std::lock_guard lock(mutex_);
@@ -1035,6 +1037,22 @@ awaitable<page<std::string>> sharded_backend::groups(std::string queue, std::str
 awaitable<group_status> sharded_backend::group_of(std::string queue, std::string group) {
   auto q = co_await state_of(queue);
   co_return co_await inner_.group_of(q->names[shard_of(group, q->shards)], std::move(group));
+}
+
+awaitable<std::optional<kept_job>> sharded_backend::kept_job_of(std::string queue, std::string id) {
+  auto q = co_await state_of(queue);
+  // An id the queue gave is m * S + k, from shard k; a producer's id may be in any shard (its
+  // group's, or its own when ungrouped): all are asked at once.
+  if (detail::assigned_id(id) && id.size() < 19)
+    co_return co_await inner_.kept_job_of(q->names[std::stoull(id) % q->shards], std::move(id));
+  std::vector<std::size_t> all(q->shards);
+  std::iota(all.begin(), all.end(), std::size_t{0});
+  auto found = co_await at_once<std::optional<kept_job>>(
+      std::move(all), [&](std::size_t k) { return inner_.kept_job_of(q->names[k], id); });
+  found.rethrow();
+  for (auto& k : found.results)
+    if (k) co_return std::move(k);
+  co_return std::nullopt;
 }
 
 awaitable<page<dead_letter>> sharded_backend::find_dead(std::string queue, dead_filter filter, std::string cursor,

@@ -160,4 +160,146 @@ std::optional<std::string> parse_group_cursor(std::string_view text) {
   return std::string(text.substr(2));
 }
 
+// A job's record: its parts decoded, or as stored with why it does not decode.
+json::object record_object(const job_record& r, std::string_view group) {
+  json::object o;
+  o["id"] = r.id;
+  o["attempts"] = r.attempts;
+  try {
+    auto j = decode(r, group);
+    o["type"] = j.type;
+    o["payload"] = j.payload;
+    o["max_attempts"] = j.max_attempts;
+    o["enqueued_at"] = j.enqueued_at_ms;
+  } catch (const std::exception& e) {
+    o["record"] = r.body;
+    o["malformed"] = r.malformed.empty() ? std::string(e.what()) : r.malformed;
+  }
+  return o;
+}
+
+json::object dead_object(const dead_letter& d) {
+  json::object o;
+  o["id"] = d.id;
+  o["group"] = d.group;
+  try {
+    auto j = decode_job(d.record, d.group);
+    o["type"] = j.type;
+    o["payload"] = j.payload;
+    o["max_attempts"] = j.max_attempts;
+    o["enqueued_at"] = j.enqueued_at_ms;
+  } catch (const std::exception&) {
+    o["record"] = d.record;
+  }
+  o["runs"] = d.runs;
+  o["error"] = d.error;
+  o["at"] = d.at_ms;
+  return o;
+}
+
+json::object group_object(const group_status& s) {
+  json::object o;
+  o["group"] = s.group;
+  o["depth"] = s.depth;
+  o["head"] = s.head ? json::value(record_object(*s.head, s.group)) : json::value(nullptr);
+  if (s.paused) {
+    json::object p;
+    p["halted"] = s.paused->halted;
+    p["error"] = s.paused->error;
+    p["at"] = s.paused->at_ms;
+    o["paused"] = std::move(p);
+  } else {
+    o["paused"] = nullptr;
+  }
+  o["parked"] = s.parked;
+  o["waiting_until"] = s.waiting_until_ms;
+  return o;
+}
+
+json::object running_object(const worker_report& r, const worker_report::job& j) {
+  json::object o;
+  o["worker"] = r.id;
+  o["host"] = r.host;
+  o["pid"] = r.pid;
+  o["id"] = j.id;
+  o["group"] = j.group;
+  o["type"] = j.type;
+  o["since"] = j.since_ms;
+  o["reported_at"] = r.at_ms;
+  return o;
+}
+
+std::optional<std::int64_t> keep_in_body(std::string_view body) noexcept {
+  constexpr std::string_view head = "{\"keep\":";
+  if (!body.starts_with(head) || body.size() == head.size() || body[head.size()] < '0' || body[head.size()] > '9')
+    return std::nullopt;
+  std::int64_t keep = 0;
+  auto [end, ec] = std::from_chars(body.data() + head.size(), body.data() + body.size(), keep);
+  if (ec != std::errc{} || end == body.data() + head.size()) return std::nullopt;
+  return keep;
+}
+
+std::optional<kept_record> kept_in(std::string_view record) noexcept {
+  auto id = script_id(record);
+  if (id.data() == nullptr) return std::nullopt;  // not '<digits>|<id>|'
+  auto body = record.substr(static_cast<std::size_t>(id.data() + id.size() - record.data()) + 1);
+  auto keep = keep_in_body(body);
+  if (!keep) return std::nullopt;
+  return kept_record{id, *keep};
+}
+
+std::string kept_entry(char state, std::int64_t at_ms, std::string_view group, std::string_view record) {
+  std::string out(1, state);
+  out += std::to_string(at_ms);
+  out += ':';
+  out += std::to_string(group.size());
+  out += ':';
+  out += group;
+  out += record;
+  return out;
+}
+
+std::optional<kept_job> parse_kept_entry(std::string id, std::string_view entry, std::int64_t now_ms,
+                                         std::optional<std::int64_t> gone_at_ms) {
+  if (entry.empty()) return std::nullopt;
+  kept_job k;
+  k.id = std::move(id);
+  switch (entry[0]) {
+    case 'p': k.status = kept_job::state::pending; break;
+    case 'd': k.status = kept_job::state::delayed; break;
+    case 'c': k.status = kept_job::state::done; break;
+    default: return std::nullopt;
+  }
+  auto number = [&](std::size_t& pos, std::int64_t& value) {
+    auto colon = entry.find(':', pos);
+    if (colon == std::string_view::npos) return false;
+    auto [end, ec] = std::from_chars(entry.data() + pos, entry.data() + colon, value);
+    pos = colon + 1;
+    return ec == std::errc{} && end == entry.data() + colon;
+  };
+  std::size_t pos = 1;
+  std::int64_t length = 0;
+  if (!number(pos, k.at_ms) || !number(pos, length) || length < 0 ||
+      static_cast<std::size_t>(length) > entry.size() - pos)
+    return std::nullopt;
+  k.group = entry.substr(pos, static_cast<std::size_t>(length));
+  k.record = split_record(entry.substr(pos + static_cast<std::size_t>(length)));
+  if (k.status == kept_job::state::delayed && k.at_ms <= now_ms) k.status = kept_job::state::pending;
+  if (k.status == kept_job::state::done && gone_at_ms && *gone_at_ms <= now_ms) return std::nullopt;
+  return k;
+}
+
 }  // namespace jobrt::detail
+
+namespace jobrt {
+
+std::string_view to_string(kept_job::state s) noexcept {
+  switch (s) {
+    case kept_job::state::pending: return "pending";
+    case kept_job::state::delayed: return "delayed";
+    case kept_job::state::done: return "done";
+  }
+  return "pending";
+}
+
+}  // namespace jobrt

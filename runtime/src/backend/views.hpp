@@ -48,6 +48,32 @@ inline constexpr std::size_t dead_scan_bound = 2000;
 /// Throws std::invalid_argument, naming the text, when it is not one.
 std::optional<std::string> parse_group_cursor(std::string_view text);
 
+/// As the dashboard's API and `jobrt job --json` show them (docs/DASHBOARD.md): a job's record
+/// decoded (or as stored, with why it does not decode), a dead letter, a group, and a job a
+/// worker reported running.
+boost::json::object record_object(const job_record& r, std::string_view group);
+boost::json::object dead_object(const dead_letter& d);
+boost::json::object group_object(const group_status& s);
+boost::json::object running_object(const worker_report& r, const worker_report::job& j);
+
+/// The keep of a job's body, when the body starts '{"keep":<digits>' (enqueue.lua), else nullopt.
+std::optional<std::int64_t> keep_in_body(std::string_view body) noexcept;
+/// The id and keep of a record whose body has a keep (finish.lua's match), else nullopt.
+struct kept_record {
+  std::string_view id;
+  std::int64_t keep_ms = 0;
+};
+std::optional<kept_record> kept_in(std::string_view record) noexcept;
+/// A kept job's entry in the queue's index: '<state><ms>:<length of group>:<group><record>',
+/// state 'p' (pending), 'd' (due at ms) or 'c' (completed at ms).
+std::string kept_entry(char state, std::int64_t at_ms, std::string_view group, std::string_view record);
+/// The entry of job `id` as a lookup at `now_ms` sees it: a delayed job due by then is pending
+/// (promoted, or about to be), a completed one whose entry goes at `gone_at_ms` (its score in
+/// done) by then is not there. nullopt also when the text is not an entry (written by something
+/// else).
+std::optional<kept_job> parse_kept_entry(std::string id, std::string_view entry, std::int64_t now_ms,
+                                         std::optional<std::int64_t> gone_at_ms);
+
 /// The minute that `ms` falls in (its start), and how long history points are kept.
 inline constexpr std::int64_t minute_ms = 60000;
 inline constexpr std::int64_t history_keep_ms = 24 * 60 * minute_ms;

@@ -6,6 +6,7 @@
 #include <jobrt/dashboard.hpp>
 #include <jobrt/error.hpp>
 #include <jobrt/job.hpp>
+#include <jobrt/job_status.hpp>
 
 #include "backend/job_codec.hpp"
 #include "backend/views.hpp"
@@ -79,80 +80,11 @@ json::object error_object(std::string_view message) {
   return o;
 }
 
-// A job's record: its parts decoded, or as stored with why it does not decode.
-json::object record_object(const job_record& r, std::string_view group) {
-  json::object o;
-  o["id"] = r.id;
-  o["attempts"] = r.attempts;
-  try {
-    auto j = detail::decode(r, group);
-    o["type"] = j.type;
-    o["payload"] = j.payload;
-    o["max_attempts"] = j.max_attempts;
-    o["enqueued_at"] = j.enqueued_at_ms;
-  } catch (const std::exception& e) {
-    o["record"] = r.body;
-    o["malformed"] = r.malformed.empty() ? std::string(e.what()) : r.malformed;
-  }
-  return o;
-}
-
-json::object dead_object(const dead_letter& d) {
-  json::object o;
-  o["id"] = d.id;
-  o["group"] = d.group;
-  try {
-    auto j = decode_job(d.record, d.group);
-    o["type"] = j.type;
-    o["payload"] = j.payload;
-    o["max_attempts"] = j.max_attempts;
-    o["enqueued_at"] = j.enqueued_at_ms;
-  } catch (const std::exception&) {
-    o["record"] = d.record;
-  }
-  o["runs"] = d.runs;
-  o["error"] = d.error;
-  o["at"] = d.at_ms;
-  return o;
-}
-
 // A report as the backend keeps it, with when it came and how long ago that is.
 json::object report_object(const worker_report& r) {
   auto o = detail::report_object(r);
   o["at"] = r.at_ms;
   o["heartbeat_age_ms"] = std::max<std::int64_t>(0, now_ms() - r.at_ms);
-  return o;
-}
-
-json::object group_object(const group_status& s) {
-  json::object o;
-  o["group"] = s.group;
-  o["depth"] = s.depth;
-  o["head"] = s.head ? json::value(record_object(*s.head, s.group)) : json::value(nullptr);
-  if (s.paused) {
-    json::object p;
-    p["halted"] = s.paused->halted;
-    p["error"] = s.paused->error;
-    p["at"] = s.paused->at_ms;
-    o["paused"] = std::move(p);
-  } else {
-    o["paused"] = nullptr;
-  }
-  o["parked"] = s.parked;
-  o["waiting_until"] = s.waiting_until_ms;
-  return o;
-}
-
-json::object running_object(const worker_report& r, const worker_report::job& j) {
-  json::object o;
-  o["worker"] = r.id;
-  o["host"] = r.host;
-  o["pid"] = r.pid;
-  o["id"] = j.id;
-  o["group"] = j.group;
-  o["type"] = j.type;
-  o["since"] = j.since_ms;
-  o["reported_at"] = r.at_ms;
   return o;
 }
 
@@ -294,7 +226,7 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
     json::array groups;
     for (const auto& g : found.items) {
       auto s = co_await call(store.group_of(q, g), "reading a group");
-      groups.push_back(group_object(s));
+      groups.push_back(detail::group_object(s));
     }
     json::object out;
     out["groups"] = std::move(groups);
@@ -304,43 +236,24 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
 
   awaitable<json::value> group(const std::string& q, const std::string& g) {
     auto s = co_await call(store.group_of(q, g), "reading the group");
-    auto o = group_object(s);
+    auto o = detail::group_object(s);
     o["running"] = nullptr;
     auto [reports, more] = co_await all_reports(q);
     for (const auto& r : reports)
       for (const auto& j : r.jobs)
-        if (j.group == g) o["running"] = running_object(r, j);
+        if (j.group == g) o["running"] = detail::running_object(r, j);
     co_return o;
   }
 
   awaitable<json::value> job(const std::string& q, const std::string& id, const std::string& g) {
-    json::object o;
-    o["id"] = id;
-    if (auto d = co_await call(store.dead_letter_of(q, id), "reading the dead letters")) {
-      o["state"] = "dead";
-      o["dead"] = dead_object(*d);
-      co_return o;
-    }
-    auto [reports, more] = co_await all_reports(q);
-    for (const auto& r : reports)
-      for (const auto& j : r.jobs)
-        if (j.id == id) {
-          o["state"] = "running";
-          o["running"] = running_object(r, j);
-          co_return o;
-        }
-    if (!g.empty()) {  // the group named: its head is the job, waiting to run
-      auto s = co_await call(store.group_of(q, g), "reading the group");
-      if (s.head && s.head->id == id) {
-        o["state"] = s.waiting_until_ms > 0 ? "delayed" : s.paused ? "paused" : "pending";
-        o["group"] = group_object(s);
-        co_return o;
-      }
-    }
-    throw refusal(http::status::not_found,
-                  fmt::format("job '{}' is neither dead-lettered nor running now, nor its group's next: it may be "
-                              "pending behind others, delayed or done",
-                              id));
+    auto found = co_await call(find_job(store, q, id, g), "looking the job up");
+    if (!found)
+      throw refusal(
+          http::status::not_found,
+          fmt::format("job '{}' is not dead-lettered nor running, and not kept (it was enqueued without a "
+                      "keep, or its keep ran out): only a kept job is found while it waits or once it is done",
+                      id));
+    co_return to_json(*found);
   }
 
   awaitable<json::value> dead_page(const std::string& q, const boost::urls::url_view& u) {
@@ -351,7 +264,7 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
     auto found =
         co_await call(store.find_dead(q, f, param(u, "cursor"), limit_param(u, 50, 500)), "listing dead letters");
     json::array letters;
-    for (const auto& d : found.items) letters.push_back(dead_object(d));
+    for (const auto& d : found.items) letters.push_back(detail::dead_object(d));
     json::object out;
     out["letters"] = std::move(letters);
     out["cursor"] = found.cursor;
@@ -414,7 +327,7 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
       auto id = required(u, "id");
       auto d = co_await call(store.dead_letter_of(q, id), "reading the dead letters");
       if (!d) throw refusal(http::status::not_found, fmt::format("no dead letter '{}'", id));
-      co_return dead_object(*d);
+      co_return detail::dead_object(*d);
     }
     if (route == "workers") co_return co_await worker_page(q, u);
     json::object out;

@@ -56,7 +56,11 @@ asio::awaitable<void> maintenance::reap_loop(std::shared_ptr<maintenance> self) 
   constexpr std::size_t batch = 100;
   reap_options ro{batch, self->opts_.dead_max_count, self->opts_.dead_max_age};
   bool all = false;  // reap_now came: every shard of a sharded queue
+  auto drop_kept_at = std::chrono::steady_clock::now();
   while (!self->stopped_) {
+    // Once a minute, the entries of completed kept jobs that ran out too (finish removes most).
+    ro.drop_kept = std::chrono::steady_clock::now() >= drop_kept_at;
+    if (ro.drop_kept) drop_kept_at = std::chrono::steady_clock::now() + std::chrono::minutes(1);
     reap_result r;
     std::string failure;
     // A sharded queue is reaped by one worker at a time (the one whose turn it is), but every

@@ -272,6 +272,12 @@ async function jobPage() {
   }
   const rows = [el('dt', {}, 'state'), el('dd', {}, el('span', { class: 'state ' + j.state, id: 'job-state' }, j.state))];
   if (j.running) rows.push(el('dt', {}, 'running on'), el('dd', {}, j.running.worker + ' since ' + ago(j.running.since)));
+  if (j.at) rows.push(el('dt', {}, j.state === 'done' ? 'completed' : 'due'), el('dd', { id: 'job-at' }, when(j.at)));
+  if (j.job) {
+    rows.push(el('dt', {}, 'type'), el('dd', { id: 'job-type' }, j.job.type || ''),
+      el('dt', {}, 'attempts'), el('dd', { id: 'job-attempts' }, j.job.attempts),
+      el('dt', {}, 'record'), el('dd', {}, el('pre', { id: 'job-record' }, json(j.job))));
+  }
   if (j.dead) {
     rows.push(el('dt', {}, 'error'), el('dd', {}, el('pre', { id: 'job-error' }, j.dead.error)),
       el('dt', {}, 'runs'), el('dd', {}, j.dead.runs), el('dt', {}, 'group'), el('dd', {}, j.dead.group),

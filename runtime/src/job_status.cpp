@@ -1,0 +1,101 @@
+#include <jobrt/job_status.hpp>
+
+#include "backend/views.hpp"
+
+namespace jobrt {
+
+std::string_view to_string(job_status::state s) noexcept {
+  switch (s) {
+    case job_status::state::pending: return "pending";
+    case job_status::state::delayed: return "delayed";
+    case job_status::state::paused: return "paused";
+    case job_status::state::halted: return "halted";
+    case job_status::state::running: return "running";
+    case job_status::state::done: return "done";
+    case job_status::state::dead: return "dead";
+  }
+  return "pending";
+}
+
+boost::asio::awaitable<std::optional<job_status>> find_job(backend& store, std::string queue, std::string id,
+                                                           std::string group) {
+  job_status out;
+  out.id = id;
+  auto dead = co_await store.dead_letter_of(queue, id);
+  auto kept = co_await store.kept_job_of(queue, id);
+  // Dead-lettering a kept job removes its entry: an entry that waits is newer than a dead letter
+  // of the id (enqueued again since), a completed one when it completed after it.
+  if (dead && (!kept || (kept->status == kept_job::state::done && kept->at_ms < dead->at_ms))) {
+    out.status = job_status::state::dead;
+    out.group = dead->group;
+    out.dead = std::move(dead);
+    co_return out;
+  }
+  bool done = kept && kept->status == kept_job::state::done;
+  if (kept) {
+    out.group = kept->group;
+    out.record = kept->record;
+    out.at_ms = kept->at_ms;
+    out.status = done                                       ? job_status::state::done
+                 : kept->status == kept_job::state::delayed ? job_status::state::delayed
+                                                            : job_status::state::pending;
+  } else {
+    out.group = std::move(group);
+  }
+  // Running, as a worker last reported (a report may still list a run that completed since: one
+  // that started before the completion is that run; the id enqueued again runs anew).
+  std::string cursor;
+  for (int pages = 0; pages < 10 && !out.running; ++pages) {
+    auto page = co_await store.workers(queue, cursor, 100);
+    for (auto& r : page.items)
+      for (auto& j : r.jobs)
+        if (j.id == id && !out.running && !(done && j.since_ms <= kept->at_ms)) {
+          out.running = j;
+          out.running_on = r;
+        }
+    cursor = std::move(page.cursor);
+    if (cursor.empty()) break;
+  }
+  if (out.running) {
+    done = false;
+    out.status = job_status::state::running;
+    out.at_ms = 0;
+    if (out.group.empty() || kept) out.group = out.running->group;
+  }
+  if (!out.group.empty() && !done) {
+    out.group_state = co_await store.group_of(queue, out.group);
+    const auto& s = *out.group_state;
+    if (s.head && s.head->id == id) {
+      out.record = s.head;  // (its attempts as they are now)
+      if (!out.running) {
+        if (s.waiting_until_ms > 0) {
+          out.status = job_status::state::delayed;
+          out.at_ms = s.waiting_until_ms;
+        } else if (s.paused) {
+          out.status = s.paused->halted ? job_status::state::halted : job_status::state::paused;
+        } else {
+          out.status = job_status::state::pending;
+        }
+      }
+    } else if (!kept && !out.running) {
+      co_return std::nullopt;  // the group's next is another job
+    }
+  } else if (!kept && !out.running) {
+    co_return std::nullopt;
+  }
+  co_return out;
+}
+
+boost::json::object to_json(const job_status& s) {
+  boost::json::object o;
+  o["id"] = s.id;
+  o["state"] = to_string(s.status);
+  if (s.at_ms > 0) o["at"] = s.at_ms;
+  if (s.record) o["job"] = detail::record_object(*s.record, s.group);
+  if (s.running) o["running"] = detail::running_object(*s.running_on, *s.running);
+  if (s.dead) o["dead"] = detail::dead_object(*s.dead);
+  if (s.group_state) o["group"] = detail::group_object(*s.group_state);
+  return o;
+}
+
+}  // namespace jobrt

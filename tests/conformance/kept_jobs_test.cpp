@@ -1,0 +1,169 @@
+// Jobs enqueued with a keep (job_spec::keep), found by id on every backend: pending, delayed,
+// waiting for a retry, completed (until their keep runs out), and out of the index once dead.
+#include "conformance/conformance.hpp"
+
+namespace {
+
+job_spec kept(std::string type, std::optional<std::string> group, std::string id = {}) {
+  auto s = make_job(std::move(type), boost::json::object{}, std::move(group));
+  s.id = std::move(id);
+  s.keep = std::chrono::hours(1);
+  return s;
+}
+
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Leases the ready jobs (at most `max`) and finishes each as `finish` says (nullopt: keeps the lease).
+template <class F>
+awaitable<void> lease_and(backend& store, const std::string& queue, std::size_t max, F finish) {
+  claim_options o;
+  o.worker = "w";
+  o.max = max;
+  std::vector<finish_item> items;
+  for (auto& c : co_await store.claim(queue, o)) {
+    if (auto item = finish(c)) {
+      item->token = c.token;
+      items.push_back(std::move(*item));
+    }
+  }
+  co_await store.finish(queue, "w", std::move(items), std::chrono::seconds(30));
+}
+
+}  // namespace
+
+CONFORMANCE("kept jobs: found by id while pending, delayed, retrying and done, but not once dead nor when not kept") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    auto a = (co_await p.enqueue(kept("t", std::nullopt, "a-1"))).id;
+    auto first = (co_await p.enqueue(kept("t", std::string("g")))).id;
+    auto second = (co_await p.enqueue(kept("t", std::string("g")))).id;
+    auto later_spec = kept("t", std::string("h"));
+    later_spec.delay = std::chrono::hours(1);
+    auto later = (co_await p.enqueue(later_spec)).id;
+    auto plain = (co_await p.enqueue(make_job("t", boost::json::object{}))).id;
+
+    auto look = [&](std::string id) { return b.make().kept_job_of(b.queue(), std::move(id)); };
+    auto ka = co_await look(a);
+    REQUIRE(ka);
+    CHECK(ka->status == kept_job::state::pending);
+    CHECK(ka->group.empty());
+    CHECK(ka->record.id == a);
+    CHECK(decode_job("0|" + a + "|" + ka->record.body, "").type == "t");
+    auto ks = co_await look(second);
+    REQUIRE(ks);
+    CHECK(ks->status == kept_job::state::pending);
+    CHECK(ks->group == "g");
+    auto kl = co_await look(later);
+    REQUIRE(kl);
+    CHECK(kl->status == kept_job::state::delayed);
+    CHECK(kl->group == "h");
+    CHECK(kl->at_ms > now_ms() + 3'000'000);
+    CHECK_FALSE(co_await look(plain));
+    CHECK_FALSE(co_await look("nobody"));
+
+    // a and the plain job complete, the group's first fails for good.
+    co_await lease_and(store, b.queue(), 10, [&](const claimed_job& c) -> std::optional<finish_item> {
+      finish_item f;
+      f.kind = c.job.id == first ? finish_kind::fail : finish_kind::ack;
+      f.error = "no";
+      if (c.job.id == a) f.unique_id = a;
+      return f;
+    });
+    auto done = co_await look(a);
+    REQUIRE(done);
+    CHECK(done->status == kept_job::state::done);
+    CHECK(done->at_ms > 0);
+    CHECK(done->record.id == a);
+    CHECK_FALSE(co_await look(first));
+    CHECK(co_await store.dead_letter_of(b.queue(), first));
+
+    // The group's next fails and waits a minute for its retry, its attempt counted.
+    co_await lease_and(store, b.queue(), 10, [&](const claimed_job& c) -> std::optional<finish_item> {
+      finish_item f;
+      f.kind = finish_kind::retry;
+      f.delay = std::chrono::minutes(1);
+      CHECK(c.job.id == second);
+      return f;
+    });
+    auto retrying = co_await look(second);
+    REQUIRE(retrying);
+    CHECK(retrying->status == kept_job::state::delayed);
+    CHECK(retrying->record.attempts == 1);
+
+    // Requeued from the dead letters, the failed one is pending again.
+    std::vector<std::string> letters(1, first);
+    CHECK((co_await store.requeue(b.queue(), std::move(letters), false)).size() == 1);
+    auto back = co_await look(first);
+    REQUIRE(back);
+    CHECK(back->status == kept_job::state::pending);
+    CHECK(back->group == "g");
+    CHECK(back->record.attempts == 0);
+
+    // A producer id enqueued again after its job completed: pending again.
+    CHECK_FALSE((co_await p.enqueue(kept("t", std::nullopt, "a-1"))).duplicate);
+    CHECK((co_await look(a))->status == kept_job::state::pending);
+  });
+}
+
+CONFORMANCE("kept jobs: a completed job is found for its keep, then not") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    auto spec = kept("t", std::nullopt);
+    spec.keep = std::chrono::milliseconds(300);
+    auto id = (co_await p.enqueue(spec)).id;
+    auto ack = [](const claimed_job&) -> std::optional<finish_item> { return finish_item{}; };
+    co_await lease_and(store, b.queue(), 1, ack);
+    auto done = co_await store.kept_job_of(b.queue(), id);
+    REQUIRE(done);
+    CHECK(done->status == kept_job::state::done);
+    co_await sleep_for(std::chrono::milliseconds(400));
+    CHECK_FALSE(co_await store.kept_job_of(b.queue(), id));
+    // Another completion takes the entry that ran out away; the new one stays.
+    auto next = (co_await p.enqueue(spec)).id;
+    co_await lease_and(store, b.queue(), 1, ack);
+    CHECK_FALSE(co_await store.kept_job_of(b.queue(), id));
+    CHECK(co_await store.kept_job_of(b.queue(), next));
+  });
+}
+
+CONFORMANCE("kept jobs: a worker's runs, bursts of a group included, leave every job done") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 40; ++i)
+      specs.push_back(kept("t", i % 4 == 0 ? std::nullopt : std::optional(std::string("g"))));
+    std::vector<std::string> ids;
+    for (auto& r : co_await p.enqueue_bulk(std::move(specs))) ids.push_back(r.id);
+    worker w(ctx.get_executor(), b.make(), b.worker_opts(4));
+    w.add_handler("t", [](job_context&) -> awaitable<void> { co_return; });
+    w.start();
+    CHECK(co_await eventually(
+        [&]() -> awaitable<bool> {
+          for (auto& id : ids) {
+            auto k = co_await b.make().kept_job_of(b.queue(), id);
+            if (!k || k->status != kept_job::state::done) co_return false;
+          }
+          co_return true;
+        },
+        std::chrono::seconds(20)));
+    co_await w.stop(std::chrono::seconds(5));
+  });
+}
+
+TEST_CASE("kept jobs: a keep below zero or over a year is refused, naming it") {
+  auto spec = make_job("t", boost::json::object{});
+  spec.keep = std::chrono::milliseconds(-1);
+  CHECK_THROWS_WITH_AS(producer::check(spec), doctest::Contains("keep is -1 ms"), std::invalid_argument);
+  spec.keep = max_job_keep + std::chrono::milliseconds(1);
+  CHECK_THROWS_WITH_AS(producer::check(spec), doctest::Contains("keep is"), std::invalid_argument);
+  spec.keep = max_job_keep;
+  CHECK_NOTHROW(producer::check(spec));
+}
