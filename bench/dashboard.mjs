@@ -15,6 +15,7 @@ const pages = [
   ['groups by prefix', '#/groups?prefix=g12', '#groups tbody tr'],
   ['group', '#/group?g=g12', '#group-depth'],
   ['job by id', `#/job?id=${process.env.DEAD_ID || '1'}`, '#job-state, #job p.muted'],
+  ['kept job by id', '#/job?id=kept-probe', '#job-state, #job p.muted'],
   ['dead letters', '#/dead', '#dead tbody tr'],
   ['dead letters filtered', '#/dead?type=sleep&text=FAILED', '#dead tbody tr'],
   ['dead letters, no match', '#/dead?text=no-such-error', 'main[data-loaded]'],

@@ -44,6 +44,8 @@ fill() {
   until "$jobrt" stats --redis "$url" --queue "$queue" --json | grep -q "\"dead\":$dead"; do sleep 0.2; done
   kill "$worker"; wait "$worker" || true
   "$jobrt" enqueue --redis "$url" --queue "$queue" --type noop --count "$jobs" --groups "$((jobs / 10))" >/dev/null
+  # One kept job, behind the others of its group (the job page finds it by its id alone).
+  "$jobrt" enqueue --redis "$url" --queue "$queue" --type noop --group g12 --id kept-probe --keep 3600000 >/dev/null
   DEAD_ID=$("$jobrt" dlq list --redis "$url" --queue "$queue" --json | sed -n '1s/.*"id":"\([^"]*\)".*/\1/p')
   export DEAD_ID
 }
