@@ -342,6 +342,7 @@ int job_show(const common& c, const std::string& id, const std::string& group) {
                  s.group_state ? fmt::format(" ({} jobs pending or running)", s.group_state->depth) : "");
     if (s.status == job_status::state::delayed) fmt::print("due {}\n", in(s.at_ms));
     if (s.status == job_status::state::done) fmt::print("completed {}\n", age(s.at_ms));
+    if (!s.result.empty()) fmt::print("result {}\n", s.result);
     if (s.running)
       fmt::print("running on {} (host {}, pid {}) since {}\n", s.running_on->id, s.running_on->host, s.running_on->pid,
                  age(s.running->since_ms));

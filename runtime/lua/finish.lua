@@ -5,12 +5,14 @@
 -- ARGV[1] lease TTL (ms)  ARGV[2] n  ARGV[3] call id  ARGV[4] ids of this worker's calls whose
 --   answers came, space-separated (their records go), then n times: token, kind, producer-given
 --   id ('' if none), and what the kind needs (one argument: Redis and Lua pay for each one):
---   'a' ack: want next and ahead, e.g. '23'. Want next: '1' lease the group's next job to me;
+--   'a' ack: want next and ahead, e.g. '23', then, for a kept job whose handler gave a result,
+--     '|' and the result (JSON). Want next: '1' lease the group's next job to me;
 --     '2' only when no other lane is waiting, so a burst costs nobody their turn; '0' no. Ahead:
 --     how many of the next job's followers to hand over with it.
 --   'k' ack of a grouped job whose follower (handed over by claim.lua or here) the worker runs
---     next under the same lease: the follower's job id. The job leaves its group, the lease goes
---     on, the follower counts as started and is made the group's head: a job requeued to the
+--     next under the same lease: the follower's job id (then '|' and a result, as 'a'). The job
+--     leaves its group, the lease goes on, the follower counts as started and is made the
+--     group's head: a job requeued to the
 --     group's head during the burst went in behind the head, in front of the follower, and put
 --     the group in jumped; the follower moves to the head, where retries, halts and the reaper
 --     look for the running job, and the requeued job runs after the burst (whose end takes the
@@ -34,7 +36,8 @@
 --   items lease nothing: one value each keeps the reply, and Redis's work on it, small.)
 --
 -- A job enqueued with a keep (enqueue.lua) has its entry in <prefix>jobs follow it: completed,
--- 'c<ms>:...' with the time, and its id in <prefix>done scored by when the entry goes (up to 10
+-- 'c<ms>:<length of group>:<group>[<length of result>:<result>]<record>' with the time and the
+-- result its handler gave (JSON; none, no part: a record starts '<digits>|'), and its id in <prefix>done scored by when the entry goes (up to 10
 -- more than it completes of those that ran out go with each call that completes such a job, and
 -- reap.lua takes them too); waiting for a retry or a run
 -- later, 'd<due ms>:...'; back to run now, 'p0:...'; dead-lettered, no entry (dead:info has it).
@@ -182,7 +185,13 @@ local kept_done = 0
 local function kept(record)
   return record and string.find(record, '|{"keep":', 1, true) and string.find(record, '^%d+|[^|]*|{"keep":%d')
 end
-local function note(record, group, state, delay)
+-- A kept job's result, JSON (the worker sends one only for a kept job): after a '|' in an ack's
+-- last argument ('<want><ahead>|<result>') or a keep's ('<follower id>|<result>'); '' for none.
+local function result_in(extra)
+  local bar = string.find(extra, '|', 1, true)
+  return bar and string.sub(extra, bar + 1) or ''
+end
+local function note(record, group, state, delay, result)
   local id, keep = string.match(record or '', '^%d+|([^|]*)|{"keep":(%d+)')
   if not id then return end
   if state == 'x' then
@@ -197,7 +206,9 @@ local function note(record, group, state, delay)
   elseif delay > 0 then
     state, at = 'd', clock() + delay
   end
-  redis.call('HSET', prefix .. 'jobs', id, string.format('%s%d:%d:', state, at, #group) .. group .. record)
+  local entry = string.format('%s%d:%d:', state, at, #group) .. group
+  if state == 'c' and result ~= '' then entry = entry .. string.format('%d:', #result) .. result end
+  redis.call('HSET', prefix .. 'jobs', id, entry .. record)
 end
 -- After a keep: makes the follower `id` its group's head (see 'k' above). False when the
 -- group has no jobs left (drift: check reports the lease).
@@ -267,7 +278,10 @@ for i = 1, n do
     if kind == 'k' then
       local key = prefix .. lane
       local head = redis.call('LPOP', key)
-      if head and id_of(head) == ARGV[base + 3] then
+      local follower, result = ARGV[base + 3], ''
+      local bar = string.find(follower, '|', 1, true)
+      if bar then follower, result = string.sub(follower, 1, bar - 1), string.sub(follower, bar + 1) end
+      if head and id_of(head) == follower then
         -- The follower is the head already: this call was sent again after its record expired
         -- (a worker cut off from the server for longer than that; its lease not reaped yet) and
         -- ran the first time. The kept job is gone; the follower must stay.
@@ -275,8 +289,8 @@ for i = 1, n do
       else
         local unique_id = ARGV[base + 2]
         if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
-        if jumped(lane) and not to_front(key, ARGV[base + 3]) then emptied = emptied + 1 end
-        if kept(head) then note(head, string.sub(lane, 3), 'c') end
+        if jumped(lane) and not to_front(key, follower) then emptied = emptied + 1 end
+        if kept(head) then note(head, string.sub(lane, 3), 'c', 0, result) end
         completed = completed + 1
         started = started + 1
       end
@@ -296,7 +310,7 @@ for i = 1, n do
               not is_paused(string.sub(lane, 3)) then
             -- its token is made below, with its fence
             local x = {'', following, none, lane}
-            local ahead = string.sub(extra, 2)
+            local ahead = string.match(extra, '^.(%d+)') or '0'
             if ahead ~= '0' then x[3] = redis.call('LRANGE', key, '1', ahead) end
             leased[i] = x
             nexts[#nexts + 1] = x
@@ -313,9 +327,9 @@ for i = 1, n do
         completed = completed + 1
         -- (the group's name, or the ungrouped record, copied only for a kept job)
         if grouped then
-          if kept(record) then note(record, string.sub(lane, 3), 'c') end
+          if kept(record) then note(record, string.sub(lane, 3), 'c', 0, result_in(extra)) end
         elseif string.find(lane, '|{"keep":', 1, true) and string.find(lane, '^j:%d+|[^|]*|{"keep":%d') then
-          note(string.sub(lane, 3), '', 'c')
+          note(string.sub(lane, 3), '', 'c', 0, result_in(extra))
         end
       else
         local group = ''

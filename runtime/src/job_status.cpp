@@ -2,6 +2,8 @@
 
 #include "backend/views.hpp"
 
+#include <boost/json/parse.hpp>
+
 namespace jobrt {
 
 std::string_view to_string(job_status::state s) noexcept {
@@ -36,6 +38,7 @@ boost::asio::awaitable<std::optional<job_status>> find_job(backend& store, std::
     out.group = kept->group;
     out.record = kept->record;
     out.at_ms = kept->at_ms;
+    out.result = kept->result;
     out.status = done                                       ? job_status::state::done
                  : kept->status == kept_job::state::delayed ? job_status::state::delayed
                                                             : job_status::state::pending;
@@ -94,6 +97,11 @@ boost::json::object to_json(const job_status& s) {
   if (s.record) o["job"] = detail::record_object(*s.record, s.group);
   if (s.running) o["running"] = detail::running_object(*s.running_on, *s.running);
   if (s.dead) o["dead"] = detail::dead_object(*s.dead);
+  if (!s.result.empty()) {
+    boost::system::error_code ec;
+    auto value = boost::json::parse(s.result, ec);
+    o["result"] = ec ? boost::json::value(s.result) : std::move(value);  // (another program's, not JSON: as text)
+  }
   if (s.group_state) o["group"] = detail::group_object(*s.group_state);
   return o;
 }

@@ -78,10 +78,10 @@ failure_policy policy_at(const json::value& v, std::string_view where) {
 }
 
 queue_settings queue_at(const json::value& v, const std::string& where) {
-  const auto& o =
-      object_at(v, where,
-                {"name", "concurrency", "lease_ttl_ms", "watchdog_ms", "burst", "follow", "claim_wait_ms", "on_failure",
-                 "retry", "grouping", "dead_letters", "unhandled_delay_ms", "unhandled_limit_ms", "shards"});
+  const auto& o = object_at(
+      v, where,
+      {"name", "concurrency", "lease_ttl_ms", "watchdog_ms", "burst", "max_result_bytes", "follow", "claim_wait_ms",
+       "on_failure", "retry", "grouping", "dead_letters", "unhandled_delay_ms", "unhandled_limit_ms", "shards"});
   auto field = [&](std::string_view name) { return fmt::format("{}.{}", where, name); };
   queue_settings q;
   auto* name = o.if_contains("name");
@@ -100,6 +100,8 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
     bad(field("watchdog_ms"), "must be shorter than lease_ttl_ms");
   if (auto* f = o.if_contains("burst"))
     q.worker.burst = static_cast<std::size_t>(count_at(*f, field("burst"), 1, 1000));
+  if (auto* f = o.if_contains("max_result_bytes"))
+    q.worker.max_result_bytes = static_cast<std::size_t>(count_at(*f, field("max_result_bytes"), 0, 16 * 1024 * 1024));
   if (auto* f = o.if_contains("follow")) {
     auto text = text_at(*f, field("follow"));
     try {

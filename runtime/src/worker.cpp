@@ -20,6 +20,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/json/serialize.hpp>
 
 #include <unistd.h>
 
@@ -42,6 +43,14 @@ void job_context::log(std::string_view message) const {
     jobrt::log(log_level::info, fields, "job", "{}: {}", job_.id, message);
   else
     jobrt::log(log_level::info, fields, "job", "{} (group {}): {}", job_.id, job_.group, message);
+}
+
+void job_context::set_result(const boost::json::value& result) {
+  auto text = boost::json::serialize(result);
+  if (text.size() > max_result_)
+    throw std::invalid_argument(fmt::format("job {} result is {} bytes encoded; the limit is {} (max_result_bytes)",
+                                            job_.id, text.size(), max_result_));
+  result_ = std::move(text);
 }
 
 void histogram::observe(double seconds) noexcept {
@@ -287,6 +296,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // race with the handler on a multi-threaded io_context.
     r->executor = j.group.empty() ? detail::make_strand(ex_) : acquire_strand(j.group);
     r->ctx = std::make_shared<job_context>(std::move(j), c.fence, opts_.id);
+    r->ctx->max_result_ = opts_.max_result_bytes;
     running_[token] = r;
     {
       std::lock_guard lock(counters_mutex_);
@@ -416,6 +426,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     } else if (r->ctx->retry_after_) {
       item.kind = finish_kind::defer;
       item.delay = *r->ctx->retry_after_;
+    } else if (r->ctx->result_ && r->ctx->job().keep.count() > 0) {
+      item.result = std::move(*r->ctx->result_);  // (kept with the job's status: see finish.lua)
     }
     // The rest of the burst: its followers came with the lease and run one after another, while
     // the lease has at least half its TTL left when the job ends (so that, renewed as usual, it

@@ -602,10 +602,10 @@ class differential {
         const char* want = it.want_next == finish_item::next_policy::yes               ? "yes"
                            : it.want_next == finish_item::next_policy::if_nobody_waits ? "if_nobody_waits"
                                                                                        : "no";
-        s += fmt::format("ack next={} ahead={}", want, it.ahead);
+        s += fmt::format("ack next={} ahead={} result='{}'", want, it.ahead, it.result);
         break;
       }
-      case finish_kind::keep: s += fmt::format("keep id={}", it.id); break;
+      case finish_kind::keep: s += fmt::format("keep id={} result='{}'", it.id, it.result); break;
       case finish_kind::fail: s += fmt::format("fail '{}'", it.error); break;
       case finish_kind::give_up: s += fmt::format("give_up '{}'", it.error); break;
       case finish_kind::halt: s += fmt::format("halt '{}'", it.error); break;
@@ -641,6 +641,7 @@ class differential {
                          : w < 75 ? finish_item::next_policy::yes
                                   : finish_item::next_policy::if_nobody_waits;
       p.item.ahead = rng_.below(3);
+      if (rng_.chance(40)) p.item.result = fmt::format(R"({{"r":{}}})", index_);  // (kept with a kept job)
     } else if (roll < 45) {
       p.item.kind = finish_kind::fail;
       p.item.error = fmt::format("e{}", index_);
@@ -692,6 +693,7 @@ class differential {
           p.item.kind = finish_kind::keep;
           p.item.id = id_of(l.followers[k]);
           p.item.unique_id = producer_id(current);
+          if (rng_.chance(40)) p.item.result = fmt::format(R"({{"r":{}}})", index_);
           current = l.followers[k];
           plan.push_back(std::move(p));
         }
@@ -1088,9 +1090,9 @@ class differential {
     auto r = co_await attempt(b_[1]->kept_job_of(queue_, id));
     auto show_kept = [](const std::optional<kept_job>& k) {
       if (!k) return std::string("none");
-      return fmt::format("{} {} group={} record={}|{}|{}", k->id,
+      return fmt::format("{} {} group={} record={}|{}|{} result='{}'", k->id,
                          k->status == kept_job::state::done ? "done" : "waiting", show_group(k->group),
-                         k->record.attempts, k->record.id, k->record.body);
+                         k->record.attempts, k->record.id, k->record.body, k->result);
     };
     auto mt = text(m, show_kept);
     if (same(what, mt, text(r, show_kept))) note(what + " -> " + mt);

@@ -71,12 +71,16 @@ CONFORMANCE("kept jobs: found by id while pending, delayed, retrying and done, b
       finish_item f;
       f.kind = c.job.id == first ? finish_kind::fail : finish_kind::ack;
       f.error = "no";
-      if (c.job.id == a) f.unique_id = a;
+      if (c.job.id == a) {
+        f.unique_id = a;
+        f.result = R"({"rows":3})";
+      }
       return f;
     });
     auto done = co_await look(a);
     REQUIRE(done);
     CHECK(done->status == kept_job::state::done);
+    CHECK(done->result == R"({"rows":3})");
     CHECK(done->at_ms > 0);
     CHECK(done->record.id == a);
     CHECK_FALSE(co_await look(first));
@@ -155,6 +159,58 @@ CONFORMANCE("kept jobs: a worker's runs, bursts of a group included, leave every
         },
         std::chrono::seconds(20)));
     co_await w.stop(std::chrono::seconds(5));
+  });
+}
+
+CONFORMANCE("kept jobs: a handler's result is kept with a kept job, and one over the bound fails its run") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 12; ++i) {
+      auto s = kept("sum", i % 3 == 0 ? std::nullopt : std::optional(std::string("g")));
+      boost::json::object payload;  // (no braced list of temporaries in a coroutine: GCC 12)
+      payload["n"] = i;
+      s.payload = std::move(payload);
+      if (i == 11) s.keep = std::chrono::milliseconds(0);  // not kept: its result goes nowhere
+      specs.push_back(std::move(s));
+    }
+    auto big = kept("big", std::nullopt, "big-1");
+    big.max_attempts = 1;
+    specs.push_back(std::move(big));
+    std::vector<std::string> ids;
+    for (auto& r : co_await p.enqueue_bulk(std::move(specs))) ids.push_back(r.id);
+    auto o = b.worker_opts(2);
+    o.max_result_bytes = 40;
+    worker w(ctx.get_executor(), b.make(), o);
+    w.add_handler("sum", [](job_context& c) -> awaitable<void> {
+      boost::json::object r;
+      r["twice"] = c.payload().at("n").as_int64() * 2;
+      c.set_result(r);
+      co_return;
+    });
+    w.add_handler("big", [](job_context& c) -> awaitable<void> {
+      c.set_result(boost::json::value(std::string(100, 'x')));
+      co_return;
+    });
+    w.start();
+    CHECK(co_await eventually(
+        [&]() -> awaitable<bool> {
+          auto c = co_await b.make().counts(b.queue());
+          co_return c.completed == 12 && c.dead == 1;
+        },
+        std::chrono::seconds(15)));
+    co_await w.stop(std::chrono::seconds(5));
+    for (int i = 0; i < 11; ++i) {
+      auto k = co_await b.make().kept_job_of(b.queue(), ids[static_cast<std::size_t>(i)]);
+      REQUIRE(k);
+      CHECK(k->status == kept_job::state::done);
+      CHECK(k->result == fmt::format(R"({{"twice":{}}})", i * 2));
+    }
+    CHECK_FALSE(co_await b.make().kept_job_of(b.queue(), ids[11]));
+    auto letter = co_await b.make().dead_letter_of(b.queue(), "big-1");
+    REQUIRE(letter);
+    CHECK(letter->error.find("result is 102 bytes encoded; the limit is 40") != std::string::npos);
   });
 }
 

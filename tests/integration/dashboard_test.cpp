@@ -210,12 +210,14 @@ TEST_CASE("dashboard API: dead letters by filter, one by id, requeued and purged
     finish_item ack;
     ack.token = first[0].token;
     ack.unique_id = "kept-1";
+    ack.result = R"({"sent":1})";
     std::vector<finish_item> acks(1, ack);
     co_await f.store.finish("q", "w", std::move(acks), std::chrono::seconds(30));
     auto done = (co_await ask(f.port, "GET", "/api/queues/q/job?id=kept-1")).json();
     CHECK(done.at("state") == "done");
     CHECK(done.at("at").as_int64() > 0);
     CHECK(done.at("job").at("type") == "mail");
+    CHECK(done.at("result").at("sent") == 1);  // JSON, not text
 
     auto requeue_body = fmt::format(R"({{"ids":["{}"]}})", id);
     CHECK((co_await ask(f.port, "POST", "/api/queues/q/dead/requeue", "", requeue_body)).status == 401);

@@ -38,6 +38,7 @@ TEST_CASE("settings - a full config file") {
     "handlers": {"tenant_import": {"retry": {"initial_ms": 500, "factor": 3, "max_ms": 9000, "jitter": 0}}},
     "queues": [
       {"name": "imports", "concurrency": 20, "lease_ttl_ms": 6000, "watchdog_ms": 1000, "burst": 2, "shards": 16,
+       "max_result_bytes": 1000,
        "follow": "pipelined", "claim_wait_ms": 2000, "on_failure": "halt", "retry": {"initial_ms": 100},
        "grouping": {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "skip"}]},
        "dead_letters": {"max_count": 50, "max_age_ms": 60000}},
@@ -56,6 +57,7 @@ TEST_CASE("settings - a full config file") {
   CHECK(q.worker.lease_ttl == std::chrono::milliseconds(6000));
   CHECK(q.worker.watchdog_period == std::chrono::milliseconds(1000));
   CHECK(q.worker.burst == 2);
+  CHECK(q.worker.max_result_bytes == 1000);
   CHECK(q.shards == 16);
   CHECK(s.queues[1].shards == 0);  // (not given: as stored)
   CHECK(q.worker.follow == follow_policy::pipelined);
@@ -83,6 +85,8 @@ TEST_CASE("settings - a bad file is refused naming the field") {
         "config.queues[0].lease_ttl_ms: is not an integer from 100 to 86400000");
   CHECK(refusal(R"({"queues": [{"name": "a", "burst": 5000}]})") ==
         "config.queues[0].burst: is not an integer from 1 to 1000");
+  CHECK(refusal(R"({"queues": [{"name": "a", "max_result_bytes": -1}]})") ==
+        "config.queues[0].max_result_bytes: is not an integer from 0 to 16777216");
   CHECK(refusal(R"({"queues": [{"name": "a", "lease_ttl_ms": 99999999999999999999}]})") ==
         "config.queues[0].lease_ttl_ms: is not an integer from 100 to 86400000");
   CHECK(refusal(R"({"queues": [{"name": "a", "on_failure": "retry"}]})") ==

@@ -116,8 +116,10 @@ struct finish_item {
   /// makes that follower its group's head: a job requeued to the head during the burst (see
   /// requeue) went in front of it and goes behind it, so the running job is always the head.
   std::string id;
-  std::string unique_id;               ///< the job's id when the producer gave it (forgotten on ack and fail)
-  std::string error;                   ///< for fail and halt
+  std::string unique_id;  ///< the job's id when the producer gave it (forgotten on ack and fail)
+  std::string error;      ///< for fail and halt
+  /// For ack and keep of a kept job (job::keep): the result its handler gave (JSON), "" none.
+  std::string result;
   std::chrono::milliseconds delay{0};  ///< for retry and defer
   /// For a grouped ack: whether the worker runs the group's next job at once (a burst), leased
   /// to it in the same call instead of the lane going back to the ready list.
@@ -270,6 +272,7 @@ struct kept_job {
   /// As last stored: a lease that expired since, or a halted group resumed, changed its attempts
   /// (its group's head has them).
   job_record record;
+  std::string result;  ///< done: the result its handler gave (JSON), "" when none
 };
 std::string_view to_string(kept_job::state s) noexcept;
 

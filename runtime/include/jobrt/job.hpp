@@ -85,6 +85,8 @@ struct job {
   bool unique_id = false;           ///< the producer gave the id
   std::optional<jobrt::backoff> retry_backoff;
   std::optional<failure_policy> on_failure;
+  /// How long its status is kept after it completes (job_spec::keep); 0: it is not kept.
+  std::chrono::milliseconds keep{0};
 };
 
 /// Decodes a job as it is stored, "<attempts before>|<id>|<body>" (dead_letter::record), in the

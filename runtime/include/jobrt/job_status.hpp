@@ -34,10 +34,12 @@ struct job_status {
   std::optional<worker_report::job> running;
   std::optional<dead_letter> dead;
   std::optional<group_status> group_state;  ///< its group's, when it has one (but done or dead)
+  std::string result;                       ///< done: the result its handler gave (JSON), "" none
 };
 std::string_view to_string(job_status::state s) noexcept;
 /// As the dashboard's API and `jobrt job --json` show it (docs/DASHBOARD.md): "id", "state",
-/// "at" (when due or done), "job" (its record decoded), "running", "dead", "group".
+/// "at" (when due or done), "job" (its record decoded), "result" (done, when its handler gave
+/// one), "running", "dead", "group".
 boost::json::object to_json(const job_status& s);
 
 /// Finds job `id` of `queue`: kept (job_spec::keep: pending, delayed or done), running (as its

@@ -44,6 +44,11 @@ class job_context {
   /// (say, a resource it needs is busy). Takes effect when the handler returns normally; a
   /// grouped job keeps its place at its group's head, so the group waits for it.
   void retry_after(std::chrono::milliseconds delay) noexcept { retry_after_ = delay; }
+  /// The job's result, kept with its status for its keep when it completes (a job enqueued with
+  /// a keep: job().keep; for any other job it goes nowhere). Throws std::invalid_argument,
+  /// naming both sizes, when it is longer than worker_options::max_result_bytes once encoded (the
+  /// handler's failure, then, unless it catches it).
+  void set_result(const boost::json::value& result);
 
  private:
   friend class worker;
@@ -52,6 +57,8 @@ class job_context {
   std::string worker_;
   std::atomic<bool> cancelled_{false};
   std::optional<std::chrono::milliseconds> retry_after_;
+  std::optional<std::string> result_;
+  std::size_t max_result_ = 64 * 1024;
 };
 
 /// Thrown by a handler for a failure that retrying cannot fix (say, a payload it cannot parse):
@@ -120,6 +127,8 @@ struct worker_options {
   /// up to burst - 1 jobs behind it under one lease, and they run one after another with no
   /// claim in between (see follow and docs/ARCHITECTURE.md). At most 1,000.
   std::size_t burst = 4;
+  /// The longest result a handler may give (job_context::set_result), encoded.
+  std::size_t max_result_bytes = 64 * 1024;
   /// When a burst's next job starts: once its predecessor's end is stored (the default), or at
   /// once, the end stored on the way (see follow_policy).
   follow_policy follow = follow_policy::after_commit;

@@ -1,5 +1,7 @@
 #include "job_codec.hpp"
 
+#include "backend/views.hpp"
+
 #include <fmt/format.h>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
@@ -197,6 +199,7 @@ job decode(const job_record& r, std::string_view group) {
   j.max_attempts = number_field<int>(obj, "max", 3);
   j.timeout = std::chrono::milliseconds(number_field<std::int64_t>(obj, "timeout", 0));
   j.enqueued_at_ms = number_field<std::int64_t>(obj, "at", 0);
+  if (auto keep = keep_in_body(r.body)) j.keep = std::chrono::milliseconds(*keep);  // (as the scripts see it)
   const auto* u = obj.if_contains("u");  // as the scripts read it: anything but false (and 0)
   bool flagged = u && !(u->is_bool() && !u->as_bool()) && !(u->is_int64() && u->as_int64() == 0);
   j.unique_id = flagged || (!j.id.empty() && !assigned_id(j.id));

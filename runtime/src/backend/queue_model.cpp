@@ -384,7 +384,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
     q.done.emplace(until, id);
   };
   auto note = [&](const std::optional<std::string>& record, std::string_view group, char state,
-                  std::chrono::milliseconds delay) {
+                  std::chrono::milliseconds delay, std::string_view result = {}) {
     if (!record) return;
     auto k = kept_in(*record);
     if (!k) return;
@@ -402,7 +402,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
       state = 'd';
       at = now + delay.count();
     }
-    q.kept[id] = kept_entry(state, at, group, *record);
+    q.kept[id] = kept_entry(state, at, group, *record, result);
   };
   // Keyed as finish.lua does: the id, or '<id>#<fence>' when that is taken or there is no id.
   auto dead_letter_of = [&](const std::optional<std::string>& record, std::string group, std::string error,
@@ -439,7 +439,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
     if (kind == finish_kind::keep) {
       if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
       if (auto group = q.groups.find(lane.substr(2)); group != q.groups.end()) {
-        note(group->second.front(), group->first, 'c', {});
+        note(group->second.front(), group->first, 'c', {}, item.result);
         group->second.pop_front();
         to_front(group->second, item.id);
         if (group->second.empty()) q.groups.erase(group);  // drift: its follower is gone (check reports it)
@@ -482,7 +482,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
       }
       if (ack) {
         ++completed;
-        note(record, grouped ? std::string_view(lane).substr(2) : std::string_view(), 'c', {});
+        note(record, grouped ? std::string_view(lane).substr(2) : std::string_view(), 'c', {}, item.result);
       } else {
         dead_letter_of(record, grouped ? lane.substr(2) : std::string(), item.error, item.token);
       }

@@ -476,9 +476,10 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
                     : it.want_next == finish_item::next_policy::if_nobody_waits ? '2'
                                                                                 : '0';
         extras.push_back(want + std::to_string(std::min(it.ahead, max_ahead)));
+        if (!it.result.empty()) extras.back() += '|' + it.result;
         break;
       }
-      case finish_kind::keep: extras.push_back(it.id); break;
+      case finish_kind::keep: extras.push_back(it.result.empty() ? it.id : it.id + '|' + it.result); break;
       case finish_kind::fail:
       case finish_kind::give_up:
       case finish_kind::halt: extras.push_back(it.error); break;

@@ -248,13 +248,19 @@ std::optional<kept_record> kept_in(std::string_view record) noexcept {
   return kept_record{id, *keep};
 }
 
-std::string kept_entry(char state, std::int64_t at_ms, std::string_view group, std::string_view record) {
+std::string kept_entry(char state, std::int64_t at_ms, std::string_view group, std::string_view record,
+                       std::string_view result) {
   std::string out(1, state);
   out += std::to_string(at_ms);
   out += ':';
   out += std::to_string(group.size());
   out += ':';
   out += group;
+  if (state == 'c' && !result.empty()) {
+    out += std::to_string(result.size());
+    out += ':';
+    out += result;
+  }
   out += record;
   return out;
 }
@@ -283,7 +289,16 @@ std::optional<kept_job> parse_kept_entry(std::string id, std::string_view entry,
       static_cast<std::size_t>(length) > entry.size() - pos)
     return std::nullopt;
   k.group = entry.substr(pos, static_cast<std::size_t>(length));
-  k.record = split_record(entry.substr(pos + static_cast<std::size_t>(length)));
+  pos += static_cast<std::size_t>(length);
+  // A completed job's result: '<length>:' (a record starts '<digits>|': none).
+  auto digits = entry.find_first_not_of("0123456789", pos);
+  if (k.status == kept_job::state::done && digits != std::string_view::npos && digits > pos && entry[digits] == ':') {
+    if (!number(pos, length) || length < 0 || static_cast<std::size_t>(length) > entry.size() - pos)
+      return std::nullopt;
+    k.result = entry.substr(pos, static_cast<std::size_t>(length));
+    pos += static_cast<std::size_t>(length);
+  }
+  k.record = split_record(entry.substr(pos));
   if (k.status == kept_job::state::delayed && k.at_ms <= now_ms) k.status = kept_job::state::pending;
   if (k.status == kept_job::state::done && gone_at_ms && *gone_at_ms <= now_ms) return std::nullopt;
   return k;

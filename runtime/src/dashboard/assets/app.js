@@ -273,6 +273,7 @@ async function jobPage() {
   const rows = [el('dt', {}, 'state'), el('dd', {}, el('span', { class: 'state ' + j.state, id: 'job-state' }, j.state))];
   if (j.running) rows.push(el('dt', {}, 'running on'), el('dd', {}, j.running.worker + ' since ' + ago(j.running.since)));
   if (j.at) rows.push(el('dt', {}, j.state === 'done' ? 'completed' : 'due'), el('dd', { id: 'job-at' }, when(j.at)));
+  if ('result' in j) rows.push(el('dt', {}, 'result'), el('dd', {}, el('pre', { id: 'job-result' }, json(j.result))));
   if (j.job) {
     rows.push(el('dt', {}, 'type'), el('dd', { id: 'job-type' }, j.job.type || ''),
       el('dt', {}, 'attempts'), el('dd', { id: 'job-attempts' }, j.job.attempts),
