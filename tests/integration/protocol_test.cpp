@@ -480,7 +480,7 @@ TEST_CASE("a body that starts with a keep is kept in the queue's index until its
   CHECK(enqueue("plain", R"({"type":"import","payload":{"keep":1}})") == "plain\n0\n");
   CHECK(cli({"HKEYS", p + "jobs"}) == "kept-a\nkept-b\n");
   CHECK(cli({"HGET", p + "jobs", "kept-a"}) == R"(p0:0:0|kept-a|{"keep":200,"type":"import","payload":{}})"
-                                                "\n");
+                                               "\n");
   run([&](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), cfg);
     claim_options co;
