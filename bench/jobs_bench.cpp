@@ -12,6 +12,10 @@
 //     taking turns with it. Each send follows an idle gap of GAP_US (1 ms, as the Node drivers of
 //     the peers wait: the shortest timer they have), so the worker is idle again in its blocking
 //     claim.
+//   jobrt_bench_jobs URL wait N GROUPED [GAP_US=1000] [SHARDS=1]
+//     as pickup, and taking turns with it (after the same gap) the round trip of `jobrt enqueue
+//     --wait`: a kept job enqueued, run and its end back to the producer (producer::wait); prints
+//     its p50/p99 too, and its p50 over the pickup's.
 //   jobrt_bench_jobs URL fill N GROUPS
 //     flushes the server and enqueues N no-op jobs in batches of 1000 on queue "bench"; prints
 //     enqueue jobs/s and Redis memory per queued job. For runs with several worker processes.
@@ -265,7 +269,7 @@ awaitable<void> work(asio::io_context& ctx, redis::config cfg, long n, std::size
 }
 
 awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool grouped, std::chrono::microseconds gap,
-                       std::size_t shards) {
+                       std::size_t shards, bool round_trips) {
   redis_backend redis(ctx.get_executor(), cfg);
   auto& conn = redis.connection();
   co_await redis::exec(conn, redis::request("FLUSHALL"));
@@ -292,7 +296,7 @@ awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool gro
   // state: a wake-up after a longer idle spell is slower (caches and the CPU gone cold).
   redis::blocking_connection blocking(ctx.get_executor(), cfg);
   blocking.start();
-  std::vector<double> bare, ours;
+  std::vector<double> bare, ours, round_trip;
   for (int i = 0; i < n; ++i) {
     clock_type::time_point sent{};
     asio::co_spawn(
@@ -320,14 +324,33 @@ awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool gro
       if (!ec) throw std::runtime_error(fmt::format("pickup: job {} did not start within 10 s", i));
     }
     ours.push_back(std::chrono::duration<double, std::micro>(started - sent).count());
+
+    // The round trip of `enqueue --wait`: a kept job enqueued, run, and its end back to the
+    // producer (woken by the message of its end).
+    if (!round_trips) continue;
+    co_await sleep_for(gap);
+    job_spec k;
+    k.type = "noop";
+    if (grouped) k.group = "w" + std::to_string(i);
+    k.keep = std::chrono::seconds(60);
+    sent = clock_type::now();
+    auto id = (co_await p.enqueue(std::move(k))).id;
+    auto end = co_await p.wait(id, std::chrono::seconds(10));
+    if (!end || end->status != job_status::state::done)
+      throw std::runtime_error(fmt::format("pickup: kept job {} did not end within 10 s", id));
+    round_trip.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - sent).count());
   }
   co_await w.stop(std::chrono::seconds(5));
   fmt::print(
       "pickup grouped={} shards={} n={} p50_us={:.0f} p99_us={:.0f} bare_p50_us={:.0f} bare_p99_us={:.0f} "
-      "p10_us={:.0f} p25_us={:.0f} p75_us={:.0f} p90_us={:.0f} p95_us={:.0f}\n",
+      "p10_us={:.0f} p25_us={:.0f} p75_us={:.0f} p90_us={:.0f} p95_us={:.0f}{}\n",
       grouped, shards, n, percentile(ours, 0.5), percentile(ours, 0.99), percentile(bare, 0.5), percentile(bare, 0.99),
       percentile(ours, 0.1), percentile(ours, 0.25), percentile(ours, 0.75), percentile(ours, 0.9),
-      percentile(ours, 0.95));
+      percentile(ours, 0.95),
+      round_trips ? fmt::format(" wait_p50_us={:.0f} wait_p99_us={:.0f} wait_over_pickup_p50={:.2f}",
+                                percentile(round_trip, 0.5), percentile(round_trip, 0.99),
+                                percentile(round_trip, 0.5) / percentile(ours, 0.5))
+                  : std::string());
 }
 
 awaitable<void> depth(asio::io_context& ctx, redis::config cfg, long queued) {
@@ -374,7 +397,7 @@ int main(int argc, char** argv) {
   if (argc < 3) {
     fmt::print(stderr,
                "usage: {} URL throughput N C GROUPS [BURST] [FOLLOW] | fill N GROUPS | work N C [BURST] | pickup N "
-               "GROUPED [GAP_US] [SHARDS] | "
+               "GROUPED [GAP_US] [SHARDS] | wait N GROUPED [GAP_US] [SHARDS] | "
                "scale N C GROUPS SHARDS NODE_URL... | depth DEPTH\n",
                argv[0]);
     return 2;
@@ -400,11 +423,12 @@ int main(int argc, char** argv) {
                    throughput(ctx, cfg, arg(3, 100000), static_cast<std::size_t>(arg(4, 100)), arg(5, 0),
                               static_cast<std::size_t>(arg(6, 4)), follow),
                    done);
-  else if (mode == "pickup")
-    asio::co_spawn(ctx,
-                   pickup(ctx, cfg, static_cast<int>(arg(3, 1000)), arg(4, 0) != 0,
-                          std::chrono::microseconds(arg(5, 1000)), static_cast<std::size_t>(std::max(1L, arg(6, 1)))),
-                   done);
+  else if (mode == "pickup" || mode == "wait")
+    asio::co_spawn(
+        ctx,
+        pickup(ctx, cfg, static_cast<int>(arg(3, 1000)), arg(4, 0) != 0, std::chrono::microseconds(arg(5, 1000)),
+               static_cast<std::size_t>(std::max(1L, arg(6, 1))), mode == "wait"),
+        done);
   else if (mode == "fill")
     asio::co_spawn(ctx, fill_only(ctx, cfg, arg(3, 100000), arg(4, 0)), done);
   else if (mode == "work")

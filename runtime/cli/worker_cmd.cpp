@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -414,7 +415,7 @@ job_spec spec_from_line(const std::string& line) {
 struct enqueue_args {
   std::string url = default_redis_url(), queue = "default", file, config_file, payload, on_failure;
   job_spec base;
-  std::size_t count = 0, groups = 0, delay_ms = 0, timeout_ms = 0, max_attempts = 3, keep_ms = 0;
+  std::size_t count = 0, groups = 0, delay_ms = 0, timeout_ms = 0, max_attempts = 3, keep_ms = 0, wait_s = 0;
   std::size_t shards = 0;  // 0: as the queue is stored
   std::string group, durability = "primary";
   bool json = false;
@@ -452,6 +453,10 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
                 "keep the jobs' status, to find them by id (the dashboard), while they wait and MS after they "
                 "complete (a line's \"keep_ms\" overrides it)")
       ->option_text("MS");
+  number_option(*cmd, "--wait", a->wait_s, 1, 86'400,
+                "wait up to S seconds for the job's end and print it (its result, or its error); --json: "
+                "{\"queue\", \"id\", \"duplicate\", \"status\"}")
+      ->option_text("S");
   cmd->add_flag("--json", a->json, "print JSON: {\"id\", \"duplicate\"} for one job, else the counts");
   auto job_option = [&](CLI::Option* o) {
     a->job_options.push_back(o->group("job options (one job, and the generated jobs')"));
@@ -481,10 +486,42 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
       "job's number. A JSON line: {\"type\", \"payload\", \"group\", \"id\", \"delay_ms\",\n"
       "\"max_attempts\", \"timeout_ms\", \"on_failure\", \"keep_ms\"}. The whole file is checked before any job is\n"
       "stored: an error names its line (FILE:LINE: ...) and nothing is enqueued. A job may be at\n"
-      "most 1 MiB (1048576 bytes) once encoded, payload included.");
+      "most 1 MiB (1048576 bytes) once encoded, payload included. With --wait S (one job; kept at\n"
+      "least 60 s), the exit code is 0 when it completed, 1 when it went to the dead letters, 3 when\n"
+      "it had not ended, 4 when it cannot be found (a pending duplicate enqueued without a keep).");
 }
 
 namespace {
+
+// `enqueue --wait`: the job's end as `jobrt job` prints it (its id came before the wait; --json:
+// the queue, id, duplicate and its status's object), and the exit code: 0 done, 1 dead, 3 not
+// ended when the wait ran out, 4 not found (a duplicate of a job enqueued without a keep).
+int print_end(const std::string& queue, const enqueue_result& r, const std::optional<job_status>& s, std::size_t wait_s,
+              bool json) {
+  bool over = s && (s->status == job_status::state::done || s->status == job_status::state::dead);
+  if (json) {
+    boost::json::object o;
+    o["queue"] = queue;
+    o["id"] = r.id;
+    o["duplicate"] = r.duplicate;
+    o["status"] = s ? boost::json::value(to_json(*s)) : boost::json::value(nullptr);
+    fmt::print("{}\n", boost::json::serialize(o));
+  } else if (s) {
+    fmt::print("state {}\n", to_string(s->status));
+    if (!s->result.empty()) fmt::print("result {}\n", s->result);
+    if (s->dead) fmt::print("error {}\n", s->dead->error);
+  }
+  if (!s) {
+    fmt::print(stderr, "jobrt: enqueue: job {} cannot be found to wait for{}\n", r.id,
+               r.duplicate ? ": a job of that id was pending already, enqueued without a keep" : "");
+    return 4;
+  }
+  if (!over) {
+    fmt::print(stderr, "jobrt: enqueue: job {} is still {} after {} s\n", r.id, to_string(s->status), wait_s);
+    return 3;
+  }
+  return s->status == job_status::state::done ? 0 : 1;
+}
 
 int run_enqueue(enqueue_args& a) {
   auto url = a.url;
@@ -521,6 +558,8 @@ int run_enqueue(enqueue_args& a) {
   if (count > 0 && !base.id.empty()) throw usage_error("enqueue: --id names one job; it cannot go with --count");
   if (!file.empty() && job_options) throw usage_error("enqueue: with --file, each line gives its job's options");
   if (file == "-" && a.payload == "-") throw usage_error("enqueue: --file - and --payload - both read standard input");
+  if (a.wait_s > 0 && (!file.empty() || count > 0))
+    throw usage_error("enqueue: --wait waits for one job: not with --file or --count");
   if (file.empty()) {
     try {
       producer::check(base);  // what the job options say, before anything connects
@@ -530,6 +569,8 @@ int run_enqueue(enqueue_args& a) {
   }
   producer_options po;
   po.keep = std::chrono::milliseconds(a.keep_ms);
+  if (a.wait_s > 0)
+    po.keep = std::max<std::chrono::milliseconds>(po.keep, std::chrono::seconds(60));  // (found once it ended)
   if (!config_file.empty()) {
     auto cfg = settings::from_file(config_file);
     if (cfg.redis_url && !given_on_command_line(a.url_option)) {  // the file over $REDIS_URL
@@ -585,6 +626,7 @@ int run_enqueue(enqueue_args& a) {
 
   bool tty = ::isatty(STDERR_FILENO) == 1 && specs.size() > 1;
   std::vector<enqueue_result> results;
+  std::optional<job_status> ended;  // --wait: the job's status at its end, or when the wait ran out
   with_backend(url, durability, 1, [&](asio::io_context&, redis_backend& store) -> asio::awaitable<void> {
     co_await check_reachable(store.connection(), url);
     sharded_backend sharded(store, a.shards);
@@ -617,7 +659,15 @@ int run_enqueue(enqueue_args& a) {
       }
     }
     if (tty) fmt::print(stderr, "\n");
+    if (a.wait_s > 0) {
+      if (!a.json) {  // (the id first: an interrupted wait leaves it on the screen)
+        fmt::print("{}{}\n", results.at(0).id, results.at(0).duplicate ? " (duplicate: already pending)" : "");
+        std::fflush(stdout);
+      }
+      ended = co_await p.wait(results.at(0).id, std::chrono::seconds(a.wait_s));
+    }
   });
+  if (a.wait_s > 0) return print_end(queue, results.at(0), ended, a.wait_s, a.json);
   std::size_t duplicates = 0;
   for (auto& r : results) duplicates += r.duplicate ? 1 : 0;
   if (a.json && results.size() == 1 && a.count == 0 && file.empty())

@@ -191,11 +191,17 @@ local function result_in(extra)
   local bar = string.find(extra, '|', 1, true)
   return bar and string.sub(extra, bar + 1) or ''
 end
+-- Wakes whoever waits for a kept job's end (backend::wait_ended): SPUBLISH on the queue's shard
+-- of a cluster; before Redis 7.0, PUBLISH.
+local function publish_end(id)
+  if type(redis.pcall('SPUBLISH', prefix .. 'ended', id)) == 'table' then redis.call('PUBLISH', prefix .. 'ended', id) end
+end
 local function note(record, group, state, delay, result)
   local id, keep = string.match(record or '', '^%d+|([^|]*)|{"keep":(%d+)')
   if not id then return end
   if state == 'x' then
     redis.call('HDEL', prefix .. 'jobs', id)
+    publish_end(id)
     return
   end
   local at = 0
@@ -207,8 +213,9 @@ local function note(record, group, state, delay, result)
     state, at = 'd', clock() + delay
   end
   local entry = string.format('%s%d:%d:', state, at, #group) .. group
-  if state == 'c' and result ~= '' then entry = entry .. string.format('%d:', #result) .. result end
+  if state == 'c' and result and result ~= '' then entry = entry .. string.format('%d:', #result) .. result end
   redis.call('HSET', prefix .. 'jobs', id, entry .. record)
+  if state == 'c' then publish_end(id) end
 end
 -- After a keep: makes the follower `id` its group's head (see 'k' above). False when the
 -- group has no jobs left (drift: check reports the lease).

@@ -55,7 +55,10 @@ if head and mode == 'skip' then
   redis.call('HSET', dead_info, letter,
     cjson.encode({record = record, group = group, error = why, at = now, runs = runs}))
   redis.call('HINCRBY', stats, 'failed', 1)
-  if id and string.find(body, '^{"keep":%d') then redis.call('HDEL', prefix .. 'jobs', id) end -- (see finish.lua)
+  if id and string.find(body, '^{"keep":%d') then -- (see finish.lua)
+    redis.call('HDEL', prefix .. 'jobs', id)
+    if type(redis.pcall('SPUBLISH', prefix .. 'ended', id)) == 'table' then redis.call('PUBLISH', prefix .. 'ended', id) end
+  end
   if redis.call('EXISTS', key) == 0 then redis.call('HINCRBY', stats, 'groups', -1) end
 elseif head and halted then
   local rest = string.match(head, '^%d+(|.*)$')

@@ -89,6 +89,30 @@ boost::asio::awaitable<std::optional<job_status>> find_job(backend& store, std::
   co_return out;
 }
 
+boost::asio::awaitable<std::optional<job_status>> wait_job(backend& store, std::string queue, std::string id,
+                                                           std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto seen = store.ended_version(queue);  // (before the look: an end after it moves the version)
+    auto kept = co_await store.kept_job_of(queue, id);
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (kept && kept->status == kept_job::state::done) {  // (what find_job would say, without its reads)
+      job_status out;
+      out.id = std::move(id);
+      out.status = job_status::state::done;
+      out.at_ms = kept->at_ms;
+      out.group = std::move(kept->group);
+      out.record = std::move(kept->record);
+      out.result = std::move(kept->result);
+      co_return out;
+    }
+    if (!kept || left.count() <= 0) co_return co_await find_job(store, queue, id);
+    // (At least once a minute it looks anyway: a message may not come, from a worker of a release
+    // before this one, or to a user the server does not let subscribe.)
+    co_await store.wait_ended(queue, seen, std::min<std::chrono::milliseconds>(left, std::chrono::minutes(1)));
+  }
+}
+
 boost::json::object to_json(const job_status& s) {
   boost::json::object o;
   o["id"] = s.id;

@@ -149,4 +149,8 @@ boost::asio::awaitable<std::vector<enqueue_result>> producer::enqueue_bulk(std::
   co_return results;
 }
 
+boost::asio::awaitable<std::optional<job_status>> producer::wait(std::string id, std::chrono::milliseconds timeout) {
+  co_return co_await wait_job(*backend_, queue_, std::move(id), timeout);
+}
+
 }  // namespace jobrt

@@ -272,6 +272,10 @@ class gated_backend final : public backend {
   awaitable<std::optional<kept_job>> kept_job_of(std::string q, std::string id) override {
     return inner_.kept_job_of(std::move(q), std::move(id));
   }
+  std::uint64_t ended_version(const std::string& q) override { return inner_.ended_version(q); }
+  awaitable<void> wait_ended(std::string q, std::uint64_t seen, std::chrono::milliseconds timeout) override {
+    return inner_.wait_ended(std::move(q), seen, timeout);
+  }
   awaitable<check_report> check(std::string q, bool repair) override { return inner_.check(std::move(q), repair); }
 
  private:

@@ -214,6 +214,52 @@ CONFORMANCE("kept jobs: a handler's result is kept with a kept job, and one over
   });
 }
 
+CONFORMANCE("kept jobs: a producer waits for a job's end, woken by it: done with its result, dead, or not yet") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    worker w(ctx.get_executor(), b.make(), b.worker_opts(2));
+    w.add_handler("slow", [](job_context& c) -> awaitable<void> {
+      co_await sleep_for(std::chrono::milliseconds(300));
+      boost::json::object r;
+      r["ok"] = true;
+      c.set_result(r);
+    });
+    w.add_handler("bad", [](job_context&) -> awaitable<void> {
+      throw permanent_failure("no such row");
+      co_return;
+    });
+    w.start();
+    auto began = std::chrono::steady_clock::now();
+    auto slow = (co_await p.enqueue(kept("slow", std::string("g")))).id;
+    auto done = co_await p.wait(slow, std::chrono::seconds(20));
+    auto took = std::chrono::steady_clock::now() - began;
+    REQUIRE(done);
+    CHECK(done->status == job_status::state::done);
+    CHECK(done->result == R"({"ok":true})");
+    CHECK(took >= std::chrono::milliseconds(300));
+    CHECK(took < std::chrono::seconds(10));  // (woken by its end, not by the timeout)
+
+    auto bad = (co_await p.enqueue(kept("bad", std::nullopt))).id;
+    auto dead = co_await p.wait(bad, std::chrono::seconds(20));
+    REQUIRE(dead);
+    CHECK(dead->status == job_status::state::dead);
+    REQUIRE(dead->dead);
+    CHECK(dead->dead->error.find("no such row") != std::string::npos);
+
+    // No worker runs "nobody": the wait runs out and says what the job is doing.
+    began = std::chrono::steady_clock::now();
+    auto waits = (co_await p.enqueue(kept("nobody", std::nullopt))).id;
+    auto pending = co_await p.wait(waits, std::chrono::milliseconds(400));
+    REQUIRE(pending);
+    // (pending, or delayed: the worker, which has no handler for it, hands it back for a while)
+    CHECK((pending->status == job_status::state::pending || pending->status == job_status::state::delayed));
+    CHECK(std::chrono::steady_clock::now() - began >= std::chrono::milliseconds(400));
+    CHECK_FALSE(co_await p.wait("no-such-job", std::chrono::seconds(5)));  // (not kept: at once)
+    co_await w.stop(std::chrono::seconds(5));
+  });
+}
+
 TEST_CASE("kept jobs: a keep below zero or over a year is refused, naming it") {
   auto spec = make_job("t", boost::json::object{});
   spec.keep = std::chrono::milliseconds(-1);

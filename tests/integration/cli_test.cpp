@@ -828,8 +828,22 @@ TEST_CASE("jobrt job finds a kept job pending behind others, delayed, done and d
                     JOBRT_HANDLERS "/jobrt_sleep.so"},
                    out);
   wait_counts(cfg, queue, [](const queue_counts& c) { return c.completed == 3 && c.dead == 1; });
+  // --wait: the job's end, and an exit code that says it.
+  auto waited = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "noop", "--wait", "20"});
+  CHECK(waited.status == 0);
+  CHECK(waited.output.find("\nstate done\n") != std::string::npos);
+  auto failed = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "sleep", "--payload",
+                           R"({"ms":1,"fail":true})", "--max-attempts", "1", "--wait", "20", "--json"});
+  CHECK(failed.status == 1);
+  CHECK(failed.output.find(R"("duplicate":false,"status":{)") != std::string::npos);
+  CHECK(failed.output.find(R"("state":"dead")") != std::string::npos);
   ::kill(pid, SIGTERM);
   CHECK(wait_for(pid, out).status == 0);
+  auto waiting = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "noop", "--wait", "1"});
+  CHECK(waiting.status == 3);
+  CHECK(waiting.output.find("is still pending after 1 s") != std::string::npos);
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "noop", "--count", "2", "--wait", "1"})
+            .status == 2);
   auto done = jobrt_cli({"job", "k-2", "--redis", url, "--queue", queue});
   CHECK(done.output.find("state done\n") != std::string::npos);
   CHECK(done.output.find("\ncompleted ") != std::string::npos);

@@ -360,6 +360,12 @@ class backend {
   /// is). Cancellable; never polls.
   virtual boost::asio::awaitable<void> wait_delayed(std::string queue, std::uint64_t seen,
                                                     std::chrono::milliseconds timeout) = 0;
+  /// As delayed_version and wait_delayed, for the ends of kept jobs (job_spec::keep): the number
+  /// changes whenever one completes or goes to the dead letters (by any process, for Redis), and
+  /// when wake-ups may have been missed. Read it, look the job up (kept_job_of), then wait.
+  virtual std::uint64_t ended_version(const std::string& queue) = 0;
+  virtual boost::asio::awaitable<void> wait_ended(std::string queue, std::uint64_t seen,
+                                                  std::chrono::milliseconds timeout) = 0;
 
   // --- dead letters (`ids` below are their keys, dead_letter::id) ---
 

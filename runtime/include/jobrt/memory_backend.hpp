@@ -89,6 +89,9 @@ class memory_backend final : public backend {
   std::uint64_t delayed_version(const std::string& queue) override;
   boost::asio::awaitable<void> wait_delayed(std::string queue, std::uint64_t seen,
                                             std::chrono::milliseconds timeout) override;
+  std::uint64_t ended_version(const std::string& queue) override;
+  boost::asio::awaitable<void> wait_ended(std::string queue, std::uint64_t seen,
+                                          std::chrono::milliseconds timeout) override;
 
   boost::asio::awaitable<std::vector<dead_letter>> dead_letters(std::string queue, std::size_t offset,
                                                                 std::size_t limit) override;
@@ -151,7 +154,8 @@ class memory_backend final : public backend {
 
   boost::asio::any_io_executor executor_;
   std::shared_ptr<detail::wakeups> delayed_wakeups_;
-  std::shared_ptr<detail::wakeups> mark_wakeups_;  // a mark_shards wakes take_shard_mark's waiters
+  std::shared_ptr<detail::wakeups> ended_wakeups_;  // a kept job's end (wait_ended)
+  std::shared_ptr<detail::wakeups> mark_wakeups_;   // a mark_shards wakes take_shard_mark's waiters
   mutable std::mutex mutex_;
   // Queues are never erased: claim_wait keeps a queue's address across its wait.
   std::unordered_map<std::string, std::unique_ptr<queue_state>> queues_;

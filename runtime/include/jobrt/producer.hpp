@@ -4,10 +4,13 @@
 #include <jobrt/backend.hpp>
 #include <jobrt/grouping.hpp>
 #include <jobrt/job.hpp>
+#include <jobrt/job_status.hpp>
 
 #include <boost/asio/awaitable.hpp>
 
+#include <chrono>
 #include <cstddef>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -61,6 +64,8 @@ class producer {
   /// leaves the others' parts stored: "nothing stored" and the count of stored jobs then speak of
   /// the batches before the failed one only. Jobs with ids of their own make a retry safe.
   boost::asio::awaitable<std::vector<enqueue_result>> enqueue_bulk(std::vector<job_spec> specs);
+  /// Waits for the end of job `id`, enqueued with a keep (job_spec::keep): see wait_job.
+  boost::asio::awaitable<std::optional<job_status>> wait(std::string id, std::chrono::milliseconds timeout);
 
   /// Parses a payload given as text; throws std::invalid_argument when it is not JSON.
   static boost::json::value parse_payload(std::string_view text);

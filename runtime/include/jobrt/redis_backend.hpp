@@ -96,6 +96,9 @@ class redis_backend final : public backend {
   std::uint64_t delayed_version(const std::string& queue) override;
   boost::asio::awaitable<void> wait_delayed(std::string queue, std::uint64_t seen,
                                             std::chrono::milliseconds timeout) override;
+  std::uint64_t ended_version(const std::string& queue) override;
+  boost::asio::awaitable<void> wait_ended(std::string queue, std::uint64_t seen,
+                                          std::chrono::milliseconds timeout) override;
 
   boost::asio::awaitable<std::vector<dead_letter>> dead_letters(std::string queue, std::size_t offset,
                                                                 std::size_t limit) override;
@@ -150,6 +153,9 @@ class redis_backend final : public backend {
                                                                                  std::int64_t now_ms) override;
 
  private:
+  // The version of a channel's wake-ups (delayed_version, ended_version): the first call
+  // subscribes to it, on the one listener of this backend.
+  std::uint64_t listened(const std::string& channel);
   // enqueue's call; with `marks` (a sharded queue's marks key, on one server) the script marks
   // the shard too.
   boost::asio::awaitable<std::vector<enqueue_result>> store_jobs(std::string queue,
@@ -189,7 +195,7 @@ class redis_backend final : public backend {
   // Wake-ups for delayed jobs: one listener for every queue, started on first use. The
   // wake-ups are shared with the listener, which may outlive the backend briefly.
   std::shared_ptr<detail::wakeups> wakeups_;
-  std::shared_ptr<detail::shard_listener> listener_;  // the delayed sets' wake-ups
+  std::shared_ptr<detail::shard_listener> listener_;  // wake-ups: delayed sets, kept jobs' ends
   std::set<std::string> subscribed_;
   std::mutex blocking_mutex_;  // guards blocking_, idle_ and answered_
   std::map<std::string, std::unique_ptr<redis::blocking_connection>> blocking_;

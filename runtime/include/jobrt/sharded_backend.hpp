@@ -81,6 +81,9 @@ class sharded_backend final : public backend {
   std::uint64_t delayed_version(const std::string& queue) override;
   boost::asio::awaitable<void> wait_delayed(std::string queue, std::uint64_t seen,
                                             std::chrono::milliseconds timeout) override;
+  std::uint64_t ended_version(const std::string& queue) override;
+  boost::asio::awaitable<void> wait_ended(std::string queue, std::uint64_t seen,
+                                          std::chrono::milliseconds timeout) override;
 
   boost::asio::awaitable<std::vector<dead_letter>> dead_letters(std::string queue, std::size_t offset,
                                                                 std::size_t limit) override;
@@ -116,6 +119,9 @@ class sharded_backend final : public backend {
   // Marks shards (one call; none: nothing); a failure is logged, not thrown.
   boost::asio::awaitable<void> mark(const std::string& queue, std::vector<std::size_t> shards);
   boost::asio::awaitable<void> mark(const std::string& queue, std::size_t k);
+  // delayed_version or ended_version over the shards, summed.
+  template <class Version>
+  std::uint64_t summed_version(const std::string& queue, Version version);
   // counts() or counters() over the shards, summed.
   boost::asio::awaitable<queue_counts> summed(std::string queue, bool counters_only);
   // A claim in shard k, its tokens prefixed; marks k again (and remembers it) when it was full.

@@ -71,6 +71,7 @@ struct memory_backend::wait_guard {
 memory_backend::memory_backend(asio::any_io_executor ex)
     : executor_(std::move(ex)),
       delayed_wakeups_(std::make_shared<detail::wakeups>()),
+      ended_wakeups_(std::make_shared<detail::wakeups>()),
       mark_wakeups_(std::make_shared<detail::wakeups>()) {}
 
 memory_backend::~memory_backend() = default;
@@ -108,6 +109,7 @@ void memory_backend::settle_locked(const std::string& queue, queue_state& q) {
   auto e = q.model.take_effects();
   wake_locked(q, e.made_ready);
   if (e.earlier_due) delayed_wakeups_->bump(queue);
+  if (e.kept_ended) ended_wakeups_->bump(queue);
 }
 
 template <class Op>
@@ -232,6 +234,13 @@ std::uint64_t memory_backend::delayed_version(const std::string& queue) { return
 asio::awaitable<void> memory_backend::wait_delayed(std::string queue, std::uint64_t seen,
                                                    std::chrono::milliseconds timeout) {
   co_await delayed_wakeups_->wait(std::move(queue), seen, timeout);
+}
+
+std::uint64_t memory_backend::ended_version(const std::string& queue) { return ended_wakeups_->version(queue); }
+
+asio::awaitable<void> memory_backend::wait_ended(std::string queue, std::uint64_t seen,
+                                                 std::chrono::milliseconds timeout) {
+  co_await ended_wakeups_->wait(std::move(queue), seen, timeout);
 }
 
 asio::awaitable<std::vector<dead_letter>> memory_backend::dead_letters(std::string queue, std::size_t offset,

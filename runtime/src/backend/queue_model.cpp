@@ -391,6 +391,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
     std::string id(k->id);
     if (state == 'x') {
       q.kept.erase(id);
+      effects_.kept_ended = true;
       return;
     }
     std::int64_t at = 0;
@@ -398,6 +399,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
       at = now;
       set_done(id, now + k->keep_ms);
       ++kept_done;
+      effects_.kept_ended = true;
     } else if (delay.count() > 0) {
       state = 'd';
       at = now + delay.count();
@@ -850,7 +852,10 @@ bool queue_model::resume(const std::string& group, resume_mode mode) {
     if (halted) head = uncounted(head);
     std::string id = id_in(head);
     if (unique_of(head)) q.ids.erase(id);
-    if (kept_in(head)) q.kept.erase(id);
+    if (kept_in(head)) {
+      q.kept.erase(id);
+      effects_.kept_ended = true;
+    }
     std::string key = id;  // as resume.lua: a key of its own when the id is taken or missing
     while (key.empty() || q.dead.contains(key)) key += "#" + std::to_string(++q.fence);
     q.dead[key] = dead_letter{key, group, std::move(head), std::move(why), now_(), runs};

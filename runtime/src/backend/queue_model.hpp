@@ -33,6 +33,7 @@ class queue_model {
   struct effects {
     std::size_t made_ready = 0;
     bool earlier_due = false;
+    bool kept_ended = false;  ///< a kept job completed or went to the dead letters (finish.lua's PUBLISH)
   };
   effects take_effects() noexcept;
   bool has_ready() const noexcept;

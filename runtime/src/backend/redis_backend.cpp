@@ -695,13 +695,23 @@ asio::awaitable<promote_result> redis_backend::promote(std::string queue, std::s
 }
 
 std::uint64_t redis_backend::delayed_version(const std::string& queue) {
-  auto channel = key_prefix(queue) + "delayed";
+  return listened(key_prefix(queue) + "delayed");
+}
+
+std::uint64_t redis_backend::ended_version(const std::string& queue) { return listened(key_prefix(queue) + "ended"); }
+
+asio::awaitable<void> redis_backend::wait_ended(std::string queue, std::uint64_t seen,
+                                                std::chrono::milliseconds timeout) {
+  co_await wakeups_->wait(key_prefix(queue) + "ended", seen, timeout);
+}
+
+std::uint64_t redis_backend::listened(const std::string& channel) {
   {
     std::lock_guard lock(blocking_mutex_);
     if (!listener_) {
-      // Each message names a queue's delayed set; a notice that messages may have been missed
-      // wakes the waiters of the channel it names (its subscription, also at a node it moved
-      // to), or everyone after a reconnect.
+      // Each message comes on a queue's channel (its delayed set's, or its kept jobs' ends); a
+      // notice that messages may have been missed wakes the waiters of the channel it names
+      // (its subscription, also at a node it moved to), or everyone after a reconnect.
       listener_ =
           std::make_shared<detail::shard_listener>(ex_, link_, "wakeups", [w = wakeups_](const redis::message& m) {
             if (m.confirmation && m.channel.empty())

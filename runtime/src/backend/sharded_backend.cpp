@@ -808,16 +808,55 @@ awaitable<promote_result> sharded_backend::promote(std::string queue, std::size_
   co_return sum;
 }
 
-std::uint64_t sharded_backend::delayed_version(const std::string& queue) {
+namespace {
+
+// What wait_delayed and wait_ended share: waits until the sum over the shards `names` of
+// version(name) is not `seen`, or `timeout` has passed. Each version only grows: while their sum
+// is `seen`, each is what it was then. (Read once: a wake-up between the sum and a shard's wait
+// makes that wait return at once.)
+template <class Version, class Wait>
+awaitable<void> wait_versions(const std::vector<std::string>& names, std::uint64_t seen,
+                              std::chrono::milliseconds timeout, Version version, Wait wait, const char* what) {
+  if (names.size() == 1) {
+    if (version(names[0]) != seen) co_return;
+    co_return co_await wait(names[0], seen, timeout);
+  }
+  std::vector<std::uint64_t> versions;
+  std::uint64_t sum = 0;
+  for (const auto& name : names) sum += versions.emplace_back(version(name));
+  if (sum != seen) co_return;
+  auto ex = co_await asio::this_coro::executor;
+  using wait_op = decltype(asio::co_spawn(ex, wait(std::string(), std::uint64_t{0}, timeout), asio::deferred));
+  std::vector<wait_op> waits;
+  waits.reserve(names.size());
+  for (std::size_t k = 0; k < names.size(); ++k)
+    waits.push_back(asio::co_spawn(ex, wait(names[k], versions[k], timeout), asio::deferred));
+  co_await asio::experimental::make_parallel_group(std::move(waits))
+      .async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
+  auto cs = co_await asio::this_coro::cancellation_state;
+  if (cs.cancelled() != asio::cancellation_type::none)
+    throw boost::system::system_error(asio::error::operation_aborted, what);
+}
+
+}  // namespace
+
+// The sum of a version over the shards of `queue`; 0 while the queue is not known here (promote
+// or a wait reads its state first, and the versions then).
+template <class Version>
+std::uint64_t sharded_backend::summed_version(const std::string& queue, Version version) {
   std::shared_ptr<queue_state> q;
   {
     std::lock_guard lock(mutex_);
     if (auto found = queues_.find(queue); found != queues_.end()) q = found->second;
   }
-  if (!q) return 0;  // (promote has not run yet: it will, before any wait counts)
+  if (!q) return 0;
   std::uint64_t sum = 0;
-  for (const auto& name : q->names) sum += inner_.delayed_version(name);
+  for (const auto& name : q->names) sum += version(name);
   return sum;
+}
+
+std::uint64_t sharded_backend::delayed_version(const std::string& queue) {
+  return summed_version(queue, [this](const std::string& name) { return inner_.delayed_version(name); });
 }
 
 awaitable<void> sharded_backend::wait_delayed(std::string queue, std::uint64_t seen,
@@ -825,27 +864,26 @@ awaitable<void> sharded_backend::wait_delayed(std::string queue, std::uint64_t s
   auto q = co_await state_of(queue);
   // (delayed_version, called before promote knew the queue, said 0 without asking the inner
   // backend: its versions are read here, which on Redis subscribes to the wake-ups.)
-  if (q->shards == 1) {
-    if (inner_.delayed_version(q->names[0]) != seen) co_return;
-    co_return co_await inner_.wait_delayed(q->names[0], seen, timeout);
-  }
-  // Each version only grows: while their sum is `seen`, each is what it was then. (Read once:
-  // a wake-up between the sum and a shard's wait makes that wait return at once.)
-  std::vector<std::uint64_t> versions;
-  std::uint64_t sum = 0;
-  for (const auto& name : q->names) sum += versions.emplace_back(inner_.delayed_version(name));
-  if (sum != seen) co_return;
-  auto ex = co_await asio::this_coro::executor;
-  using wait_op = decltype(asio::co_spawn(ex, inner_.wait_delayed("", 0, timeout), asio::deferred));
-  std::vector<wait_op> waits;
-  waits.reserve(q->shards);
-  for (std::size_t k = 0; k < q->shards; ++k)
-    waits.push_back(asio::co_spawn(ex, inner_.wait_delayed(q->names[k], versions[k], timeout), asio::deferred));
-  co_await asio::experimental::make_parallel_group(std::move(waits))
-      .async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
-  auto cs = co_await asio::this_coro::cancellation_state;
-  if (cs.cancelled() != asio::cancellation_type::none)
-    throw boost::system::system_error(asio::error::operation_aborted, "wait_delayed");
+  co_await wait_versions(
+      q->names, seen, timeout, [this](const std::string& name) { return inner_.delayed_version(name); },
+      [this](std::string name, std::uint64_t v, std::chrono::milliseconds t) {
+        return inner_.wait_delayed(std::move(name), v, t);
+      },
+      "wait_delayed");
+}
+
+std::uint64_t sharded_backend::ended_version(const std::string& queue) {
+  return summed_version(queue, [this](const std::string& name) { return inner_.ended_version(name); });
+}
+
+awaitable<void> sharded_backend::wait_ended(std::string queue, std::uint64_t seen, std::chrono::milliseconds timeout) {
+  auto q = co_await state_of(queue);
+  co_await wait_versions(
+      q->names, seen, timeout, [this](const std::string& name) { return inner_.ended_version(name); },
+      [this](std::string name, std::uint64_t v, std::chrono::milliseconds t) {
+        return inner_.wait_ended(std::move(name), v, t);
+      },
+      "wait_ended");
 }
 
 // --- dead letters ---
