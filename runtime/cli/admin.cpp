@@ -319,6 +319,35 @@ std::string in(std::int64_t at_ms) {
   return fmt::format("in {:.1f} s", static_cast<double>(std::max<std::int64_t>(0, at_ms - now_ms())) / 1000.0);
 }
 
+int job_cancel(const common& c, const std::vector<std::string>& ids) {
+  int rc = 0;
+  with_store(c, [&](backend& store) -> asio::awaitable<void> {
+    json::array out;
+    for (const auto& id : ids) {
+      auto outcome = co_await store.cancel(c.queue, id);
+      std::string said(to_string(outcome));
+      if (outcome == cancel_outcome::not_found) {
+        auto dead = co_await store.dead_letter_of(c.queue, id);
+        if (dead) said = "dead";
+      }
+      if (outcome != cancel_outcome::cancelled && outcome != cancel_outcome::already) rc = 1;
+      if (c.json) {
+        json::object o;
+        o["id"] = id;
+        o["outcome"] = said;
+        out.push_back(std::move(o));
+      } else if (said == "not found") {
+        fmt::print("{} not found: no kept job of queue {} has this id (enqueued without --keep, or its keep ran out)\n",
+                   id, c.queue);
+      } else {
+        fmt::print("{} {}\n", id, said);
+      }
+    }
+    if (c.json) fmt::print("{}\n", json::serialize(out));
+  });
+  return rc;
+}
+
 int job_show(const common& c, const std::string& id, const std::string& group) {
   int rc = 0;
   with_store(c, [&](backend& store) -> asio::awaitable<void> {
@@ -342,6 +371,7 @@ int job_show(const common& c, const std::string& id, const std::string& group) {
                  s.group_state ? fmt::format(" ({} jobs pending or running)", s.group_state->depth) : "");
     if (s.status == job_status::state::delayed) fmt::print("due {}\n", in(s.at_ms));
     if (s.status == job_status::state::done) fmt::print("completed {}\n", age(s.at_ms));
+    if (s.status == job_status::state::cancelled) fmt::print("cancelled {}\n", age(s.at_ms));
     if (!s.result.empty()) fmt::print("result {}\n", s.result);
     if (s.running)
       fmt::print("running on {} (host {}, pid {}) since {}\n", s.running_on->id, s.running_on->host, s.running_on->pid,
@@ -676,6 +706,22 @@ void add_admin(CLI::App& jobrt, action& chosen) {
       "waiting for a retry, running (which worker, since when), done (for its keep) or dead. A job\n"
       "enqueued without a keep is found dead-lettered, running, or as its group's next (--group).\n"
       "Exit code 1 when it is not found. --json prints the object the dashboard's API gives.");
+
+  struct cancel_options {
+    common c;
+    std::vector<std::string> ids;
+  };
+  auto cancel_o = std::make_shared<cancel_options>();
+  cmd = add_command(jobrt, chosen, "cancel", "cancel kept jobs by id: pending, delayed or running",
+                    [cancel_o] { return job_cancel(cancel_o->c, cancel_o->ids); });
+  add_common(*cmd, cancel_o->c);
+  cmd->add_option("ID", cancel_o->ids, "the jobs' ids")->required();
+  cmd->footer(
+      "Cancels jobs enqueued with a keep (jobrt enqueue --keep MS). A pending or delayed one never\n"
+      "starts; a running one's handler is cancelled at its worker's next lease renewal (a third of\n"
+      "the lease TTL at most), unless it completes first. Its state is then cancelled (jobrt job),\n"
+      "for its keep. Prints one line per id: cancelled, already cancelled, done (too late), dead\n"
+      "(in the dead letters) or not found. Exit code 1 when any was not cancelled.");
 
   add_dlq(jobrt, chosen);
   add_group(jobrt, chosen);

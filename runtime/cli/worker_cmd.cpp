@@ -488,17 +488,20 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
       "stored: an error names its line (FILE:LINE: ...) and nothing is enqueued. A job may be at\n"
       "most 1 MiB (1048576 bytes) once encoded, payload included. With --wait S (one job; kept at\n"
       "least 60 s), the exit code is 0 when it completed, 1 when it went to the dead letters, 3 when\n"
-      "it had not ended, 4 when it cannot be found (a pending duplicate enqueued without a keep).");
+      "it had not ended, 4 when it cannot be found (a pending duplicate enqueued without a keep), 5\n"
+      "when it was cancelled (jobrt cancel).");
 }
 
 namespace {
 
 // `enqueue --wait`: the job's end as `jobrt job` prints it (its id came before the wait; --json:
 // the queue, id, duplicate and its status's object), and the exit code: 0 done, 1 dead, 3 not
-// ended when the wait ran out, 4 not found (a duplicate of a job enqueued without a keep).
+// ended when the wait ran out, 4 not found (a duplicate of a job enqueued without a keep), 5
+// cancelled.
 int print_end(const std::string& queue, const enqueue_result& r, const std::optional<job_status>& s, std::size_t wait_s,
               bool json) {
-  bool over = s && (s->status == job_status::state::done || s->status == job_status::state::dead);
+  bool over = s && (s->status == job_status::state::done || s->status == job_status::state::dead ||
+                    s->status == job_status::state::cancelled);
   if (json) {
     boost::json::object o;
     o["queue"] = queue;
@@ -520,7 +523,7 @@ int print_end(const std::string& queue, const enqueue_result& r, const std::opti
     fmt::print(stderr, "jobrt: enqueue: job {} is still {} after {} s\n", r.id, to_string(s->status), wait_s);
     return 3;
   }
-  return s->status == job_status::state::done ? 0 : 1;
+  return s->status == job_status::state::done ? 0 : s->status == job_status::state::dead ? 1 : 5;
 }
 
 int run_enqueue(enqueue_args& a) {

@@ -33,11 +33,51 @@ local taken, records_of, fences = {}, {}, 0 -- records_of[i]: the records of a g
 local any_paused = nil -- EXISTS paused, asked once, at the first grouped lane that has jobs
 local lanes = redis.call('LPOP', claimed, ARGV[1]) or {}
 local passed, asked = 0, 0 -- asked: how many lanes the last LPOP of ready asked for
+
+-- A kept job cancelled before it started (cancel.lua's entry 'n...') is dropped here, where it
+-- would be leased: its entry becomes 'k<ms>:...' and goes after its keep, as a completed job's.
+-- Only kept records are looked up (a plain find first: other jobs pay a find, no lookup).
+local jobs = prefix .. 'jobs'
+local function cancelled(record) -- the entry, when the job's cancel waits for it
+  if not (string.find(record, '|{"keep":', 1, true) and string.find(record, '^%d+|[^|]*|{"keep":%d')) then return nil end
+  local entry = redis.call('HGET', jobs, string.match(record, '^%d+|([^|]*)|'))
+  if entry and string.sub(entry, 1, 1) == 'n' then return entry end
+end
+local now = nil
+local function drop(record, entry)
+  local id, keep = string.match(record, '^%d+|([^|]*)|{"keep":(%d+)')
+  if not now then
+    local time = redis.call('TIME')
+    now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  end
+  redis.call('HSET', jobs, id, string.format('k%d', now) .. string.sub(entry, (string.find(entry, ':', 1, true))))
+  redis.call('ZADD', prefix .. 'done', string.format('%d', now + tonumber(keep)), id)
+  if string.find(id, '%D') then redis.call('SREM', prefix .. 'ids', id) end -- a producer's id is free again
+  passed = passed + 1
+end
+
 while true do
   for _, lane in ipairs(lanes) do
     if string.sub(lane, 1, 2) == 'g:' then
-      local records = redis.call('LRANGE', prefix .. lane, '0', ahead)
-      if #records == 0 then
+      local key = prefix .. lane
+      local records = redis.call('LRANGE', key, '0', ahead)
+      local entry = records[1] and cancelled(records[1])
+      while entry and passed < 100 do -- cancelled heads leave their group
+        drop(redis.call('LPOP', key), entry)
+        records = redis.call('LRANGE', key, '0', ahead)
+        entry = records[1] and cancelled(records[1])
+        if #records == 0 then redis.call('HINCRBY', stats, 'groups', '-1') end
+      end
+      -- Followers go with the lease up to the first cancelled one (it is dropped as a head).
+      for j = 2, #records do
+        if cancelled(records[j]) then
+          for k = #records, j, -1 do records[k] = nil end
+          break
+        end
+      end
+      if entry then
+        redis.call('LPUSH', ready, lane) -- more to drop than this call may: the next one goes on
+      elseif #records == 0 then
         passed = passed + 1 -- a stale lane of an emptied group is dropped
       else
         if any_paused == nil then any_paused = redis.call('EXISTS', paused) == 1 end
@@ -54,8 +94,13 @@ while true do
       -- (a lane that is neither, written by hand, is taken as a job's record, kept whole: the
       -- worker dead-letters it as malformed)
       if string.sub(lane, 1, 2) ~= 'j:' then lane = 'j:' .. lane end
-      taken[#taken + 1] = lane
-      fences = fences + 1
+      local entry = cancelled(string.sub(lane, 3))
+      if entry then
+        drop(string.sub(lane, 3), entry)
+      else
+        taken[#taken + 1] = lane
+        fences = fences + 1
+      end
     end
   end
   local need = max - #taken
@@ -66,8 +111,11 @@ while true do
 end
 if #taken == 0 then return {} end
 
-local time = redis.call('TIME')
-local deadline = string.format('%d', tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) + ttl)
+if not now then
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
+local deadline = string.format('%d', now + ttl)
 local fence = redis.call('INCRBY', fence_key, string.format('%d', fences)) - fences
 local leases, out = {'inf', 'the set stays a skiplist: this member, longer than a listpack holds, is not a lease'}, {}
 for i, lane in ipairs(taken) do

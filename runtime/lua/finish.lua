@@ -30,6 +30,8 @@
 --     delay in ms), and it leaves the started counter for the unhandled one.
 --   'b' given back, never started (its lease's local end came first): as release.lua, the lane
 --     goes to the head of ready with no attempt counted and leaves the started counter; ''.
+--   'c' cancelled (cancel.lua) while it ran: as 'f', but its entry in <prefix>jobs says
+--     cancelled ('k<ms>:...', kept as a completed one's) and no dead letter is written; ''.
 -- Returns: n times: held (1, or 0 when the lease was lost and nothing changed), alone when no
 --   next job was leased; when one was, held + 2, then the next token, the next record, the
 --   number of its followers and their records (fences: the next token's + 1, + 2, ...). (Most
@@ -41,6 +43,8 @@
 -- more than it completes of those that ran out go with each call that completes such a job, and
 -- reap.lua takes them too); waiting for a retry or a run
 -- later, 'd<due ms>:...'; back to run now, 'p0:...'; dead-lettered, no entry (dead:info has it).
+-- A job whose cancel waits ('n<ms>:...', cancel.lua) keeps that entry when it goes back: it is
+-- not leased again (claim.lua drops it), nor as a burst's next job or follower here.
 --
 -- Safe to send again: the result of each call is kept in the hash answers:<worker> until a
 -- later call says its answer came. The same call id again (a resend after a lost reply) gets
@@ -196,6 +200,12 @@ end
 local function publish_end(id)
   if type(redis.pcall('SPUBLISH', prefix .. 'ended', id)) == 'table' then redis.call('PUBLISH', prefix .. 'ended', id) end
 end
+-- The entry of a kept job whose cancel waits (cancel.lua), or nil.
+local function cancel_waits(record)
+  if not kept(record) then return nil end
+  local entry = redis.call('HGET', prefix .. 'jobs', id_of(record))
+  if entry and string.sub(entry, 1, 1) == 'n' then return entry end
+end
 local function note(record, group, state, delay, result)
   local id, keep = string.match(record or '', '^%d+|([^|]*)|{"keep":(%d+)')
   if not id then return end
@@ -204,8 +214,9 @@ local function note(record, group, state, delay, result)
     publish_end(id)
     return
   end
+  if state == 'p' and cancel_waits(record) then return end -- back, and still not to run
   local at = 0
-  if state == 'c' then
+  if state == 'c' or state == 'k' then
     at = clock()
     redis.call('ZADD', prefix .. 'done', string.format('%d', at + tonumber(keep)), id)
     kept_done = kept_done + 1
@@ -215,7 +226,7 @@ local function note(record, group, state, delay, result)
   local entry = string.format('%s%d:%d:', state, at, #group) .. group
   if state == 'c' and result and result ~= '' then entry = entry .. string.format('%d:', #result) .. result end
   redis.call('HSET', prefix .. 'jobs', id, entry .. record)
-  if state == 'c' then publish_end(id) end
+  if state == 'c' or state == 'k' then publish_end(id) end
 end
 -- After a keep: makes the follower `id` its group's head (see 'k' above). False when the
 -- group has no jobs left (drift: check reports the lease).
@@ -301,7 +312,7 @@ for i = 1, n do
         completed = completed + 1
         started = started + 1
       end
-    elseif kind == 'a' or kind == 'f' or kind == 'g' then
+    elseif kind == 'a' or kind == 'f' or kind == 'g' or kind == 'c' then
       local unique_id, extra = ARGV[base + 2], ARGV[base + 3]
       local want = kind == 'a' and string.sub(extra, 1, 1) or '0'
       if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
@@ -314,11 +325,19 @@ for i = 1, n do
         if following then
           if want == '2' and nobody_waits == nil then nobody_waits = redis.call('LLEN', ready) == 0 end
           if kind == 'a' and (want == '1' or (want == '2' and nobody_waits and #back == 0 and #front == 0)) and
-              not is_paused(string.sub(lane, 3)) then
+              not is_paused(string.sub(lane, 3)) and not cancel_waits(following) then
             -- its token is made below, with its fence
             local x = {'', following, none, lane}
             local ahead = string.match(extra, '^.(%d+)') or '0'
-            if ahead ~= '0' then x[3] = redis.call('LRANGE', key, '1', ahead) end
+            if ahead ~= '0' then
+              x[3] = redis.call('LRANGE', key, '1', ahead)
+              for j = 1, #x[3] do -- up to the first cancelled one (claim.lua drops it)
+                if cancel_waits(x[3][j]) then
+                  for k = #x[3], j, -1 do x[3][k] = nil end
+                  break
+                end
+              end
+            end
             leased[i] = x
             nexts[#nexts + 1] = x
           elseif kind == 'g' and not is_paused(string.sub(lane, 3)) then
@@ -330,7 +349,9 @@ for i = 1, n do
       elseif kind ~= 'a' then
         record = string.sub(lane, 3) -- (an ack does not need the record: no copy)
       end
-      if kind == 'a' then
+      if kind == 'c' then
+        note(record, grouped and string.sub(lane, 3) or '', 'k', 0)
+      elseif kind == 'a' then
         completed = completed + 1
         -- (the group's name, or the ungrouped record, copied only for a kept job)
         if grouped then
@@ -430,7 +451,7 @@ if kept_done > 0 then -- entries of completed jobs that ran out (one re-enqueued
   local gone_ids = redis.call('ZRANGEBYSCORE', prefix .. 'done', '-inf', clock(), 'LIMIT', 0, kept_done + 10)
   for _, id in ipairs(gone_ids) do
     local entry = redis.call('HGET', prefix .. 'jobs', id)
-    if entry and string.sub(entry, 1, 1) == 'c' then redis.call('HDEL', prefix .. 'jobs', id) end
+    if entry and (string.sub(entry, 1, 1) == 'c' or string.sub(entry, 1, 1) == 'k') then redis.call('HDEL', prefix .. 'jobs', id) end
   end
   if #gone_ids > 0 then redis.call('ZREM', prefix .. 'done', unpack(gone_ids)) end
 end

@@ -82,7 +82,7 @@ if ARGV[4] == '1' then
   local gone_ids = redis.call('ZRANGEBYSCORE', prefix .. 'done', '-inf', now, 'LIMIT', 0, max)
   for _, id in ipairs(gone_ids) do
     local entry = redis.call('HGET', prefix .. 'jobs', id)
-    if entry and string.sub(entry, 1, 1) == 'c' then redis.call('HDEL', prefix .. 'jobs', id) end
+    if entry and (string.sub(entry, 1, 1) == 'c' or string.sub(entry, 1, 1) == 'k') then redis.call('HDEL', prefix .. 'jobs', id) end
   end
   if #gone_ids > 0 then redis.call('ZREM', prefix .. 'done', unpack(gone_ids)) end
 end

@@ -15,6 +15,7 @@ std::string_view to_string(job_status::state s) noexcept {
     case job_status::state::running: return "running";
     case job_status::state::done: return "done";
     case job_status::state::dead: return "dead";
+    case job_status::state::cancelled: return "cancelled";
   }
   return "pending";
 }
@@ -27,26 +28,32 @@ boost::asio::awaitable<std::optional<job_status>> find_job(backend& store, std::
   auto kept = co_await store.kept_job_of(queue, id);
   // Dead-lettering a kept job removes its entry: an entry that waits is newer than a dead letter
   // of the id (enqueued again since), a completed one when it completed after it.
-  if (dead && (!kept || (kept->status == kept_job::state::done && kept->at_ms < dead->at_ms))) {
+  auto ended = [](const std::optional<kept_job>& k) {
+    return k && (k->status == kept_job::state::done || k->status == kept_job::state::cancelled);
+  };
+  if (dead && (!kept || (ended(kept) && kept->at_ms < dead->at_ms))) {
     out.status = job_status::state::dead;
     out.group = dead->group;
     out.dead = std::move(dead);
     co_return out;
   }
-  bool done = kept && kept->status == kept_job::state::done;
+  bool done = ended(kept);
   if (kept) {
     out.group = kept->group;
     out.record = kept->record;
     out.at_ms = kept->at_ms;
     out.result = kept->result;
-    out.status = done                                       ? job_status::state::done
-                 : kept->status == kept_job::state::delayed ? job_status::state::delayed
-                                                            : job_status::state::pending;
+    switch (kept->status) {
+      case kept_job::state::pending: out.status = job_status::state::pending; break;
+      case kept_job::state::delayed: out.status = job_status::state::delayed; break;
+      case kept_job::state::done: out.status = job_status::state::done; break;
+      case kept_job::state::cancelled: out.status = job_status::state::cancelled; break;
+    }
   } else {
     out.group = std::move(group);
   }
-  // Running, as a worker last reported (a report may still list a run that completed since: one
-  // that started before the completion is that run; the id enqueued again runs anew).
+  // Running, as a worker last reported (a report may still list a run that completed or was
+  // cancelled since: one that started before then is that run; the id enqueued again runs anew).
   std::string cursor;
   for (int pages = 0; pages < 10 && !out.running; ++pages) {
     auto page = co_await store.workers(queue, cursor, 100);
@@ -96,10 +103,10 @@ boost::asio::awaitable<std::optional<job_status>> wait_job(backend& store, std::
     auto seen = store.ended_version(queue);  // (before the look: an end after it moves the version)
     auto kept = co_await store.kept_job_of(queue, id);
     auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (kept && kept->status == kept_job::state::done) {  // (what find_job would say, without its reads)
-      job_status out;
+    if (kept && (kept->status == kept_job::state::done || kept->status == kept_job::state::cancelled)) {
+      job_status out;  // (what find_job would say, without its reads)
       out.id = std::move(id);
-      out.status = job_status::state::done;
+      out.status = kept->status == kept_job::state::done ? job_status::state::done : job_status::state::cancelled;
       out.at_ms = kept->at_ms;
       out.group = std::move(kept->group);
       out.record = std::move(kept->record);

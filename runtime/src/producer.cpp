@@ -153,4 +153,8 @@ boost::asio::awaitable<std::optional<job_status>> producer::wait(std::string id,
   co_return co_await wait_job(*backend_, queue_, std::move(id), timeout);
 }
 
+boost::asio::awaitable<cancel_outcome> producer::cancel(std::string id) {
+  co_return co_await backend_->cancel(queue_, std::move(id));
+}
+
 }  // namespace jobrt

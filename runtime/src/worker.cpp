@@ -1,6 +1,7 @@
 #include <jobrt/worker.hpp>
 
 #include "backend/job_codec.hpp"
+#include "backend/views.hpp"
 #include "strand.hpp"
 #include "worker/claimer.hpp"
 #include "worker/finisher.hpp"
@@ -241,6 +242,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     std::vector<job_record> ahead;  // its followers, run next under the same lease
     job_state state = job_state::running;
     bool timed_out = false;
+    bool cancel_asked = false;  // its job was cancelled (backend::cancel): the run ends so
     // A job of this lease ran before (a crash or a lost lease replays it): its followers wait for
     // their predecessors' keeps even when follow is pipelined (see on_handler_done).
     bool replayed = false;
@@ -419,7 +421,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     finish_item item;
     item.token = token;
     item.unique_id = r->unique_id;
-    if (e || r->timed_out) {  // past its deadline the attempt fails, even if the handler ignored the cancellation
+    if (r->cancel_asked) {  // however the handler ended: its job was cancelled while it ran
+      item.kind = finish_kind::cancel;
+    } else if (e ||
+               r->timed_out) {  // past its deadline the attempt fails, even if the handler ignored the cancellation
       decide_failure(r->ctx->job(),
                      r->timed_out ? fmt::format("timed out after {} ms", r->ctx->job().timeout.count()) : what(e),
                      !r->timed_out && is_permanent(e), item);
@@ -557,6 +562,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         ++counters_.deferred;
         ++t.deferred;
       } else if (item.kind == finish_kind::hand_back) {  // (counted when handed back)
+      } else if (item.kind == finish_kind::cancel) {
+        ++counters_.cancelled;
       } else {
         ++counters_.failed;
         ++t.failed;
@@ -757,6 +764,33 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       }
       jobrt::log(log_level::warn, source_, "lease {} was lost; its job is left to whoever gets it next", w->job.token);
       waiting_.erase(w);
+    };
+    // The kept jobs that run here, or come next in a burst: a cancel of one (backend::cancel)
+    // is found by asking after them at each renewal.
+    h.kept_ids = [this] {
+      std::vector<std::string> ids;
+      for (auto& [token, r] : running_) {
+        if (r->state != job_state::running) continue;
+        if (r->ctx->job().keep.count() > 0 && !r->cancel_asked) ids.push_back(r->ctx->job().id);
+        for (auto& f : r->ahead)
+          if (!f.id.empty() && detail::keep_in_body(f.body)) ids.push_back(f.id);
+      }
+      return ids;
+    };
+    h.cancelled = [this](const std::string& id) {
+      for (auto& [token, r] : running_) {
+        if (r->state != job_state::running) continue;
+        // A follower not started yet stays in its group (where the next claim drops it), and
+        // so do those behind it: the burst ends before it.
+        auto f = std::find_if(r->ahead.begin(), r->ahead.end(), [&](const job_record& j) { return j.id == id; });
+        r->ahead.erase(f, r->ahead.end());
+        const auto& j = r->ctx->job();
+        if (j.id != id || r->cancel_asked || j.keep.count() == 0) continue;
+        r->cancel_asked = true;
+        jobrt::log(log_level::info, log_fields{j.id, j.group, j.type, j.attempt, opts_.id}, source_,
+                   "job {} was cancelled; cancelling its handler", j.id);
+        cancel_handler(r);
+      }
     };
     // A lease no renewal's answer has reached for a whole TTL is gone, or about to go.
     h.overdue = [this] {

@@ -272,6 +272,12 @@ class gated_backend final : public backend {
   awaitable<std::optional<kept_job>> kept_job_of(std::string q, std::string id) override {
     return inner_.kept_job_of(std::move(q), std::move(id));
   }
+  awaitable<cancel_outcome> cancel(std::string q, std::string id) override {
+    return inner_.cancel(std::move(q), std::move(id));
+  }
+  awaitable<std::vector<bool>> cancelled(std::string q, std::vector<std::string> ids) override {
+    return inner_.cancelled(std::move(q), std::move(ids));
+  }
   std::uint64_t ended_version(const std::string& q) override { return inner_.ended_version(q); }
   awaitable<void> wait_ended(std::string q, std::uint64_t seen, std::chrono::milliseconds timeout) override {
     return inner_.wait_ended(std::move(q), seen, timeout);

@@ -198,7 +198,8 @@ enum class op_kind {
   advertise,
   dead_letter_of,
   claim_wait,
-  kept_job_of
+  kept_job_of,
+  cancel
 };
 
 struct weighted {
@@ -206,7 +207,7 @@ struct weighted {
   int weight;
 };
 
-const std::array<weighted, 18> op_weights{{{op_kind::enqueue, 160},
+const std::array<weighted, 19> op_weights{{{op_kind::enqueue, 160},
                                            {op_kind::claim, 140},
                                            {op_kind::finish, 300},
                                            {op_kind::extend, 60},
@@ -223,7 +224,8 @@ const std::array<weighted, 18> op_weights{{{op_kind::enqueue, 160},
                                            {op_kind::advertise, 12},
                                            {op_kind::dead_letter_of, 15},
                                            {op_kind::claim_wait, 30},
-                                           {op_kind::kept_job_of, 15}}};
+                                           {op_kind::kept_job_of, 15},
+                                           {op_kind::cancel, 12}}};
 
 class differential {
  public:
@@ -444,6 +446,7 @@ class differential {
       case op_kind::dead_letter_of: co_await do_dead_letter_of(); break;
       case op_kind::claim_wait: co_await do_claim(true); break;
       case op_kind::kept_job_of: co_await do_kept_job_of(); break;
+      case op_kind::cancel: co_await do_cancel(); break;
     }
   }
 
@@ -613,6 +616,7 @@ class differential {
       case finish_kind::defer: s += fmt::format("defer {}ms", it.delay.count()); break;
       case finish_kind::hand_back: s += fmt::format("hand_back {}ms", it.delay.count()); break;
       case finish_kind::release: s += "release"; break;
+      case finish_kind::cancel: s += "cancel"; break;
     }
     if (!it.unique_id.empty()) s += fmt::format(" unique_id={}", it.unique_id);
     return s;
@@ -659,6 +663,8 @@ class differential {
       p.item.error = fmt::format("halted {}", index_);
     } else if (roll < 87) {
       p.item.kind = finish_kind::release;
+    } else if (roll < 90) {
+      p.item.kind = finish_kind::cancel;
     } else {
       p.item.kind = finish_kind::hand_back;
       delay();
@@ -1091,11 +1097,37 @@ class differential {
     auto show_kept = [](const std::optional<kept_job>& k) {
       if (!k) return std::string("none");
       return fmt::format("{} {} group={} record={}|{}|{} result='{}'", k->id,
-                         k->status == kept_job::state::done ? "done" : "waiting", show_group(k->group),
-                         k->record.attempts, k->record.id, k->record.body, k->result);
+                         k->status == kept_job::state::pending || k->status == kept_job::state::delayed
+                             ? "waiting"
+                             : to_string(k->status),
+                         show_group(k->group), k->record.attempts, k->record.id, k->record.body, k->result);
     };
     auto mt = text(m, show_kept);
     if (same(what, mt, text(r, show_kept))) note(what + " -> " + mt);
+  }
+
+  // A cancel by id (kept jobs), and then what a worker asks after them: both answers compared.
+  awaitable<void> do_cancel() {
+    ++tally_["cancel"];
+    std::string id = ids_.empty() || rng_.chance(10) ? "no-such-job" : ids_[rng_.below(ids_.size())];
+    std::string what = fmt::format("cancel {}", id);
+    auto m = co_await attempt(b_[0]->cancel(queue_, id));
+    auto r = co_await attempt(b_[1]->cancel(queue_, id));
+    auto show = [](cancel_outcome o) { return std::string(to_string(o)); };
+    auto mt = text(m, show);
+    if (!same(what, mt, text(r, show))) co_return;
+    ++tally_[fmt::format("cancel {}", mt)];
+    std::vector<std::string> asked{id, ids_.empty() ? std::string("no-such-job") : ids_[rng_.below(ids_.size())]};
+    std::string which = fmt::format("cancelled [{} {}]", asked[0], asked[1]);
+    auto mc = co_await attempt(b_[0]->cancelled(queue_, asked));
+    auto rc = co_await attempt(b_[1]->cancelled(queue_, asked));
+    auto show_all = [](const std::vector<bool>& v) {
+      std::string out;
+      for (bool b : v) out += b ? "1" : "0";
+      return out;
+    };
+    auto ct = text(mc, show_all);
+    if (same(which, ct, text(rc, show_all))) note(what + " -> " + mt + "; " + which + " -> " + ct);
   }
 
   std::array<backend*, 2> b_;

@@ -444,6 +444,23 @@ describe('a job by id', () => {
     await h.hasText(page.locator('dt:text-is("completed") + dd'), /\d/);
   });
 
+  // 32. A kept job cancelled from its page (with the token): its state shows cancelled, the
+  //     Cancel button is gone, and the CLI says so too.
+  test('a kept job is cancelled from its page', T, async () => {
+    const q = newQueue();
+    const hour = 3600000;
+    await h.enqueue(url(), q, [{ type: 'nobody', group: 'cg', id: 'c-1', keep_ms: hour },
+      { type: 'nobody', group: 'cg', id: 'c-2', keep_ms: hour }]);
+    const dash = await h.startDashboard(url(), q, { token: 'cancel-token' });
+    await open(dash, '/job?id=c-2');
+    await h.hasText(page.locator('#job-state'), 'pending');
+    await page.locator('#token').fill('cancel-token');
+    await button('Cancel').click();
+    await h.hasText(page.locator('#job-state'), 'cancelled');
+    assert.equal(await button('Cancel').count(), 0);
+    assert.match(await h.jobrt(['job', '--redis', url(), '-q', q, 'c-2']), /^state cancelled$/m);
+  });
+
   // 15. An id that is nowhere: the not-found message, on the page and in #error.
   test('an unknown id shows the not-found message', T, async () => {
     const q = newQueue();

@@ -792,6 +792,54 @@ TEST_CASE(
   CHECK(jobrt_cli({"dlq", "list", "--redis", url, "--queue", queue}).output.empty());
 }
 
+TEST_CASE("jobrt cancel: pending kept jobs never start, a running one's handler is cancelled, its group goes on") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "cancel";
+  auto file = fmt::format("/tmp/jobrt-cli-cancel-{}.jsonl", ::getpid());
+  std::ofstream(file) << R"({"type":"sleep","group":"g","id":"x-run","payload":{"ms":60000}})"
+                      << "\n"
+                      << R"({"type":"noop","group":"g","id":"x-next"})"
+                      << "\n"
+                      << R"({"type":"noop","id":"x-alone"})"
+                      << "\n"
+                      << R"({"type":"noop","id":"x-plain","keep_ms":0})"
+                      << "\n";
+  auto stored = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file, "--keep", "60000"});
+  std::remove(file.c_str());
+  REQUIRE(stored.status == 0);
+  auto alone = jobrt_cli({"cancel", "x-alone", "--redis", url, "--queue", queue});
+  CHECK(alone.status == 0);
+  CHECK(alone.output == "x-alone cancelled\n");
+  auto again = jobrt_cli({"cancel", "x-alone", "x-plain", "nobody", "--redis", url, "--queue", queue, "--json"});
+  CHECK(again.status == 1);
+  CHECK(again.output == R"([{"id":"x-alone","outcome":"already cancelled"},{"id":"x-plain","outcome":"not found"},)"
+                        R"({"id":"nobody","outcome":"not found"}])"
+                        "\n");
+
+  auto out = fmt::format("/tmp/jobrt-cli-cancel-worker-{}.out", ::getpid());
+  auto pid = start({"worker", "--redis", url, "--queue", queue, "--plugin", JOBRT_HANDLERS "/jobrt_noop.so", "--plugin",
+                    JOBRT_HANDLERS "/jobrt_sleep.so"},
+                   out);
+  wait_counts(cfg, queue, [](const queue_counts& c) { return c.running == 1 && c.completed == 1; });  // x-plain too
+  auto running = jobrt_cli({"cancel", "x-run", "--redis", url, "--queue", queue});
+  CHECK(running.status == 0);
+  CHECK(running.output == "x-run cancelled\n");
+  wait_counts(cfg, queue, [](const queue_counts& c) { return c.running == 0 && c.completed == 2 && c.groups == 0; });
+  ::kill(pid, SIGTERM);
+  CHECK(wait_for(pid, out).status == 0);
+  for (const char* id : {"x-run", "x-alone"}) {
+    auto shown = jobrt_cli({"job", id, "--redis", url, "--queue", queue});
+    CHECK(shown.output.find("state cancelled\n") != std::string::npos);
+    CHECK(shown.output.find("\ncancelled ") != std::string::npos);
+  }
+  CHECK(jobrt_cli({"job", "x-next", "--redis", url, "--queue", queue}).output.find("state done\n") !=
+        std::string::npos);
+  auto late = jobrt_cli({"cancel", "x-next", "--redis", url, "--queue", queue});
+  CHECK(late.status == 1);
+  CHECK(late.output == "x-next done\n");
+}
+
 TEST_CASE("jobrt job finds a kept job pending behind others, delayed, done and dead, and names one it cannot find") {
   auto cfg = shared_redis();
   auto url = url_of(cfg);

@@ -218,6 +218,19 @@ TEST_CASE("dashboard API: dead letters by filter, one by id, requeued and purged
     CHECK(done.at("at").as_int64() > 0);
     CHECK(done.at("job").at("type") == "mail");
     CHECK(done.at("result").at("sent") == 1);  // JSON, not text
+    CHECK(behind.at("job").at("keep_ms") == 3600000);
+    // kept-2, pending, cancelled: an action (with the token), then its state.
+    CHECK((co_await ask(f.port, "POST", "/api/queues/q/job/cancel?id=kept-2")).status == 401);
+    CHECK((co_await ask(f.port, "GET", "/api/queues/q/job/cancel?id=kept-2")).status == 405);
+    auto cancelled = co_await ask(f.port, "POST", "/api/queues/q/job/cancel?id=kept-2", "t0ken");
+    REQUIRE(cancelled.status == 200);
+    CHECK(cancelled.json().at("outcome") == "cancelled");
+    CHECK((co_await ask(f.port, "POST", "/api/queues/q/job/cancel?id=kept-1", "t0ken")).json().at("outcome") == "done");
+    CHECK((co_await ask(f.port, "POST", "/api/queues/q/job/cancel?id=nope", "t0ken")).json().at("outcome") ==
+          "not found");
+    auto gone = (co_await ask(f.port, "GET", "/api/queues/q/job?id=kept-2")).json();
+    CHECK(gone.at("state") == "cancelled");
+    CHECK(gone.at("at").as_int64() > 0);
 
     auto requeue_body = fmt::format(R"({{"ids":["{}"]}})", id);
     CHECK((co_await ask(f.port, "POST", "/api/queues/q/dead/requeue", "", requeue_body)).status == 401);

@@ -107,6 +107,8 @@ enum class finish_kind {
   hand_back,  ///< never started: this worker has no handler for its type. As defer (back after
               ///< `delay`, before anything of its group, no attempt counted), out of the started
               ///< count and into the unhandled one
+  cancel,     ///< its kept job was cancelled (backend::cancel) while it ran: it leaves as with
+              ///< fail, without a dead letter; its entry says cancelled
 };
 
 struct finish_item {
@@ -264,6 +266,9 @@ struct kept_job {
     pending,  ///< waiting its turn, or running
     delayed,  ///< due later: at_ms (a delayed job, or a failed one waiting for its retry)
     done,     ///< completed at at_ms
+    /// cancelled at at_ms (backend::cancel): it will not start; if it was running, its handler
+    /// is cancelled (unless it completed first: then done)
+    cancelled,
   };
   std::string id;
   state status = state::pending;
@@ -275,6 +280,17 @@ struct kept_job {
   std::string result;  ///< done: the result its handler gave (JSON), "" when none
 };
 std::string_view to_string(kept_job::state s) noexcept;
+
+/// What backend::cancel did.
+enum class cancel_outcome {
+  cancelled,  ///< it was pending, delayed or running: cancelled now
+  already,    ///< it was cancelled before: nothing changed
+  done,       ///< it completed: nothing changed
+  /// no kept job has this id: it was enqueued without a keep, went to the dead letters, its
+  /// keep ran out, or it never was
+  not_found,
+};
+std::string_view to_string(cancel_outcome o) noexcept;
 
 /// Which dead letters backend::find_dead returns: all of what is given must hold.
 struct dead_filter {
@@ -443,6 +459,15 @@ class backend {
   /// The job `id`, when it was enqueued with a keep and is pending, delayed, running or completed
   /// less than its keep ago; nullopt otherwise (a dead-lettered one: dead_letter_of). One read.
   virtual boost::asio::awaitable<std::optional<kept_job>> kept_job_of(std::string queue, std::string id) = 0;
+  /// Cancels the kept job `id` (job_spec::keep): pending or delayed, it is dropped where it would
+  /// be leased and never starts; running, its worker learns of it at its next lease renewal and
+  /// cancels its handler (job_context::cancelled()), and the run ends cancelled unless it
+  /// completed first. Either way its entry says cancelled (kept_job_of) from now on, and those
+  /// waiting for its end (wait_ended) are woken. One atomic call.
+  virtual boost::asio::awaitable<cancel_outcome> cancel(std::string queue, std::string id) = 0;
+  /// For each of `ids` (kept jobs a worker runs, or holds to run next), whether it was
+  /// cancelled. One read.
+  virtual boost::asio::awaitable<std::vector<bool>> cancelled(std::string queue, std::vector<std::string> ids) = 0;
   /// Dead letters that pass `filter`, newest first, up to `limit`, from `cursor` ("" to start).
   /// A call looks at a bounded number of them, so a page may hold fewer than `limit` and still
   /// have a cursor.

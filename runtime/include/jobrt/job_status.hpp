@@ -23,10 +23,13 @@ struct job_status {
     running,  ///< a worker says so (running_on)
     done,     ///< completed at at_ms (a kept job, for its keep)
     dead,     ///< dead-lettered (dead)
+    /// cancelled at at_ms (backend::cancel; a kept job, for its keep): it will not start, or,
+    /// running then, its handler was cancelled
+    cancelled,
   };
   std::string id;
   state status = state::pending;
-  std::int64_t at_ms = 0;  ///< delayed: when due; done: when it completed; else 0
+  std::int64_t at_ms = 0;  ///< delayed: when due; done: when it completed; cancelled: when; else 0
   std::string group;       ///< "" when ungrouped (or not known)
   /// Its record: a kept job's as last stored, or its group's next as it is now.
   std::optional<job_record> record;
@@ -52,7 +55,7 @@ boost::asio::awaitable<std::optional<job_status>> find_job(backend& store, std::
                                                            std::string group = {});
 
 /// Waits for the end of job `id`, enqueued with a keep: its status once it is done (with its
-/// result) or dead, or, when `timeout` passes first, as it is then (pending, delayed, running).
+/// result), cancelled or dead, or, when `timeout` passes first, as it is then (pending, delayed, running).
 /// A job without a keep (or whose keep ran out) is not waited for: find_job's answer at once.
 /// Woken by the store at each kept job's end (backend::wait_ended: on Redis a published
 /// message), then one look at the job; and, in case a message did not come (a worker of an

@@ -66,6 +66,8 @@ class producer {
   boost::asio::awaitable<std::vector<enqueue_result>> enqueue_bulk(std::vector<job_spec> specs);
   /// Waits for the end of job `id`, enqueued with a keep (job_spec::keep): see wait_job.
   boost::asio::awaitable<std::optional<job_status>> wait(std::string id, std::chrono::milliseconds timeout);
+  /// Cancels job `id`, enqueued with a keep: see backend::cancel.
+  boost::asio::awaitable<cancel_outcome> cancel(std::string id);
 
   /// Parses a payload given as text; throws std::invalid_argument when it is not JSON.
   static boost::json::value parse_payload(std::string_view text);

@@ -124,6 +124,8 @@ class redis_backend final : public backend {
                                                    std::size_t limit) override;
   boost::asio::awaitable<group_status> group_of(std::string queue, std::string group) override;
   boost::asio::awaitable<std::optional<kept_job>> kept_job_of(std::string queue, std::string id) override;
+  boost::asio::awaitable<cancel_outcome> cancel(std::string queue, std::string id) override;
+  boost::asio::awaitable<std::vector<bool>> cancelled(std::string queue, std::vector<std::string> ids) override;
   boost::asio::awaitable<page<dead_letter>> find_dead(std::string queue, dead_filter filter, std::string cursor,
                                                       std::size_t limit) override;
 
@@ -190,8 +192,8 @@ class redis_backend final : public backend {
   redis::config cfg_;
   redis_backend_options opts_;
   std::shared_ptr<detail::redis_link> link_;  // (shared with the listener)
-  redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, requeue_, purge_,
-      check_fix_, advertise_, expire_own_, reap_turn_, reports_, history_;
+  redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, cancel_, requeue_,
+      purge_, check_fix_, advertise_, expire_own_, reap_turn_, reports_, history_;
   // Wake-ups for delayed jobs: one listener for every queue, started on first use. The
   // wake-ups are shared with the listener, which may outlive the backend briefly.
   std::shared_ptr<detail::wakeups> wakeups_;

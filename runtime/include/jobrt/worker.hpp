@@ -164,6 +164,7 @@ struct worker_counters {
   std::uint64_t released = 0;     ///< handed back unstarted: at stop, or when a lease's local end came first
   std::uint64_t recovered = 0;    ///< expired leases this worker's reaper sent back
   std::uint64_t unhandled = 0;    ///< handed back: this worker has no handler for their type
+  std::uint64_t cancelled = 0;    ///< runs ended by a cancel of their job (backend::cancel)
 };
 
 /// A histogram with fixed buckets, in seconds (Prometheus' cumulative form is made when written).

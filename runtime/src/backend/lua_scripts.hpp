@@ -11,6 +11,7 @@ extern const char* const reap;
 extern const char* const promote;
 extern const char* const pause;
 extern const char* const resume;
+extern const char* const cancel;
 extern const char* const requeue;
 extern const char* const purge;
 extern const char* const check_fix;

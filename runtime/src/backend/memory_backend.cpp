@@ -333,6 +333,15 @@ asio::awaitable<std::optional<kept_job>> memory_backend::kept_job_of(std::string
       queue, [&](const detail::queue_model& m) { return m.kept_job_of(id); }, std::optional<kept_job>());
 }
 
+asio::awaitable<cancel_outcome> memory_backend::cancel(std::string queue, std::string id) {
+  co_return change(queue, [&](detail::queue_model& m) { return m.cancel(id); });
+}
+
+asio::awaitable<std::vector<bool>> memory_backend::cancelled(std::string queue, std::vector<std::string> ids) {
+  co_return read(
+      queue, [&](const detail::queue_model& m) { return m.cancelled(ids); }, std::vector<bool>(ids.size()));
+}
+
 asio::awaitable<page<dead_letter>> memory_backend::find_dead(std::string queue, dead_filter filter, std::string cursor,
                                                              std::size_t limit) {
   detail::parse_dead_cursor(cursor);

@@ -152,6 +152,34 @@ struct queue_model::queue_state {
   std::unordered_map<std::string, std::string> kept;
   std::set<std::pair<std::int64_t, std::string>> done;
   std::unordered_map<std::string, std::int64_t> done_at;
+
+  // ZADD done: the entry of kept job `id` goes at `until`.
+  void set_done(const std::string& id, std::int64_t until) {
+    if (auto old = done_at.find(id); old != done_at.end()) {
+      done.erase({old->second, id});
+      old->second = until;
+    } else {
+      done_at.emplace(id, until);
+    }
+    done.emplace(until, id);
+  }
+  // Whether the record is a kept job's whose cancel waits (cancel.lua's 'n' entry).
+  bool cancel_waits(std::string_view record) const {
+    auto k = kept_in(record);
+    if (!k) return false;
+    auto e = kept.find(std::string(k->id));
+    return e != kept.end() && e->second.starts_with('n');
+  }
+  // claim.lua's drop: such a job leaves where it would be leased; its entry says so ('k') and
+  // goes after its keep, and a producer's id is free again.
+  void drop_cancelled(std::string_view record, std::int64_t now) {
+    auto k = kept_in(record);
+    std::string id(k->id);
+    auto& entry = kept[id];
+    entry = fmt::format("k{}", now) + entry.substr(entry.find(':'));
+    set_done(id, now + k->keep_ms);
+    if (!assigned_id(id)) ids.erase(id);
+  }
 };
 
 std::int64_t queue_model::system_now() {
@@ -279,17 +307,38 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
     if (list.empty()) q.claimed.erase(mine);
   }
   // Which lanes are live and how many fences they take, then one INCRBY, as in claim.lua.
-  std::vector<std::pair<std::string, std::deque<std::string>*>> taken;
+  std::vector<std::tuple<std::string, std::deque<std::string>*, std::size_t>> taken;  // lane, group, followers
   std::int64_t fences = 0;
   std::size_t passed = 0, asked = 0;  // asked: how many lanes the last pop from ready asked for
+  std::int64_t now = now_();
   for (;;) {
     for (auto& lane : batch) {
       if (!is_group_lane(lane)) {
-        taken.emplace_back(std::move(lane), nullptr);
+        if (q.cancel_waits(std::string_view(lane).substr(2))) {  // dropped (claim.lua's drop)
+          q.drop_cancelled(std::string_view(lane).substr(2), now);
+          ++passed;
+          continue;
+        }
+        taken.emplace_back(std::move(lane), nullptr, 0);
         ++fences;
         continue;
       }
       auto group = q.groups.find(lane.substr(2));
+      bool more = false;  // cancelled heads left to drop when this call's bound is reached
+      if (group != q.groups.end()) {
+        auto& list = group->second;
+        while (!list.empty() && q.cancel_waits(list.front()) && !(more = passed >= claim_passes)) {
+          q.drop_cancelled(list.front(), now);
+          list.pop_front();
+          ++passed;
+        }
+        if (list.empty()) q.groups.erase(group);
+        group = q.groups.find(lane.substr(2));
+      }
+      if (more) {
+        q.ready.push_front(std::move(lane));  // the next claim goes on
+        continue;
+      }
       if (group == q.groups.end()) {  // a stale lane of an emptied group is dropped
         ++passed;
         continue;
@@ -299,8 +348,12 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
         ++passed;
         continue;
       }
-      fences += static_cast<std::int64_t>(std::min(group->second.size() - 1, ahead) + 1);
-      taken.emplace_back(std::move(lane), &group->second);
+      // Followers go with the lease up to the first cancelled one (dropped as a head).
+      auto& list = group->second;
+      std::size_t followers = 0;
+      while (followers < std::min(list.size() - 1, ahead) && !q.cancel_waits(list[followers + 1])) ++followers;
+      fences += static_cast<std::int64_t>(followers + 1);
+      taken.emplace_back(std::move(lane), &list, followers);
     }
     auto need = max - taken.size();
     if (need == 0 || passed >= claim_passes || batch.size() < asked) break;
@@ -313,18 +366,17 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
     if (batch.empty()) break;
   }
   if (taken.empty()) return out;
-  std::int64_t deadline = now_() + opts.lease_ttl.count();
+  std::int64_t deadline = now + opts.lease_ttl.count();
   q.fence += fences;
   std::int64_t fence = q.fence - fences;
   out.reserve(taken.size());
-  for (auto& [lane, list] : taken) {
+  for (auto& [lane, list, followers] : taken) {
     claimed_job job;
     job.fence = ++fence;
     job.token = make_token(fence, lane);
     if (list) {
       job.group = lane.substr(2);
       job.job = split_record(list->front());
-      auto followers = std::min(list->size() - 1, ahead);
       job.ahead = split_all(*list, followers);
       fence += static_cast<std::int64_t>(followers);
     } else {
@@ -372,17 +424,9 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
       return;
     }
   };
-  // finish.lua's note: a kept job's entry completed, to run again after `delay` ms, or gone.
+  // finish.lua's note: a kept job's entry completed ('c'), cancelled ('k'), to run again after
+  // `delay` ms ('p': unless its cancel waits), or gone ('x').
   std::size_t kept_done = 0;
-  auto set_done = [&q](const std::string& id, std::int64_t until) {  // ZADD done
-    if (auto old = q.done_at.find(id); old != q.done_at.end()) {
-      q.done.erase({old->second, id});
-      old->second = until;
-    } else {
-      q.done_at.emplace(id, until);
-    }
-    q.done.emplace(until, id);
-  };
   auto note = [&](const std::optional<std::string>& record, std::string_view group, char state,
                   std::chrono::milliseconds delay, std::string_view result = {}) {
     if (!record) return;
@@ -394,10 +438,11 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
       effects_.kept_ended = true;
       return;
     }
+    if (state == 'p' && q.cancel_waits(*record)) return;
     std::int64_t at = 0;
-    if (state == 'c') {
+    if (state == 'c' || state == 'k') {
       at = now;
-      set_done(id, now + k->keep_ms);
+      q.set_done(id, now + k->keep_ms);
       ++kept_done;
       effects_.kept_ended = true;
     } else if (delay.count() > 0) {
@@ -451,7 +496,8 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
     } else if (kind == finish_kind::release) {  // as release(): to the head, no attempt counted
       front.push_back(std::move(lane));
       --started;
-    } else if (kind == finish_kind::ack || kind == finish_kind::fail || kind == finish_kind::give_up) {
+    } else if (kind == finish_kind::ack || kind == finish_kind::fail || kind == finish_kind::give_up ||
+               kind == finish_kind::cancel) {
       bool ack = kind == finish_kind::ack;
       if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
       std::optional<std::string> record;  // nullopt: LPOP of an empty group list (nil)
@@ -463,14 +509,18 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
           list.pop_front();
           if (list.empty()) {
             q.groups.erase(group);
-          } else if (ack && !q.paused.contains(group->first) &&
+          } else if (ack && !q.paused.contains(group->first) && !q.cancel_waits(list.front()) &&
                      (item.want_next == finish_item::next_policy::yes ||
                       (item.want_next == finish_item::next_policy::if_nobody_waits && q.ready.empty() && back.empty() &&
                        front.empty()))) {
             claimed_job next;
             next.group = group->first;
             next.job = split_record(list.front());
-            next.ahead = split_all(list, std::min({list.size() - 1, item.ahead, max_ahead}));
+            std::size_t followers = 0;  // up to the first cancelled one (claim drops it)
+            while (followers < std::min({list.size() - 1, item.ahead, max_ahead}) &&
+                   !q.cancel_waits(list[followers + 1]))
+              ++followers;
+            next.ahead = split_all(list, followers);
             nexts.emplace_back(i, lane);
             out[i].next = std::move(next);
           } else if (kind == finish_kind::give_up && !q.paused.contains(group->first)) {
@@ -482,7 +532,9 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
       } else {
         record = lane.substr(2);
       }
-      if (ack) {
+      if (kind == finish_kind::cancel) {
+        note(record, grouped ? std::string_view(lane).substr(2) : std::string_view(), 'k', {});
+      } else if (ack) {
         ++completed;
         note(record, grouped ? std::string_view(lane).substr(2) : std::string_view(), 'c', {}, item.result);
       } else {
@@ -883,9 +935,34 @@ void queue_model::drop_done(std::int64_t now, std::size_t max) {
     auto id = q.done.begin()->second;
     q.done.erase(q.done.begin());
     q.done_at.erase(id);
-    if (auto e = q.kept.find(id); e != q.kept.end() && e->second.starts_with('c'))
+    if (auto e = q.kept.find(id); e != q.kept.end() && (e->second.starts_with('c') || e->second.starts_with('k')))
       q.kept.erase(e);  // (else enqueued again)
   }
+}
+
+cancel_outcome queue_model::cancel(const std::string& id) {
+  auto e = s_->kept.find(id);
+  if (e == s_->kept.end()) return cancel_outcome::not_found;
+  auto& entry = e->second;
+  switch (entry[0]) {
+    case 'p':
+    case 'd': break;
+    case 'c': return cancel_outcome::done;
+    default: return cancel_outcome::already;
+  }
+  entry = fmt::format("n{}", now_()) + entry.substr(entry.find(':'));
+  effects_.kept_ended = true;
+  return cancel_outcome::cancelled;
+}
+
+std::vector<bool> queue_model::cancelled(const std::vector<std::string>& ids) const {
+  std::vector<bool> out;
+  out.reserve(ids.size());
+  for (auto& id : ids) {
+    auto e = s_->kept.find(id);
+    out.push_back(e != s_->kept.end() && (e->second.starts_with('n') || e->second.starts_with('k')));
+  }
+  return out;
 }
 
 std::optional<kept_job> queue_model::kept_job_of(const std::string& id) const {

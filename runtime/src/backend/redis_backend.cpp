@@ -106,6 +106,7 @@ redis_backend::redis_backend(asio::any_io_executor ex, std::vector<redis::config
       promote_(lua::promote),
       pause_(lua::pause),
       resume_(lua::resume),
+      cancel_(lua::cancel),
       requeue_(lua::requeue),
       purge_(lua::purge),
       check_fix_(lua::check_fix),
@@ -486,7 +487,8 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
       case finish_kind::retry:
       case finish_kind::defer:
       case finish_kind::hand_back: extras.push_back(std::to_string(it.delay.count())); break;
-      case finish_kind::release: extras.emplace_back(); break;
+      case finish_kind::release:
+      case finish_kind::cancel: extras.emplace_back(); break;
     }
   }
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -502,6 +504,7 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
       case finish_kind::hand_back: args.push_back("u"); break;
       case finish_kind::halt: args.push_back("h"); break;
       case finish_kind::release: args.push_back("b"); break;
+      case finish_kind::cancel: args.push_back("c"); break;
     }
     args.push_back(it.unique_id);
     args.push_back(extras[i]);
@@ -1348,6 +1351,32 @@ asio::awaitable<std::optional<kept_job>> redis_backend::kept_job_of(std::string 
   std::optional<std::int64_t> gone_at;
   if (!e.at(1).is_nil()) gone_at = std::stoll(e.at(1).as_string());
   co_return detail::parse_kept_entry(std::move(id), e.at(0).as_string(), server_ms(e.at(2)), gone_at);
+}
+
+asio::awaitable<cancel_outcome> redis_backend::cancel(std::string queue, std::string id) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 1> keys{p + "jobs"};
+  std::array<std::string, 1> args{std::move(id)};
+  reply r = co_await link_->run(cancel_, cancel_.make_request(keys, args), p);
+  const auto& was = r.as_string();
+  if (was == "p" || was == "d") co_return cancel_outcome::cancelled;
+  if (was == "c") co_return cancel_outcome::done;
+  co_return was.empty() ? cancel_outcome::not_found : cancel_outcome::already;
+}
+
+asio::awaitable<std::vector<bool>> redis_backend::cancelled(std::string queue, std::vector<std::string> ids) {
+  std::vector<bool> out;
+  if (ids.empty()) co_return out;
+  auto p = key_prefix(queue);
+  request req;
+  req.push("HMGET", p + "jobs", ids);
+  req.options.resend_safe = true;
+  reply r = co_await link_->exec(std::move(req), p);
+  for (const auto& e : r.as_array()) {
+    auto state = e.is_nil() ? std::string_view() : std::string_view(e.as_string());
+    out.push_back(state.starts_with('n') || state.starts_with('k'));
+  }
+  co_return out;
 }
 
 asio::awaitable<group_status> redis_backend::group_of(std::string queue, std::string group) {

@@ -549,7 +549,7 @@ awaitable<std::vector<finish_result>> sharded_backend::finish(std::string queue,
                    item.kind == finish_kind::hand_back;  // (after a delay: the promoter marks it)
       bool now = item.kind == finish_kind::release || (again && item.delay.count() <= 0);
       bool ends = item.kind == finish_kind::ack || item.kind == finish_kind::keep || item.kind == finish_kind::fail ||
-                  item.kind == finish_kind::give_up;
+                  item.kind == finish_kind::give_up || item.kind == finish_kind::cancel;
       may_ready.push_back(now || (grouped && ends));
       handed_back = handed_back || item.kind == finish_kind::hand_back;
     }
@@ -1091,6 +1091,53 @@ awaitable<std::optional<kept_job>> sharded_backend::kept_job_of(std::string queu
   for (auto& k : found.results)
     if (k) co_return std::move(k);
   co_return std::nullopt;
+}
+
+awaitable<cancel_outcome> sharded_backend::cancel(std::string queue, std::string id) {
+  auto q = co_await state_of(queue);
+  // Where kept_job_of looks: the shard an id the queue gave names, else every shard, and the
+  // answer of the one that has the job.
+  if (detail::assigned_id(id) && id.size() < 19)
+    co_return co_await inner_.cancel(q->names[std::stoull(id) % q->shards], std::move(id));
+  std::vector<std::size_t> all(q->shards);
+  std::iota(all.begin(), all.end(), std::size_t{0});
+  auto found =
+      co_await at_once<cancel_outcome>(std::move(all), [&](std::size_t k) { return inner_.cancel(q->names[k], id); });
+  found.rethrow();
+  auto out = cancel_outcome::not_found;
+  for (auto o : found.results)
+    if (o != cancel_outcome::not_found) out = o;
+  co_return out;
+}
+
+awaitable<std::vector<bool>> sharded_backend::cancelled(std::string queue, std::vector<std::string> ids) {
+  auto q = co_await state_of(queue);
+  // Each id asked of the shard that holds it when the queue gave it, else of every shard.
+  std::vector<std::vector<std::size_t>> asked(q->shards);  // shard -> indices into ids
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (detail::assigned_id(ids[i]) && ids[i].size() < 19) {
+      asked[std::stoull(ids[i]) % q->shards].push_back(i);
+    } else {
+      for (auto& a : asked) a.push_back(i);
+    }
+  }
+  std::vector<std::size_t> used;
+  for (std::size_t k = 0; k < asked.size(); ++k)
+    if (!asked[k].empty()) used.push_back(k);
+  auto found = co_await at_once<std::vector<bool>>(used, [&](std::size_t k) {
+    std::vector<std::string> part;
+    for (auto i : asked[k]) part.push_back(ids[i]);
+    return inner_.cancelled(q->names[k], std::move(part));
+  });
+  found.rethrow();
+  std::vector<bool> out(ids.size());
+  for (std::size_t u = 0; u < used.size(); ++u) {
+    const auto& indices = asked[used[u]];
+    const auto& said = found.results[u];
+    for (std::size_t j = 0; j < indices.size() && j < said.size(); ++j)
+      if (said[j]) out[indices[j]] = true;
+  }
+  co_return out;
 }
 
 awaitable<page<dead_letter>> sharded_backend::find_dead(std::string queue, dead_filter filter, std::string cursor,

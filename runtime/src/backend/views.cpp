@@ -171,6 +171,7 @@ json::object record_object(const job_record& r, std::string_view group) {
     o["payload"] = j.payload;
     o["max_attempts"] = j.max_attempts;
     o["enqueued_at"] = j.enqueued_at_ms;
+    if (j.keep.count() > 0) o["keep_ms"] = j.keep.count();
   } catch (const std::exception& e) {
     o["record"] = r.body;
     o["malformed"] = r.malformed.empty() ? std::string(e.what()) : r.malformed;
@@ -274,6 +275,8 @@ std::optional<kept_job> parse_kept_entry(std::string id, std::string_view entry,
     case 'p': k.status = kept_job::state::pending; break;
     case 'd': k.status = kept_job::state::delayed; break;
     case 'c': k.status = kept_job::state::done; break;
+    case 'n':
+    case 'k': k.status = kept_job::state::cancelled; break;
     default: return std::nullopt;
   }
   auto number = [&](std::size_t& pos, std::int64_t& value) {
@@ -300,7 +303,8 @@ std::optional<kept_job> parse_kept_entry(std::string id, std::string_view entry,
   }
   k.record = split_record(entry.substr(pos));
   if (k.status == kept_job::state::delayed && k.at_ms <= now_ms) k.status = kept_job::state::pending;
-  if (k.status == kept_job::state::done && gone_at_ms && *gone_at_ms <= now_ms) return std::nullopt;
+  // (A cancelled job's entry goes after its keep once it is dropped, 'k': not while it waits, 'n'.)
+  if ((entry[0] == 'c' || entry[0] == 'k') && gone_at_ms && *gone_at_ms <= now_ms) return std::nullopt;
   return k;
 }
 
@@ -308,11 +312,22 @@ std::optional<kept_job> parse_kept_entry(std::string id, std::string_view entry,
 
 namespace jobrt {
 
+std::string_view to_string(cancel_outcome o) noexcept {
+  switch (o) {
+    case cancel_outcome::cancelled: return "cancelled";
+    case cancel_outcome::already: return "already cancelled";
+    case cancel_outcome::done: return "done";
+    case cancel_outcome::not_found: return "not found";
+  }
+  return "not found";
+}
+
 std::string_view to_string(kept_job::state s) noexcept {
   switch (s) {
     case kept_job::state::pending: return "pending";
     case kept_job::state::delayed: return "delayed";
     case kept_job::state::done: return "done";
+    case kept_job::state::cancelled: return "cancelled";
   }
   return "pending";
 }

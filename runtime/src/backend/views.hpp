@@ -65,8 +65,9 @@ struct kept_record {
 };
 std::optional<kept_record> kept_in(std::string_view record) noexcept;
 /// A kept job's entry in the queue's index: '<state><ms>:<length of group>:<group><record>',
-/// state 'p' (pending), 'd' (due at ms) or 'c' (completed at ms: then, when its handler gave a
-/// result, '<length of result>:<result>' before the record).
+/// state 'p' (pending), 'd' (due at ms), 'c' (completed at ms: then, when its handler gave a
+/// result, '<length of result>:<result>' before the record), 'n' (cancelled at ms, not dropped
+/// yet: cancel.lua) or 'k' (cancelled, dropped or its run ended at ms).
 std::string kept_entry(char state, std::int64_t at_ms, std::string_view group, std::string_view record,
                        std::string_view result = {});
 /// The entry of job `id` as a lookup at `now_ms` sees it: a delayed job due by then is pending

@@ -309,7 +309,8 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
                                    const boost::urls::url_view& u) {
     // Each route takes one method: GET reads, POST acts.
     static constexpr std::string_view reads[] = {"history", "groups", "group", "job", "dead", "letter", "workers"};
-    static constexpr std::string_view acts[] = {"group/pause", "group/resume", "dead/requeue", "dead/purge"};
+    static constexpr std::string_view acts[] = {"group/pause", "group/resume", "dead/requeue", "dead/purge",
+                                                "job/cancel"};
     bool reading = std::find(std::begin(reads), std::end(reads), route) != std::end(reads);
     bool acting = std::find(std::begin(acts), std::end(acts), route) != std::end(acts);
     if (!reading && !acting)
@@ -336,6 +337,9 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
     } else if (route == "group/resume") {
       auto mode = param(u, "skip") == "1" ? resume_mode::skip : resume_mode::retry;
       out["changed"] = co_await call(store.resume(q, required(u, "name"), mode), "resuming the group");
+    } else if (route == "job/cancel") {
+      auto outcome = co_await call(store.cancel(q, required(u, "id")), "cancelling the job");
+      out["outcome"] = to_string(outcome);
     } else if (route == "dead/requeue") {
       auto done = co_await call(store.requeue(q, ids_of(req.body()), param(u, "at_head") == "1"), "requeueing");
       out["requeued"] = json::array(done.begin(), done.end());

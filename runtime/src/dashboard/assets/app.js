@@ -272,7 +272,8 @@ async function jobPage() {
   }
   const rows = [el('dt', {}, 'state'), el('dd', {}, el('span', { class: 'state ' + j.state, id: 'job-state' }, j.state))];
   if (j.running) rows.push(el('dt', {}, 'running on'), el('dd', {}, j.running.worker + ' since ' + ago(j.running.since)));
-  if (j.at) rows.push(el('dt', {}, j.state === 'done' ? 'completed' : 'due'), el('dd', { id: 'job-at' }, when(j.at)));
+  if (j.at) rows.push(el('dt', {}, j.state === 'done' ? 'completed' : j.state === 'cancelled' ? 'cancelled' : 'due'),
+    el('dd', { id: 'job-at' }, when(j.at)));
   if ('result' in j) rows.push(el('dt', {}, 'result'), el('dd', {}, el('pre', { id: 'job-result' }, json(j.result))));
   if (j.job) {
     rows.push(el('dt', {}, 'type'), el('dd', { id: 'job-type' }, j.job.type || ''),
@@ -286,6 +287,18 @@ async function jobPage() {
   }
   if (j.group) rows.push(el('dt', {}, 'group'), el('dd', {}, el('pre', {}, json(j.group))));
   out.append(el('dl', {}, rows));
+  // A kept job that has not ended may be cancelled (a running one at its worker's next renewal).
+  if (['pending', 'delayed', 'paused', 'halted', 'running'].includes(j.state) && j.job && j.job.keep_ms) {
+    out.append(el('form', { class: 'bar', onsubmit: (e) => e.preventDefault() },
+      actionButton('Cancel', 'danger', async () => {
+        try {
+          await act(q() + 'job/cancel?id=' + enc(id));
+        } catch (e) {
+          return;  // (shown by api())
+        }
+        await jobPage();
+      })));
+  }
 }
 
 // --- dead letters ---
