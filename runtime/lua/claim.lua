@@ -36,10 +36,12 @@ local passed, asked = 0, 0 -- asked: how many lanes the last LPOP of ready asked
 
 -- A kept job cancelled before it started (cancel.lua's entry 'n...') is dropped here, where it
 -- would be leased: its entry becomes 'k<ms>:...' and goes after its keep, as a completed job's.
--- Only kept records are looked up (a plain find first: other jobs pay a find, no lookup).
+-- Only kept records are looked up: other jobs pay a plain find of '|{"keep":' (a pattern, or a
+-- copy of the record, would cost a job's time in microseconds).
+local find, keep_mark = string.find, '|{"keep":'
 local jobs = prefix .. 'jobs'
 local function cancelled(record) -- the entry, when the job's cancel waits for it
-  if not (string.find(record, '|{"keep":', 1, true) and string.find(record, '^%d+|[^|]*|{"keep":%d')) then return nil end
+  if not (find(record, keep_mark, 1, true) and find(record, '^%d+|[^|]*|{"keep":%d')) then return nil end
   local entry = redis.call('HGET', jobs, string.match(record, '^%d+|([^|]*)|'))
   if entry and string.sub(entry, 1, 1) == 'n' then return entry end
 end
@@ -61,7 +63,7 @@ while true do
     if string.sub(lane, 1, 2) == 'g:' then
       local key = prefix .. lane
       local records = redis.call('LRANGE', key, '0', ahead)
-      local entry = records[1] and cancelled(records[1])
+      local entry = records[1] and find(records[1], keep_mark, 1, true) and cancelled(records[1])
       while entry and passed < 100 do -- cancelled heads leave their group
         drop(redis.call('LPOP', key), entry)
         records = redis.call('LRANGE', key, '0', ahead)
@@ -70,7 +72,7 @@ while true do
       end
       -- Followers go with the lease up to the first cancelled one (it is dropped as a head).
       for j = 2, #records do
-        if cancelled(records[j]) then
+        if find(records[j], keep_mark, 1, true) and cancelled(records[j]) then
           for k = #records, j, -1 do records[k] = nil end
           break
         end
@@ -94,7 +96,7 @@ while true do
       -- (a lane that is neither, written by hand, is taken as a job's record, kept whole: the
       -- worker dead-letters it as malformed)
       if string.sub(lane, 1, 2) ~= 'j:' then lane = 'j:' .. lane end
-      local entry = cancelled(string.sub(lane, 3))
+      local entry = find(lane, keep_mark, 1, true) and cancelled(string.sub(lane, 3))
       if entry then
         drop(string.sub(lane, 3), entry)
       else
