@@ -395,8 +395,9 @@ job_spec spec_from_line(const std::string& line) {
     return f->as_int64();
   };
   for (auto& [key, value] : o) {
-    static const std::set<std::string_view> known{"type",         "payload",    "group",      "id",     "delay_ms",
-                                                  "max_attempts", "timeout_ms", "on_failure", "keep_ms"};
+    static const std::set<std::string_view> known{"type",     "payload",       "group",      "id",
+                                                  "delay_ms", "max_attempts",  "timeout_ms", "on_failure",
+                                                  "keep_ms",  "max_group_size"};
     if (!known.contains(key)) throw std::invalid_argument(fmt::format("unknown field \"{}\"", key));
   }
   s.type = text("type").value_or("");
@@ -407,6 +408,7 @@ job_spec spec_from_line(const std::string& line) {
   s.max_attempts = static_cast<int>(number_of("max_attempts").value_or(3));
   s.timeout = std::chrono::milliseconds(number_of("timeout_ms").value_or(0));
   if (auto keep = number_of("keep_ms")) s.keep = std::chrono::milliseconds(*keep);
+  if (auto max = number_of("max_group_size")) s.max_group_size = static_cast<std::size_t>(*max);
   if (auto p = text("on_failure")) s.on_failure = parse_failure_policy(*p);
   return s;
 }
@@ -416,7 +418,8 @@ struct enqueue_args {
   std::string url = default_redis_url(), queue = "default", file, config_file, payload, on_failure;
   job_spec base;
   std::size_t count = 0, groups = 0, delay_ms = 0, timeout_ms = 0, max_attempts = 3, keep_ms = 0, wait_s = 0;
-  std::size_t shards = 0;  // 0: as the queue is stored
+  std::size_t max_group_size = 0;  // 0: none given
+  std::size_t shards = 0;          // 0: as the queue is stored
   std::string group, durability = "primary";
   bool json = false;
   CLI::Option* url_option = nullptr;
@@ -453,6 +456,10 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
                 "keep the jobs' status, to find them by id (the dashboard), while they wait and MS after they "
                 "complete (a line's \"keep_ms\" overrides it)")
       ->option_text("MS");
+  number_option(*cmd, "--max-group-size", a->max_group_size, 1, max_group_size_limit,
+                "refuse a grouped job (and its batch) whose group would then hold more than N jobs (a line's "
+                "\"max_group_size\" overrides it)")
+      ->option_text("N");
   number_option(*cmd, "--wait", a->wait_s, 1, 86'400,
                 "wait up to S seconds for the job's end and print it (its result, or its error); --json: "
                 "{\"queue\", \"id\", \"duplicate\", \"status\"}")
@@ -484,7 +491,8 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
       "Puts one job (--type), one per line of a JSON-lines file (--file), or N generated (--count N\n"
       "--type TYPE) and prints the job's id, or a count. The generated jobs' payload gets \"n\": the\n"
       "job's number. A JSON line: {\"type\", \"payload\", \"group\", \"id\", \"delay_ms\",\n"
-      "\"max_attempts\", \"timeout_ms\", \"on_failure\", \"keep_ms\"}. The whole file is checked before any job is\n"
+      "\"max_attempts\", \"timeout_ms\", \"on_failure\", \"keep_ms\", \"max_group_size\"}. The whole file is checked "
+      "before any job is\n"
       "stored: an error names its line (FILE:LINE: ...) and nothing is enqueued. A job may be at\n"
       "most 1 MiB (1048576 bytes) once encoded, payload included. With --wait S (one job; kept at\n"
       "least 60 s), the exit code is 0 when it completed, 1 when it went to the dead letters, 3 when\n"
@@ -572,6 +580,7 @@ int run_enqueue(enqueue_args& a) {
   }
   producer_options po;
   po.keep = std::chrono::milliseconds(a.keep_ms);
+  po.max_group_size = a.max_group_size;
   if (a.wait_s > 0)
     po.keep = std::max<std::chrono::milliseconds>(po.keep, std::chrono::seconds(60));  // (found once it ended)
   if (!config_file.empty()) {
@@ -587,6 +596,7 @@ int run_enqueue(enqueue_args& a) {
       if (q.worker.queue == queue) {
         po.rules = q.rules;
         if (q.shards != 0 && a.shards == 0) a.shards = q.shards;
+        if (q.max_group_size != 0 && a.max_group_size == 0) po.max_group_size = q.max_group_size;
         found = true;
       }
       names += (names.empty() ? "" : ", ") + q.worker.queue;

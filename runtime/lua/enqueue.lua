@@ -6,7 +6,10 @@
 --   producer would after the call (see PROTOCOL.md)
 -- ARGV[1] n (or '<n>:<shards>:<k>' for shard k of a sharded queue), then n times: id ('' =
 --   assign one), group ('' = ungrouped), body, due ('' = now, '+<ms>' = that long from now,
---   '<ms>' = at that time in milliseconds since the epoch)
+--   '<ms>' = at that time in milliseconds since the epoch); then, optionally, n times: the
+--   job's max group size ('' = none): the most jobs its group may hold once the job is stored,
+--   counting the group's list (pending and running) and this call's jobs for it, due now or
+--   later. A job over it refuses the whole call (JOBRT:26), before anything is written.
 -- Returns: n times: id, duplicate (1: a job with this producer-given id is pending or running)
 --
 -- A job whose body starts '{"keep":<ms>' is kept in the index <prefix>jobs while it is pending
@@ -39,9 +42,11 @@ local function ms(time) return tonumber(time[1]) * 1000 + math.floor(tonumber(ti
 if not n or n < 0 or n % 1 ~= 0 then
   return redis.error_reply("JOBRT:20 job count '" .. ARGV[1] .. "' is not a whole number")
 end
-if #ARGV ~= 1 + n * 4 then
+local limited = #ARGV == 1 + n * 5 and n > 0 -- max group sizes follow the jobs
+if #ARGV ~= 1 + n * 4 and not limited then
   return redis.error_reply(string.format(
-    'JOBRT:20 a count of %d jobs needs %d arguments after it (id, group, body, due each); got %d', n, n * 4, #ARGV - 1))
+    'JOBRT:20 a count of %d jobs needs %d arguments after it (id, group, body, due each), or %d (and a max group size each); got %d',
+    n, n * 4, n * 5, #ARGV - 1))
 end
 
 -- One job due now, the usual call: what the general path below does for it, without its tables
@@ -49,7 +54,7 @@ end
 -- Only a job that plainly passes the checks below takes it (an id with no '|', not all digits,
 -- no white space at its ends; a body without "max"); any other goes the general way.
 local id1 = ARGV[2]
-if n == 1 and ARGV[5] == '' and not string.find(ARGV[4], '"max"', 1, true) and
+if n == 1 and not limited and ARGV[5] == '' and not string.find(ARGV[4], '"max"', 1, true) and
     (id1 == '' or (not string.find(id1, '|', 1, true) and string.find(id1, '%D') and
       not string.find(id1, '^%s') and not string.find(id1, '%s$'))) then
   local id, group = id1, ARGV[3]
@@ -117,6 +122,29 @@ for i = 0, n - 1 do
     end
     timed = true
     if ARGV[3 + i * 4] ~= '' then timed_grouped = timed_grouped + 1 end
+  end
+end
+
+-- Max group sizes: each group's list and the jobs of this call that join it (duplicates, of
+-- ids pending or given twice here, do not), in order; the first job over its group's limit
+-- refuses the call.
+if limited then
+  local held, seen = {}, {}
+  for i = 0, n - 1 do
+    local id, group, max = ARGV[2 + i * 4], ARGV[3 + i * 4], ARGV[2 + n * 4 + i]
+    if max ~= '' and not string.find(max, '^[1-9]%d*$') then
+      return redis.error_reply("JOBRT:20 job " .. (i + 1) .. " max group size '" .. max .. "' is not a whole number of at least 1")
+    end
+    local duplicate = id ~= '' and (seen[id] or redis.call('SISMEMBER', ids, id) == 1)
+    if id ~= '' then seen[id] = true end
+    if group ~= '' and not duplicate then
+      held[group] = (held[group] or redis.call('LLEN', prefix .. 'g:' .. group)) + 1
+      if max ~= '' and held[group] > tonumber(max) then
+        return redis.error_reply(string.format(
+          "JOBRT:26 group '%s' would hold %d jobs, over its max group size of %s (job %d of %d): nothing was stored",
+          group, held[group], max, i + 1, n))
+      end
+    end
   end
 end
 

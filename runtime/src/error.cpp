@@ -33,6 +33,7 @@ class category final : public boost::system::error_category {
       case errc::bad_due: return "job due time refused";
       case errc::group_busy: return "the group is running or waiting to run";
       case errc::shards_mismatch: return "the queue is stored with another number of shards";
+      case errc::group_full: return "the group is full";
     }
     return "unknown jobrt error";
   }

@@ -63,7 +63,7 @@ grouping_rules grouping_rules::from_json(const boost::json::value& config) {
   for (auto& r : rules->as_array()) {
     auto where = fmt::format("grouping rules[{}]", index++);
     if (!r.is_object()) throw std::invalid_argument(fmt::format("{} is not an object", where));
-    check_fields(r.as_object(), where, {"match", "key", "on_failure"});
+    check_fields(r.as_object(), where, {"match", "key", "on_failure", "max_group_size"});
     grouping_rule rule;
     auto* key = r.as_object().if_contains("key");
     if (key == nullptr || !key->is_string())
@@ -84,6 +84,14 @@ grouping_rules grouping_rules::from_json(const boost::json::value& config) {
       } catch (const std::invalid_argument& e) {
         throw std::invalid_argument(fmt::format("{}.on_failure: {}", where, e.what()));
       }
+    }
+    if (auto* max = r.as_object().if_contains("max_group_size")) {
+      if (!max->is_int64() && !max->is_uint64())
+        throw std::invalid_argument(fmt::format("{}.max_group_size is not a whole number", where));
+      if (!max->is_int64() || max->as_int64() < 1 || static_cast<std::uint64_t>(max->as_int64()) > max_group_size_limit)
+        throw std::invalid_argument(fmt::format("{}.max_group_size is {}; it must be from 1 to {}", where,
+                                                boost::json::serialize(*max), max_group_size_limit));
+      rule.max_group_size = static_cast<std::size_t>(max->as_int64());
     }
     try {
       out.add(std::move(rule));
@@ -129,7 +137,7 @@ std::optional<group_choice> grouping_rules::choose(std::string_view type, const 
     // "" would mean ungrouped: not what the rule asks for.
     if (key.empty())
       throw std::invalid_argument(fmt::format("grouping rule with key '{}' gives this job an empty group", rule.key));
-    return group_choice{std::move(key), rule.on_failure};
+    return group_choice{std::move(key), rule.on_failure, rule.max_group_size};
   }
   return std::nullopt;
 }

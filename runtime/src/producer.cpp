@@ -66,6 +66,10 @@ void producer::check(const job_spec& spec) {
   }
   if (spec.group && spec.group->empty())
     throw std::invalid_argument("job group is empty (leave it unset for no group)");
+  if (spec.max_group_size && (*spec.max_group_size < 1 || *spec.max_group_size > max_group_size_limit))
+    throw std::invalid_argument(
+        fmt::format("job max_group_size is {}; it must be from 1 to {} (leave it unset for none)", *spec.max_group_size,
+                    max_group_size_limit));
 }
 
 void producer::check(const job_spec& spec, const producer_options& opts) {
@@ -99,6 +103,12 @@ encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms, const pr
     out.group = *spec.group;
   } else if (choice) {
     out.group = std::move(choice->group);
+  }
+  if (!out.group.empty()) {
+    auto max = spec.max_group_size                ? *spec.max_group_size
+               : choice && choice->max_group_size ? *choice->max_group_size
+                                                  : opts.max_group_size;
+    out.max_group_size = static_cast<std::int64_t>(std::min(max, max_group_size_limit));
   }
   return out;
 }

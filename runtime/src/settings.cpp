@@ -78,10 +78,10 @@ failure_policy policy_at(const json::value& v, std::string_view where) {
 }
 
 queue_settings queue_at(const json::value& v, const std::string& where) {
-  const auto& o = object_at(
-      v, where,
-      {"name", "concurrency", "lease_ttl_ms", "watchdog_ms", "burst", "max_result_bytes", "follow", "claim_wait_ms",
-       "on_failure", "retry", "grouping", "dead_letters", "unhandled_delay_ms", "unhandled_limit_ms", "shards"});
+  const auto& o = object_at(v, where,
+                            {"name", "concurrency", "lease_ttl_ms", "watchdog_ms", "burst", "max_result_bytes",
+                             "follow", "claim_wait_ms", "on_failure", "retry", "grouping", "dead_letters",
+                             "unhandled_delay_ms", "unhandled_limit_ms", "shards", "max_group_size"});
   auto field = [&](std::string_view name) { return fmt::format("{}.{}", where, name); };
   queue_settings q;
   auto* name = o.if_contains("name");
@@ -90,6 +90,9 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
   if (q.worker.queue.find_first_of("{}") != std::string::npos)
     bad(field("name"), fmt::format("\"{}\" holds '{{' or '}}', which would break its keys' hash tag", q.worker.queue));
   if (auto* f = o.if_contains("shards")) q.shards = static_cast<std::size_t>(count_at(*f, field("shards"), 1, 1024));
+  if (auto* f = o.if_contains("max_group_size"))
+    q.max_group_size = static_cast<std::size_t>(
+        count_at(*f, field("max_group_size"), 1, static_cast<std::int64_t>(max_group_size_limit)));
   if (auto* f = o.if_contains("concurrency"))
     q.worker.concurrency = static_cast<std::size_t>(count_at(*f, field("concurrency"), 1, 100'000));
   if (auto* f = o.if_contains("lease_ttl_ms"))

@@ -517,6 +517,11 @@ class differential {
         short_one = true;
       }
       is_short.push_back(short_one);
+      // Now and then a max group size, near the sizes groups have here (refused by both, or by neither).
+      if (!j.group.empty() && rng_.chance(10)) {
+        j.max_group_size = static_cast<std::int64_t>(1 + rng_.below(8));
+        when += fmt::format(" max {}", j.max_group_size);
+      }
       what += fmt::format("{}{{id='{}' group={} n={} {}}}", i ? ", " : "", j.id, show_group(j.group), number, when);
       jobs.push_back(std::move(j));
     }
@@ -535,6 +540,8 @@ class differential {
     if (!m.error.empty() && !r.error.empty()) {
       // Both refused the batch (a bad id, max or due time): with the same errc.
       if (!same(what, thrown_type(mt), thrown_type(rt))) co_return;
+      auto code = mt.find('(');  // the errc, as "(26)"
+      ++tally_[fmt::format("enqueue refused {}", code == std::string::npos ? mt : mt.substr(code, 4))];
       note(fmt::format("{} -> both threw (memory {} / redis {})", what, mt, rt));
       co_return;
     }

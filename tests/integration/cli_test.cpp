@@ -792,6 +792,34 @@ TEST_CASE(
   CHECK(jobrt_cli({"dlq", "list", "--redis", url, "--queue", queue}).output.empty());
 }
 
+TEST_CASE("jobrt enqueue --max-group-size refuses a batch that would overfill a group, naming it, and stores none") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "limit";
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--count", "2", "--groups", "1",
+                   "--max-group-size", "2"})
+            .status == 0);
+  auto file = fmt::format("/tmp/jobrt-cli-limit-{}.jsonl", ::getpid());
+  std::ofstream(file) << R"({"type":"t","group":"other"})"
+                      << "\n"
+                      << R"({"type":"t","group":"g0"})"
+                      << "\n";
+  auto over = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file, "--max-group-size", "2"});
+  CHECK(over.status != 0);
+  CHECK(
+      over.output.find("group 'g0' would hold 3 jobs, over its max group size of 2 (job 2 of 2): nothing was stored") !=
+      std::string::npos);
+  std::ofstream(file) << R"({"type":"t","group":"other"})"
+                      << "\n"
+                      << R"({"type":"t","group":"g0","max_group_size":3})"
+                      << "\n";
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file, "--max-group-size", "2"}).status == 0);
+  std::remove(file.c_str());
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--max-group-size", "0"}).status == 2);
+  auto stats = boost::json::parse(jobrt_cli({"stats", queue, "--redis", url, "--json"}).output).as_object();
+  CHECK(stats.at("enqueued").as_int64() == 4);
+}
+
 TEST_CASE("jobrt cancel: pending kept jobs never start, a running one's handler is cancelled, its group goes on") {
   auto cfg = shared_redis();
   auto url = url_of(cfg);

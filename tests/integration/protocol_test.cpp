@@ -581,8 +581,21 @@ TEST_CASE("enqueue.lua, the C++ producer and both backends refuse the same ids, 
   CHECK(eval("abc", {"", "", body, ""}).find("job count 'abc' is not a whole number") != std::string::npos);
   CHECK(eval("1.5", {"", "", body, ""}).find("job count '1.5' is not a whole number") != std::string::npos);
   CHECK(eval("-1", {}).find("job count '-1' is not a whole number") != std::string::npos);
-  CHECK(eval("2", {"", "", body, ""})
-            .find("a count of 2 jobs needs 8 arguments after it (id, group, body, due each); got 4") !=
+  CHECK(
+      eval("2", {"", "", body, ""})
+          .find("a count of 2 jobs needs 8 arguments after it (id, group, body, due each), or 10 (and a max group size "
+                "each); got 4") != std::string::npos);
+  CHECK(eval("1", {"", "", body, "", "x", "y"}).find("a count of 1 jobs needs 4 arguments after it") !=
         std::string::npos);
-  CHECK(eval("1", {"", "", body, "", "x"}).find("a count of 1 jobs needs 4 arguments after it") != std::string::npos);
+  CHECK(eval("1", {"", "g", body, "", "x"}).find("job 1 max group size 'x' is not a whole number of at least 1") !=
+        std::string::npos);
+  // Max group sizes after the jobs' arguments: the second job would make group lg hold 2.
+  CHECK(
+      eval("2", {"", "lg", body, "", "", "lg", body, "", "", "1"})
+          .find(
+              "JOBRT:26 group 'lg' would hold 2 jobs, over its max group size of 1 (job 2 of 2): nothing was stored") !=
+      std::string::npos);
+  auto fits = eval("2", {"", "lg", body, "", "", "lg", body, "", "", "2"});
+  CHECK(fits.find("JOBRT") == std::string::npos);
+  CHECK(std::count(fits.begin(), fits.end(), '\n') == 4);  // two ids, each not a duplicate
 }

@@ -38,9 +38,10 @@ TEST_CASE("settings - a full config file") {
     "handlers": {"tenant_import": {"retry": {"initial_ms": 500, "factor": 3, "max_ms": 9000, "jitter": 0}}},
     "queues": [
       {"name": "imports", "concurrency": 20, "lease_ttl_ms": 6000, "watchdog_ms": 1000, "burst": 2, "shards": 16,
-       "max_result_bytes": 1000,
+       "max_result_bytes": 1000, "max_group_size": 500,
        "follow": "pipelined", "claim_wait_ms": 2000, "on_failure": "halt", "retry": {"initial_ms": 100},
-       "grouping": {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "skip"}]},
+       "grouping": {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "skip",
+                               "max_group_size": 20}]},
        "dead_letters": {"max_count": 50, "max_age_ms": 60000}},
       {"name": "mail"}
     ]})"));
@@ -68,6 +69,9 @@ TEST_CASE("settings - a full config file") {
   REQUIRE(choice);
   CHECK(choice->group == "orders:t7");
   CHECK(choice->on_failure == failure_policy::skip);
+  CHECK(choice->max_group_size == std::size_t{20});
+  CHECK(q.max_group_size == 500);
+  CHECK(s.queues[1].max_group_size == 0);
   CHECK(s.queues[1].worker.concurrency == worker_options{}.concurrency);
   CHECK(s.queues[1].worker.follow == follow_policy::after_commit);
 }
@@ -85,6 +89,10 @@ TEST_CASE("settings - a bad file is refused naming the field") {
         "config.queues[0].lease_ttl_ms: is not an integer from 100 to 86400000");
   CHECK(refusal(R"({"queues": [{"name": "a", "burst": 5000}]})") ==
         "config.queues[0].burst: is not an integer from 1 to 1000");
+  CHECK(refusal(R"({"queues": [{"name": "a", "max_group_size": 0}]})") ==
+        "config.queues[0].max_group_size: is not an integer from 1 to 1000000000");
+  CHECK(refusal(R"({"queues": [{"name": "a", "grouping": {"rules": [{"key": "{t}", "max_group_size": -2}]}}]})") ==
+        "config.queues[0].grouping: grouping rules[0].max_group_size is -2; it must be from 1 to 1000000000");
   CHECK(refusal(R"({"queues": [{"name": "a", "max_result_bytes": -1}]})") ==
         "config.queues[0].max_result_bytes: is not an integer from 0 to 16777216");
   CHECK(refusal(R"({"queues": [{"name": "a", "lease_ttl_ms": 99999999999999999999}]})") ==
@@ -106,7 +114,8 @@ TEST_CASE("settings - a bad file is refused naming the field") {
   CHECK(refusal(R"({"queues": [{"name": "a", "grouping": {"rule": []}}]})") ==
         "config.queues[0].grouping: grouping: unknown field \"rule\" (known: rules)");
   CHECK(refusal(R"({"queues": [{"name": "a", "grouping": {"rules": [{"key": "{t}", "on_faliure": "halt"}]}}]})") ==
-        "config.queues[0].grouping: grouping rules[0]: unknown field \"on_faliure\" (known: match, key, on_failure)");
+        "config.queues[0].grouping: grouping rules[0]: unknown field \"on_faliure\" (known: match, key, on_failure, "
+        "max_group_size)");
   CHECK(refusal(R"({"plugins": "a.so"})") == "config.plugins: is not an array");
   CHECK(refusal(R"({"queues": [{"name": "a", "retry": {"initial_ms": 5000, "max_ms": 4000}}]})") ==
         "config.queues[0].retry.max_ms: is below initial_ms (5000)");

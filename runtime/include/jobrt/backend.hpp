@@ -39,6 +39,11 @@ struct encoded_job {
   /// job joins its group's tail when it is due.
   std::int64_t delay_ms = 0;
   std::int64_t run_at_ms = 0;
+  /// For a grouped job, 0 or at least 1: the most jobs its group may hold once it is stored
+  /// (the group's pending and running jobs, and the batch's for it, due now or later; jobs of
+  /// earlier batches that wait for their due time count once they join). A job over it refuses
+  /// the batch with errc::group_full, before anything is stored. 0: no limit.
+  std::int64_t max_group_size = 0;
 };
 
 struct enqueue_result {

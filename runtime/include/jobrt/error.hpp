@@ -53,6 +53,8 @@ enum class errc {
   group_busy = 24,
   /// The queue is stored with another number of shards than the one given.
   shards_mismatch = 25,
+  /// A job would make its group hold more jobs than its max_group_size: the batch was refused.
+  group_full = 26,
 };
 
 /// The category of jobrt::errc.

@@ -2,7 +2,8 @@
 // type and payload fields. A team that does not enable grouping keeps the ungrouped fast path.
 //
 // JSON form:
-//   {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "hold"}]}
+//   {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "hold",
+//               "max_group_size": 10000}]}
 // A rule matches a job when every "match" entry equals the job's field ("type" is the job's
 // type; other names are top-level payload fields; "*" means the field is present) and every
 // field the key names is present. The first matching rule gives the group; none: ungrouped.
@@ -24,12 +25,16 @@ struct grouping_rule {
   std::map<std::string, std::string> match;  ///< field → value, or "*" for any value
   std::string key;                           ///< template with {field} placeholders
   std::optional<failure_policy> on_failure;  ///< for the jobs this rule groups
+  /// For the jobs this rule groups: the most jobs each of its groups may hold (job_spec::
+  /// max_group_size). At least 1.
+  std::optional<std::size_t> max_group_size;
 };
 
 /// What the rules decide for a job.
 struct group_choice {
   std::string group;
   std::optional<failure_policy> on_failure;
+  std::optional<std::size_t> max_group_size;
 };
 
 class grouping_rules {

@@ -41,6 +41,8 @@ inline constexpr std::chrono::milliseconds max_job_timeout = std::chrono::hours(
 
 /// The longest a completed job's status may be kept (job_spec::keep).
 inline constexpr std::chrono::milliseconds max_job_keep = std::chrono::hours(24 * 365);
+/// The largest job_spec::max_group_size.
+inline constexpr std::size_t max_group_size_limit = 1'000'000'000;
 
 /// What a producer enqueues.
 struct job_spec {
@@ -70,6 +72,10 @@ struct job_spec {
   /// waits or runs and this long after it completes; 0: not kept. When absent,
   /// producer_options::keep. A job not kept costs the queue no index entry. At most max_job_keep.
   std::optional<std::chrono::milliseconds> keep;
+  /// For a grouped job: refuse it (and its batch) when its group would then hold more than
+  /// this many jobs, pending or running (errc::group_full; see encoded_job::max_group_size). At
+  /// least 1. When absent, the grouping rule's, else producer_options::max_group_size.
+  std::optional<std::size_t> max_group_size;
 };
 
 /// A claimed job, as its handler sees it.

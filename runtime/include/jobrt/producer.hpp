@@ -30,6 +30,8 @@ struct producer_options {
   grouping_rules rules;
   /// job_spec::keep for the jobs that give none (0: none kept).
   std::chrono::milliseconds keep{0};
+  /// job_spec::max_group_size for the grouped jobs whose job and rule give none (0: no limit).
+  std::size_t max_group_size = 0;
 };
 
 /// enqueue_bulk failed after some of its batches were stored: the first stored() jobs are on the

@@ -28,6 +28,8 @@ struct queue_settings {
   /// "shards": how many shards the queue spreads over (sharded_backend); 0 when not given: as
   /// the queue is stored (1 for a new one).
   std::size_t shards = 0;
+  /// "max_group_size": producer_options::max_group_size for `jobrt enqueue --config` (0: none).
+  std::size_t max_group_size = 0;
 };
 
 enum class durability : int;  // <jobrt/redis_backend.hpp>

@@ -127,6 +127,8 @@ class sharded_backend final : public backend {
   // counts() or counters() over the shards, summed.
   boost::asio::awaitable<queue_counts> summed(std::string queue, bool counters_only);
   // A claim in shard k, its tokens prefixed; marks k again (and remembers it) when it was full.
+  // Refuses a batch over several shards whose limited groups would grow past their limits.
+  boost::asio::awaitable<void> check_group_sizes(const queue_state& q, const std::vector<encoded_job>& jobs);
   boost::asio::awaitable<std::vector<claimed_job>> claim_in(const std::string& queue, queue_state& q, std::size_t k,
                                                             const claim_options& opts);
   // Notes for the reaper that this process holds leases in these shards for `ttl` from now.

@@ -112,6 +112,12 @@ std::string due_refusal(const encoded_job& job, std::size_t i) {
   return {};
 }
 
+std::string group_full_message(std::string_view group, std::int64_t count, std::int64_t max, std::size_t i,
+                               std::size_t n) {
+  return fmt::format("group '{}' would hold {} jobs, over its max group size of {} (job {} of {}): nothing was stored",
+                     group, count, max, i + 1, n);
+}
+
 std::string body_refusal(std::string_view body) {
   // As enqueue.lua: only a body whose text may hold a max below 1 ('"max"', ':', then '-' or
   // '0', spaces between) is decoded, and its own "max" decides.

@@ -64,4 +64,9 @@ std::string due_refusal(const encoded_job& job, std::size_t i);
 /// "" when the body passes.
 std::string body_refusal(std::string_view body);
 
+/// enqueue.lua's refusal of a batch whose job i (counted from 0) of n would make `group` hold
+/// `count` jobs, over its `max`, in its words.
+std::string group_full_message(std::string_view group, std::int64_t count, std::int64_t max, std::size_t i,
+                               std::size_t n);
+
 }  // namespace jobrt::detail

@@ -218,6 +218,25 @@ std::vector<enqueue_result> queue_model::enqueue(std::vector<encoded_job> jobs) 
     if (auto problem = body_refusal(job.body); !problem.empty()) refuse(errc::bad_max_attempts, problem);
     if (auto problem = due_refusal(job, i); !problem.empty()) refuse(errc::bad_due, problem);
   }
+  // Max group sizes, as enqueue.lua counts them: the group's list and the batch's jobs for it
+  // (not duplicates), in order.
+  if (std::any_of(jobs.begin(), jobs.end(), [](const encoded_job& j) { return j.max_group_size > 0; })) {
+    std::unordered_map<std::string_view, std::int64_t> held;
+    std::unordered_set<std::string_view> seen;
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      const auto& job = jobs[i];
+      bool duplicate = !job.id.empty() && (seen.contains(job.id) || q.ids.contains(job.id));
+      if (!job.id.empty()) seen.insert(job.id);
+      if (job.group.empty() || duplicate) continue;
+      auto [it, added] = held.try_emplace(job.group, 0);
+      if (added)
+        if (auto list = q.groups.find(job.group); list != q.groups.end())
+          it->second = static_cast<std::int64_t>(list->second.size());
+      ++it->second;
+      if (job.max_group_size > 0 && it->second > job.max_group_size)
+        refuse(errc::group_full, group_full_message(job.group, it->second, job.max_group_size, i, jobs.size()));
+    }
+  }
   auto missing = std::count_if(jobs.begin(), jobs.end(), [](const encoded_job& j) { return j.id.empty(); });
   auto timed_grouped = std::count_if(jobs.begin(), jobs.end(), [](const encoded_job& j) {
     return (j.run_at_ms > 0 || j.delay_ms > 0) && !j.group.empty();

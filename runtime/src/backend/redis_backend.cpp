@@ -209,6 +209,13 @@ asio::awaitable<std::vector<enqueue_result>> redis_backend::store_jobs(std::stri
     args.push_back(jobs[i].body);
     args.push_back(dues[i]);
   }
+  // Max group sizes, one per job, only when one of them has a limit (enqueue.lua).
+  std::vector<std::string> limits;
+  if (std::any_of(jobs.begin(), jobs.end(), [](const encoded_job& j) { return j.max_group_size > 0; })) {
+    limits.reserve(jobs.size());
+    for (auto& j : jobs) limits.push_back(j.max_group_size > 0 ? std::to_string(j.max_group_size) : std::string());
+    args.insert(args.end(), limits.begin(), limits.end());
+  }
   auto named = enqueue_keys(queue);
   std::vector<std::string> keys(named.begin(), named.end());
   if (!marks.empty()) keys.push_back(std::move(marks));

@@ -354,6 +354,7 @@ awaitable<std::vector<enqueue_result>> sharded_backend::enqueue_parts(std::strin
     if (auto problem = detail::due_refusal(jobs[i], i); !problem.empty())
       throw boost::system::system_error(errc::bad_due, problem);
   }
+  co_await check_group_sizes(*q, jobs);
   per_shard<encoded_job> split(q->shards);
   auto now_ms = epoch_ms();
   std::vector<bool> due_now(q->shards, false), due_later(q->shards, false);
@@ -394,6 +395,37 @@ awaitable<std::vector<enqueue_result>> sharded_backend::enqueue_parts(std::strin
     for (std::size_t i = 0; i < stored.results[u].results.size(); ++i)
       out[split.places[used[u]][i]] = std::move(stored.results[u].results[i]);
   co_return out;
+}
+
+// A batch with max group sizes (encoded_job::max_group_size) over several shards: the limited
+// groups' sizes are read first, and a job over its limit refuses the batch before any shard
+// stores a part. Each part's script checks again and decides: a producer that filled a group in
+// between makes that part fail alone, as any failed part does. A job with an id is not counted
+// here (it may be a duplicate, which does not count): the script counts it.
+awaitable<void> sharded_backend::check_group_sizes(const queue_state& q, const std::vector<encoded_job>& jobs) {
+  if (jobs.size() < 2) co_return;                           // (one shard's part: its script alone decides)
+  std::unordered_map<std::string_view, std::int64_t> held;  // limited group -> its size, then counted on
+  for (const auto& j : jobs)
+    if (!j.group.empty() && j.max_group_size > 0) held.try_emplace(j.group, 0);
+  if (held.empty()) co_return;
+  std::vector<std::string_view> groups;
+  for (auto& [g, n] : held) groups.push_back(g);
+  std::vector<std::size_t> all(groups.size());
+  std::iota(all.begin(), all.end(), std::size_t{0});
+  auto sizes = co_await at_once<std::int64_t>(std::move(all), [&](std::size_t i) {
+    return inner_.group_size(q.names[shard_of(groups[i], q.shards)], std::string(groups[i]));
+  });
+  sizes.rethrow();
+  for (std::size_t i = 0; i < groups.size(); ++i) held[groups[i]] = sizes.results[i];
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    const auto& j = jobs[i];
+    auto it = held.find(j.group);
+    if (j.group.empty() || !j.id.empty() || it == held.end()) continue;
+    ++it->second;
+    if (j.max_group_size > 0 && it->second > j.max_group_size)
+      throw boost::system::system_error(
+          errc::group_full, detail::group_full_message(j.group, it->second, j.max_group_size, i, jobs.size()));
+  }
 }
 
 awaitable<std::vector<claimed_job>> sharded_backend::claim_in(const std::string& queue, queue_state& q, std::size_t k,
