@@ -376,6 +376,7 @@ int job_show(const common& c, const std::string& id, const std::string& group) {
     if (s.running)
       fmt::print("running on {} (host {}, pid {}) since {}\n", s.running_on->id, s.running_on->host, s.running_on->pid,
                  age(s.running->since_ms));
+    if (s.cancelling) fmt::print("cancelling: its worker cancels it at its next lease renewal\n");
     if (s.record) {
       try {
         auto j = decode_job(fmt::format("{}|{}|{}", s.record->attempts, s.record->id, s.record->body), s.group);

@@ -55,6 +55,8 @@ local function drop(record, entry)
   redis.call('HSET', jobs, id, string.format('k%d', now) .. string.sub(entry, (string.find(entry, ':', 1, true))))
   redis.call('ZADD', prefix .. 'done', string.format('%d', now + tonumber(keep)), id)
   if string.find(id, '%D') then redis.call('SREM', prefix .. 'ids', id) end -- a producer's id is free again
+  -- (Whoever waits for its end, if it ran when it was cancelled: its worker died since.)
+  if type(redis.pcall('SPUBLISH', prefix .. 'ended', id)) == 'table' then redis.call('PUBLISH', prefix .. 'ended', id) end
   passed = passed + 1
 end
 

@@ -38,6 +38,8 @@ boost::asio::awaitable<std::optional<job_status>> find_job(backend& store, std::
     co_return out;
   }
   bool done = ended(kept);
+  // Cancelled while it ran, and its run not seen to end: it may still be running.
+  bool cancel_waits = kept && kept->status == kept_job::state::cancelled && !kept->ended;
   if (kept) {
     out.group = kept->group;
     out.record = kept->record;
@@ -59,7 +61,7 @@ boost::asio::awaitable<std::optional<job_status>> find_job(backend& store, std::
     auto page = co_await store.workers(queue, cursor, 100);
     for (auto& r : page.items)
       for (auto& j : r.jobs)
-        if (j.id == id && !out.running && !(done && j.since_ms <= kept->at_ms)) {
+        if (j.id == id && !out.running && !(done && !cancel_waits && j.since_ms <= kept->at_ms)) {
           out.running = j;
           out.running_on = r;
         }
@@ -68,6 +70,7 @@ boost::asio::awaitable<std::optional<job_status>> find_job(backend& store, std::
   }
   if (out.running) {
     done = false;
+    out.cancelling = cancel_waits;
     out.status = job_status::state::running;
     out.at_ms = 0;
     if (out.group.empty() || kept) out.group = out.running->group;
@@ -103,7 +106,11 @@ boost::asio::awaitable<std::optional<job_status>> wait_job(backend& store, std::
     auto seen = store.ended_version(queue);  // (before the look: an end after it moves the version)
     auto kept = co_await store.kept_job_of(queue, id);
     auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (kept && (kept->status == kept_job::state::done || kept->status == kept_job::state::cancelled)) {
+    if (kept && kept->status == kept_job::state::cancelled && !kept->ended) {
+      // Cancelled: ended, unless it runs (then its run's end, or the handler's, publishes).
+      auto now = co_await find_job(store, queue, id);
+      if (!now || now->status != job_status::state::running || left.count() <= 0) co_return now;
+    } else if (kept && (kept->status == kept_job::state::done || kept->status == kept_job::state::cancelled)) {
       job_status out;  // (what find_job would say, without its reads)
       out.id = std::move(id);
       out.status = kept->status == kept_job::state::done ? job_status::state::done : job_status::state::cancelled;
@@ -112,8 +119,9 @@ boost::asio::awaitable<std::optional<job_status>> wait_job(backend& store, std::
       out.record = std::move(kept->record);
       out.result = std::move(kept->result);
       co_return out;
+    } else if (!kept || left.count() <= 0) {
+      co_return co_await find_job(store, queue, id);
     }
-    if (!kept || left.count() <= 0) co_return co_await find_job(store, queue, id);
     // (At least once a minute it looks anyway: a message may not come, from a worker of a release
     // before this one, or to a user the server does not let subscribe.)
     co_await store.wait_ended(queue, seen, std::min<std::chrono::milliseconds>(left, std::chrono::minutes(1)));
@@ -127,6 +135,7 @@ boost::json::object to_json(const job_status& s) {
   if (s.at_ms > 0) o["at"] = s.at_ms;
   if (s.record) o["job"] = detail::record_object(*s.record, s.group);
   if (s.running) o["running"] = detail::running_object(*s.running_on, *s.running);
+  if (s.cancelling) o["cancelling"] = true;
   if (s.dead) o["dead"] = detail::dead_object(*s.dead);
   if (!s.result.empty()) {
     boost::system::error_code ec;

@@ -124,6 +124,9 @@ std::string prometheus_text(const std::vector<queue_metrics>& queues) {
       {"jobrt_jobs_unhandled_total",
        "Jobs this process handed back unstarted, having no handler for their type (another worker runs them).",
        &type_counters::unhandled},
+      {"jobrt_jobs_cancelled_total",
+       "Runs this process ended, or jobs it did not start, because their job was cancelled.",
+       &type_counters::cancelled},
   };
   for (const auto& c : per_type) {
     family(out, c.name, "counter", c.help);

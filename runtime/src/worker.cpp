@@ -564,6 +564,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       } else if (item.kind == finish_kind::hand_back) {  // (counted when handed back)
       } else if (item.kind == finish_kind::cancel) {
         ++counters_.cancelled;
+        ++t.cancelled;
       } else {
         ++counters_.failed;
         ++t.failed;
@@ -661,6 +662,11 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       // As a running job's, a lease no renewal reached for a whole TTL is given up: handed back.
       if (w.valid_until <= clock::now()) {
         give_back(std::move(w.job.token), "ran out while it waited for a slot");
+      } else if (w.cancelled) {
+        ++held_;  // until its finish lands (on_finished drops it)
+        held_count_.store(held_, std::memory_order_relaxed);
+        const auto& id = w.job.job.id;
+        finish_now(std::move(w.job.token), id, finish_kind::cancel, detail::producer_id(w.job.job), {});
       } else {
         launch(std::move(w.job), w.valid_until, w.replayed);
       }
@@ -768,29 +774,46 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // The kept jobs that run here, or come next in a burst: a cancel of one (backend::cancel)
     // is found by asking after them at each renewal.
     h.kept_ids = [this] {
-      std::vector<std::string> ids;
+      std::vector<held_job> held;
+      auto followers = [&](const std::string& token, const std::vector<job_record>& ahead) {
+        for (auto& f : ahead)
+          if (!f.id.empty() && detail::keep_in_body(f.body)) held.push_back({token, f.id});
+      };
       for (auto& [token, r] : running_) {
-        if (r->state != job_state::running) continue;
-        if (r->ctx->job().keep.count() > 0 && !r->cancel_asked) ids.push_back(r->ctx->job().id);
-        for (auto& f : r->ahead)
-          if (!f.id.empty() && detail::keep_in_body(f.body)) ids.push_back(f.id);
-      }
-      return ids;
-    };
-    h.cancelled = [this](const std::string& id) {
-      for (auto& [token, r] : running_) {
-        if (r->state != job_state::running) continue;
-        // A follower not started yet stays in its group (where the next claim drops it), and
-        // so do those behind it: the burst ends before it.
-        auto f = std::find_if(r->ahead.begin(), r->ahead.end(), [&](const job_record& j) { return j.id == id; });
-        r->ahead.erase(f, r->ahead.end());
+        if (r->state == job_state::lost || r->state == job_state::stopping) continue;
         const auto& j = r->ctx->job();
-        if (j.id != id || r->cancel_asked || j.keep.count() == 0) continue;
-        r->cancel_asked = true;
-        jobrt::log(log_level::info, log_fields{j.id, j.group, j.type, j.attempt, opts_.id}, source_,
-                   "job {} was cancelled; cancelling its handler", j.id);
-        cancel_handler(r);
+        if (r->state == job_state::running && j.keep.count() > 0 && !r->cancel_asked) held.push_back({token, j.id});
+        followers(token, r->ahead);  // (also while its job's keep is on its way: finishing)
       }
+      for (auto& w : waiting_) {
+        if (!w.cancelled && !w.job.job.id.empty() && detail::keep_in_body(w.job.job.body))
+          held.push_back({w.job.token, w.job.job.id});
+        followers(w.job.token, w.job.ahead);
+      }
+      return held;
+    };
+    h.cancelled = [this](const held_job& c) {
+      // A follower not started yet stays in its group (where a claim drops it), and so do those
+      // behind it: the burst ends before it.
+      auto cut = [&](std::vector<job_record>& ahead) {
+        ahead.erase(std::find_if(ahead.begin(), ahead.end(), [&](const job_record& j) { return j.id == c.id; }),
+                    ahead.end());
+      };
+      for (auto& w : waiting_) {
+        if (w.job.token != c.token) continue;
+        cut(w.job.ahead);
+        if (w.job.job.id == c.id) w.cancelled = true;  // (it ends, when its turn comes, without a run)
+      }
+      auto it = running_.find(c.token);
+      if (it == running_.end()) return;
+      auto r = it->second;
+      cut(r->ahead);
+      const auto& j = r->ctx->job();
+      if (r->state != job_state::running || j.id != c.id || r->cancel_asked || j.keep.count() == 0) return;
+      r->cancel_asked = true;
+      jobrt::log(log_level::info, log_fields{j.id, j.group, j.type, j.attempt, opts_.id}, source_,
+                 "job {} was cancelled; cancelling its handler", j.id);
+      cancel_handler(r);
     };
     // A lease no renewal's answer has reached for a whole TTL is gone, or about to go.
     h.overdue = [this] {
@@ -997,7 +1020,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   struct waiting_job {
     claimed_job job;
     clock::time_point valid_until;
-    bool replayed = false;  // (running_job::replayed)
+    bool replayed = false;   // (running_job::replayed)
+    bool cancelled = false;  // its job (a kept one) was cancelled: it ends so instead of starting
   };
   std::deque<waiting_job> waiting_;
   std::unordered_set<std::string> giving_back_;  // tokens of give_back calls on their way

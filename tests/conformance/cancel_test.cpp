@@ -81,11 +81,12 @@ CONFORMANCE("cancel: a pending or delayed kept job never starts, and its group g
     auto waited = co_await p.wait("c-u", std::chrono::seconds(20));
     REQUIRE(waited);
     CHECK(waited->status == job_status::state::cancelled);
-    std::vector<std::string> asked;  // (no braced lists in a coroutine: GCC 12)
-    asked.push_back("c-1");
-    asked.push_back("c-2");
-    asked.push_back("c-u");
-    asked.push_back("no-such-job");
+    std::vector<held_job> asked;  // (no braced lists in a coroutine: GCC 12)
+    for (std::string id = "c-1"; !id.empty(); id = id == "c-1"   ? "c-2"
+                                                   : id == "c-2" ? "c-u"
+                                                   : id == "c-u" ? "none"
+                                                                 : "")
+      asked.push_back(held_job{std::string(), id});
     std::string said;
     for (bool x : co_await store.cancelled(b.queue(), asked)) said += x ? '1' : '0';
     CHECK(said == "0110");
@@ -151,9 +152,25 @@ CONFORMANCE("cancel: a running kept job's handler is cancelled at its lease's re
     specs.push_back(kept("t", std::string("g"), "after-1"));
     specs.push_back(make_job("t", boost::json::object{}, std::string("g")));
     auto stored = co_await p.enqueue_bulk(std::move(specs));
-    CHECK(co_await eventually([&]() -> awaitable<bool> { co_return started; }, std::chrono::seconds(10)));
+    // Running, as its worker reports (once a second).
+    CHECK(co_await eventually(
+        [&]() -> awaitable<bool> {
+          auto s = co_await find_job(b.make(), b.queue(), "run-1");
+          co_return s && s->status == job_status::state::running;
+        },
+        std::chrono::seconds(10)));
+    CHECK(started);
     auto began = std::chrono::steady_clock::now();
     CHECK(co_await p.cancel("run-1") == cancel_outcome::cancelled);
+    auto cancelling = co_await find_job(b.make(), b.queue(), "run-1");
+    REQUIRE(cancelling);
+    CHECK(cancelling->status == job_status::state::running);
+    CHECK(cancelling->cancelling);
+    // A producer waiting for it hears when its run has ended, cancelled.
+    auto waited = co_await p.wait("run-1", std::chrono::seconds(10));
+    REQUIRE(waited);
+    CHECK(waited->status == job_status::state::cancelled);
+    CHECK(saw_cancelled);
     CHECK(co_await eventually([&]() -> awaitable<bool> { co_return ran.size() == 2; }, std::chrono::seconds(10)));
     CHECK(std::chrono::steady_clock::now() - began < std::chrono::seconds(5));  // (a renewal or two, not the 60 s)
     CHECK(saw_cancelled);

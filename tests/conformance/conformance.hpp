@@ -275,8 +275,8 @@ class gated_backend final : public backend {
   awaitable<cancel_outcome> cancel(std::string q, std::string id) override {
     return inner_.cancel(std::move(q), std::move(id));
   }
-  awaitable<std::vector<bool>> cancelled(std::string q, std::vector<std::string> ids) override {
-    return inner_.cancelled(std::move(q), std::move(ids));
+  awaitable<std::vector<bool>> cancelled(std::string q, std::vector<held_job> jobs) override {
+    return inner_.cancelled(std::move(q), std::move(jobs));
   }
   std::uint64_t ended_version(const std::string& q) override { return inner_.ended_version(q); }
   awaitable<void> wait_ended(std::string q, std::uint64_t seen, std::chrono::milliseconds timeout) override {

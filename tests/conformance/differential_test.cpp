@@ -1124,8 +1124,10 @@ class differential {
     auto mt = text(m, show);
     if (!same(what, mt, text(r, show))) co_return;
     ++tally_[fmt::format("cancel {}", mt)];
-    std::vector<std::string> asked{id, ids_.empty() ? std::string("no-such-job") : ids_[rng_.below(ids_.size())]};
-    std::string which = fmt::format("cancelled [{} {}]", asked[0], asked[1]);
+    std::vector<held_job> asked(2);
+    asked[0].id = id;
+    asked[1].id = ids_.empty() ? std::string("no-such-job") : ids_[rng_.below(ids_.size())];
+    std::string which = fmt::format("cancelled [{} {}]", asked[0].id, asked[1].id);
     auto mc = co_await attempt(b_[0]->cancelled(queue_, asked));
     auto rc = co_await attempt(b_[1]->cancelled(queue_, asked));
     auto show_all = [](const std::vector<bool>& v) {

@@ -203,8 +203,8 @@ class counting_backend final : public jobrt::backend {
   boost::asio::awaitable<jobrt::cancel_outcome> cancel(std::string q, std::string id) override {
     return inner_.cancel(std::move(q), std::move(id));
   }
-  boost::asio::awaitable<std::vector<bool>> cancelled(std::string q, std::vector<std::string> ids) override {
-    return inner_.cancelled(std::move(q), std::move(ids));
+  boost::asio::awaitable<std::vector<bool>> cancelled(std::string q, std::vector<jobrt::held_job> jobs) override {
+    return inner_.cancelled(std::move(q), std::move(jobs));
   }
   std::uint64_t ended_version(const std::string& q) override { return inner_.ended_version(q); }
   boost::asio::awaitable<void> wait_ended(std::string q, std::uint64_t seen,

@@ -283,8 +283,17 @@ struct kept_job {
   /// (its group's head has them).
   job_record record;
   std::string result;  ///< done: the result its handler gave (JSON), "" when none
+  /// cancelled: whether it has ended (dropped where it would have started, or its run ended).
+  /// Until then it waits to be dropped, or it runs and its worker cancels it.
+  bool ended = false;
 };
 std::string_view to_string(kept_job::state s) noexcept;
+
+/// A job a worker holds: the token of the lease it runs (or will run) under, and its id.
+struct held_job {
+  std::string token;
+  std::string id;
+};
 
 /// What backend::cancel did.
 enum class cancel_outcome {
@@ -467,12 +476,13 @@ class backend {
   /// Cancels the kept job `id` (job_spec::keep): pending or delayed, it is dropped where it would
   /// be leased and never starts; running, its worker learns of it at its next lease renewal and
   /// cancels its handler (job_context::cancelled()), and the run ends cancelled unless it
-  /// completed first. Either way its entry says cancelled (kept_job_of) from now on, and those
-  /// waiting for its end (wait_ended) are woken. One atomic call.
+  /// completed first (then done). Its entry says cancelled (kept_job_of) from now on, unless
+  /// that run completes; those waiting for its end (wait_ended) are woken. One atomic call.
   virtual boost::asio::awaitable<cancel_outcome> cancel(std::string queue, std::string id) = 0;
-  /// For each of `ids` (kept jobs a worker runs, or holds to run next), whether it was
-  /// cancelled. One read.
-  virtual boost::asio::awaitable<std::vector<bool>> cancelled(std::string queue, std::vector<std::string> ids) = 0;
+  /// For each of `jobs` (kept jobs a worker runs, or holds to run next), whether it was
+  /// cancelled. One read (a sharded queue: one for each shard whose leases are among them; a
+  /// job given with no token is looked for by its id, as kept_job_of does).
+  virtual boost::asio::awaitable<std::vector<bool>> cancelled(std::string queue, std::vector<held_job> jobs) = 0;
   /// Dead letters that pass `filter`, newest first, up to `limit`, from `cursor` ("" to start).
   /// A call looks at a bounded number of them, so a page may hold fewer than `limit` and still
   /// have a cursor.

@@ -39,6 +39,9 @@ struct job_status {
   std::optional<dead_letter> dead;
   std::optional<group_status> group_state;  ///< its group's, when it has one (but done or dead)
   std::string result;                       ///< done: the result its handler gave (JSON), "" none
+  /// running, and cancelled: its worker cancels its handler at its next lease renewal (it ends
+  /// cancelled, or done if it completes first)
+  bool cancelling = false;
 };
 std::string_view to_string(job_status::state s) noexcept;
 /// As the dashboard's API and `jobrt job --json` show it (docs/DASHBOARD.md): "id", "state",
@@ -55,11 +58,11 @@ boost::asio::awaitable<std::optional<job_status>> find_job(backend& store, std::
                                                            std::string group = {});
 
 /// Waits for the end of job `id`, enqueued with a keep: its status once it is done (with its
-/// result), cancelled or dead, or, when `timeout` passes first, as it is then (pending, delayed, running).
-/// A job without a keep (or whose keep ran out) is not waited for: find_job's answer at once.
-/// Woken by the store at each kept job's end (backend::wait_ended: on Redis a published
-/// message), then one look at the job; and, in case a message did not come (a worker of an
-/// older release, a user that may not subscribe), a look at least once a minute.
+/// result), cancelled (and not running) or dead, or, when `timeout` passes first, as it is then (pending, delayed,
+/// running). A job without a keep (or whose keep ran out) is not waited for: find_job's answer at once. Woken by the
+/// store at each kept job's end (backend::wait_ended: on Redis a published message), then one look at the job; and, in
+/// case a message did not come (a worker of an older release, a user that may not subscribe), a look at least once a
+/// minute.
 boost::asio::awaitable<std::optional<job_status>> wait_job(backend& store, std::string queue, std::string id,
                                                            std::chrono::milliseconds timeout);
 

@@ -110,7 +110,7 @@ class sharded_backend final : public backend {
   boost::asio::awaitable<group_status> group_of(std::string queue, std::string group) override;
   boost::asio::awaitable<std::optional<kept_job>> kept_job_of(std::string queue, std::string id) override;
   boost::asio::awaitable<cancel_outcome> cancel(std::string queue, std::string id) override;
-  boost::asio::awaitable<std::vector<bool>> cancelled(std::string queue, std::vector<std::string> ids) override;
+  boost::asio::awaitable<std::vector<bool>> cancelled(std::string queue, std::vector<held_job> jobs) override;
   boost::asio::awaitable<page<dead_letter>> find_dead(std::string queue, dead_filter filter, std::string cursor,
                                                       std::size_t limit) override;
 

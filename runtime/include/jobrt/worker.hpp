@@ -186,6 +186,7 @@ struct type_counters {
   std::uint64_t deferred = 0;
   std::uint64_t recovered = 0;  ///< expired leases of this type this worker's reaper sent back
   std::uint64_t unhandled = 0;  ///< handed back: this worker has no handler for the type
+  std::uint64_t cancelled = 0;  ///< runs (or jobs about to start) ended by a cancel of their job
 };
 
 /// What a metrics endpoint shows of a worker.

@@ -337,9 +337,9 @@ asio::awaitable<cancel_outcome> memory_backend::cancel(std::string queue, std::s
   co_return change(queue, [&](detail::queue_model& m) { return m.cancel(id); });
 }
 
-asio::awaitable<std::vector<bool>> memory_backend::cancelled(std::string queue, std::vector<std::string> ids) {
+asio::awaitable<std::vector<bool>> memory_backend::cancelled(std::string queue, std::vector<held_job> jobs) {
   co_return read(
-      queue, [&](const detail::queue_model& m) { return m.cancelled(ids); }, std::vector<bool>(ids.size()));
+      queue, [&](const detail::queue_model& m) { return m.cancelled(jobs); }, std::vector<bool>(jobs.size()));
 }
 
 asio::awaitable<page<dead_letter>> memory_backend::find_dead(std::string queue, dead_filter filter, std::string cursor,

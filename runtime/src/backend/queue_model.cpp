@@ -335,6 +335,7 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
       if (!is_group_lane(lane)) {
         if (q.cancel_waits(std::string_view(lane).substr(2))) {  // dropped (claim.lua's drop)
           q.drop_cancelled(std::string_view(lane).substr(2), now);
+          effects_.kept_ended = true;
           ++passed;
           continue;
         }
@@ -348,6 +349,7 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
         auto& list = group->second;
         while (!list.empty() && q.cancel_waits(list.front()) && !(more = passed >= claim_passes)) {
           q.drop_cancelled(list.front(), now);
+          effects_.kept_ended = true;
           list.pop_front();
           ++passed;
         }
@@ -974,11 +976,11 @@ cancel_outcome queue_model::cancel(const std::string& id) {
   return cancel_outcome::cancelled;
 }
 
-std::vector<bool> queue_model::cancelled(const std::vector<std::string>& ids) const {
+std::vector<bool> queue_model::cancelled(const std::vector<held_job>& jobs) const {
   std::vector<bool> out;
-  out.reserve(ids.size());
-  for (auto& id : ids) {
-    auto e = s_->kept.find(id);
+  out.reserve(jobs.size());
+  for (auto& j : jobs) {
+    auto e = s_->kept.find(j.id);
     out.push_back(e != s_->kept.end() && (e->second.starts_with('n') || e->second.starts_with('k')));
   }
   return out;

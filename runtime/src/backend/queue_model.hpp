@@ -74,7 +74,7 @@ class queue_model {
   page<dead_letter> find_dead(const dead_filter& filter, const std::string& cursor, std::size_t limit) const;
   std::optional<kept_job> kept_job_of(const std::string& id) const;
   cancel_outcome cancel(const std::string& id);
-  std::vector<bool> cancelled(const std::vector<std::string>& ids) const;
+  std::vector<bool> cancelled(const std::vector<held_job>& jobs) const;
   /// Shard `offset` of a queue of `stride` shards: the ids it assigns are n * stride + offset.
   void assign_ids(std::int64_t stride, std::int64_t offset) noexcept {
     id_stride_ = stride;

@@ -1371,10 +1371,12 @@ asio::awaitable<cancel_outcome> redis_backend::cancel(std::string queue, std::st
   co_return was.empty() ? cancel_outcome::not_found : cancel_outcome::already;
 }
 
-asio::awaitable<std::vector<bool>> redis_backend::cancelled(std::string queue, std::vector<std::string> ids) {
+asio::awaitable<std::vector<bool>> redis_backend::cancelled(std::string queue, std::vector<held_job> jobs) {
   std::vector<bool> out;
-  if (ids.empty()) co_return out;
+  if (jobs.empty()) co_return out;
   auto p = key_prefix(queue);
+  std::vector<std::string_view> ids;
+  for (auto& j : jobs) ids.push_back(j.id);
   request req;
   req.push("HMGET", p + "jobs", ids);
   req.options.resend_safe = true;

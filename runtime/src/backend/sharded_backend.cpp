@@ -1113,8 +1113,10 @@ awaitable<std::optional<kept_job>> sharded_backend::kept_job_of(std::string queu
   auto q = co_await state_of(queue);
   // An id the queue gave is m * S + k, from shard k; a producer's id may be in any shard (its
   // group's, or its own when ungrouped): all are asked at once.
-  if (detail::assigned_id(id) && id.size() < 19)
-    co_return co_await inner_.kept_job_of(q->names[std::stoull(id) % q->shards], std::move(id));
+  if (detail::assigned_id(id) && id.size() < 19) {
+    const auto& shard = q->names[std::stoull(id) % q->shards];  // (before id is moved)
+    co_return co_await inner_.kept_job_of(shard, std::move(id));
+  }
   std::vector<std::size_t> all(q->shards);
   std::iota(all.begin(), all.end(), std::size_t{0});
   auto found = co_await at_once<std::optional<kept_job>>(
@@ -1129,40 +1131,52 @@ awaitable<cancel_outcome> sharded_backend::cancel(std::string queue, std::string
   auto q = co_await state_of(queue);
   // Where kept_job_of looks: the shard an id the queue gave names, else every shard, and the
   // answer of the one that has the job.
-  if (detail::assigned_id(id) && id.size() < 19)
-    co_return co_await inner_.cancel(q->names[std::stoull(id) % q->shards], std::move(id));
+  if (detail::assigned_id(id) && id.size() < 19) {
+    const auto& shard = q->names[std::stoull(id) % q->shards];
+    co_return co_await inner_.cancel(shard, std::move(id));
+  }
   std::vector<std::size_t> all(q->shards);
   std::iota(all.begin(), all.end(), std::size_t{0});
   auto found =
       co_await at_once<cancel_outcome>(std::move(all), [&](std::size_t k) { return inner_.cancel(q->names[k], id); });
   found.rethrow();
+  // (A producer's id may be in several shards, in groups of different shards: the first of
+  // cancelled, already cancelled, done says what happened.)
   auto out = cancel_outcome::not_found;
   for (auto o : found.results)
-    if (o != cancel_outcome::not_found) out = o;
+    if (o < out) out = o;
   co_return out;
 }
 
-awaitable<std::vector<bool>> sharded_backend::cancelled(std::string queue, std::vector<std::string> ids) {
+awaitable<std::vector<bool>> sharded_backend::cancelled(std::string queue, std::vector<held_job> jobs) {
   auto q = co_await state_of(queue);
-  // Each id asked of the shard that holds it when the queue gave it, else of every shard.
-  std::vector<std::vector<std::size_t>> asked(q->shards);  // shard -> indices into ids
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (detail::assigned_id(ids[i]) && ids[i].size() < 19) {
-      asked[std::stoull(ids[i]) % q->shards].push_back(i);
+  // Each job asked of the shard its lease is in (a producer's id may name jobs in several
+  // shards); one given without a lease, of the shard its id names when the queue gave it, else
+  // of every shard.
+  std::vector<std::vector<std::size_t>> asked(q->shards);  // shard -> indices into jobs
+  std::vector<held_job> inner(jobs.size());
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    const auto& id = jobs[i].id;
+    auto [k, token] = split_token(jobs[i].token, q->shards);
+    if (jobs[i].token.find('/') != std::string::npos) {
+      asked[k].push_back(i);
+    } else if (detail::assigned_id(id) && id.size() < 19) {
+      asked[std::stoull(id) % q->shards].push_back(i);
     } else {
       for (auto& a : asked) a.push_back(i);
     }
+    inner[i] = held_job{std::move(token), id};
   }
   std::vector<std::size_t> used;
   for (std::size_t k = 0; k < asked.size(); ++k)
     if (!asked[k].empty()) used.push_back(k);
   auto found = co_await at_once<std::vector<bool>>(used, [&](std::size_t k) {
-    std::vector<std::string> part;
-    for (auto i : asked[k]) part.push_back(ids[i]);
+    std::vector<held_job> part;
+    for (auto i : asked[k]) part.push_back(inner[i]);
     return inner_.cancelled(q->names[k], std::move(part));
   });
   found.rethrow();
-  std::vector<bool> out(ids.size());
+  std::vector<bool> out(jobs.size());
   for (std::size_t u = 0; u < used.size(); ++u) {
     const auto& indices = asked[used[u]];
     const auto& said = found.results[u];

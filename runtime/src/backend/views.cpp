@@ -302,6 +302,7 @@ std::optional<kept_job> parse_kept_entry(std::string id, std::string_view entry,
     pos += static_cast<std::size_t>(length);
   }
   k.record = split_record(entry.substr(pos));
+  k.ended = entry[0] == 'k';
   if (k.status == kept_job::state::delayed && k.at_ms <= now_ms) k.status = kept_job::state::pending;
   // (A cancelled job's entry goes after its keep once it is dropped, 'k': not while it waits, 'n'.)
   if ((entry[0] == 'c' || entry[0] == 'k') && gone_at_ms && *gone_at_ms <= now_ms) return std::nullopt;

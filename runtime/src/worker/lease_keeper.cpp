@@ -70,13 +70,14 @@ asio::awaitable<void> lease_keeper::renew_loop(std::shared_ptr<lease_keeper> sel
       if (!self->stopped_) jobrt::log(log_level::warn, self->source_, "lease renewal failed: {}", e.what());
     }
     if (self->hooks_.overdue) self->hooks_.overdue();
-    std::vector<std::string> kept;
+    std::vector<held_job> kept;
     if (self->hooks_.kept_ids && !self->stopped_) kept = self->hooks_.kept_ids();
     if (kept.empty()) continue;
     try {
-      auto cancelled = co_await stoppable(
-          self->stop_, self->strand_,
-          bounded(self->strand_, self->backend_.cancelled(self->opts_.queue, kept), period, "asking after cancels"));
+      // (Half a period at most: the next renewal is not to wait for it.)
+      auto cancelled = co_await stoppable(self->stop_, self->strand_,
+                                          bounded(self->strand_, self->backend_.cancelled(self->opts_.queue, kept),
+                                                  period / 2, "asking after cancels"));
       for (std::size_t i = 0; i < kept.size() && i < cancelled.size(); ++i)
         if (cancelled[i] && self->hooks_.cancelled) self->hooks_.cancelled(kept[i]);
     } catch (const std::exception& e) {

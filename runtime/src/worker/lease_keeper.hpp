@@ -43,11 +43,11 @@ struct lease_keeper_hooks {
   std::function<void(const std::string& token)> lost;
   // After each round, answered or not: the worker gives up the leases whose local end has passed.
   std::function<void()> overdue;
-  // The ids of kept jobs (job_spec::keep) the worker runs or holds to run next: after each
-  // round, the keeper asks the backend which were cancelled (backend::cancelled) ...
-  std::function<std::vector<std::string>()> kept_ids;
+  // The kept jobs (job_spec::keep) the worker runs or holds to run next: after each round, the
+  // keeper asks the backend which were cancelled (backend::cancelled) ...
+  std::function<std::vector<held_job>()> kept_ids;
   // ... and tells the worker of each.
-  std::function<void(const std::string& id)> cancelled;
+  std::function<void(const held_job& job)> cancelled;
 };
 
 class lease_keeper : public std::enable_shared_from_this<lease_keeper> {
