@@ -140,9 +140,9 @@ if limited then
     if group ~= '' and not duplicate then
       held[group] = (held[group] or redis.call('LLEN', prefix .. 'g:' .. group)) + 1
       if max ~= '' and held[group] > tonumber(max) then
-        return redis.error_reply(string.format(
-          "JOBRT:26 group '%s' would hold %d jobs, over its max group size of %s (job %d of %d): nothing was stored",
-          group, held[group], max, i + 1, n))
+        -- (by '..': string.format's %s would cut a group name at a zero byte)
+        return redis.error_reply("JOBRT:26 group '" .. group .. "' would hold " .. string.format('%d', held[group]) ..
+          ' jobs, over its max group size of ' .. max .. string.format(' (job %d of %d): nothing was stored', i + 1, n))
       end
     end
   end

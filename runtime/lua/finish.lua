@@ -214,7 +214,10 @@ local function note(record, group, state, delay, result)
     publish_end(id)
     return
   end
-  if state == 'p' and cancel_waits(record) then return end -- back, and still not to run
+  if state == 'p' and cancel_waits(record) then -- back, and still not to run: its run has ended
+    publish_end(id)
+    return
+  end
   local at = 0
   if state == 'c' or state == 'k' then
     at = clock()

@@ -807,6 +807,16 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       auto it = running_.find(c.token);
       if (it == running_.end()) return;
       auto r = it->second;
+      if (r->state == job_state::finishing && !r->ahead.empty()) {
+        // Its keep, on its way, hands the lease to the first follower, which then runs or
+        // waits for a slot, where the next round finds it: only those behind it are cut.
+        std::vector<job_record> rest(std::make_move_iterator(r->ahead.begin() + 1),
+                                     std::make_move_iterator(r->ahead.end()));
+        cut(rest);
+        r->ahead.resize(1);
+        std::move(rest.begin(), rest.end(), std::back_inserter(r->ahead));
+        return;
+      }
       cut(r->ahead);
       const auto& j = r->ctx->job();
       if (r->state != job_state::running || j.id != c.id || r->cancel_asked || j.keep.count() == 0) return;

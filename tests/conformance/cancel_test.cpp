@@ -85,8 +85,10 @@ CONFORMANCE("cancel: a pending or delayed kept job never starts, and its group g
     for (std::string id = "c-1"; !id.empty(); id = id == "c-1"   ? "c-2"
                                                    : id == "c-2" ? "c-u"
                                                    : id == "c-u" ? "none"
-                                                                 : "")
-      asked.push_back(held_job{std::string(), id});
+                                                                 : "") {
+      asked.emplace_back();
+      asked.back().id = id;
+    }
     std::string said;
     for (bool x : co_await store.cancelled(b.queue(), asked)) said += x ? '1' : '0';
     CHECK(said == "0110");

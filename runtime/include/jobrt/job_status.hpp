@@ -45,8 +45,8 @@ struct job_status {
 };
 std::string_view to_string(job_status::state s) noexcept;
 /// As the dashboard's API and `jobrt job --json` show it (docs/DASHBOARD.md): "id", "state",
-/// "at" (when due or done), "job" (its record decoded), "result" (done, when its handler gave
-/// one), "running", "dead", "group".
+/// "at" (when due, done or cancelled), "job" (its record decoded), "result" (done, when its
+/// handler gave one), "running", "cancelling" (when true), "dead", "group".
 boost::json::object to_json(const job_status& s);
 
 /// Finds job `id` of `queue`: kept (job_spec::keep: pending, delayed or done), running (as its

@@ -459,7 +459,10 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
       effects_.kept_ended = true;
       return;
     }
-    if (state == 'p' && q.cancel_waits(*record)) return;
+    if (state == 'p' && q.cancel_waits(*record)) {  // (finish.lua publishes: its run has ended)
+      effects_.kept_ended = true;
+      return;
+    }
     std::int64_t at = 0;
     if (state == 'c' || state == 'k') {
       at = now;

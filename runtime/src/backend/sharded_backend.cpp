@@ -1165,7 +1165,8 @@ awaitable<std::vector<bool>> sharded_backend::cancelled(std::string queue, std::
     } else {
       for (auto& a : asked) a.push_back(i);
     }
-    inner[i] = held_job{std::move(token), id};
+    inner[i].token = std::move(token);  // (no braced list in a coroutine: GCC 12)
+    inner[i].id = id;
   }
   std::vector<std::size_t> used;
   for (std::size_t k = 0; k < asked.size(); ++k)
