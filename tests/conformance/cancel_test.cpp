@@ -4,13 +4,6 @@
 
 namespace {
 
-job_spec kept(std::string type, std::optional<std::string> group, std::string id = {}) {
-  auto s = make_job(std::move(type), boost::json::object{}, std::move(group));
-  s.id = std::move(id);
-  s.keep = std::chrono::hours(1);
-  return s;
-}
-
 // One claim of up to 10 jobs with up to 5 followers each: "<id>[<follower ids>]" per job, sorted
 // and joined by spaces, and their tokens.
 awaitable<std::pair<std::string, std::vector<std::string>>> claim_all(backend& store, const std::string& queue) {

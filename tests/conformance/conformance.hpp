@@ -135,6 +135,14 @@ job_spec make_job(std::string type, boost::json::value payload, std::optional<st
   return s;
 }
 
+// A job enqueued with a keep of an hour (job_spec::keep): found by id, and cancellable.
+inline job_spec kept(std::string type, std::optional<std::string> group, std::string id = {}) {
+  auto s = make_job(std::move(type), boost::json::object{}, std::move(group));
+  s.id = std::move(id);
+  s.keep = std::chrono::hours(1);
+  return s;
+}
+
 // A backend that passes every call on to another, except that finish calls wait while the gate
 // is shut: a worker's results (a keep, an ack) are held back for as long as a test wants. Its
 // blocking claims have a gate of their own.

@@ -4,13 +4,6 @@
 
 namespace {
 
-job_spec kept(std::string type, std::optional<std::string> group, std::string id = {}) {
-  auto s = make_job(std::move(type), boost::json::object{}, std::move(group));
-  s.id = std::move(id);
-  s.keep = std::chrono::hours(1);
-  return s;
-}
-
 std::int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();

@@ -106,6 +106,15 @@ std::pair<std::size_t, std::string> split_token(const std::string& token, std::s
   return {k, token.substr(slash + 1)};
 }
 
+// The shards that may hold job `id`: an id the queue gave is m * S + k, from shard k; a
+// producer's id may be in any shard (its group's, or its own when ungrouped), in several even.
+std::vector<std::size_t> shards_of_id(const std::string& id, std::size_t shards) {
+  if (detail::assigned_id(id) && id.size() < 19) return std::vector<std::size_t>(1, std::stoull(id) % shards);
+  std::vector<std::size_t> all(shards);
+  std::iota(all.begin(), all.end(), std::size_t{0});
+  return all;
+}
+
 // Items split by shard, each remembering its place in the call.
 template <class T>
 struct per_shard {
@@ -1111,16 +1120,8 @@ awaitable<group_status> sharded_backend::group_of(std::string queue, std::string
 
 awaitable<std::optional<kept_job>> sharded_backend::kept_job_of(std::string queue, std::string id) {
   auto q = co_await state_of(queue);
-  // An id the queue gave is m * S + k, from shard k; a producer's id may be in any shard (its
-  // group's, or its own when ungrouped): all are asked at once.
-  if (detail::assigned_id(id) && id.size() < 19) {
-    const auto& shard = q->names[std::stoull(id) % q->shards];  // (before id is moved)
-    co_return co_await inner_.kept_job_of(shard, std::move(id));
-  }
-  std::vector<std::size_t> all(q->shards);
-  std::iota(all.begin(), all.end(), std::size_t{0});
   auto found = co_await at_once<std::optional<kept_job>>(
-      std::move(all), [&](std::size_t k) { return inner_.kept_job_of(q->names[k], id); });
+      shards_of_id(id, q->shards), [&](std::size_t k) { return inner_.kept_job_of(q->names[k], id); });
   found.rethrow();
   for (auto& k : found.results)
     if (k) co_return std::move(k);
@@ -1129,16 +1130,8 @@ awaitable<std::optional<kept_job>> sharded_backend::kept_job_of(std::string queu
 
 awaitable<cancel_outcome> sharded_backend::cancel(std::string queue, std::string id) {
   auto q = co_await state_of(queue);
-  // Where kept_job_of looks: the shard an id the queue gave names, else every shard, and the
-  // answer of the one that has the job.
-  if (detail::assigned_id(id) && id.size() < 19) {
-    const auto& shard = q->names[std::stoull(id) % q->shards];
-    co_return co_await inner_.cancel(shard, std::move(id));
-  }
-  std::vector<std::size_t> all(q->shards);
-  std::iota(all.begin(), all.end(), std::size_t{0});
-  auto found =
-      co_await at_once<cancel_outcome>(std::move(all), [&](std::size_t k) { return inner_.cancel(q->names[k], id); });
+  auto found = co_await at_once<cancel_outcome>(shards_of_id(id, q->shards),
+                                                [&](std::size_t k) { return inner_.cancel(q->names[k], id); });
   found.rethrow();
   // (A producer's id may be in several shards, in groups of different shards: the first of
   // cancelled, already cancelled, done says what happened.)
@@ -1156,17 +1149,14 @@ awaitable<std::vector<bool>> sharded_backend::cancelled(std::string queue, std::
   std::vector<std::vector<std::size_t>> asked(q->shards);  // shard -> indices into jobs
   std::vector<held_job> inner(jobs.size());
   for (std::size_t i = 0; i < jobs.size(); ++i) {
-    const auto& id = jobs[i].id;
     auto [k, token] = split_token(jobs[i].token, q->shards);
     if (jobs[i].token.find('/') != std::string::npos) {
       asked[k].push_back(i);
-    } else if (detail::assigned_id(id) && id.size() < 19) {
-      asked[std::stoull(id) % q->shards].push_back(i);
     } else {
-      for (auto& a : asked) a.push_back(i);
+      for (auto s : shards_of_id(jobs[i].id, q->shards)) asked[s].push_back(i);
     }
     inner[i].token = std::move(token);  // (no braced list in a coroutine: GCC 12)
-    inner[i].id = id;
+    inner[i].id = jobs[i].id;
   }
   std::vector<std::size_t> used;
   for (std::size_t k = 0; k < asked.size(); ++k)
