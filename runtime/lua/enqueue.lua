@@ -10,7 +10,8 @@
 --   job's max group size ('' = none): the most jobs its group may hold once the job is stored,
 --   counting the group's list (pending and running) and this call's jobs for it, due now or
 --   later. A job over it refuses the whole call (JOBRT:26), before anything is written.
--- Returns: n times: id, duplicate (1: a job with this producer-given id is pending or running)
+-- Returns: n times: id, duplicate (1: a job with this producer-given id is pending or running,
+--   or has an entry in <prefix>jobs: a kept job's, until its keep after it ended runs out)
 --
 -- A job whose body starts '{"keep":<ms>' is kept in the index <prefix>jobs while it is pending
 -- and for <ms> after it completes (finish.lua): its id -> '<state><ms>:<length of group>:<group>
@@ -52,11 +53,13 @@ end
 -- One job due now, the usual call: what the general path below does for it, without its tables
 -- (a script's tables and closures cost microseconds when Redis runs it after an idle spell).
 -- Only a job that plainly passes the checks below takes it (an id with no '|', not all digits,
--- no white space at its ends; a body without "max"); any other goes the general way.
+-- no white space at its ends, and no kept job's entry; a body without "max"); any other goes
+-- the general way.
 local id1 = ARGV[2]
 if n == 1 and not limited and ARGV[5] == '' and not string.find(ARGV[4], '"max"', 1, true) and
     (id1 == '' or (not string.find(id1, '|', 1, true) and string.find(id1, '%D') and
-      not string.find(id1, '^%s') and not string.find(id1, '%s$'))) then
+      not string.find(id1, '^%s') and not string.find(id1, '%s$') and
+      redis.call('HEXISTS', prefix .. 'jobs', id1) == 0)) then
   local id, group = id1, ARGV[3]
   if id == '' then
     id = string.format('%d', redis.call('INCRBY', seq, '1') * stride + offset)
@@ -125,6 +128,17 @@ for i = 0, n - 1 do
   end
 end
 
+-- Whether a kept job's entry holds the id: any entry but a completed or cancelled job's whose
+-- keep ran out (a later completion takes that away; a kept job stored now writes over it).
+local function kept_holds(id)
+  local entry = redis.call('HGET', prefix .. 'jobs', id)
+  if not entry then return false end
+  local state = string.sub(entry, 1, 1)
+  if state ~= 'c' and state ~= 'k' then return true end
+  local gone = redis.call('ZSCORE', prefix .. 'done', id)
+  return not gone or tonumber(gone) > ms(redis.call('TIME'))
+end
+
 -- Max group sizes: each group's list and the jobs of this call that join it (duplicates, of
 -- ids pending or given twice here, do not), in order; the first job over its group's limit
 -- refuses the call.
@@ -135,7 +149,7 @@ if limited then
     if max ~= '' and not string.find(max, '^[1-9]%d*$') then
       return redis.error_reply("JOBRT:20 job " .. (i + 1) .. " max group size '" .. max .. "' is not a whole number of at least 1")
     end
-    local duplicate = id ~= '' and (seen[id] or redis.call('SISMEMBER', ids, id) == 1)
+    local duplicate = id ~= '' and (seen[id] or redis.call('SISMEMBER', ids, id) == 1 or kept_holds(id))
     if id ~= '' then seen[id] = true end
     if group ~= '' and not duplicate then
       held[group] = (held[group] or redis.call('LLEN', prefix .. 'g:' .. group)) + 1
@@ -164,7 +178,7 @@ for i = 0, n - 1 do
   if id == '' then
     next_id = next_id + 1
     id = string.format('%d', next_id * stride + offset) -- not tostring(): that prints a float, microseconds each
-  elseif redis.call('SADD', ids, id) == 0 then
+  elseif kept_holds(id) or redis.call('SADD', ids, id) == 0 then
     duplicate = 1
     duplicates = duplicates + 1
   end

@@ -112,10 +112,10 @@ CONFORMANCE("cancel: a pending or delayed kept job never starts, and its group g
       CHECK(co_await p.cancel(id) == cancel_outcome::already);
     }
     CHECK(co_await p.cancel("c-1") == cancel_outcome::done);
-    // Their producer ids are free again.
-    CHECK_FALSE((co_await p.enqueue(kept("t", std::string("g"), "c-2"))).duplicate);
-    CHECK((co_await store.kept_job_of(b.queue(), "c-2"))->status == kept_job::state::pending);
-    CHECK_FALSE((co_await p.enqueue(kept("t", std::nullopt, "c-u"))).duplicate);
+    // Their producer ids stay taken while they are kept.
+    CHECK((co_await p.enqueue(kept("t", std::string("g"), "c-2"))).duplicate);
+    CHECK((co_await store.kept_job_of(b.queue(), "c-2"))->status == kept_job::state::cancelled);
+    CHECK((co_await p.enqueue(kept("t", std::nullopt, "c-u"))).duplicate);
   });
 }
 

@@ -19,6 +19,7 @@ awaitable<void> lease_and(backend& store, const std::string& queue, std::size_t 
   for (auto& c : co_await store.claim(queue, o)) {
     if (auto item = finish(c)) {
       item->token = c.token;
+      if (c.job.id.find_first_not_of("0123456789") != std::string::npos) item->unique_id = c.job.id;  // a producer's
       items.push_back(std::move(*item));
     }
   }
@@ -101,9 +102,9 @@ CONFORMANCE("kept jobs: found by id while pending, delayed, retrying and done, b
     CHECK(back->group == "g");
     CHECK(back->record.attempts == 0);
 
-    // A producer id enqueued again after its job completed: pending again.
-    CHECK_FALSE((co_await p.enqueue(kept("t", std::nullopt, "a-1"))).duplicate);
-    CHECK((co_await look(a))->status == kept_job::state::pending);
+    // A producer id enqueued again while its completed job is kept: taken, nothing stored.
+    CHECK((co_await p.enqueue(kept("t", std::nullopt, "a-1"))).duplicate);
+    CHECK((co_await look(a))->status == kept_job::state::done);
   });
 }
 
@@ -127,6 +128,36 @@ CONFORMANCE("kept jobs: a completed job is found for its keep, then not") {
     co_await lease_and(store, b.queue(), 1, ack);
     CHECK_FALSE(co_await store.kept_job_of(b.queue(), id));
     CHECK(co_await store.kept_job_of(b.queue(), next));
+  });
+}
+
+CONFORMANCE("kept jobs: a producer id stays taken until the keep after its job's end runs out") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    auto spec = kept("t", std::string("g"), "m-1");
+    spec.keep = std::chrono::milliseconds(300);
+    CHECK_FALSE((co_await p.enqueue(spec)).duplicate);
+    auto ack = [](const claimed_job&) -> std::optional<finish_item> { return finish_item{}; };
+    co_await lease_and(store, b.queue(), 1, ack);
+    CHECK((co_await store.kept_job_of(b.queue(), "m-1"))->status == kept_job::state::done);
+    // Done and kept: taken, alone, in a batch and with a max group size (which it does not count).
+    CHECK((co_await p.enqueue(spec)).duplicate);
+    auto plain = make_job("t", boost::json::object{}, std::string("g"));
+    plain.id = "m-1";
+    plain.max_group_size = 1;
+    std::vector<job_spec> batch{plain, make_job("t", boost::json::object{}, std::string("g"))};
+    batch[1].max_group_size = 1;
+    auto stored = co_await p.enqueue_bulk(batch);
+    CHECK(stored.at(0).duplicate);
+    CHECK_FALSE(stored.at(1).duplicate);
+    CHECK(co_await store.group_size(b.queue(), "g") == 1);
+    co_await lease_and(store, b.queue(), 1, ack);
+    // Once the keep ran out, the id is free again: a new job.
+    co_await sleep_for(std::chrono::milliseconds(400));
+    CHECK_FALSE((co_await p.enqueue(spec)).duplicate);
+    CHECK((co_await store.kept_job_of(b.queue(), "m-1"))->status == kept_job::state::pending);
   });
 }
 

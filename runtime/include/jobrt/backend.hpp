@@ -48,7 +48,7 @@ struct encoded_job {
 
 struct enqueue_result {
   std::string id;
-  bool duplicate = false;  ///< a job with this id was already pending or running: nothing stored
+  bool duplicate = false;  ///< the id was taken (job_spec::id): nothing stored
 };
 
 /// What backend::enqueue_in_shard did.

@@ -53,7 +53,9 @@ struct job_spec {
   /// Jobs of one group run one at a time, in enqueue order. When absent, the producer's grouping
   /// rules may give the job a group; when they do not, the job takes the ungrouped fast path.
   std::optional<std::string> group;
-  /// Optional. Enqueueing the same id again while the job is pending or running does nothing.
+  /// Optional. Enqueueing the same id again does nothing while the job is pending or running,
+  /// and, for a kept job (keep), until its keep after it ended runs out (not once it is
+  /// dead-lettered): an idempotency key, as a bridge's message id is (bridge.hpp).
   /// It must not contain '|' nor be all digits (the ids the queue assigns): "order-17", not "17".
   std::string id;
   /// How many times it may start (a lease that expired counts) before it is dead-lettered.

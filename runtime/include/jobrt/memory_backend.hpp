@@ -49,8 +49,8 @@ class memory_backend final : public backend {
 
   boost::asio::any_io_executor get_executor() const noexcept { return executor_; }
 
-  /// Stores jobs, in order (enqueue.lua). A producer-given id that is pending or running (or
-  /// given twice in the batch) gives duplicate=true and stores nothing; a missing id is assigned
+  /// Stores jobs, in order (enqueue.lua). A producer-given id that is pending or running, kept
+  /// (job_spec::id), or given twice in the batch gives duplicate=true and stores nothing; a missing id is assigned
   /// from the queue's sequence (1, 2, ...). Wakes one claim_wait per lane it makes ready.
   boost::asio::awaitable<std::vector<enqueue_result>> enqueue(std::string queue,
                                                               std::vector<encoded_job> jobs) override;

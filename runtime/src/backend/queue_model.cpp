@@ -163,6 +163,15 @@ struct queue_model::queue_state {
     }
     done.emplace(until, id);
   }
+  // Whether a kept job's entry holds producer id `id` (enqueue.lua's kept_holds): any entry but
+  // a completed or cancelled job's whose keep ran out.
+  bool kept_holds(const std::string& id, std::int64_t now) const {
+    auto e = kept.find(id);
+    if (e == kept.end()) return false;
+    if (e->second[0] != 'c' && e->second[0] != 'k') return true;
+    auto gone = done_at.find(id);
+    return gone == done_at.end() || gone->second > now;
+  }
   // Whether the record is a kept job's whose cancel waits (cancel.lua's 'n' entry).
   bool cancel_waits(std::string_view record) const {
     auto k = kept_in(record);
@@ -225,7 +234,8 @@ std::vector<enqueue_result> queue_model::enqueue(std::vector<encoded_job> jobs) 
     std::unordered_set<std::string_view> seen;
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       const auto& job = jobs[i];
-      bool duplicate = !job.id.empty() && (seen.contains(job.id) || q.ids.contains(job.id));
+      bool duplicate =
+          !job.id.empty() && (seen.contains(job.id) || q.ids.contains(job.id) || q.kept_holds(job.id, now_()));
       if (!job.id.empty()) seen.insert(job.id);
       if (job.group.empty() || duplicate) continue;
       auto [it, added] = held.try_emplace(job.group, 0);
@@ -262,7 +272,7 @@ std::vector<enqueue_result> queue_model::enqueue(std::vector<encoded_job> jobs) 
     bool duplicate = false;
     if (id.empty()) {
       id = std::to_string(++next_id * id_stride_ + id_offset_);
-    } else if (!q.ids.insert(id).second) {
+    } else if (q.kept_holds(id, now) || !q.ids.insert(id).second) {
       duplicate = true;
     }
     out.push_back({id, duplicate});
