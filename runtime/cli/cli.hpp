@@ -37,6 +37,7 @@ void add_enqueue(CLI::App& jobrt, action& chosen);
 void add_admin(CLI::App& jobrt, action& chosen);  // stats, check, dlq, group, queue
 void add_demo(CLI::App& jobrt, action& chosen);   // demo, and the hidden demo-worker
 void add_dashboard(CLI::App& jobrt, action& chosen);
+void add_bridge(CLI::App& jobrt, action& chosen);  // bridge: a Redis Stream into a queue
 
 /// Adds command `name` to `parent`: chosen on the command line, `run` becomes the work.
 template <class Run>

@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
   add_admin(app, chosen);
   add_demo(app, chosen);
   add_dashboard(app, chosen);
+  add_bridge(app, chosen);
   bool version_json = false;
   auto* version = add_command(app, chosen, "version", "print the version", [&] {
     if (version_json)

@@ -81,7 +81,7 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
   const auto& o = object_at(v, where,
                             {"name", "concurrency", "lease_ttl_ms", "watchdog_ms", "burst", "max_result_bytes",
                              "follow", "claim_wait_ms", "on_failure", "retry", "grouping", "dead_letters",
-                             "unhandled_delay_ms", "unhandled_limit_ms", "shards", "max_group_size"});
+                             "unhandled_delay_ms", "unhandled_limit_ms", "shards", "max_group_size", "bridge"});
   auto field = [&](std::string_view name) { return fmt::format("{}.{}", where, name); };
   queue_settings q;
   auto* name = o.if_contains("name");
@@ -93,6 +93,15 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
   if (auto* f = o.if_contains("max_group_size"))
     q.max_group_size = static_cast<std::size_t>(
         count_at(*f, field("max_group_size"), 1, static_cast<std::int64_t>(max_group_size_limit)));
+  if (auto* f = o.if_contains("bridge")) {
+    try {
+      q.bridge = bridge_mapping::from_json(*f);
+    } catch (const std::invalid_argument& e) {  // "bridge.type: ..." as "queues[0].bridge.type: ..."
+      std::string what = e.what();
+      auto colon = what.find(": ");
+      bad(fmt::format("{}.{}", where, what.substr(0, colon)), what.substr(colon + 2));
+    }
+  }
   if (auto* f = o.if_contains("concurrency"))
     q.worker.concurrency = static_cast<std::size_t>(count_at(*f, field("concurrency"), 1, 100'000));
   if (auto* f = o.if_contains("lease_ttl_ms"))

@@ -357,6 +357,6 @@ TEST_CASE("settings - docs/CONFIG.md: at each level it lists exactly the keys th
     for (auto& name : split(list, ',')) known.insert(trim(name));
     CHECK(listed(known) == listed(names));
   }
-  // the file, handlers.<type>, two backoffs, a queue, grouping, a rule, dead_letters
-  CHECK(levels == 8);
+  // the file, handlers.<type>, two backoffs, a queue, grouping, a rule, dead_letters, bridge
+  CHECK(levels == 9);
 }

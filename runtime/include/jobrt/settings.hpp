@@ -8,6 +8,7 @@
 // the known ones (a typo must not pass silently).
 #pragma once
 
+#include <jobrt/bridge.hpp>
 #include <jobrt/grouping.hpp>
 #include <jobrt/job.hpp>
 #include <jobrt/worker.hpp>
@@ -30,6 +31,8 @@ struct queue_settings {
   std::size_t shards = 0;
   /// "max_group_size": producer_options::max_group_size for `jobrt enqueue --config` (0: none).
   std::size_t max_group_size = 0;
+  /// "bridge": how `jobrt bridge --config` turns messages into this queue's jobs.
+  bridge_mapping bridge;
 };
 
 enum class durability : int;  // <jobrt/redis_backend.hpp>

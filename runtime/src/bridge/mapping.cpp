@@ -1,0 +1,220 @@
+// Messages into jobs (bridge_mapping), where a stream bridge reads (stream_source), and a
+// bridge's metrics.
+#include <jobrt/bridge.hpp>
+
+#include <fmt/format.h>
+#include <boost/json.hpp>
+#include <boost/url/parse.hpp>
+#include <boost/url/url_view.hpp>
+
+#include <unistd.h>
+
+#include <charconv>
+#include <stdexcept>
+
+namespace jobrt {
+
+namespace {
+
+// The URL for a message: its password left out.
+std::string shown(std::string_view url) {
+  auto authority = url.find("://");
+  auto at = url.find('@');
+  if (authority == std::string_view::npos || at == std::string_view::npos || at < authority) return std::string(url);
+  auto colon = url.find(':', authority + 3);
+  if (colon == std::string_view::npos || colon > at) return std::string(url);
+  return fmt::format("{}:***{}", url.substr(0, colon), url.substr(at));
+}
+
+[[noreturn]] void bad_url(std::string_view url, std::string_view why) {
+  throw std::invalid_argument(fmt::format("stream URL '{}': {}", shown(url), why));
+}
+
+// A whole number from min to max, as a URL parameter gives it.
+std::int64_t parameter_number(std::string_view url, std::string_view key, std::string_view text, std::int64_t min,
+                              std::int64_t max) {
+  std::int64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < min || v > max)
+    bad_url(url, fmt::format("parameter {} '{}' is not a whole number from {} to {}", key, text, min, max));
+  return v;
+}
+
+std::string default_consumer() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof host, "bridge");
+  return fmt::format("{}-{}", host, ::getpid());
+}
+
+}  // namespace
+
+bridge_mapping bridge_mapping::from_json(const boost::json::value& v) {
+  if (!v.is_object()) throw std::invalid_argument("bridge: must be an object");
+  bridge_mapping m;
+  for (const auto& [key, value] : v.as_object()) {
+    std::string name(key);
+    auto text = [&]() -> std::string {
+      if (!value.is_string()) throw std::invalid_argument(fmt::format("bridge.{}: must be a string", name));
+      return std::string(value.as_string());
+    };
+    auto field = [&]() {
+      auto t = text();
+      if (t.empty()) throw std::invalid_argument(fmt::format("bridge.{}: is empty", name));
+      return t;
+    };
+    if (name == "type_field") {
+      m.type_field = field();
+    } else if (name == "type") {
+      m.type = field();
+    } else if (name == "payload_field") {
+      m.payload_field = field();
+    } else if (name == "id_field") {
+      m.id_field = field();
+    } else if (name == "group_field") {
+      m.group_field = field();
+    } else if (name == "keep_ms") {
+      auto ms = value.is_int64()    ? value.as_int64()
+                : value.is_uint64() ? static_cast<std::int64_t>(value.as_uint64())
+                                    : 0;
+      if (ms < 1 || ms > max_job_keep.count())
+        throw std::invalid_argument(fmt::format("bridge.keep_ms: {} is not a whole number from 1 to {}",
+                                                boost::json::serialize(value), max_job_keep.count()));
+      m.keep = std::chrono::milliseconds(ms);
+    } else {
+      throw std::invalid_argument(fmt::format(
+          "bridge: unknown field \"{}\" (known: type_field, type, payload_field, id_field, group_field, keep_ms)",
+          name));
+    }
+  }
+  return m;
+}
+
+mapped_message map_message(const bridge_message& m, const bridge_mapping& how) {
+  mapped_message out;
+  auto find = [&](const std::string& name) -> const std::string* {
+    for (const auto& [key, value] : m.fields)
+      if (key == name) return &value;
+    return nullptr;
+  };
+  if (const auto* type = find(how.type_field)) {
+    if (type->empty()) {
+      out.rejected = fmt::format("field {} (the job's type) is empty", how.type_field);
+      return out;
+    }
+    out.job.type = *type;
+  } else if (!how.type.empty()) {
+    out.job.type = how.type;
+  } else {
+    out.rejected = fmt::format("no field {} to give the job's type, and no default type", how.type_field);
+    return out;
+  }
+  if (const auto* payload = find(how.payload_field)) {
+    boost::system::error_code ec;
+    auto value = boost::json::parse(*payload, ec);
+    if (ec) {
+      out.rejected = fmt::format("field {} is not JSON: {}", how.payload_field, ec.message());
+      return out;
+    }
+    out.job.payload = std::move(value);
+  } else {
+    boost::json::object rest;
+    for (const auto& [key, value] : m.fields)
+      if (key != how.type_field && key != how.id_field && key != how.group_field) rest[key] = value;
+    out.job.payload = std::move(rest);
+  }
+  const auto* id = find(how.id_field);
+  if (id && id->empty()) {  // (no id: a delivery again would be a second job)
+    out.rejected = fmt::format("field {} (the job's id) is empty", how.id_field);
+    return out;
+  }
+  out.job.id = id ? *id : m.default_id;
+  if (const auto* group = find(how.group_field)) out.job.group = *group;
+  out.job.keep = how.keep;
+  return out;
+}
+
+stream_source stream_source::from_url(std::string_view url) {
+  auto parsed = boost::urls::parse_uri(url);
+  if (!parsed) bad_url(url, "not a URL (expected redis-stream://host:port/<stream>?group=<group>)");
+  boost::urls::url_view u = *parsed;
+  std::string scheme = u.scheme();
+  if (scheme != "redis-stream" && scheme != "rediss-stream")
+    bad_url(url, fmt::format("scheme '{}' is neither redis-stream:// nor rediss-stream://", scheme));
+  auto segments = u.encoded_segments();
+  if (!u.is_path_absolute() || segments.size() != 1 || (*segments.begin()).empty())
+    bad_url(url, "the path must name the stream, and only it (redis-stream://host:port/<stream>)");
+  stream_source s;
+  s.stream = (*segments.begin()).decode();  // (so "a%2Fb" names stream "a/b")
+  std::string db, tls_params;
+  for (auto encoded : u.encoded_params()) {
+    std::string key = encoded.key.decode(), value = encoded.value.decode();
+    if (value.empty()) bad_url(url, fmt::format("parameter '{}' is empty", key));
+    if (key == "group") {
+      s.group = value;
+    } else if (key == "consumer") {
+      s.consumer = value;
+    } else if (key == "dead") {
+      s.dead = value;
+    } else if (key == "db") {
+      db = value;
+    } else if (key == "lock_ttl_ms") {
+      s.lock_ttl = std::chrono::milliseconds(parameter_number(url, key, value, 30, 600'000));
+    } else if (key == "batch") {
+      s.batch = static_cast<std::size_t>(parameter_number(url, key, value, 1, 10'000));
+    } else if (key == "ca" || key == "cert" || key == "key" || key == "sni" || key == "verify") {
+      tls_params += fmt::format("{}{}={}", tls_params.empty() ? "?" : "&", std::string_view(encoded.key),
+                                std::string_view(encoded.value));  // (as written: redis:// decodes them)
+    } else {
+      bad_url(url, fmt::format("unknown parameter '{}' (known: group, consumer, dead, db, lock_ttl_ms, batch, and "
+                               "rediss-stream://'s ca, cert, key, sni and verify)",
+                               key));
+    }
+  }
+  if (s.group.empty()) bad_url(url, "the consumer group is missing (?group=<group>)");
+  if (s.consumer.empty()) s.consumer = default_consumer();
+  if (s.dead.empty()) s.dead = s.stream + ":dead";
+  if (s.dead == s.stream) bad_url(url, "the dead-letter stream is the stream itself");
+  auto server_url = fmt::format("{}://{}{}{}", scheme == "rediss-stream" ? "rediss" : "redis",
+                                std::string_view(u.encoded_authority()), db.empty() ? "" : "/" + db, tls_params);
+  try {
+    s.server = redis::config::from_url(server_url);
+  } catch (const std::invalid_argument& e) {
+    std::string why = e.what();  // "... URL '<server url>': why": the why, of the URL given
+    auto colon = why.find("': ");
+    bad_url(url, colon == std::string::npos ? why : why.substr(colon + 3));
+  }
+  return s;
+}
+
+std::string stream_source::address() const {
+  auto server_address = server.address();  // scheme://host:port/db
+  auto scheme_end = server_address.find("://");
+  return fmt::format("{}-stream{}/{}?group={}{}", server_address.substr(0, scheme_end),
+                     server_address.substr(scheme_end, server_address.rfind('/') - scheme_end), stream, group,
+                     server.database == 0 ? std::string() : fmt::format("&db={}", server.database));
+}
+
+std::string bridge_metrics_text(const bridge_counters& c, std::string_view source) {
+  std::string label;
+  for (char ch : source) {  // a label value escapes \, " and newlines
+    if (ch == '\\' || ch == '"') label += '\\';
+    label += ch == '\n' ? 'n' : ch;
+  }
+  std::string out;
+  auto series = [&](std::string_view name, std::string_view type, std::string_view help, auto value) {
+    out += fmt::format(
+        "# HELP jobrt_bridge_{0} {1}\n# TYPE jobrt_bridge_{0} {2}\njobrt_bridge_{0}{{source=\"{3}\"}} {4}\n", name,
+        help, type, label, value);
+  };
+  series("messages_received_total", "counter", "Messages read from the source.", c.received);
+  series("jobs_enqueued_total", "counter", "Jobs stored from messages.", c.enqueued);
+  series("duplicates_total", "counter", "Messages delivered again whose job was stored already.", c.duplicates);
+  series("rejected_total", "counter", "Messages that could not become jobs (sent to the dead letters).", c.rejected);
+  series("taken_over_total", "counter", "Pending messages taken over from another consumer.", c.taken_over);
+  series("active", "gauge", "1 while this bridge holds its source's lock and consumes.", c.active ? 1 : 0);
+  if (c.lag >= 0) series("lag", "gauge", "Messages at the source not yet read.", c.lag);
+  if (c.pending >= 0) series("pending", "gauge", "Messages read and not yet acknowledged.", c.pending);
+  return out;
+}
+
+}  // namespace jobrt

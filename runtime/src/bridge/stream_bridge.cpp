@@ -1,0 +1,376 @@
+// A Redis Stream into a queue (bridge.hpp). One bridge of a consumer group holds the group's
+// lock and consumes: it takes over what the group has pending, then reads new entries with a
+// blocking XREADGROUP, stores each batch with the producer and acknowledges it. The others wait
+// for the lock. State lives on one strand; stop() reaches it by a post.
+#include <jobrt/bridge.hpp>
+#include <jobrt/log.hpp>
+#include <jobrt/mutex.hpp>
+#include <jobrt/redis/connection.hpp>
+
+#include <fmt/format.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <variant>
+
+namespace jobrt {
+
+namespace asio = boost::asio;
+using namespace asio::experimental::awaitable_operators;
+
+namespace {
+
+constexpr std::string_view source_name = "bridge";
+
+// One entry of a stream reply: its id and fields (none: the entry was deleted meanwhile).
+struct entry {
+  std::string id;
+  std::vector<std::pair<std::string, std::string>> fields;
+  bool deleted = false;
+};
+
+// The entries of one stream's part of a reply ([[id, [f, v, ...]], ...]).
+std::vector<entry> entries_of(const redis::reply& list) {
+  std::vector<entry> out;
+  if (list.kind() != redis::reply_kind::array) return out;
+  for (const auto& item : list.as_array()) {
+    if (item.kind() != redis::reply_kind::array) continue;  // (XAUTOCLAIM before 7.0: a deleted entry)
+    const auto& parts = item.as_array();
+    entry e;
+    e.id = parts.at(0).as_string();
+    if (parts.size() < 2 || parts[1].is_nil()) {
+      e.deleted = true;
+    } else {
+      const auto& kv = parts[1].as_array();
+      for (std::size_t i = 0; i + 1 < kv.size(); i += 2)
+        e.fields.emplace_back(kv[i].as_string(), kv[i + 1].as_string());
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace
+
+struct stream_bridge::impl {
+  impl(asio::any_io_executor ex, stream_source from_, producer to_, bridge_mapping how_)
+      : strand(asio::make_strand(ex)),
+        from(std::move(from_)),
+        to(std::move(to_)),
+        how(std::move(how_)),
+        conn(strand, from.server),
+        reader(strand, from.server),
+        locks(strand, from.server),
+        wake(strand, asio::steady_timer::time_point::max()) {}
+
+  asio::strand<asio::any_io_executor> strand;
+  stream_source from;
+  producer to;
+  bridge_mapping how;
+  redis::connection conn;             // XGROUP, XACK, XADD to the dead letters, XINFO
+  redis::blocking_connection reader;  // XREADGROUP, XAUTOCLAIM
+  redis_lock_service locks;
+  asio::steady_timer wake;  // at its earliest once stop() was called: every wait on it ends
+  std::atomic<bool> stopping{false};
+  mutable std::mutex counters_mutex;
+  bridge_counters counts;
+
+  template <class F>
+  void count(F change) {
+    std::lock_guard lock(counters_mutex);
+    change(counts);
+  }
+
+  // Waits `d`, or less when stop() comes. False when it came.
+  asio::awaitable<bool> pause(std::chrono::milliseconds d) {
+    asio::steady_timer t(strand, d);
+    co_await (t.async_wait(asio::as_tuple(asio::use_awaitable)) ||
+              wake.async_wait(asio::as_tuple(asio::use_awaitable)));
+    co_return !stopping;
+  }
+
+  // Makes the consumer group if it is missing; a failure that waiting may mend is tried again.
+  asio::awaitable<bool> make_group() {
+    for (;;) {
+      redis::request req("XGROUP", "CREATE", from.stream, from.group, "0", "MKSTREAM");
+      auto [ec, r] = co_await conn.async_exec(std::move(req), asio::as_tuple(asio::use_awaitable));
+      if (!ec || r.error_message().starts_with("BUSYGROUP")) co_return true;
+      if (r.error_message().starts_with("WRONGTYPE"))
+        throw std::runtime_error(
+            fmt::format("bridge: key {} at {} is not a stream", from.stream, from.server.address()));
+      log(log_level::warn, source_name, "making consumer group {} of stream {} at {}: {}", from.group, from.stream,
+          from.server.address(), r.is_error() ? std::string(r.error_message()) : ec.message());
+      if (!co_await pause(std::chrono::milliseconds(500))) co_return false;
+    }
+  }
+
+  // A read on the blocking connection, cut short by stop(): nullopt then. A failure is logged
+  // and gives a nil reply after a pause (the connection reconnects by itself), and sets
+  // read_failed: the entries of a reply that was lost are pending under this consumer now.
+  bool read_failed = false;
+  asio::awaitable<std::optional<redis::reply>> read(redis::request req) {
+    auto done = co_await (reader.async_exec(std::move(req), asio::as_tuple(asio::use_awaitable)) ||
+                          wake.async_wait(asio::as_tuple(asio::use_awaitable)));
+    if (stopping || done.index() == 1) co_return std::nullopt;
+    auto [ec, r] = std::get<0>(std::move(done));
+    if (!ec) co_return std::move(r);
+    read_failed = true;
+    if (r.error_message().starts_with("WRONGTYPE"))
+      throw std::runtime_error(fmt::format("bridge: key {} at {} is not a stream", from.stream, from.server.address()));
+    if (r.error_message().starts_with("NOGROUP")) {  // (deleted under us: made again, from the stream's start)
+      if (!co_await make_group()) co_return std::nullopt;
+    } else {
+      log(log_level::warn, source_name, "reading stream {} at {}: {}", from.stream, from.server.address(),
+          r.is_error() ? std::string(r.error_message()) : ec.message());
+      if (!co_await pause(std::chrono::milliseconds(500))) co_return std::nullopt;
+    }
+    co_return redis::reply();
+  }
+
+  // Sends `req` on the shared connection until every reply in it is no error; false when stop()
+  // came first.
+  asio::awaitable<bool> write(const redis::request& req, std::string_view what) {
+    for (std::chrono::milliseconds wait(100);;) {
+      auto [ec, r] = co_await conn.async_exec(req, asio::as_tuple(asio::use_awaitable));
+      std::string problem = ec ? (r.is_error() ? std::string(r.error_message()) : ec.message()) : std::string();
+      if (problem.empty() && r.kind() == redis::reply_kind::array)
+        for (const auto& one : r.as_array())
+          if (one.is_error() && problem.empty()) problem = one.error_message();
+      if (problem.empty()) co_return true;
+      log(log_level::warn, source_name, "{} of stream {}: {}; trying again in {} ms", what, from.stream, problem,
+          wait.count());
+      if (!co_await pause(wait)) co_return false;
+      wait = std::min<std::chrono::milliseconds>(wait * 2, std::chrono::seconds(5));
+    }
+  }
+
+  // Stores the jobs of these entries, sends the ones that cannot be jobs to the dead letters,
+  // then acknowledges them all. False when they were not all acknowledged: stop() came, or the
+  // lock was lost before they were stored (the next holder takes them over, in order).
+  asio::awaitable<bool> store(std::vector<entry> entries, const lock_lease& held) {
+    if (entries.empty()) co_return true;
+    std::vector<job_spec> jobs;
+    std::vector<std::pair<const entry*, std::string>> refused;
+    for (const auto& e : entries) {
+      if (e.deleted) continue;  // (deleted while pending: only the ack is left to do)
+      bridge_message m;
+      m.fields = e.fields;
+      m.default_id = from.stream + "@" + e.id;
+      auto mapped = map_message(m, how);
+      if (mapped.rejected.empty()) {
+        try {
+          producer::check(mapped.job, to.options());
+        } catch (const std::invalid_argument& bad) {
+          mapped.rejected = bad.what();
+        }
+      }
+      if (mapped.rejected.empty())
+        jobs.push_back(std::move(mapped.job));
+      else
+        refused.emplace_back(&e, std::move(mapped.rejected));
+    }
+    count([&](bridge_counters& c) { c.received += entries.size(); });
+    std::vector<enqueue_result> results;
+    for (std::chrono::milliseconds wait(100); !jobs.empty();) {
+      if (held.lost()) co_return false;  // (another bridge may consume already: order is its)
+      try {
+        results = co_await to.enqueue_bulk(jobs);
+        break;
+      } catch (const std::exception& failed) {
+        log(log_level::warn, source_name, "storing {} jobs on queue {}: {}; trying again in {} ms", jobs.size(),
+            to.queue(), failed.what(), wait.count());
+      }
+      if (!co_await pause(wait)) co_return false;
+      wait = std::min<std::chrono::milliseconds>(wait * 2, std::chrono::seconds(5));
+    }
+    std::uint64_t duplicates = 0;
+    for (const auto& r : results) duplicates += r.duplicate ? 1 : 0;
+    count([&](bridge_counters& c) {
+      c.enqueued += results.size() - duplicates;
+      c.duplicates += duplicates;
+    });
+    // The dead letters first, then the ack: a bridge that dies between the two writes a refused
+    // entry to the dead letters twice, never none.
+    if (!refused.empty()) {
+      redis::request dead;
+      for (const auto& [e, why] : refused) {
+        log(log_level::warn, source_name, "stream {} entry {} cannot become a job: {}", from.stream, e->id, why);
+        std::vector<std::string> args;  // (no braced list of temporaries in a coroutine: GCC 12)
+        args.emplace_back("reason");
+        args.push_back(why);
+        args.emplace_back("stream");
+        args.push_back(from.stream);
+        args.emplace_back("entry");
+        args.push_back(e->id);
+        for (const auto& [k, v] : e->fields) {
+          args.push_back(k);
+          args.push_back(v);
+        }
+        dead.push("XADD", from.dead, "*", args);
+      }
+      if (!co_await write(dead, "writing dead letters")) co_return false;
+      count([&](bridge_counters& c) { c.rejected += refused.size(); });
+    }
+    std::vector<std::string> ids;
+    for (const auto& e : entries) ids.push_back(e.id);
+    co_return co_await write(redis::request("XACK", from.stream, from.group, ids), "acknowledging entries");
+  }
+
+  // Takes over every entry the group has pending (a bridge before this one read them and did
+  // not acknowledge them, or this one lost a read's reply), in stream order, and stores them.
+  asio::awaitable<bool> take_over(const lock_lease& held) {
+    std::string cursor = "0-0";
+    while (!held.lost()) {
+      read_failed = false;
+      auto r = co_await read(
+          redis::request("XAUTOCLAIM", from.stream, from.group, from.consumer, 0, cursor, "COUNT", from.batch));
+      if (!r) co_return false;
+      if (r->kind() != redis::reply_kind::array) continue;  // (a failure, logged: again)
+      const auto& parts = r->as_array();
+      cursor = parts.at(0).as_string();
+      auto got = entries_of(parts.at(1));
+      count([&](bridge_counters& c) { c.taken_over += got.size(); });
+      if (!co_await store(std::move(got), held)) co_return false;
+      if (cursor == "0-0") co_return true;
+    }
+    co_return false;
+  }
+
+  // Consumes while it holds the lock.
+  asio::awaitable<void> consume(const lock_lease& held) {
+    if (!co_await take_over(held)) co_return;
+    auto block = std::max<std::int64_t>(from.lock_ttl.count() / 3, 10);
+    while (!stopping && !held.lost()) {
+      auto r = co_await read(redis::request("XREADGROUP", "GROUP", from.group, from.consumer, "COUNT", from.batch,
+                                            "BLOCK", block, "STREAMS", from.stream, ">"));
+      if (!r) co_return;
+      if (read_failed) {  // what the lost reply held is pending here: before anything newer
+        if (!co_await take_over(held)) co_return;
+        continue;
+      }
+      if (r->kind() != redis::reply_kind::array) continue;  // timed out (nil)
+      for (const auto& stream : r->as_array())
+        if (!co_await store(entries_of(stream.as_array().at(1)), held)) co_return;
+    }
+  }
+
+  asio::awaitable<void> run() {
+    // However it ends: the connections closed, and not active.
+    struct closer {
+      impl& self;
+      ~closer() {
+        self.count([](bridge_counters& c) { c.active = false; });
+        self.locks.close();
+        self.conn.close();
+        self.reader.close();
+      }
+    } closing{*this};
+    conn.start();
+    reader.start();
+    if (!co_await make_group()) co_return;
+    // (Length first: stream "a:b" of group "c" and stream "a" of group "b:c" are two locks.)
+    auto lock_name = fmt::format("bridge:{}:{}:{}", from.stream.size(), from.stream, from.group);
+    lock_options lo;
+    lo.ttl = from.lock_ttl;
+    lo.wait = std::chrono::hours(24);
+    while (!stopping) {
+      auto take = [&]() -> asio::awaitable<lock_lease> {
+        try {
+          co_return co_await locks.lock(lock_name, lo);
+        } catch (const boost::system::system_error& e) {
+          if (e.code() != asio::error::operation_aborted && e.code() != lock_error::timeout)
+            log(log_level::warn, source_name, "taking the lock of stream {}: {}", from.stream, e.what());
+        }
+        co_return lock_lease();
+      };
+      lock_lease held;
+      try {
+        held = co_await locks.try_lock(lock_name, lo);
+      } catch (const boost::system::system_error& e) {
+        log(log_level::warn, source_name, "taking the lock of stream {}: {}", from.stream, e.what());
+      }
+      if (!held) {
+        log(log_level::info, source_name, "standing by: another bridge consumes stream {} group {}", from.stream,
+            from.group);
+        auto got = co_await (take() || wake.async_wait(asio::as_tuple(asio::use_awaitable)));
+        if (got.index() == 0) held = std::get<0>(std::move(got));
+      }
+      if (!held) {
+        if (!stopping) co_await pause(std::chrono::milliseconds(500));
+        continue;
+      }
+      if (!stopping) {
+        log(log_level::info, source_name, "consuming stream {} group {} as {} into queue {}", from.stream, from.group,
+            from.consumer, to.queue());
+        count([](bridge_counters& c) { c.active = true; });
+        co_await consume(held);
+        count([](bridge_counters& c) { c.active = false; });
+        if (held.lost()) log(log_level::warn, source_name, "lost the lock of stream {}: standing by", from.stream);
+      }
+      try {
+        co_await held.unlock();          // (a bridge standing by follows at once)
+      } catch (const std::exception&) {  // (its TTL ends it)
+      }
+    }
+  }
+};
+
+stream_bridge::stream_bridge(asio::any_io_executor ex, stream_source from, producer to, bridge_mapping how)
+    : impl_(std::make_shared<impl>(std::move(ex), std::move(from), std::move(to), std::move(how))) {}
+
+stream_bridge::~stream_bridge() = default;
+
+asio::awaitable<void> stream_bridge::run() {
+  auto self = impl_;
+  co_await asio::co_spawn(self->strand, self->run(), asio::use_awaitable);
+}
+
+void stream_bridge::stop() {
+  impl_->stopping = true;
+  asio::post(impl_->strand, [self = impl_] { self->wake.expires_at(asio::steady_timer::time_point::min()); });
+}
+
+bridge_counters stream_bridge::counters() const {
+  std::lock_guard lock(impl_->counters_mutex);
+  return impl_->counts;
+}
+
+asio::awaitable<bridge_counters> stream_bridge::sample() {
+  auto self = impl_;
+  auto [ec, r] = co_await self->conn.async_exec(redis::request("XINFO", "GROUPS", self->from.stream),
+                                                asio::as_tuple(asio::use_awaitable));
+  std::int64_t lag = -1, pending = -1;
+  if (!ec && r.kind() == redis::reply_kind::array) {
+    for (const auto& group : r.as_array()) {
+      const auto& kv = group.as_array();
+      bool ours = false;
+      for (std::size_t i = 0; i + 1 < kv.size(); i += 2)
+        if (kv[i].as_string() == "name" && kv[i + 1].as_string() == self->from.group) ours = true;
+      if (!ours) continue;
+      for (std::size_t i = 0; i + 1 < kv.size(); i += 2) {
+        const auto& key = kv[i].as_string();
+        if (key == "pending") pending = kv[i + 1].as_integer();
+        if (key == "lag" && kv[i + 1].kind() == redis::reply_kind::integer) lag = kv[i + 1].as_integer();
+      }
+    }
+  }
+  bridge_counters now;
+  self->count([&](bridge_counters& c) {
+    c.lag = lag;
+    c.pending = pending;
+    now = c;
+  });
+  co_return now;
+}
+
+}  // namespace jobrt
