@@ -6,8 +6,8 @@ set -euo pipefail
 packages=(
   g++ cmake ninja-build pkg-config
   libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev
-  libfmt-dev doctest-dev libhiredis-dev libcli11-dev libssl-dev openssl
-  redis-server redis-sentinel redis-tools clang-format
+  libfmt-dev doctest-dev libhiredis-dev libcli11-dev libssl-dev openssl librabbitmq-dev
+  redis-server redis-sentinel redis-tools rabbitmq-server clang-format
   chromium
 )
 # Node.js and npm run the dashboard's browser tests (playwright-core); the machine's own when it

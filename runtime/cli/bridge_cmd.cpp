@@ -32,12 +32,6 @@ struct bridge_args {
 };
 
 int run_bridge(bridge_args& a) {
-  stream_source from;
-  try {
-    from = stream_source::from_url(a.from);
-  } catch (const std::invalid_argument& e) {
-    throw usage_error(fmt::format("bridge: --from: {}", e.what()));
-  }
   std::optional<asio::ip::tcp::endpoint> metrics_at;
   if (!a.metrics_at.empty()) {
     try {
@@ -71,32 +65,33 @@ int run_bridge(bridge_args& a) {
   }
   if (!a.type.empty()) how.type = a.type;
   if (a.keep_ms > 0) how.keep = std::chrono::milliseconds(a.keep_ms);
-  po.batch = std::max<std::size_t>(po.batch, from.batch);
 
   asio::io_context ctx(1);
   redis_backend_options ro;
   ro.durability = durability;
   redis_backend store(ctx.get_executor(), seeds_of(url), ro);
-  std::unique_ptr<stream_bridge> bridge;
+  sharded_backend sharded(store, a.shards);
+  po.batch = max_bridge_batch;  // (each batch of the source one enqueue call)
+  producer to(sharded, a.queue, po);
+  std::unique_ptr<bridge> bridge;
+  try {
+    bridge = make_bridge(ctx.get_executor(), a.from, to, how);
+  } catch (const std::invalid_argument& e) {
+    throw usage_error(fmt::format("bridge: --from: {}", e.what()));
+  }
   std::unique_ptr<metrics_server> metrics;
   std::exception_ptr failure;
-  bool stop_asked = false;  // (a signal before the bridge is made stops it as soon as it is)
   asio::signal_set signals(ctx, SIGTERM, SIGINT);
   signals.async_wait([&](boost::system::error_code ec, int) {
     if (ec) return;
     log(log_level::info, "bridge", "stopping: storing and acknowledging what was read");
-    stop_asked = true;
-    if (bridge) bridge->stop();
+    bridge->stop();  // (before run(): run() returns at once)
   });
   auto body = [&]() -> asio::awaitable<void> {
     co_await check_reachable(store.connection(), url);
-    sharded_backend sharded(store, a.shards);
     co_await sharded.shards_of(a.queue);  // (another number stored: refused before anything is read)
-    producer to(sharded, a.queue, po);
-    bridge = std::make_unique<stream_bridge>(ctx.get_executor(), from, to, how);
-    if (stop_asked) bridge->stop();
     if (metrics_at) {
-      auto source = from.address();
+      auto source = bridge->source();
       metrics = std::make_unique<metrics_server>(ctx.get_executor(), *metrics_at,
                                                  [&, source]() -> asio::awaitable<std::string> {
                                                    co_return bridge_metrics_text(co_await bridge->sample(), source);
@@ -105,7 +100,7 @@ int run_bridge(bridge_args& a) {
       log(log_level::info, "bridge", "metrics at http://{}:{}/metrics", metrics->local_endpoint().address().to_string(),
           metrics->local_endpoint().port());
     }
-    log(log_level::info, "bridge", "from {} to queue {} at {}", from.address(), a.queue, address_of(url));
+    log(log_level::info, "bridge", "from {} to queue {} at {}", bridge->source(), a.queue, address_of(url));
     co_await bridge->run();
     auto c = bridge->counters();
     log(log_level::info, "bridge", "stopped: {} messages, {} jobs stored, {} duplicates, {} refused", c.received,
@@ -127,9 +122,11 @@ int run_bridge(bridge_args& a) {
 
 void add_bridge(CLI::App& jobrt, action& chosen) {
   auto a = std::make_shared<bridge_args>();
-  auto* cmd = add_command(jobrt, chosen, "bridge", "take jobs from a Redis Stream into a queue",
+  auto* cmd = add_command(jobrt, chosen, "bridge", "take jobs from a Redis Stream or a RabbitMQ queue into a queue",
                           [a] { return run_bridge(*a); });
-  cmd->add_option("--from", a->from, "redis-stream://HOST:PORT/STREAM?group=GROUP (docs/BRIDGES.md)")
+  cmd->add_option("--from", a->from,
+                  "redis-stream://HOST:PORT/STREAM?group=GROUP or amqp://USER:PASSWORD@HOST:5672/VHOST?queue=QUEUE "
+                  "(docs/BRIDGES.md)")
       ->required()
       ->envname("JOBRT_BRIDGE_FROM")
       ->option_text("URL");
@@ -156,11 +153,13 @@ void add_bridge(CLI::App& jobrt, action& chosen) {
   word_option(*cmd, "--log-level", a->log_level, "debug, info (default), warn, error or off",
               [](const std::string& t) { parse_log_level(t); });
   cmd->footer(
-      "Reads a Redis Stream through a consumer group, stores each entry as a job, and acknowledges\n"
-      "it only once stored. An entry's fields give the job: type, payload (JSON), id and group (the\n"
-      "config's bridge mapping renames them); an entry without an id becomes <stream>@<entry id>. One\n"
-      "bridge of a group consumes at a time; more stand by and take over when it dies. Entries that\n"
-      "cannot be jobs go to <stream>:dead with the reason. SIGTERM stops it after the batch in hand.");
+      "Reads a Redis Stream through a consumer group, or a RabbitMQ queue, stores each message as a\n"
+      "job, and acknowledges it only once stored. A stream entry's fields give the job: type, payload\n"
+      "(JSON), id and group (the config's bridge mapping renames them); without an id it is\n"
+      "<stream>@<entry id>. An AMQP message's body is the payload, its type property or header the\n"
+      "type, its message_id (else a hash of the body) the id. One bridge of a stream's group consumes\n"
+      "at a time; more stand by and take over when it dies. Messages that cannot be jobs go to\n"
+      "<stream>:dead or <queue>.dead with the reason. SIGTERM stops it after the batch in hand.");
 }
 
 }  // namespace jobrt::cli

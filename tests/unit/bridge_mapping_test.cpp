@@ -82,3 +82,48 @@ TEST_CASE("bridge mapping: a bad mapping is refused, naming the field") {
       settings::from_json(boost::json::parse(R"({"queues": [{"name": "q", "bridge": {"keep_ms": -1}}]})")),
       "config.queues[0].bridge.keep_ms: -1 is not a whole number from 1 to 31536000000", std::invalid_argument);
 }
+
+TEST_CASE("bridge mapping: a RabbitMQ message's body is its payload") {
+  bridge_message m;
+  m.fields = {{"type", "import"}, {"group", "t7"}};
+  m.body = R"({"file":"a.csv"})";
+  m.default_id = "sha256-00";
+  auto mapped = map_message(m, bridge_mapping{});
+  CHECK(mapped.rejected.empty());
+  CHECK(mapped.job.payload == boost::json::parse(R"({"file":"a.csv"})"));
+  CHECK(mapped.job.id == "sha256-00");
+  m.body = "not json";
+  CHECK(map_message(m, bridge_mapping{}).rejected.starts_with("the message body is not JSON: "));
+}
+
+TEST_CASE("bridge mapping: AMQP URLs, and the ones refused naming what is wrong") {
+  auto s = amqp_source::from_url("amqp://u:p%40ss@mq.example:5673/prod%2Fa?queue=imports&prefetch=50&batch=10");
+  CHECK(s.host == "mq.example");
+  CHECK(s.port == 5673);
+  CHECK(s.user == "u");
+  CHECK(s.password == "p@ss");
+  CHECK(s.vhost == "prod/a");
+  CHECK(s.queue == "imports");
+  CHECK(s.dead == "imports.dead");
+  CHECK(s.prefetch == 50);
+  CHECK(s.batch == 10);
+  CHECK(s.address() == "amqp://u@mq.example:5673/prod%2Fa?queue=imports");
+  auto plain = amqp_source::from_url("amqp://h?queue=q");
+  CHECK(plain.user == "guest");
+  CHECK(plain.vhost == "/");
+  CHECK(plain.port == 5672);
+  auto refusal = [](const char* url) {
+    try {
+      amqp_source::from_url(url);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(refusal("amqp://u:secret@h/") == "AMQP URL 'amqp://u:***@h/': the queue is missing (?queue=<queue>)");
+  CHECK(refusal("amqps://h?queue=q").find("amqps:// (TLS) is not supported yet") != std::string::npos);
+  CHECK(refusal("amqp://h?queue=q&prefetch=0").find("parameter prefetch '0' is not a whole number from 1 to 65535") !=
+        std::string::npos);
+  CHECK(refusal("amqp://h?queue=q&exchange=x").find("unknown parameter 'exchange'") != std::string::npos);
+  CHECK(refusal("amqp://h?queue=q&dead=q").find("the dead-letter queue is the queue itself") != std::string::npos);
+}

@@ -1,4 +1,5 @@
-// Front doors: jobs from the messages another system delivers (docs/BRIDGES.md).
+// Front doors: jobs from the messages another system delivers (docs/BRIDGES.md): a Redis
+// Stream's entries (stream_bridge) or a RabbitMQ queue's messages (amqp_bridge).
 //
 // A bridge takes messages from a source, turns each into a job, stores the jobs, and only then
 // acknowledges the messages to the source. A bridge that dies between the two gets them
@@ -23,6 +24,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -31,7 +33,7 @@
 namespace jobrt {
 
 /// How a message becomes a job. Names are looked up among the message's fields (a stream
-/// entry's fields).
+/// entry's fields; an AMQP message's headers, and its `type` property as `type`).
 struct bridge_mapping {
   std::string type_field = "type";  ///< the field that names the job's type
   std::string type;                 ///< the type of a message without that field ("": refused)
@@ -57,6 +59,8 @@ struct bridge_mapping {
 /// A message as a source hands it to the mapping.
 struct bridge_message {
   std::vector<std::pair<std::string, std::string>> fields;
+  /// When set, the payload's text (an AMQP message's body): payload_field is not looked up.
+  std::optional<std::string> body;
   std::string default_id;  ///< the job's id when no field gives one
 };
 
@@ -107,29 +111,99 @@ struct bridge_counters {
 /// The Prometheus series of a bridge (jobrt_bridge_*), labelled with its source.
 std::string bridge_metrics_text(const bridge_counters& c, std::string_view source);
 
+/// The most messages a bridge stores at once (the sources' `batch`). Give its producer a
+/// producer_options::batch at least this large, so that a batch is one enqueue call: refused or
+/// stored whole.
+inline constexpr std::size_t max_bridge_batch = 1000;
+
+/// What every bridge does.
+class bridge {
+ public:
+  virtual ~bridge();
+  /// Consumes until stop(). A failure to store jobs (the queue's server away, a full group) is
+  /// logged and tried again with backoff; the messages stay unacknowledged meanwhile.
+  virtual boost::asio::awaitable<void> run() = 0;
+  /// Stops run(): it stops reading, stores and acknowledges what it read (or leaves it to be
+  /// delivered again when the store cannot complete) and returns. Thread-safe.
+  virtual void stop() = 0;
+  /// The counters now (lag and pending as last sampled).
+  virtual bridge_counters counters() const = 0;
+  /// The counters with the source's lag asked again.
+  virtual boost::asio::awaitable<bridge_counters> sample() = 0;
+  /// Where it reads, for logs and metrics (no password).
+  virtual std::string source() const = 0;
+};
+
+/// The bridge a URL names: redis-stream:// or rediss-stream:// (stream_bridge), amqp://
+/// (amqp_bridge). Throws std::invalid_argument naming what is wrong with the URL.
+std::unique_ptr<bridge> make_bridge(boost::asio::any_io_executor ex, std::string_view url, producer to,
+                                    bridge_mapping how = {});
+
 /// Takes jobs from a Redis Stream through a consumer group (XREADGROUP on a blocking
 /// connection, no polling), stores them with a producer, then XACKs them. Entries that cannot
 /// become jobs go to the dead-letter stream with the reason, then are acknowledged. One bridge
 /// of a stream's group consumes at a time (a lock on the stream's server); when it dies, one of
 /// the others takes its pending entries over, in stream order, and goes on.
-class stream_bridge {
+class stream_bridge final : public bridge {
  public:
   stream_bridge(boost::asio::any_io_executor ex, stream_source from, producer to, bridge_mapping how = {});
-  ~stream_bridge();
+  ~stream_bridge() override;
   stream_bridge(const stream_bridge&) = delete;
   stream_bridge& operator=(const stream_bridge&) = delete;
 
-  /// Consumes until stop(). A failure to store jobs (the queue's server away, a full group) is
-  /// logged and tried again with backoff; the entries stay unacknowledged meanwhile. Throws for
-  /// what waiting cannot mend (the stream's key holds another type).
-  boost::asio::awaitable<void> run();
-  /// Stops run(): it stops reading, stores and acknowledges what it read (or leaves it pending
-  /// when the store cannot complete), releases the lock and returns. Thread-safe.
-  void stop();
-  /// The counters now (lag and pending as last sampled).
-  bridge_counters counters() const;
-  /// Asks the server for the group's lag and pending entries (XINFO GROUPS), then counters().
-  boost::asio::awaitable<bridge_counters> sample();
+  /// Also throws for what waiting cannot mend (the stream's key holds another type).
+  boost::asio::awaitable<void> run() override;
+  /// Also releases the lock.
+  void stop() override;
+  bridge_counters counters() const override;
+  /// Asks the server for the group's lag and pending entries (XINFO GROUPS).
+  boost::asio::awaitable<bridge_counters> sample() override;
+  std::string source() const override;
+
+ private:
+  struct impl;
+  std::shared_ptr<impl> impl_;
+};
+
+/// Where an AMQP bridge reads: a RabbitMQ queue (AMQP 0-9-1). Its messages' fields are their
+/// headers, and the `type` property as `type` when no header is named so.
+struct amqp_source {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 5672;
+  std::string user = "guest";
+  std::string password = "guest";
+  std::string vhost = "/";
+  std::string queue;
+  std::string dead;               ///< where refused messages go, with the reason (default "<queue>.dead")
+  std::uint16_t prefetch = 1000;  ///< messages delivered and not yet acknowledged, at most
+  std::size_t batch = 200;        ///< messages an enqueue call stores, at most
+
+  /// Parses `amqp://[user[:password]@]host[:port][/vhost]?queue=<queue>` (the vhost
+  /// percent-encoded: %2F for "/", the default), with the parameters dead, prefetch and batch.
+  /// Throws std::invalid_argument naming what is wrong.
+  static amqp_source from_url(std::string_view url);
+  std::string address() const;  ///< the URL again, without the password
+};
+
+/// Takes jobs from a RabbitMQ queue with librabbitmq (rabbitmq-c), which blocks: it runs on a
+/// thread of its own and hands each batch of messages to the io_context, where they are stored;
+/// then the thread acknowledges them. Refused messages are published to the dead-letter queue
+/// with the reason (header x-jobrt-reason), then acknowledged. A lost connection is made again
+/// with backoff; its unacknowledged messages the broker delivers again, and their ids (the
+/// message_id property, else a hash of the body) make them duplicates.
+class amqp_bridge final : public bridge {
+ public:
+  amqp_bridge(boost::asio::any_io_executor ex, amqp_source from, producer to, bridge_mapping how = {});
+  ~amqp_bridge() override;
+  amqp_bridge(const amqp_bridge&) = delete;
+  amqp_bridge& operator=(const amqp_bridge&) = delete;
+
+  boost::asio::awaitable<void> run() override;
+  void stop() override;
+  bridge_counters counters() const override;
+  /// counters(): its lag is the queue's ready messages as the thread last asked (once a second).
+  boost::asio::awaitable<bridge_counters> sample() override;
+  std::string source() const override;
 
  private:
   struct impl;

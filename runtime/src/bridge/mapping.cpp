@@ -1,5 +1,7 @@
 // Messages into jobs (bridge_mapping), where a stream bridge reads (stream_source), and a
 // bridge's metrics.
+#include "bridge/storing.hpp"
+
 #include <jobrt/bridge.hpp>
 
 #include <fmt/format.h>
@@ -26,17 +28,17 @@ std::string shown(std::string_view url) {
   return fmt::format("{}:***{}", url.substr(0, colon), url.substr(at));
 }
 
-[[noreturn]] void bad_url(std::string_view url, std::string_view why) {
-  throw std::invalid_argument(fmt::format("stream URL '{}': {}", shown(url), why));
+[[noreturn]] void bad_url(std::string_view url, std::string_view why, std::string_view kind = "stream") {
+  throw std::invalid_argument(fmt::format("{} URL '{}': {}", kind, shown(url), why));
 }
 
 // A whole number from min to max, as a URL parameter gives it.
 std::int64_t parameter_number(std::string_view url, std::string_view key, std::string_view text, std::int64_t min,
-                              std::int64_t max) {
+                              std::int64_t max, std::string_view kind = "stream") {
   std::int64_t v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || v < min || v > max)
-    bad_url(url, fmt::format("parameter {} '{}' is not a whole number from {} to {}", key, text, min, max));
+    bad_url(url, fmt::format("parameter {} '{}' is not a whole number from {} to {}", key, text, min, max), kind);
   return v;
 }
 
@@ -108,7 +110,15 @@ mapped_message map_message(const bridge_message& m, const bridge_mapping& how) {
     out.rejected = fmt::format("no field {} to give the job's type, and no default type", how.type_field);
     return out;
   }
-  if (const auto* payload = find(how.payload_field)) {
+  if (m.body) {
+    boost::system::error_code ec;
+    auto value = boost::json::parse(*m.body, ec);
+    if (ec) {
+      out.rejected = fmt::format("the message body is not JSON: {}", ec.message());
+      return out;
+    }
+    out.job.payload = std::move(value);
+  } else if (const auto* payload = find(how.payload_field)) {
     boost::system::error_code ec;
     auto value = boost::json::parse(*payload, ec);
     if (ec) {
@@ -131,6 +141,85 @@ mapped_message map_message(const bridge_message& m, const bridge_mapping& how) {
   if (const auto* group = find(how.group_field)) out.job.group = *group;
   out.job.keep = how.keep;
   return out;
+}
+
+detail::sorted_batch detail::sort_batch(const std::vector<bridge_message>& batch, const bridge_mapping& how,
+                                        const producer_options& opts) {
+  sorted_batch out;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    auto mapped = map_message(batch[i], how);
+    if (mapped.rejected.empty()) {
+      try {
+        producer::check(mapped.job, opts);
+      } catch (const std::invalid_argument& bad) {
+        mapped.rejected = bad.what();
+      }
+    }
+    if (mapped.rejected.empty())
+      out.jobs.push_back(std::move(mapped.job));
+    else
+      out.refused.emplace_back(i, std::move(mapped.rejected));
+  }
+  return out;
+}
+
+bridge::~bridge() = default;
+
+std::unique_ptr<bridge> make_bridge(boost::asio::any_io_executor ex, std::string_view url, producer to,
+                                    bridge_mapping how) {
+  if (url.starts_with("amqp://") || url.starts_with("amqps://"))
+    return std::make_unique<amqp_bridge>(std::move(ex), amqp_source::from_url(url), std::move(to), std::move(how));
+  if (url.starts_with("redis-stream://") || url.starts_with("rediss-stream://"))
+    return std::make_unique<stream_bridge>(std::move(ex), stream_source::from_url(url), std::move(to), std::move(how));
+  auto scheme = url.substr(0, url.find(':'));
+  throw std::invalid_argument(
+      fmt::format("source URL: scheme '{}' is none of redis-stream://, rediss-stream:// and amqp://", scheme));
+}
+
+amqp_source amqp_source::from_url(std::string_view url) {
+  auto bad = [&](std::string_view why) -> void {
+    throw std::invalid_argument(fmt::format("AMQP URL '{}': {}", shown(url), why));
+  };
+  auto parsed = boost::urls::parse_uri(url);
+  if (!parsed) bad("not a URL (expected amqp://user:password@host:5672/vhost?queue=<queue>)");
+  boost::urls::url_view u = *parsed;
+  if (u.scheme() == "amqps") bad("amqps:// (TLS) is not supported yet; use amqp://");
+  if (u.scheme() != "amqp") bad(fmt::format("scheme '{}' is not amqp://", std::string_view(u.scheme())));
+  amqp_source s;
+  if (u.host().empty()) bad("the host is missing");
+  s.host = u.host();
+  if (u.has_port()) s.port = static_cast<std::uint16_t>(parameter_number(url, "port", u.port(), 1, 65535, "AMQP"));
+  if (u.has_userinfo()) {
+    s.user = u.user();
+    s.password = u.password();
+  }
+  auto segments = u.encoded_segments();
+  if (segments.size() > 1) bad("the path must be the vhost only (%2F for '/')");
+  if (segments.size() == 1 && !(*segments.begin()).empty()) s.vhost = (*segments.begin()).decode();
+  for (auto encoded : u.encoded_params()) {
+    std::string key = encoded.key.decode(), value = encoded.value.decode();
+    if (value.empty()) bad(fmt::format("parameter '{}' is empty", key));
+    if (key == "queue")
+      s.queue = value;
+    else if (key == "dead")
+      s.dead = value;
+    else if (key == "prefetch")
+      s.prefetch = static_cast<std::uint16_t>(parameter_number(url, key, value, 1, 65535, "AMQP"));
+    else if (key == "batch")
+      s.batch = static_cast<std::size_t>(parameter_number(url, key, value, 1, max_bridge_batch, "AMQP"));
+    else
+      bad(fmt::format("unknown parameter '{}' (known: queue, dead, prefetch, batch)", key));
+  }
+  if (s.queue.empty()) bad("the queue is missing (?queue=<queue>)");
+  if (s.dead.empty()) s.dead = s.queue + ".dead";
+  if (s.dead == s.queue) bad("the dead-letter queue is the queue itself");
+  return s;
+}
+
+std::string amqp_source::address() const {
+  std::string vhost_part;
+  for (char c : vhost) vhost_part += c == '/' ? std::string("%2F") : std::string(1, c);
+  return fmt::format("amqp://{}@{}:{}/{}?queue={}", user, host, port, vhost_part, queue);
 }
 
 stream_source stream_source::from_url(std::string_view url) {
@@ -160,7 +249,7 @@ stream_source stream_source::from_url(std::string_view url) {
     } else if (key == "lock_ttl_ms") {
       s.lock_ttl = std::chrono::milliseconds(parameter_number(url, key, value, 30, 600'000));
     } else if (key == "batch") {
-      s.batch = static_cast<std::size_t>(parameter_number(url, key, value, 1, 10'000));
+      s.batch = static_cast<std::size_t>(parameter_number(url, key, value, 1, max_bridge_batch));
     } else if (key == "ca" || key == "cert" || key == "key" || key == "sni" || key == "verify") {
       tls_params += fmt::format("{}{}={}", tls_params.empty() ? "?" : "&", std::string_view(encoded.key),
                                 std::string_view(encoded.value));  // (as written: redis:// decodes them)

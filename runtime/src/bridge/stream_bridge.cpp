@@ -2,6 +2,8 @@
 // lock and consumes: it takes over what the group has pending, then reads new entries with a
 // blocking XREADGROUP, stores each batch with the producer and acknowledges it. The others wait
 // for the lock. State lives on one strand; stop() reaches it by a post.
+#include "bridge/storing.hpp"
+
 #include <jobrt/bridge.hpp>
 #include <jobrt/log.hpp>
 #include <jobrt/mutex.hpp>
@@ -159,44 +161,28 @@ struct stream_bridge::impl {
   // lock was lost before they were stored (the next holder takes them over, in order).
   asio::awaitable<bool> store(std::vector<entry> entries, const lock_lease& held) {
     if (entries.empty()) co_return true;
-    std::vector<job_spec> jobs;
-    std::vector<std::pair<const entry*, std::string>> refused;
+    std::vector<bridge_message> batch;
+    std::vector<const entry*> of_batch;  // the entry of each message
     for (const auto& e : entries) {
       if (e.deleted) continue;  // (deleted while pending: only the ack is left to do)
       bridge_message m;
       m.fields = e.fields;
       m.default_id = from.stream + "@" + e.id;
-      auto mapped = map_message(m, how);
-      if (mapped.rejected.empty()) {
-        try {
-          producer::check(mapped.job, to.options());
-        } catch (const std::invalid_argument& bad) {
-          mapped.rejected = bad.what();
-        }
-      }
-      if (mapped.rejected.empty())
-        jobs.push_back(std::move(mapped.job));
-      else
-        refused.emplace_back(&e, std::move(mapped.rejected));
+      batch.push_back(std::move(m));
+      of_batch.push_back(&e);
     }
+    auto sorted = detail::sort_batch(batch, how, to.options());
+    std::vector<std::pair<const entry*, std::string>> refused;
+    for (auto& [i, why] : sorted.refused) refused.emplace_back(of_batch[i], std::move(why));
     count([&](bridge_counters& c) { c.received += entries.size(); });
-    std::vector<enqueue_result> results;
-    for (std::chrono::milliseconds wait(100); !jobs.empty();) {
-      if (held.lost()) co_return false;  // (another bridge may consume already: order is its)
-      try {
-        results = co_await to.enqueue_bulk(jobs);
-        break;
-      } catch (const std::exception& failed) {
-        log(log_level::warn, source_name, "storing {} jobs on queue {}: {}; trying again in {} ms", jobs.size(),
-            to.queue(), failed.what(), wait.count());
-      }
-      if (!co_await pause(wait)) co_return false;
-      wait = std::min<std::chrono::milliseconds>(wait * 2, std::chrono::seconds(5));
-    }
+    auto pause_for = [this](std::chrono::milliseconds d) { return pause(d); };
+    // (A lock lost before the store: another bridge may consume already, and the order is its.)
+    auto results = co_await detail::store_jobs(to, std::move(sorted.jobs), pause_for, [&] { return !held.lost(); });
+    if (!results) co_return false;
     std::uint64_t duplicates = 0;
-    for (const auto& r : results) duplicates += r.duplicate ? 1 : 0;
+    for (const auto& r : *results) duplicates += r.duplicate ? 1 : 0;
     count([&](bridge_counters& c) {
-      c.enqueued += results.size() - duplicates;
+      c.enqueued += results->size() - duplicates;
       c.duplicates += duplicates;
     });
     // The dead letters first, then the ack: a bridge that dies between the two writes a refused
@@ -339,6 +325,8 @@ void stream_bridge::stop() {
   impl_->stopping = true;
   asio::post(impl_->strand, [self = impl_] { self->wake.expires_at(asio::steady_timer::time_point::min()); });
 }
+
+std::string stream_bridge::source() const { return impl_->from.address(); }
 
 bridge_counters stream_bridge::counters() const {
   std::lock_guard lock(impl_->counters_mutex);

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Starts a throw-away rabbitmq-server on loopback: a node of its own name, free ports, data, logs
+# and Erlang cookie in a temp dir. Prints "PORT DIR"; stop it with: scripts/rabbitmq.sh stop DIR
+# scripts/rabbitmq.sh ctl DIR ARGS... runs rabbitmqctl ARGS at that node (close_all_connections).
+set -euo pipefail
+# Debian's /usr/sbin wrappers switch to the rabbitmq user and its home; these run as the caller.
+bin=/usr/lib/rabbitmq/bin
+node_env() {  # the environment that names the node in $1
+  local dir=$1
+  export HOME=$dir RABBITMQ_NODENAME=$(cat "$dir/node") RABBITMQ_MNESIA_BASE=$dir/mnesia RABBITMQ_LOG_BASE=$dir/log \
+    RABBITMQ_PID_FILE=$dir/rabbit.pid RABBITMQ_ENABLED_PLUGINS_FILE=$dir/enabled_plugins \
+    RABBITMQ_CONFIG_FILE=$dir/rabbitmq RABBITMQ_ADVANCED_CONFIG_FILE=$dir/advanced.config \
+    RABBITMQ_CONF_ENV_FILE=$dir/rabbitmq-env.conf
+}
+case "${1:-start}" in
+stop)
+  dir=$2
+  if [ -f "$dir/node" ]; then
+    node_env "$dir"
+    "$bin/rabbitmqctl" -q stop "$dir/rabbit.pid" >/dev/null 2>&1 || true
+  fi
+  rm -rf "$dir"
+  exit 0
+  ;;
+ctl)
+  dir=$2
+  shift 2
+  node_env "$dir"
+  exec "$bin/rabbitmqctl" -q "$@"
+  ;;
+esac
+dir=$(mktemp -d /tmp/jobrt-rabbitmq.XXXXXX)
+chmod 755 "$dir"
+# The cookie the server and rabbitmqctl share, made before either can race to make it.
+head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/.erlang.cookie"
+chmod 400 "$dir/.erlang.cookie"
+echo "jobrt$(basename "$dir" | tr -cd 'a-zA-Z0-9')@localhost" > "$dir/node"
+for _ in $(seq 3); do
+  port=$((20000 + RANDOM % 20000))
+  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && continue  # taken
+  (exec 3<>"/dev/tcp/127.0.0.1/$((port + 20000))") 2>/dev/null && continue  # its distribution port
+  printf 'listeners.tcp.1 = 127.0.0.1:%s\nloopback_users = none\n' "$port" > "$dir/rabbitmq.conf"
+  printf '[].\n' > "$dir/enabled_plugins"
+  : > "$dir/rabbitmq-env.conf"
+  node_env "$dir"
+  export RABBITMQ_DIST_PORT=$((port + 20000)) ERL_EPMD_ADDRESS=127.0.0.1
+  mkdir -p "$dir/mnesia" "$dir/log"
+  "$bin/rabbitmq-server" > "$dir/server.out" 2>&1 &
+  server=$!
+  for _ in $(seq 60); do  # up to a minute, while the server lives
+    kill -0 "$server" 2>/dev/null || break
+    if "$bin/rabbitmqctl" -q wait --timeout 1 "$dir/rabbit.pid" >/dev/null 2>&1; then
+      echo "$port $dir"
+      exit 0
+    fi
+  done
+  "$bin/rabbitmqctl" -q stop "$dir/rabbit.pid" >/dev/null 2>&1 || kill "$server" 2>/dev/null || true
+  grep -q eaddrinuse "$dir/server.out" "$dir/log"/*.log 2>/dev/null || break
+done
+echo "could not start rabbitmq-server:" >&2
+cat "$dir/server.out" >&2 || true
+kill "$server" 2>/dev/null || true
+rm -rf "$dir"
+exit 1
