@@ -155,13 +155,13 @@ struct amqp_bridge::impl {
   }
 
   // On the strand: stores a batch's jobs; the refused messages, or nullopt when stop() came first.
-  asio::awaitable<std::optional<refusals>> store(std::vector<bridge_message> batch) {
-    auto sorted = detail::sort_batch(batch, how, to.options());
-    count([&](bridge_counters& c) { c.received += batch.size(); });
+  // (The batch is shared with the thread, which publishes the refused ones.)
+  using shared_batch = std::shared_ptr<const std::vector<bridge_message>>;
+  asio::awaitable<std::optional<refusals>> store(shared_batch batch) {
+    auto sorted = detail::sort_batch(*batch, how, to.options());
+    count([&](bridge_counters& c) { c.received += batch->size(); });
     auto pause = [this](std::chrono::milliseconds d) -> asio::awaitable<bool> {
-      asio::steady_timer t(strand, d);
-      co_await (t.async_wait(asio::as_tuple(asio::use_awaitable)) ||
-                wake.async_wait(asio::as_tuple(asio::use_awaitable)));
+      co_await detail::pause_unless_woken(wake, d);
       co_return !stopping;
     };
     auto results = co_await detail::store_jobs(to, std::move(sorted.jobs), pause, [] { return true; });
@@ -179,7 +179,7 @@ struct amqp_bridge::impl {
   // On the thread: hands the batch to the io_context and waits for its outcome, sending the
   // broker heartbeats meanwhile (librabbitmq sends none while no call of it runs). nullopt when
   // stop() came first, or the store did not end within 10 s of it.
-  std::optional<refusals> store_from_thread(std::vector<bridge_message> batch, amqp_connection_state_t conn) {
+  std::optional<refusals> store_from_thread(shared_batch batch, amqp_connection_state_t conn) {
     // (Owned by the handler: an io_context gone before it ran breaks the promise, and get() throws.)
     auto promise = std::make_shared<std::promise<std::optional<refusals>>>();
     auto outcome = promise->get_future();
@@ -270,12 +270,12 @@ struct amqp_bridge::impl {
         amqp_destroy_envelope(&envelope);
       }
       if (batch.empty()) continue;
-      std::vector<bridge_message> kept = batch;  // (for the dead letters)
-      auto refused = store_from_thread(std::move(batch), conn);
+      auto kept = std::make_shared<const std::vector<bridge_message>>(std::move(batch));
+      auto refused = store_from_thread(kept, conn);
       if (!refused) return {};  // stopped before they were stored: the broker delivers them again
       for (const auto& [i, why] : *refused) {
-        log(log_level::warn, "bridge", "message {} of queue {} cannot become a job: {}", kept[i].default_id, from.queue,
-            why);
+        const auto& m = (*kept)[i];
+        log(log_level::warn, "bridge", "message {} of queue {} cannot become a job: {}", m.default_id, from.queue, why);
         std::vector<amqp_table_entry_t> entries;
         auto add = [&](const std::string& key, const std::string& value) {
           amqp_table_entry_t e{};
@@ -287,15 +287,15 @@ struct amqp_bridge::impl {
         const std::string reason_key = "x-jobrt-reason", queue_key = "x-jobrt-queue";
         add(reason_key, why);
         add(queue_key, from.queue);
-        for (const auto& [k, v] : kept[i].fields) add(k, v);
+        for (const auto& [k, v] : m.fields) add(k, v);
         amqp_basic_properties_t props{};
         props._flags = AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG;
         props.delivery_mode = 2;  // persistent
         props.headers.num_entries = static_cast<int>(entries.size());
         props.headers.entries = entries.data();
-        props.message_id = bytes_of(kept[i].default_id);
+        props.message_id = bytes_of(m.default_id);
         if (int rc = amqp_basic_publish(conn, dead_channel, amqp_empty_bytes, bytes_of(from.dead), 0, 0, &props,
-                                        bytes_of(*kept[i].body));
+                                        bytes_of(*m.body));
             rc != AMQP_STATUS_OK)
           return fmt::format("writing to dead-letter queue {}: {}", from.dead, amqp_error_string2(rc));
       }

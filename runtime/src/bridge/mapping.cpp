@@ -5,6 +5,9 @@
 #include <jobrt/bridge.hpp>
 
 #include <fmt/format.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <boost/json.hpp>
 #include <boost/url/parse.hpp>
 #include <boost/url/url_view.hpp>
@@ -161,6 +164,13 @@ detail::sorted_batch detail::sort_batch(const std::vector<bridge_message>& batch
       out.refused.emplace_back(i, std::move(mapped.rejected));
   }
   return out;
+}
+
+boost::asio::awaitable<void> detail::pause_unless_woken(boost::asio::steady_timer& wake, std::chrono::milliseconds d) {
+  using namespace boost::asio::experimental::awaitable_operators;
+  boost::asio::steady_timer t(wake.get_executor(), d);
+  co_await (t.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable)) ||
+            wake.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable)));
 }
 
 bridge::~bridge() = default;

@@ -6,6 +6,7 @@
 #include <jobrt/log.hpp>
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -25,6 +26,9 @@ struct sorted_batch {
 /// Maps each message (map_message) and checks its job against the producer's options.
 sorted_batch sort_batch(const std::vector<bridge_message>& batch, const bridge_mapping& how,
                         const producer_options& opts);
+
+/// Waits `d`, or less when `wake` expires (a bridge's stop() sets it at its earliest).
+boost::asio::awaitable<void> pause_unless_woken(boost::asio::steady_timer& wake, std::chrono::milliseconds d);
 
 /// Stores `jobs` with `to`, each failure logged and tried again after a wait of 100 ms, doubling
 /// up to 5 s, that `pause(wait)` takes (awaitable<bool>: false when the bridge stops). Before

@@ -95,9 +95,7 @@ struct stream_bridge::impl {
 
   // Waits `d`, or less when stop() comes. False when it came.
   asio::awaitable<bool> pause(std::chrono::milliseconds d) {
-    asio::steady_timer t(strand, d);
-    co_await (t.async_wait(asio::as_tuple(asio::use_awaitable)) ||
-              wake.async_wait(asio::as_tuple(asio::use_awaitable)));
+    co_await detail::pause_unless_woken(wake, d);
     co_return !stopping;
   }
 
