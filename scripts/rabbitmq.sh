@@ -35,27 +35,31 @@ chmod 755 "$dir"
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/.erlang.cookie"
 chmod 400 "$dir/.erlang.cookie"
 echo "jobrt$(basename "$dir" | tr -cd 'a-zA-Z0-9')@localhost" > "$dir/node"
-for _ in $(seq 3); do
-  port=$((20000 + RANDOM % 20000))
+# Both ports below the kernel's ephemeral range (32768 and up by default), where an outgoing
+# connection may hold a port that no listener shows.
+for _ in $(seq 5); do
+  port=$((10000 + RANDOM % 20000))
   (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && continue  # taken
-  (exec 3<>"/dev/tcp/127.0.0.1/$((port + 20000))") 2>/dev/null && continue  # its distribution port
+  (exec 3<>"/dev/tcp/127.0.0.1/$((port + 1))") 2>/dev/null && continue  # its distribution port
   printf 'listeners.tcp.1 = 127.0.0.1:%s\nloopback_users = none\n' "$port" > "$dir/rabbitmq.conf"
   printf '[].\n' > "$dir/enabled_plugins"
   : > "$dir/rabbitmq-env.conf"
   node_env "$dir"
-  export RABBITMQ_DIST_PORT=$((port + 20000)) ERL_EPMD_ADDRESS=127.0.0.1
+  export RABBITMQ_DIST_PORT=$((port + 1)) ERL_EPMD_ADDRESS=127.0.0.1
   mkdir -p "$dir/mnesia" "$dir/log"
   "$bin/rabbitmq-server" > "$dir/server.out" 2>&1 &
   server=$!
-  for _ in $(seq 60); do  # up to a minute, while the server lives
+  for _ in $(seq 60); do  # while the server lives (each wait takes a second or two)
     kill -0 "$server" 2>/dev/null || break
+    grep -q "Kernel pid terminated" "$dir/server.out" && break
     if "$bin/rabbitmqctl" -q wait --timeout 1 "$dir/rabbit.pid" >/dev/null 2>&1; then
       echo "$port $dir"
       exit 0
     fi
   done
   "$bin/rabbitmqctl" -q stop "$dir/rabbit.pid" >/dev/null 2>&1 || kill "$server" 2>/dev/null || true
-  grep -q eaddrinuse "$dir/server.out" "$dir/log"/*.log 2>/dev/null || break
+  kill "$server" 2>/dev/null || true
+  grep -qE "eaddrinuse|already_used" "$dir/server.out" "$dir/log"/*.log 2>/dev/null || break  # else: other ports
 done
 echo "could not start rabbitmq-server:" >&2
 cat "$dir/server.out" >&2 || true
