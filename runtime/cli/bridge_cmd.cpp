@@ -58,6 +58,7 @@ int run_bridge(bridge_args& a) {
       found = true;
       po.rules = q.rules;
       po.max_group_size = q.max_group_size;
+      po.group_rate = q.group_rate;
       how = q.bridge;
       if (q.shards != 0 && a.shards == 0) a.shards = q.shards;
     }

@@ -372,6 +372,26 @@ int run_worker(worker_args& a) {
   return forced_by == 0 ? 0 : 128 + forced_by;  // as a shell reports a process a signal ended
 }
 
+// --group-rate's "MAX/MS": at most MAX starts of a group in any MS milliseconds.
+rate_limit parse_group_rate(const std::string& text) {
+  rate_limit out;
+  auto slash = text.find('/');
+  std::int64_t max = 0, ms = 0;
+  auto whole = [](std::string_view digits, std::int64_t& n) {
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    return ec == std::errc{} && end == digits.data() + digits.size() && !digits.empty();
+  };
+  if (slash == std::string::npos || !whole(std::string_view(text).substr(0, slash), max) ||
+      !whole(std::string_view(text).substr(slash + 1), ms))
+    throw std::invalid_argument(
+        fmt::format("group rate '{}' is not MAX/MS (say 10/1000: 10 starts a second at most)", text));
+  if (max < 1 || static_cast<std::uint64_t>(max) > max_rate_starts)
+    throw std::invalid_argument(fmt::format("group rate '{}': MAX must be from 1 to {}", text, max_rate_starts));
+  if (ms < 1 || ms > max_rate_window.count())
+    throw std::invalid_argument(fmt::format("group rate '{}': MS must be from 1 to {}", text, max_rate_window.count()));
+  return rate_limit{static_cast<std::size_t>(max), std::chrono::milliseconds(ms)};
+}
+
 // One line of an enqueue file; std::invalid_argument says what is wrong with it (the caller
 // names the line).
 job_spec spec_from_line(const std::string& line) {
@@ -395,9 +415,9 @@ job_spec spec_from_line(const std::string& line) {
     return f->as_int64();
   };
   for (auto& [key, value] : o) {
-    static const std::set<std::string_view> known{"type",     "payload",       "group",      "id",
-                                                  "delay_ms", "max_attempts",  "timeout_ms", "on_failure",
-                                                  "keep_ms",  "max_group_size"};
+    static const std::set<std::string_view> known{"type",     "payload",        "group",      "id",
+                                                  "delay_ms", "max_attempts",   "timeout_ms", "on_failure",
+                                                  "keep_ms",  "max_group_size", "group_rate"};
     if (!known.contains(key)) throw std::invalid_argument(fmt::format("unknown field \"{}\"", key));
   }
   s.type = text("type").value_or("");
@@ -409,6 +429,7 @@ job_spec spec_from_line(const std::string& line) {
   s.timeout = std::chrono::milliseconds(number_of("timeout_ms").value_or(0));
   if (auto keep = number_of("keep_ms")) s.keep = std::chrono::milliseconds(*keep);
   if (auto max = number_of("max_group_size")) s.max_group_size = static_cast<std::size_t>(*max);
+  if (auto* rate = o.if_contains("group_rate")) s.group_rate = rate_limit_from_json(*rate, "\"group_rate\"");
   if (auto p = text("on_failure")) s.on_failure = parse_failure_policy(*p);
   return s;
 }
@@ -419,6 +440,7 @@ struct enqueue_args {
   job_spec base;
   std::size_t count = 0, groups = 0, delay_ms = 0, timeout_ms = 0, max_attempts = 3, keep_ms = 0, wait_s = 0;
   std::size_t max_group_size = 0;  // 0: none given
+  std::string group_rate;          // "MAX/MS", "" none given
   std::size_t shards = 0;          // 0: as the queue is stored
   std::string group, durability = "primary";
   bool json = false;
@@ -460,6 +482,11 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
                 "refuse a grouped job (and its batch) whose group would then hold more than N jobs (a line's "
                 "\"max_group_size\" overrides it)")
       ->option_text("N");
+  word_option(*cmd, "--group-rate", a->group_rate,
+              "start at most MAX jobs of a group in any MS milliseconds (a rule's \"rate\" and a line's "
+              "\"group_rate\" override it)",
+              [](const std::string& t) { parse_group_rate(t); })
+      ->option_text("MAX/MS");
   number_option(*cmd, "--wait", a->wait_s, 1, 86'400,
                 "wait up to S seconds for the job's end and print it (its result, or its error); --json: "
                 "{\"queue\", \"id\", \"duplicate\", \"status\"}")
@@ -491,8 +518,8 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
       "Puts one job (--type), one per line of a JSON-lines file (--file), or N generated (--count N\n"
       "--type TYPE) and prints the job's id, or a count. The generated jobs' payload gets \"n\": the\n"
       "job's number. A JSON line: {\"type\", \"payload\", \"group\", \"id\", \"delay_ms\",\n"
-      "\"max_attempts\", \"timeout_ms\", \"on_failure\", \"keep_ms\", \"max_group_size\"}. The whole file is checked "
-      "before any job is\n"
+      "\"max_attempts\", \"timeout_ms\", \"on_failure\", \"keep_ms\", \"max_group_size\",\n"
+      "\"group_rate\": {\"max\", \"window_ms\"}}. The whole file is checked before any job is\n"
       "stored: an error names its line (FILE:LINE: ...) and nothing is enqueued. A job may be at\n"
       "most 1 MiB (1048576 bytes) once encoded, payload included. With --wait S (one job; kept at\n"
       "least 60 s), the exit code is 0 when it completed, 1 when it went to the dead letters, 3 when\n"
@@ -581,6 +608,7 @@ int run_enqueue(enqueue_args& a) {
   producer_options po;
   po.keep = std::chrono::milliseconds(a.keep_ms);
   po.max_group_size = a.max_group_size;
+  if (!a.group_rate.empty()) po.group_rate = parse_group_rate(a.group_rate);
   if (a.wait_s > 0)
     po.keep = std::max<std::chrono::milliseconds>(po.keep, std::chrono::seconds(60));  // (found once it ended)
   if (!config_file.empty()) {
@@ -597,6 +625,7 @@ int run_enqueue(enqueue_args& a) {
         po.rules = q.rules;
         if (q.shards != 0 && a.shards == 0) a.shards = q.shards;
         if (q.max_group_size != 0 && a.max_group_size == 0) po.max_group_size = q.max_group_size;
+        if (q.group_rate && a.group_rate.empty()) po.group_rate = q.group_rate;
         found = true;
       }
       names += (names.empty() ? "" : ", ") + q.worker.queue;

@@ -20,8 +20,10 @@ local ready, active, fence_key, stats, claimed = KEYS[1], KEYS[2], KEYS[3], KEYS
 local paused, parked = KEYS[6], KEYS[7]
 local prefix = string.sub(ready, 1, -6)
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
-local probe = redis.pcall('EXISTS', prefix .. 'probe')
+-- (One call also asks whether any group is throttled: the probe key itself never exists.)
+local probe = redis.pcall('EXISTS', prefix .. 'probe', prefix .. 'throttled')
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
+local any_throttled = probe > 0
 local max, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- Numbers go to Redis as strings ('%d' or as given): Lua's own conversion of a number (and
 -- Redis's of a number argument) prints it as a float, which costs microseconds.
@@ -46,18 +48,53 @@ local function cancelled(record) -- the entry, when the job's cancel waits for i
   if entry and string.sub(entry, 1, 1) == 'n' then return entry end
 end
 local now = nil
-local function drop(record, entry)
-  local id, keep = string.match(record, '^%d+|([^|]*)|{"keep":(%d+)')
+local function clock()
   if not now then
     local time = redis.call('TIME')
     now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   end
+  return now
+end
+local function drop(record, entry)
+  local id, keep = string.match(record, '^%d+|([^|]*)|{"keep":(%d+)')
+  clock()
   redis.call('HSET', jobs, id, string.format('k%d', now) .. string.sub(entry, (string.find(entry, ':', 1, true))))
   redis.call('ZADD', prefix .. 'done', string.format('%d', now + tonumber(keep)), id)
   if string.find(id, '%D') then redis.call('SREM', prefix .. 'ids', id) end -- a producer's id is free again
   -- (Whoever waits for its end, if it ran when it was cancelled: its worker died since.)
   if type(redis.pcall('SPUBLISH', prefix .. 'ended', id)) == 'table' then redis.call('PUBLISH', prefix .. 'ended', id) end
   passed = passed + 1
+end
+
+-- A group that may not start yet waits in delayed, as a retry's backoff does, while the others
+-- go on: one throttled (finish.lua: its handler asked, and its group had no job left then; with
+-- jobs left, finish.lua delayed its lane itself), or one whose head job carries a rate limit
+-- its group has reached. A limited group's starts in the last window are the times in
+-- <prefix>rate:<group>, newest first, at most max of them; a job starts when fewer than max
+-- are within the window, and is counted then. A limited head goes without followers (each of
+-- them is a start to count), and followers go up to the first limited one.
+local later = {}
+local rate_mark = '"rate":['
+local function rate_of(record) -- a record's rate limit: max, window (ms), from its body's start
+  local m, w = string.match(record, '^%d+|[^|]*|{"rate":%[([1-9]%d*),(%d+)%]')
+  if not m then m, w = string.match(record, '^%d+|[^|]*|{"keep":%d+,"rate":%[([1-9]%d*),(%d+)%]') end
+  if m then return tonumber(m), tonumber(w) end
+end
+local function limited(record) return find(record, rate_mark, 1, true) and rate_of(record) end
+local function throttled_until(group) -- when its throttle ends, if later than now
+  local till = redis.call('ZSCORE', prefix .. 'throttled', group)
+  if not till then return nil end
+  if tonumber(till) > clock() then return tonumber(till) end
+  redis.call('ZREM', prefix .. 'throttled', group)
+end
+local function rate_wait(group, record) -- when the group may start its head, if later than now
+  local max, window = rate_of(record)
+  local key = prefix .. 'rate:' .. group
+  local oldest = redis.call('LINDEX', key, string.format('%d', max - 1))
+  if oldest and tonumber(oldest) + window > clock() then return tonumber(oldest) + window end
+  redis.call('LPUSH', key, string.format('%d', clock()))
+  redis.call('LTRIM', key, '0', string.format('%d', max - 1))
+  redis.call('PEXPIRE', key, string.format('%d', window))
 end
 
 while true do
@@ -72,9 +109,10 @@ while true do
         entry = records[1] and cancelled(records[1])
         if #records == 0 then redis.call('HINCRBY', stats, 'groups', '-1') end
       end
-      -- Followers go with the lease up to the first cancelled one (it is dropped as a head).
+      -- Followers go with the lease up to the first cancelled one (it is dropped as a head) or
+      -- the first limited one.
       for j = 2, #records do
-        if find(records[j], keep_mark, 1, true) and cancelled(records[j]) then
+        if (find(records[j], keep_mark, 1, true) and cancelled(records[j])) or limited(records[j]) then
           for k = #records, j, -1 do records[k] = nil end
           break
         end
@@ -85,13 +123,25 @@ while true do
         passed = passed + 1 -- a stale lane of an emptied group is dropped
       else
         if any_paused == nil then any_paused = redis.call('EXISTS', paused) == 1 end
-        if any_paused and redis.call('HEXISTS', paused, string.sub(lane, 3)) == 1 then
-          redis.call('SADD', parked, string.sub(lane, 3))
+        local group, wait = string.sub(lane, 3), nil
+        if any_paused and redis.call('HEXISTS', paused, group) == 1 then
+          redis.call('SADD', parked, group)
           passed = passed + 1
         else
-          taken[#taken + 1] = lane
-          records_of[#taken] = records
-          fences = fences + #records
+          if any_throttled then wait = throttled_until(group) end
+          if not wait and limited(records[1]) then
+            wait = rate_wait(group, records[1])
+            for k = #records, 2, -1 do records[k] = nil end
+          end
+          if wait then
+            later[#later + 1] = string.format('%d', wait)
+            later[#later + 1] = lane
+            passed = passed + 1
+          else
+            taken[#taken + 1] = lane
+            records_of[#taken] = records
+            fences = fences + #records
+          end
         end
       end
     else
@@ -113,13 +163,20 @@ while true do
   lanes = redis.call('LPOP', ready, string.format('%d', need))
   if not lanes then break end
 end
+if #later > 0 then -- (as finish.lua: the promoters hear of a new earliest due time)
+  local delayed = prefix .. 'delayed'
+  local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+  redis.call('ZADD', delayed, unpack(later))
+  local earliest = tonumber(later[1])
+  for j = 3, #later, 2 do earliest = math.min(earliest, tonumber(later[j])) end
+  if #first == 0 or earliest < tonumber(first[2]) then
+    earliest = string.format('%d', earliest)
+    if type(redis.pcall('SPUBLISH', delayed, earliest)) == 'table' then redis.call('PUBLISH', delayed, earliest) end
+  end
+end
 if #taken == 0 then return {} end
 
-if not now then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-end
-local deadline = string.format('%d', now + ttl)
+local deadline = string.format('%d', clock() + ttl)
 local fence = redis.call('INCRBY', fence_key, string.format('%d', fences)) - fences
 local leases, out = {'inf', 'the set stays a skiplist: this member, longer than a listpack holds, is not a lease'}, {}
 for i, lane in ipairs(taken) do

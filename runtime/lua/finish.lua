@@ -18,6 +18,8 @@
 --     look for the running job, and the requeued job runs after the burst (whose end takes the
 --     group out of jumped, however it ends). Groups not in jumped cost no such check.
 --   'f' dead-letter: the error.
+--   'a' and 'f' may carry a throttle of the job's group, 'a<ms>', 'f<ms>': the group starts
+--     nothing for that long (job_context::throttle_group; see throttle below).
 --   'g' give up: dead-letter a job that did not run (its earlier leases expired, it is malformed,
 --     no worker could run its type): as 'f', but its group, which has waited already, keeps its
 --     place: the lane goes to the head of ready, not its tail.
@@ -279,6 +281,27 @@ local function send_back(lane, delay)
     back[#back + 1] = lane
   end
 end
+-- A job whose body carries a rate limit (claim.lua) is not leased here as a burst's next job
+-- nor handed over as a follower: claim.lua counts its start against its group's limit.
+local function limited(record)
+  return string.find(record, '"rate":[', 1, true) and
+    (string.find(record, '^%d+|[^|]*|{"rate":%[[1-9]%d*,%d+%]') or
+     string.find(record, '^%d+|[^|]*|{"keep":%d+,"rate":%[[1-9]%d*,%d+%]'))
+end
+-- A handler that throttled its group (job_context::throttle_group): the group's lane waits in
+-- delayed that long; a group with no job left is noted in <prefix>throttled until then, where
+-- claim.lua finds it when a new job gives it a lane (throttles that ended leave the set here).
+local function throttle(group, ms)
+  local key = prefix .. 'throttled'
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', clock()))
+  redis.call('ZADD', key, 'GT', string.format('%d', clock() + ms), group)
+end
+-- A group's job that never started ('b', 'u') gives back the start claim.lua counted for it
+-- against its rate limit: the newest in <prefix>rate:<group>, since a group has one lease at a
+-- time (a group without a limit has no such list).
+local function unstarted(lane)
+  redis.call('LPOP', prefix .. 'rate:' .. string.sub(lane, 3))
+end
 -- Items are taken in order: a token is held until an item that is not 'k' ends its lease (a
 -- token given twice that way is held once). Fields are read as each kind needs them.
 for i = 1, n do
@@ -287,7 +310,8 @@ for i = 1, n do
   held[i] = 0
   if scores[i] and not gone[token] then
     held[i] = 1
-    local kind = ARGV[base + 1]
+    local kind, pause = ARGV[base + 1], 0 -- an ack or a fail may carry a throttle: 'a<ms>', 'f<ms>'
+    if #kind > 1 then pause, kind = tonumber(string.sub(kind, 2)) or 0, string.sub(kind, 1, 1) end
     local lane = string.sub(token, string.find(token, '|', 1, true) + 1)
     local grouped = string.sub(lane, 1, 2) == 'g:'
     if not grouped and (kind == 'k' or kind == 'h') then kind = kind == 'k' and 'a' or 'f' end
@@ -324,18 +348,23 @@ for i = 1, n do
         local key = prefix .. lane
         record = redis.call('LPOP', key)
         local following = redis.call('LINDEX', key, 0)
-        if record and not following then emptied = emptied + 1 end
-        if following then
+        if record and not following then
+          emptied = emptied + 1
+          if pause > 0 then throttle(string.sub(lane, 3), pause) end
+        end
+        if following and pause > 0 then
+          send_back(lane, pause)
+        elseif following then
           if want == '2' and nobody_waits == nil then nobody_waits = redis.call('LLEN', ready) == 0 end
           if kind == 'a' and (want == '1' or (want == '2' and nobody_waits and #back == 0 and #front == 0)) and
-              not is_paused(string.sub(lane, 3)) and not cancel_waits(following) then
+              not is_paused(string.sub(lane, 3)) and not cancel_waits(following) and not limited(following) then
             -- its token is made below, with its fence
             local x = {'', following, none, lane}
             local ahead = string.match(extra, '^.(%d+)') or '0'
             if ahead ~= '0' then
               x[3] = redis.call('LRANGE', key, '1', ahead)
-              for j = 1, #x[3] do -- up to the first cancelled one (claim.lua drops it)
-                if cancel_waits(x[3][j]) then
+              for j = 1, #x[3] do -- up to the first cancelled one (claim.lua drops it) or limited one
+                if cancel_waits(x[3][j]) or limited(x[3][j]) then
                   for k = #x[3], j, -1 do x[3][k] = nil end
                   break
                 end
@@ -370,6 +399,7 @@ for i = 1, n do
     elseif kind == 'b' then
       front[#front + 1] = lane
       started = started - 1
+      if grouped then unstarted(lane) end
     elseif grouped then -- 'r', 'd', 'u' or 'h': the job stays at its group's head
       local key = prefix .. lane
       local head = redis.call('LINDEX', key, 0)
@@ -392,7 +422,10 @@ for i = 1, n do
         end
       end
       if kind == 'r' then retried = retried + 1 elseif kind == 'd' then deferred = deferred + 1 end
-      if kind == 'u' then unhandled, started = unhandled + 1, started - 1 end
+      if kind == 'u' then
+        unhandled, started = unhandled + 1, started - 1
+        unstarted(lane)
+      end
     else -- 'r', 'd' or 'u', ungrouped: the lane carries the record
       local record = string.sub(lane, 3)
       if kind == 'r' then

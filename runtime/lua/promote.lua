@@ -4,7 +4,8 @@
 -- ARGV[1] max
 -- Returns: {entries moved, ms until the next entry is due (-1: none)}
 --
--- 'j:<record>' (an ungrouped job) and 'g:<group>' (a group waiting for its head job's retry)
+-- 'j:<record>' (an ungrouped job) and 'g:<group>' (a group waiting for its head job's retry,
+-- a throttle or its rate limit: claim.lua, finish.lua)
 -- go to the tail of ready, or a paused group's lane to parked; 'd:<order>:<n>:<group><record>' (a grouped
 -- job enqueued with a delay) joins its group's tail, and the group's lane goes to ready if the
 -- group was idle.

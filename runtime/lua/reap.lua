@@ -5,7 +5,8 @@
 -- KEYS[9] <prefix>jumped
 -- ARGV[1] max leases, workers and dead letters to handle in this call
 -- ARGV[2] dead letters kept at most (0: no limit)  ARGV[3] their longest age in ms (0: no limit)
--- ARGV[4] '1': also the entries of completed kept jobs that ran out (else '0')
+-- ARGV[4] '1': also the entries of completed kept jobs that ran out and throttles that ended
+--   (else '0')
 -- Returns: {leases recovered, workers reaped, lanes handed back from their claimed lists,
 --   dead letters removed by the retention limits, then the job type of each recovered job whose
 --   record was found}
@@ -77,8 +78,11 @@ for _, worker in ipairs(redis.call('ZRANGEBYSCORE', workers, '-inf', now, 'LIMIT
 end
 
 for i = #lanes, 1, -1 do redis.call('LPUSH', ready, lanes[i]) end
--- When asked (ARGV[4] '1'), entries of completed kept jobs that ran out (see finish.lua): up to max.
+-- When asked (ARGV[4] '1'), entries of completed kept jobs that ran out (see finish.lua), and
+-- throttles that ended of groups no job came back to (claim.lua takes the others): up to max each.
 if ARGV[4] == '1' then
+  local ended = redis.call('ZRANGEBYSCORE', prefix .. 'throttled', '-inf', now, 'LIMIT', 0, max)
+  if #ended > 0 then redis.call('ZREM', prefix .. 'throttled', unpack(ended)) end
   local gone_ids = redis.call('ZRANGEBYSCORE', prefix .. 'done', '-inf', now, 'LIMIT', 0, max)
   for _, id in ipairs(gone_ids) do
     local entry = redis.call('HGET', prefix .. 'jobs', id)

@@ -46,8 +46,29 @@ void check_fields(const boost::json::object& o, std::string_view where, std::ini
 
 }  // namespace
 
+rate_limit rate_limit_from_json(const boost::json::value& v, std::string_view where) {
+  if (!v.is_object()) throw std::invalid_argument(fmt::format("{} is not an object", where));
+  check_fields(v.as_object(), where, {"max", "window_ms"});
+  auto number = [&](std::string_view name) -> std::int64_t {
+    auto* f = v.as_object().if_contains(name);
+    if (f == nullptr) throw std::invalid_argument(fmt::format("{}.{} is missing", where, name));
+    if (!f->is_int64())
+      throw std::invalid_argument(
+          fmt::format("{}.{} is {}, not a whole number", where, name, boost::json::serialize(*f)));
+    return f->as_int64();
+  };
+  auto max = number("max"), window = number("window_ms");
+  if (max < 1 || static_cast<std::uint64_t>(max) > max_rate_starts)
+    throw std::invalid_argument(fmt::format("{}.max is {}; it must be from 1 to {}", where, max, max_rate_starts));
+  if (window < 1 || window > max_rate_window.count())
+    throw std::invalid_argument(
+        fmt::format("{}.window_ms is {}; it must be from 1 to {}", where, window, max_rate_window.count()));
+  return rate_limit{static_cast<std::size_t>(max), std::chrono::milliseconds(window)};
+}
+
 grouping_rules& grouping_rules::add(grouping_rule rule) {
   check_template(rule.key);
+  if (rule.rate) check_rate_limit(*rule.rate, "grouping rule rate");
   rules_.push_back(std::move(rule));
   return *this;
 }
@@ -63,7 +84,7 @@ grouping_rules grouping_rules::from_json(const boost::json::value& config) {
   for (auto& r : rules->as_array()) {
     auto where = fmt::format("grouping rules[{}]", index++);
     if (!r.is_object()) throw std::invalid_argument(fmt::format("{} is not an object", where));
-    check_fields(r.as_object(), where, {"match", "key", "on_failure", "max_group_size"});
+    check_fields(r.as_object(), where, {"match", "key", "on_failure", "max_group_size", "rate"});
     grouping_rule rule;
     auto* key = r.as_object().if_contains("key");
     if (key == nullptr || !key->is_string())
@@ -93,6 +114,7 @@ grouping_rules grouping_rules::from_json(const boost::json::value& config) {
                                                 boost::json::serialize(*max), max_group_size_limit));
       rule.max_group_size = static_cast<std::size_t>(max->as_int64());
     }
+    if (auto* rate = r.as_object().if_contains("rate")) rule.rate = rate_limit_from_json(*rate, where + ".rate");
     try {
       out.add(std::move(rule));
     } catch (const std::invalid_argument& e) {
@@ -137,7 +159,7 @@ std::optional<group_choice> grouping_rules::choose(std::string_view type, const 
     // "" would mean ungrouped: not what the rule asks for.
     if (key.empty())
       throw std::invalid_argument(fmt::format("grouping rule with key '{}' gives this job an empty group", rule.key));
-    return group_choice{std::move(key), rule.on_failure, rule.max_group_size};
+    return group_choice{std::move(key), rule.on_failure, rule.max_group_size, rule.rate};
   }
   return std::nullopt;
 }

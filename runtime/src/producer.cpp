@@ -70,6 +70,7 @@ void producer::check(const job_spec& spec) {
     throw std::invalid_argument(
         fmt::format("job max_group_size is {}; it must be from 1 to {} (leave it unset for none)", *spec.max_group_size,
                     max_group_size_limit));
+  if (spec.group_rate) check_rate_limit(*spec.group_rate, "job group_rate");
 }
 
 void producer::check(const job_spec& spec, const producer_options& opts) {
@@ -95,15 +96,21 @@ encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms, const pr
   if (keep.count() < 0 || keep > max_job_keep)
     throw std::invalid_argument(
         fmt::format("producer keep is {} ms; it must be from 0 (none) to a year", keep.count()));
-  out.body = detail::encode_body(spec, now_ms, policy, keep);
-  if (out.body.size() > opts.max_body_bytes)
-    throw std::invalid_argument(fmt::format("job of type '{}' is {} bytes encoded; the limit is {}", spec.type,
-                                            out.body.size(), opts.max_body_bytes));
   if (spec.group) {
     out.group = *spec.group;
   } else if (choice) {
     out.group = std::move(choice->group);
   }
+  // A group's rate limit travels with its jobs: a job applies it while it is its group's next.
+  std::optional<rate_limit> rate;
+  if (!out.group.empty()) {
+    rate = spec.group_rate ? spec.group_rate : choice && choice->rate ? choice->rate : opts.group_rate;
+    if (rate && !spec.group_rate) check_rate_limit(*rate, "producer group_rate");
+  }
+  out.body = detail::encode_body(spec, now_ms, policy, keep, rate);
+  if (out.body.size() > opts.max_body_bytes)
+    throw std::invalid_argument(fmt::format("job of type '{}' is {} bytes encoded; the limit is {}", spec.type,
+                                            out.body.size(), opts.max_body_bytes));
   if (!out.group.empty()) {
     auto max = spec.max_group_size                ? *spec.max_group_size
                : choice && choice->max_group_size ? *choice->max_group_size

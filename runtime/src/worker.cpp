@@ -54,6 +54,15 @@ void job_context::set_result(const boost::json::value& result) {
   result_ = std::move(text);
 }
 
+bool job_context::throttle_group(std::chrono::milliseconds pause) {
+  if (pause.count() < 1 || pause > max_rate_window)
+    throw std::invalid_argument(fmt::format("job {} throttle_group pause is {} ms; it must be from 1 to {}", job_.id,
+                                            pause.count(), max_rate_window.count()));
+  if (job_.group.empty()) return false;
+  throttle_ = std::max(throttle_, pause);
+  return true;
+}
+
 void histogram::observe(double seconds) noexcept {
   std::size_t i = 0;
   while (i < bounds.size() && seconds > bounds[i]) ++i;
@@ -434,10 +443,18 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     } else if (r->ctx->result_ && r->ctx->job().keep.count() > 0) {
       item.result = std::move(*r->ctx->result_);  // (kept with the job's status: see finish.lua)
     }
+    // A throttled group: a job that runs again waits at least as long; an ack or a fail carries
+    // the throttle, and the burst, if any, ends here.
+    if (auto pause = r->ctx->throttle_; pause.count() > 0) {
+      if (item.kind == finish_kind::retry || item.kind == finish_kind::defer)
+        item.delay = std::max(item.delay, pause);
+      else if (item.kind == finish_kind::ack || item.kind == finish_kind::fail)
+        item.throttle = pause;
+    }
     // The rest of the burst: its followers came with the lease and run one after another, while
     // the lease has at least half its TTL left when the job ends (so that, renewed as usual, it
     // outlives the keep's trip and the follower's start).
-    if (item.kind == finish_kind::ack && !r->ahead.empty() && !stopping() &&
+    if (item.kind == finish_kind::ack && item.throttle.count() == 0 && !r->ahead.empty() && !stopping() &&
         r->valid_until - clock::now() > opts_.lease_ttl / 2) {
       item.kind = finish_kind::keep;
       auto& next = r->ahead.front();
@@ -470,7 +487,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     // After a burst, the group's next job (and its followers) in the finish's answer, only when
     // nothing else was ready at the last claim (the script also checks that nobody waits).
-    if (item.kind == finish_kind::ack && !stopping() && !r->ctx->group().empty() && claimer_->drained()) {
+    if (item.kind == finish_kind::ack && item.throttle.count() == 0 && !stopping() && !r->ctx->group().empty() &&
+        claimer_->drained()) {
       item.want_next = finish_item::next_policy::if_nobody_waits;
       item.ahead = opts_.burst - 1;
     }

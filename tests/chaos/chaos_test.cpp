@@ -56,6 +56,9 @@ constexpr int doomed_groups = 8;
 constexpr int doomed_jobs = doomed_groups * (grouped_jobs / groups / 8);
 constexpr int doomed_max_attempts = 2;
 constexpr bool doomed(int n) { return n % groups < doomed_groups && (n / groups) % 8 == 3; }
+// A rate-limited group: "rated", its jobs r0, r1, ... in order, at most 5 starts in any 800 ms.
+constexpr int rated_jobs = 40;
+constexpr rate_limit rated_limit{5, milliseconds(800)};
 constexpr int worker_count = 4;
 constexpr milliseconds lease_ttl{1500};
 constexpr milliseconds watchdog_period = lease_ttl / 3;  // the worker's default
@@ -417,6 +420,16 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
           s.retry_backoff = backoff{milliseconds(100), 2.0, milliseconds(1000), 0.2};
           all.push_back(std::move(s));
         }
+        for (int n = 0; n < rated_jobs; ++n) {
+          job_spec s;
+          s.type = "probe";
+          s.id = fmt::format("r{}", n);
+          s.group = "rated";
+          s.group_rate = rated_limit;
+          s.payload = boost::json::object{{"s", n}, {"ms", 5}};
+          s.max_attempts = 10;
+          all.push_back(std::move(s));
+        }
         for (int n = 0; n < delayed_jobs; ++n) {
           job_spec s;
           s.type = "probe";
@@ -427,7 +440,7 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
           all.push_back(std::move(s));
         }
         for (auto& s : all) ids.insert(s.id);
-        std::shuffle(all.begin() + grouped_jobs, all.end(), random);
+        std::shuffle(all.begin() + grouped_jobs + rated_jobs, all.end(), random);
 
         auto started = std::chrono::steady_clock::now();
         auto elapsed = [&] { return std::chrono::steady_clock::now() - started; };
@@ -511,6 +524,23 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
   CHECK(v.overlaps == 0);
   CHECK(v.order_breaks == 0);
 
+  // The rated group: any max + 1 of its starts span a window. The server counts a start at the
+  // claim, and the probe logs it a little later: 300 ms of slack for that, under chaos and a
+  // sanitizer (with no limit they span a few tens of milliseconds).
+  int rate_breaks = 0;
+  auto rated_runs = index.by_group.find("rated");
+  REQUIRE(rated_runs != index.by_group.end());
+  const auto& rated = rated_runs->second;
+  auto rated_window = std::chrono::duration_cast<std::chrono::microseconds>(rated_limit.window).count();
+  for (std::size_t i = 0; i + rated_limit.max < rated.size(); ++i) {
+    auto span = rated[i + rated_limit.max]->start - rated[i]->start;
+    if (span < rated_window - 300'000 && ++rate_breaks <= 5)
+      MESSAGE("group rated: " << rated_limit.max + 1 << " starts from fence " << rated[i]->fence << " within "
+                              << span / 1000 << " ms");
+  }
+  CHECK(rated.size() >= static_cast<std::size_t>(rated_jobs));
+  CHECK(rate_breaks == 0);
+
   // From a kill to the next start of each group the killed process was running. A kill whose
   // recovery window meets the server's restart waits for the server too: it is left out here
   // (the checks above cover what it may not do).
@@ -534,13 +564,15 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
   CHECK(final_check.problems.empty());
 
   auto summary = fmt::format(
-      "chaos: {} jobs ({} grouped over {} groups, {} delayed, {} failing every run), {} runs, {} worker kills, {} "
+      "chaos: {} jobs ({} grouped over {} groups, {} in a group limited to {} starts in {} ms, {} delayed, {} failing "
+      "every run), {} runs, {} worker kills, {} "
       "connection kills, redis-server restarted once ({} ms until it answered), {} leases recovered, {} re-runs, {} "
       "dead-lettered as intended ({} by their handler's error, {} given up after lost leases), longest kill to next "
       "start {} ms (lease TTL {} ms + watchdog {} ms = {} ms)",
-      ids.size(), grouped_jobs, groups, delayed_jobs, doomed_jobs, runs.size(), kills, connection_kills,
-      (restarted_at - restart_at) / 1000, recovered, v.reruns, dead.size(), v.by_probe, v.given_up, longest / 1000,
-      lease_ttl.count(), watchdog_period.count(), (lease_ttl + watchdog_period).count());
+      ids.size(), grouped_jobs, groups, rated_jobs, rated_limit.max, rated_limit.window.count(), delayed_jobs,
+      doomed_jobs, runs.size(), kills, connection_kills, (restarted_at - restart_at) / 1000, recovered, v.reruns,
+      dead.size(), v.by_probe, v.given_up, longest / 1000, lease_ttl.count(), watchdog_period.count(),
+      (lease_ttl + watchdog_period).count());
   MESSAGE(summary);
   if (const char* out = std::getenv("JOBRT_CHAOS_SUMMARY")) std::ofstream(out) << summary << "\n";
   CHECK(longest / 1000 <= (lease_ttl + watchdog_period + recovery_slack).count());

@@ -400,10 +400,13 @@ class differential {
   // A body as the producer encodes it (job_codec's encode_body): "at" is made up, so that
   // next_enqueued_ms and oldest_enqueued_ms are the same on both backends. A third keep their
   // status (kept for 3 hours: none runs out during the test).
+  // Now and then a group rate limit of 1 to 3 starts in 3 hours (a group that reaches it waits
+  // out the test in delayed).
   std::string job_body(std::int64_t n, bool flagged) {
     const char* type = rng_.chance(80) ? "t" : "x";
-    const char* keep = rng_.chance(33) ? R"({"keep":10800000,)" : "{";
-    return fmt::format(R"({}"type":"{}","payload":{{"n":{}}},{}"at":{}}})", keep, type, n,
+    std::string head = rng_.chance(33) ? R"({"keep":10800000,)" : "{";
+    if (rng_.chance(8)) head += fmt::format(R"("rate":[{},10800000],)", 1 + rng_.below(3));
+    return fmt::format(R"({}"type":"{}","payload":{{"n":{}}},{}"at":{}}})", head, type, n,
                        flagged ? R"("u":true,)" : "", 1'700'000'000'000LL + n);
   }
 
@@ -626,6 +629,7 @@ class differential {
       case finish_kind::cancel: s += "cancel"; break;
     }
     if (!it.unique_id.empty()) s += fmt::format(" unique_id={}", it.unique_id);
+    if (it.throttle.count() > 0) s += fmt::format(" throttle={}ms", it.throttle.count());
     return s;
   }
 
@@ -653,9 +657,11 @@ class differential {
                                   : finish_item::next_policy::if_nobody_waits;
       p.item.ahead = rng_.below(3);
       if (rng_.chance(40)) p.item.result = fmt::format(R"({{"r":{}}})", index_);  // (kept with a kept job)
+      if (rng_.chance(5)) p.item.throttle = std::chrono::milliseconds(hours_ms);  // throttle_group
     } else if (roll < 45) {
       p.item.kind = finish_kind::fail;
       p.item.error = fmt::format("e{}", index_);
+      if (rng_.chance(5)) p.item.throttle = std::chrono::milliseconds(hours_ms);
     } else if (roll < 51) {
       p.item.kind = finish_kind::give_up;
       p.item.error = fmt::format("gave up {}", index_);

@@ -220,7 +220,7 @@ TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the 
   auto url = url_of(shared_redis());
   auto abi = jobrt_cli({"worker", "--redis", url, "--plugin", JOBRT_TEST_PLUGINS "/jobrt_test_bad_abi.so"});
   CHECK(abi.status == 1);
-  CHECK(abi.output.find("built for jobrt plugin ABI 999, but this jobrt has ABI 1") != std::string::npos);
+  CHECK(abi.output.find("built for jobrt plugin ABI 999, but this jobrt has ABI 2") != std::string::npos);
   auto none = jobrt_cli({"worker", "--redis", url, "--plugin", JOBRT_TEST_PLUGINS "/jobrt_test_not_a_plugin.so"});
   CHECK(none.status == 1);
   CHECK(none.output.find("not a jobrt plugin") != std::string::npos);
@@ -829,6 +829,42 @@ TEST_CASE("jobrt enqueue --max-group-size refuses a batch that would overfill a 
   CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file, "--max-group-size", "2"}).status == 0);
   std::remove(file.c_str());
   CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--max-group-size", "0"}).status == 2);
+  auto stats = boost::json::parse(jobrt_cli({"stats", queue, "--redis", url, "--json"}).output).as_object();
+  CHECK(stats.at("enqueued").as_int64() == 4);
+}
+
+TEST_CASE("jobrt enqueue --group-rate stores each grouped job's limit, a line's own wins, bad ones are refused") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "rate";
+  auto prefix = redis_backend::key_prefix(queue);
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--count", "2", "--groups", "1",
+                   "--group-rate", "2/60000"})
+            .status == 0);
+  // (a raw reply: the records as stored, the limit first in each body)
+  auto g0 = redis_cli(cfg, {"LRANGE", prefix + "g:g0", "0", "-1"});
+  CHECK(g0.find(R"(|{"rate":[2,60000],"type":"t")") != std::string::npos);
+  auto file = fmt::format("/tmp/jobrt-cli-rate-{}.jsonl", ::getpid());
+  std::ofstream(file) << R"({"type":"t","group":"h","group_rate":{"max":1,"window_ms":5}})"
+                      << "\n"
+                      << R"({"type":"t"})"
+                      << "\n";
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file, "--group-rate", "2/60000"}).status ==
+        0);
+  CHECK(redis_cli(cfg, {"LRANGE", prefix + "g:h", "0", "-1"}).find(R"(|{"rate":[1,5],"type":"t")") !=
+        std::string::npos);
+  CHECK(redis_cli(cfg, {"LRANGE", prefix + "ready", "0", "-1"}).find("rate") == std::string::npos);  // ungrouped
+  std::ofstream(file) << R"({"type":"t","group":"h","group_rate":{"max":0,"window_ms":5}})"
+                      << "\n";
+  auto bad_line = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file});
+  CHECK(bad_line.status != 0);
+  CHECK(bad_line.output.find(":1: \"group_rate\".max is 0; it must be from 1 to 10000") != std::string::npos);
+  std::remove(file.c_str());
+  for (const char* bad : {"0/1000", "5/0", "ten", "5/1000/2"}) {
+    auto refused = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--group-rate", bad});
+    CHECK(refused.status == 2);
+    CHECK(refused.output.find(fmt::format("group rate '{}'", bad)) != std::string::npos);
+  }
   auto stats = boost::json::parse(jobrt_cli({"stats", queue, "--redis", url, "--json"}).output).as_object();
   CHECK(stats.at("enqueued").as_int64() == 4);
 }

@@ -38,10 +38,10 @@ TEST_CASE("settings - a full config file") {
     "handlers": {"tenant_import": {"retry": {"initial_ms": 500, "factor": 3, "max_ms": 9000, "jitter": 0}}},
     "queues": [
       {"name": "imports", "concurrency": 20, "lease_ttl_ms": 6000, "watchdog_ms": 1000, "burst": 2, "shards": 16,
-       "max_result_bytes": 1000, "max_group_size": 500,
+       "max_result_bytes": 1000, "max_group_size": 500, "group_rate": {"max": 7, "window_ms": 2000},
        "follow": "pipelined", "claim_wait_ms": 2000, "on_failure": "halt", "retry": {"initial_ms": 100},
        "grouping": {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "skip",
-                               "max_group_size": 20}]},
+                               "max_group_size": 20, "rate": {"max": 3, "window_ms": 100}}]},
        "dead_letters": {"max_count": 50, "max_age_ms": 60000}},
       {"name": "mail"}
     ]})"));
@@ -70,7 +70,10 @@ TEST_CASE("settings - a full config file") {
   CHECK(choice->group == "orders:t7");
   CHECK(choice->on_failure == failure_policy::skip);
   CHECK(choice->max_group_size == std::size_t{20});
+  CHECK(choice->rate == rate_limit{3, std::chrono::milliseconds(100)});
   CHECK(q.max_group_size == 500);
+  CHECK(q.group_rate == rate_limit{7, std::chrono::milliseconds(2000)});
+  CHECK_FALSE(s.queues[1].group_rate);
   CHECK(s.queues[1].max_group_size == 0);
   CHECK(s.queues[1].worker.concurrency == worker_options{}.concurrency);
   CHECK(s.queues[1].worker.follow == follow_policy::after_commit);
@@ -115,7 +118,15 @@ TEST_CASE("settings - a bad file is refused naming the field") {
         "config.queues[0].grouping: grouping: unknown field \"rule\" (known: rules)");
   CHECK(refusal(R"({"queues": [{"name": "a", "grouping": {"rules": [{"key": "{t}", "on_faliure": "halt"}]}}]})") ==
         "config.queues[0].grouping: grouping rules[0]: unknown field \"on_faliure\" (known: match, key, on_failure, "
-        "max_group_size)");
+        "max_group_size, rate)");
+  CHECK(refusal(R"({"queues": [{"name": "a", "group_rate": {"max": 0, "window_ms": 1000}}]})") ==
+        "config.queues[0].group_rate.max is 0; it must be from 1 to 10000");
+  CHECK(refusal(R"({"queues": [{"name": "a", "group_rate": {"max": 5}}]})") ==
+        "config.queues[0].group_rate.window_ms is missing");
+  CHECK(
+      refusal(
+          R"({"queues": [{"name": "a", "grouping": {"rules": [{"key": "{t}", "rate": {"max": 2, "window_ms": 0}}]}}]})") ==
+      "config.queues[0].grouping: grouping rules[0].rate.window_ms is 0; it must be from 1 to 86400000");
   CHECK(refusal(R"({"plugins": "a.so"})") == "config.plugins: is not an array");
   CHECK(refusal(R"({"queues": [{"name": "a", "retry": {"initial_ms": 5000, "max_ms": 4000}}]})") ==
         "config.queues[0].retry.max_ms: is below initial_ms (5000)");
@@ -357,6 +368,7 @@ TEST_CASE("settings - docs/CONFIG.md: at each level it lists exactly the keys th
     for (auto& name : split(list, ',')) known.insert(trim(name));
     CHECK(listed(known) == listed(names));
   }
-  // the file, handlers.<type>, two backoffs, a queue, grouping, a rule, dead_letters, bridge
-  CHECK(levels == 9);
+  // the file, handlers.<type>, two backoffs, a queue, grouping, a rule, dead_letters, bridge,
+  // group_rate and a rule's rate
+  CHECK(levels == 11);
 }

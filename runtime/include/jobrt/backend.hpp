@@ -128,6 +128,10 @@ struct finish_item {
   /// For ack and keep of a kept job (job::keep): the result its handler gave (JSON), "" none.
   std::string result;
   std::chrono::milliseconds delay{0};  ///< for retry and defer
+  /// For a grouped ack or fail: its handler throttled its group (job_context::throttle_group), so
+  /// nothing of the group starts for this long (no next job is leased in this call). A group
+  /// with no job left waits too: its next job, enqueued meanwhile, starts when this ends.
+  std::chrono::milliseconds throttle{0};
   /// For a grouped ack: whether the worker runs the group's next job at once (a burst), leased
   /// to it in the same call instead of the lane going back to the ready list.
   enum class next_policy { no, yes, if_nobody_waits } want_next = next_policy::no;
@@ -149,7 +153,8 @@ struct reap_options {
   /// reaps the shards, so what that costs does not grow with the workers.
   std::chrono::milliseconds turn{0};
   /// Also removes up to `max` entries of completed kept jobs (job_spec::keep) whose keep ran out
-  /// (each finish that completes kept jobs removes some too). A worker asks once a minute.
+  /// (each finish that completes kept jobs removes some too), and up to `max` group throttles
+  /// that ended (job_context::throttle_group). A worker asks once a minute.
   bool drop_kept = false;
 };
 
@@ -170,7 +175,7 @@ struct promote_result {
 struct queue_counts {
   std::int64_t ready_lanes = 0;
   std::int64_t running = 0;
-  std::int64_t delayed = 0;  ///< delayed jobs and groups waiting for a retry
+  std::int64_t delayed = 0;  ///< delayed jobs, and groups waiting for a retry, a throttle or their rate limit
   std::int64_t paused = 0;   ///< paused or halted groups
   std::int64_t groups = 0;   ///< groups with jobs (pending or running)
   std::int64_t dead = 0;

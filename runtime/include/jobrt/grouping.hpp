@@ -3,7 +3,7 @@
 //
 // JSON form:
 //   {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "hold",
-//               "max_group_size": 10000}]}
+//               "max_group_size": 10000, "rate": {"max": 10, "window_ms": 1000}}]}
 // A rule matches a job when every "match" entry equals the job's field ("type" is the job's
 // type; other names are top-level payload fields; "*" means the field is present) and every
 // field the key names is present. The first matching rule gives the group; none: ungrouped.
@@ -28,6 +28,8 @@ struct grouping_rule {
   /// For the jobs this rule groups: the most jobs each of its groups may hold (job_spec::
   /// max_group_size). At least 1.
   std::optional<std::size_t> max_group_size;
+  /// For the jobs this rule groups: each of its groups' rate limit (job_spec::group_rate).
+  std::optional<rate_limit> rate;
 };
 
 /// What the rules decide for a job.
@@ -35,12 +37,17 @@ struct group_choice {
   std::string group;
   std::optional<failure_policy> on_failure;
   std::optional<std::size_t> max_group_size;
+  std::optional<rate_limit> rate;
 };
+
+/// A rate limit in JSON, {"max": 10, "window_ms": 1000}; throws std::invalid_argument naming
+/// `where` and what is wrong (check_rate_limit's bounds).
+rate_limit rate_limit_from_json(const boost::json::value& v, std::string_view where);
 
 class grouping_rules {
  public:
   grouping_rules() = default;
-  /// Adds a rule; throws std::invalid_argument when its key template is malformed.
+  /// Adds a rule; throws std::invalid_argument when its key template or its rate is malformed.
   grouping_rules& add(grouping_rule rule);
   /// Parses the JSON form; throws std::invalid_argument naming the field that is wrong or unknown.
   static grouping_rules from_json(const boost::json::value& config);

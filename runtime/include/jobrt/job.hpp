@@ -36,6 +36,22 @@ struct backoff {
   std::chrono::milliseconds delay_after(int attempt, double random) const noexcept;
 };
 
+/// A group's rate limit (job_spec::group_rate): at most `max` of its jobs start in any span of
+/// `window` (by the backend's clock).
+struct rate_limit {
+  std::size_t max = 1;
+  std::chrono::milliseconds window{1000};
+  friend bool operator==(const rate_limit&, const rate_limit&) = default;
+};
+/// The largest rate_limit::max: the backend keeps the start times of a limited group's last
+/// `max` starts while its window lasts (about 16 bytes each, in Redis).
+inline constexpr std::size_t max_rate_starts = 10'000;
+/// The longest rate_limit::window, and the longest job_context::throttle_group.
+inline constexpr std::chrono::milliseconds max_rate_window = std::chrono::hours(24);
+/// Throws std::invalid_argument, naming `what` and the value, unless max is from 1 to
+/// max_rate_starts and the window from 1 ms to max_rate_window.
+void check_rate_limit(const rate_limit& limit, std::string_view what);
+
 /// The longest time limit a job may have (job_spec::timeout).
 inline constexpr std::chrono::milliseconds max_job_timeout = std::chrono::hours(24 * 365);
 
@@ -78,6 +94,11 @@ struct job_spec {
   /// this many jobs, pending or running (errc::group_full; see encoded_job::max_group_size). At
   /// least 1. When absent, the grouping rule's, else producer_options::max_group_size.
   std::optional<std::size_t> max_group_size;
+  /// For a grouped job: while it is its group's next job, the group starts at most max jobs in
+  /// any window (rate_limit). A group at its limit waits in the delayed set, as a retry's backoff
+  /// does, while other groups go on. When absent, the grouping rule's, else
+  /// producer_options::group_rate. Ignored for an ungrouped job.
+  std::optional<rate_limit> group_rate;
 };
 
 /// A claimed job, as its handler sees it.
@@ -95,6 +116,8 @@ struct job {
   std::optional<failure_policy> on_failure;
   /// How long its status is kept after it completes (job_spec::keep); 0: it is not kept.
   std::chrono::milliseconds keep{0};
+  /// Its group's rate limit (job_spec::group_rate), when it has one.
+  std::optional<rate_limit> group_rate;
 };
 
 /// Decodes a job as it is stored, "<attempts before>|<id>|<body>" (dead_letter::record), in the

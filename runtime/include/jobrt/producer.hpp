@@ -32,6 +32,8 @@ struct producer_options {
   std::chrono::milliseconds keep{0};
   /// job_spec::max_group_size for the grouped jobs whose job and rule give none (0: no limit).
   std::size_t max_group_size = 0;
+  /// job_spec::group_rate for the grouped jobs whose job and rule give none (nullopt: none).
+  std::optional<rate_limit> group_rate;
 };
 
 /// enqueue_bulk failed after some of its batches were stored: the first stored() jobs are on the

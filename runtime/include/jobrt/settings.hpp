@@ -31,6 +31,8 @@ struct queue_settings {
   std::size_t shards = 0;
   /// "max_group_size": producer_options::max_group_size for `jobrt enqueue --config` (0: none).
   std::size_t max_group_size = 0;
+  /// "group_rate": producer_options::group_rate for `jobrt enqueue --config` and `jobrt bridge`.
+  std::optional<rate_limit> group_rate;
   /// "bridge": how `jobrt bridge --config` turns messages into this queue's jobs.
   bridge_mapping bridge;
 };

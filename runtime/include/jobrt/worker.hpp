@@ -49,6 +49,13 @@ class job_context {
   /// naming both sizes, when it is longer than worker_options::max_result_bytes once encoded (the
   /// handler's failure, then, unless it catches it).
   void set_result(const boost::json::value& result);
+  /// Throttles the job's group (say, after an HTTP 429 from the tenant's API): once this run
+  /// completes, fails or asks to run again, the group starts nothing for `pause`, while other
+  /// groups go on; a job that runs again (a retry, retry_after) waits at least as long. (A run
+  /// that halts its group, is cancelled, or whose lease is lost or stop cuts short throttles
+  /// nothing.) False, and nothing is done, for an ungrouped job. Throws std::invalid_argument,
+  /// naming the value, unless `pause` is from 1 ms to max_rate_window.
+  bool throttle_group(std::chrono::milliseconds pause);
 
  private:
   friend class worker;
@@ -57,6 +64,7 @@ class job_context {
   std::string worker_;
   std::atomic<bool> cancelled_{false};
   std::optional<std::chrono::milliseconds> retry_after_;
+  std::chrono::milliseconds throttle_{0};
   std::optional<std::string> result_;
   std::size_t max_result_ = 64 * 1024;
 };

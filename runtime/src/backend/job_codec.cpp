@@ -44,6 +44,14 @@ std::chrono::milliseconds backoff::delay_after(int attempt, double random) const
   return std::chrono::milliseconds(static_cast<std::int64_t>(std::min(d, longest)));
 }
 
+void check_rate_limit(const rate_limit& limit, std::string_view what) {
+  if (limit.max < 1 || limit.max > max_rate_starts)
+    throw std::invalid_argument(fmt::format("{} max is {}; it must be from 1 to {}", what, limit.max, max_rate_starts));
+  if (limit.window.count() < 1 || limit.window > max_rate_window)
+    throw std::invalid_argument(fmt::format("{} window is {} ms; it must be from 1 to {}", what, limit.window.count(),
+                                            max_rate_window.count()));
+}
+
 job decode_job(std::string_view record, std::string_view group) {
   return detail::decode(detail::split_record(record), group);
 }
@@ -54,9 +62,12 @@ namespace jobrt::detail {
 
 // Written field by field: an object built first would copy the payload, however big.
 std::string encode_body(const job_spec& spec, std::int64_t now_ms, std::optional<failure_policy> policy,
-                        std::chrono::milliseconds keep) {
-  // A keep goes first: the scripts find it there without decoding the body (enqueue.lua).
-  std::string body = keep.count() > 0 ? fmt::format(R"({{"keep":{},"type":)", keep.count()) : R"({"type":)";
+                        std::chrono::milliseconds keep, std::optional<rate_limit> rate) {
+  // A keep goes first, then a rate limit: the scripts find them there without decoding the body
+  // (enqueue.lua, claim.lua).
+  std::string body = keep.count() > 0 ? fmt::format(R"({{"keep":{},)", keep.count()) : std::string("{");
+  if (rate) fmt::format_to(std::back_inserter(body), R"("rate":[{},{}],)", rate->max, rate->window.count());
+  body += R"("type":)";
   body += boost::json::serialize(boost::json::string_view(spec.type));
   body += R"(,"payload":)";
   body += boost::json::serialize(spec.payload);
@@ -206,6 +217,7 @@ job decode(const job_record& r, std::string_view group) {
   j.timeout = std::chrono::milliseconds(number_field<std::int64_t>(obj, "timeout", 0));
   j.enqueued_at_ms = number_field<std::int64_t>(obj, "at", 0);
   if (auto keep = keep_in_body(r.body)) j.keep = std::chrono::milliseconds(*keep);  // (as the scripts see it)
+  j.group_rate = rate_in_body(r.body);
   const auto* u = obj.if_contains("u");  // as the scripts read it: anything but false (and 0)
   bool flagged = u && !(u->is_bool() && !u->as_bool()) && !(u->is_int64() && u->as_int64() == 0);
   j.unique_id = flagged || (!j.id.empty() && !assigned_id(j.id));

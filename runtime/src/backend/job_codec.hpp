@@ -1,8 +1,9 @@
 // How a job is stored, known to the backends only: the record '<attempts before>|<id>|<body>',
-// split into a job_record when a backend hands a job out. The body is a JSON object
-// {"type", "payload", and when not default "max" (3), "timeout", "u" (the producer gave the id),
-// "backoff" ([initial ms, factor, max ms, jitter]), "policy" ("hold", "skip", "halt")} plus "at"
-// (enqueue time, ms since the epoch). docs/PROTOCOL.md describes it for other languages.
+// split into a job_record when a backend hands a job out. The body is a JSON object: first
+// "keep" (ms) and "rate" ([max, window ms]) when set, then "type", "payload", and when not
+// default "max" (3), "timeout", "u" (the producer gave the id), "backoff" ([initial ms, factor,
+// max ms, jitter]), "policy" ("hold", "skip", "halt"); last "at" (enqueue time, ms since the
+// epoch). docs/PROTOCOL.md describes it for other languages.
 #pragma once
 
 #include <jobrt/backend.hpp>
@@ -22,9 +23,10 @@ class bad_record : public std::runtime_error {
 };
 
 /// The body of a job (without the record's header); `policy` is the failure policy it carries,
-/// `keep` how long its status is kept after it completes (0: not kept, no "keep" field).
+/// `keep` how long its status is kept after it completes (0: not kept, no "keep" field), `rate`
+/// its group's rate limit (a "rate" field, after the keep).
 std::string encode_body(const job_spec& spec, std::int64_t now_ms, std::optional<failure_policy> policy,
-                        std::chrono::milliseconds keep = {});
+                        std::chrono::milliseconds keep = {}, std::optional<rate_limit> rate = {});
 
 /// A record split into its parts; a record without a readable header says why in `malformed`.
 job_record split_record(std::string_view record);

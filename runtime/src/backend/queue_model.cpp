@@ -152,6 +152,54 @@ struct queue_model::queue_state {
   std::unordered_map<std::string, std::string> kept;
   std::set<std::pair<std::int64_t, std::string>> done;
   std::unordered_map<std::string, std::int64_t> done_at;
+  // throttled: group -> until when (ms), groups throttled with no job left (finish.lua's
+  // throttle); rate:<group>: a rate-limited group's last starts, newest first, while its window
+  // lasts (claim.lua's rate_wait; the list's expiry is its window after the last start).
+  std::unordered_map<std::string, std::int64_t> throttled;
+  struct starts {
+    std::deque<std::int64_t> times;
+    std::int64_t until = 0;
+  };
+  std::unordered_map<std::string, starts> rates;
+
+  // finish.lua's throttle: the group starts nothing before now + ms.
+  void throttle(const std::string& group, std::int64_t now, std::int64_t ms) {
+    std::erase_if(throttled, [&](const auto& t) { return t.second <= now; });
+    auto& until = throttled[group];
+    until = std::max(until, now + ms);
+  }
+  // claim.lua's throttled_until: when the group's throttle ends, if after now.
+  std::optional<std::int64_t> throttled_until(const std::string& group, std::int64_t now) {
+    auto t = throttled.find(group);
+    if (t == throttled.end()) return std::nullopt;
+    if (t->second > now) return t->second;
+    throttled.erase(t);
+    return std::nullopt;
+  }
+  // claim.lua's rate_wait: when the group may start its head job, if after now; else the start
+  // is counted.
+  std::size_t prune_rates_at = 1024;
+  std::optional<std::int64_t> rate_wait(const std::string& group, const rate_limit& limit, std::int64_t now) {
+    if (rates.size() >= prune_rates_at) {  // expired lists go, as Redis's do (amortised)
+      std::erase_if(rates, [&](const auto& r) { return r.second.until <= now; });
+      prune_rates_at = std::max<std::size_t>(1024, rates.size() * 2);
+    }
+    auto& r = rates[group];
+    if (r.until <= now) r.times.clear();  // the list expired
+    if (r.times.size() >= limit.max) {
+      auto oldest = r.times[limit.max - 1];
+      if (oldest + limit.window.count() > now) return oldest + limit.window.count();
+    }
+    r.times.push_front(now);
+    if (r.times.size() > limit.max) r.times.resize(limit.max);
+    r.until = now + limit.window.count();
+    return std::nullopt;
+  }
+
+  // finish.lua's unstarted: a group's job that never started gives back its counted start.
+  void unstart(const std::string& group) {
+    if (auto r = rates.find(group); r != rates.end() && !r->second.times.empty()) r->second.times.pop_front();
+  }
 
   // ZADD done: the entry of kept job `id` goes at `until`.
   void set_done(const std::string& id, std::int64_t until) {
@@ -340,6 +388,7 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
   std::int64_t fences = 0;
   std::size_t passed = 0, asked = 0;  // asked: how many lanes the last pop from ready asked for
   std::int64_t now = now_();
+  std::vector<std::pair<std::int64_t, std::string>> later;  // lanes that may not start yet
   for (;;) {
     for (auto& lane : batch) {
       if (!is_group_lane(lane)) {
@@ -379,10 +428,22 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
         ++passed;
         continue;
       }
-      // Followers go with the lease up to the first cancelled one (dropped as a head).
+      // A throttled group, or one whose head's rate limit is reached, waits in delayed; a limited
+      // head goes without followers, and followers go up to the first cancelled (dropped as a
+      // head) or limited one (claim.lua).
       auto& list = group->second;
+      auto head_rate = rate_in(list.front());
+      auto wait = q.throttled_until(group->first, now);
+      if (!wait && head_rate) wait = q.rate_wait(group->first, *head_rate, now);
+      if (wait) {
+        later.emplace_back(*wait, std::move(lane));
+        ++passed;
+        continue;
+      }
       std::size_t followers = 0;
-      while (followers < std::min(list.size() - 1, ahead) && !q.cancel_waits(list[followers + 1])) ++followers;
+      while (!head_rate && followers < std::min(list.size() - 1, ahead) && !q.cancel_waits(list[followers + 1]) &&
+             !rate_in(list[followers + 1]))
+        ++followers;
       fences += static_cast<std::int64_t>(followers + 1);
       taken.emplace_back(std::move(lane), &list, followers);
     }
@@ -396,6 +457,7 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
     }
     if (batch.empty()) break;
   }
+  delay(std::move(later));
   if (taken.empty()) return out;
   std::int64_t deadline = now + opts.lease_ttl.count();
   q.fence += fences;
@@ -528,6 +590,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
       ++completed;
       ++started;
     } else if (kind == finish_kind::release) {  // as release(): to the head, no attempt counted
+      if (grouped) q.unstart(lane.substr(2));
       front.push_back(std::move(lane));
       --started;
     } else if (kind == finish_kind::ack || kind == finish_kind::fail || kind == finish_kind::give_up ||
@@ -542,8 +605,13 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
           record = std::move(list.front());
           list.pop_front();
           if (list.empty()) {
+            if (item.throttle.count() > 0 && (ack || kind == finish_kind::fail))
+              q.throttle(group->first, now, item.throttle.count());
             q.groups.erase(group);
+          } else if (item.throttle.count() > 0 && (ack || kind == finish_kind::fail)) {
+            send_back(lane, item.throttle);
           } else if (ack && !q.paused.contains(group->first) && !q.cancel_waits(list.front()) &&
+                     !rate_in(list.front()) &&
                      (item.want_next == finish_item::next_policy::yes ||
                       (item.want_next == finish_item::next_policy::if_nobody_waits && q.ready.empty() && back.empty() &&
                        front.empty()))) {
@@ -552,7 +620,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
             next.job = split_record(list.front());
             std::size_t followers = 0;  // up to the first cancelled one (claim drops it)
             while (followers < std::min({list.size() - 1, item.ahead, max_ahead}) &&
-                   !q.cancel_waits(list[followers + 1]))
+                   !q.cancel_waits(list[followers + 1]) && !rate_in(list[followers + 1]))
               ++followers;
             next.ahead = split_all(list, followers);
             nexts.emplace_back(i, lane);
@@ -593,6 +661,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
       if (kind == finish_kind::hand_back) {
         ++unhandled;
         --started;
+        q.unstart(lane.substr(2));
       }
     } else {  // retry, defer or hand back, ungrouped: the lane carries the record
       std::string record = lane.substr(2);
@@ -692,6 +761,7 @@ void queue_model::release(const std::string& worker, std::vector<std::string> to
   for (auto& token : tokens) {
     if (q.active.erase(token) == 0) continue;
     lanes.push_back(lane_of(token));
+    if (is_group_lane(lanes.back())) q.unstart(lanes.back().substr(2));
     ++released;
   }
   if (auto mine = q.claimed.find(worker); mine != q.claimed.end()) {
@@ -761,7 +831,11 @@ reap_result queue_model::reap(reap_options opts) {
     expired += std::min(dead.size() - expired - opts.dead_max_count, max - expired);
   for (std::size_t i = 0; i < expired; ++i) q.dead.erase(dead[i].second);
   result.dead_removed = static_cast<std::int64_t>(expired);
-  if (opts.drop_kept) drop_done(now, max);
+  if (opts.drop_kept) {
+    drop_done(now, max);
+    std::size_t ended = 0;  // throttles that ended (reap.lua): up to max
+    std::erase_if(q.throttled, [&](const auto& t) { return t.second <= now && ended++ < max; });
+  }
   return result;
 }
 

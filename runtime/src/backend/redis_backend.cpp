@@ -498,13 +498,21 @@ asio::awaitable<std::vector<finish_result>> redis_backend::finish_call(const std
       case finish_kind::cancel: extras.emplace_back(); break;
     }
   }
+  // An ack or a fail that throttles its group: 'a<ms>', 'f<ms>'.
+  std::vector<std::string> throttles;
+  throttles.reserve(items.size());
+  for (auto& it : items)
+    if ((it.kind == finish_kind::ack || it.kind == finish_kind::fail) && it.throttle.count() > 0)
+      throttles.push_back(fmt::format("{}{}", it.kind == finish_kind::ack ? 'a' : 'f', it.throttle.count()));
+  auto throttle = throttles.begin();
   for (std::size_t i = 0; i < items.size(); ++i) {
     auto& it = items[i];
     args.push_back(it.token);
+    bool throttled = it.throttle.count() > 0 && (it.kind == finish_kind::ack || it.kind == finish_kind::fail);
     switch (it.kind) {
-      case finish_kind::ack: args.push_back("a"); break;
+      case finish_kind::ack: args.push_back(throttled ? std::string_view(*throttle++) : std::string_view("a")); break;
       case finish_kind::keep: args.push_back("k"); break;
-      case finish_kind::fail: args.push_back("f"); break;
+      case finish_kind::fail: args.push_back(throttled ? std::string_view(*throttle++) : std::string_view("f")); break;
       case finish_kind::give_up: args.push_back("g"); break;
       case finish_kind::retry: args.push_back("r"); break;
       case finish_kind::defer: args.push_back("d"); break;

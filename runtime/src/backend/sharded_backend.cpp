@@ -580,8 +580,8 @@ awaitable<std::vector<finish_result>> sharded_backend::finish(std::string queue,
   auto used = split.used();
   auto done = co_await at_once<shard_finished>(used, [&](std::size_t k) -> awaitable<shard_finished> {
     // Whether a lane may go back to ready: a grouped job's lane (a token is '<fence>|<lane>',
-    // 'g:<group>' for a group's) unless its next job came back with the answer, an ungrouped
-    // job's for a release or a retry.
+    // 'g:<group>' for a group's) unless its next job came back with the answer or its handler
+    // throttled the group, an ungrouped job's for a release or a retry.
     std::vector<bool> may_ready;
     bool handed_back = false;
     for (const auto& item : split.items[k]) {
@@ -591,7 +591,8 @@ awaitable<std::vector<finish_result>> sharded_backend::finish(std::string queue,
       bool now = item.kind == finish_kind::release || (again && item.delay.count() <= 0);
       bool ends = item.kind == finish_kind::ack || item.kind == finish_kind::keep || item.kind == finish_kind::fail ||
                   item.kind == finish_kind::give_up || item.kind == finish_kind::cancel;
-      may_ready.push_back(now || (grouped && ends));
+      bool throttled = item.throttle.count() > 0;  // its group's lane waits in delayed: the promoter marks it
+      may_ready.push_back(now || (grouped && ends && !throttled));
       handed_back = handed_back || item.kind == finish_kind::hand_back;
     }
     // A job this process cannot run came from that shard: it leaves the shard to the others' marks

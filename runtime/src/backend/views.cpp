@@ -249,6 +249,45 @@ std::optional<kept_record> kept_in(std::string_view record) noexcept {
   return kept_record{id, *keep};
 }
 
+namespace {
+// The digits at the start of `text` as a number, and `text` after them; nullopt without any.
+std::optional<std::int64_t> take_number(std::string_view& text) noexcept {
+  std::int64_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc{} || end == text.data() || text.front() == '-') return std::nullopt;
+  text.remove_prefix(static_cast<std::size_t>(end - text.data()));
+  return n;
+}
+}  // namespace
+
+std::optional<rate_limit> rate_in_body(std::string_view body) noexcept {
+  constexpr std::string_view keep = "{\"keep\":", rate = "\"rate\":[";
+  if (body.starts_with(keep)) {
+    body.remove_prefix(keep.size());
+    if (!take_number(body) || !body.starts_with(',')) return std::nullopt;
+    body.remove_prefix(1);
+  } else if (body.starts_with('{')) {
+    body.remove_prefix(1);
+  } else {
+    return std::nullopt;
+  }
+  if (!body.starts_with(rate)) return std::nullopt;
+  body.remove_prefix(rate.size());
+  if (body.starts_with('0')) return std::nullopt;  // a max of at least 1, as '[1-9]%d*'
+  auto max = take_number(body);
+  if (!max || *max < 1 || !body.starts_with(',')) return std::nullopt;
+  body.remove_prefix(1);
+  auto window = take_number(body);
+  if (!window || !body.starts_with(']')) return std::nullopt;
+  return rate_limit{static_cast<std::size_t>(*max), std::chrono::milliseconds(*window)};
+}
+
+std::optional<rate_limit> rate_in(std::string_view record) noexcept {
+  auto id = script_id(record);
+  if (id.data() == nullptr) return std::nullopt;
+  return rate_in_body(record.substr(static_cast<std::size_t>(id.data() + id.size() - record.data()) + 1));
+}
+
 std::string kept_entry(char state, std::int64_t at_ms, std::string_view group, std::string_view record,
                        std::string_view result) {
   std::string out(1, state);

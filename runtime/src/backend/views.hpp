@@ -4,6 +4,7 @@
 #pragma once
 
 #include <jobrt/backend.hpp>
+#include <jobrt/job.hpp>
 
 #include <boost/json/object.hpp>
 
@@ -64,6 +65,11 @@ struct kept_record {
   std::int64_t keep_ms = 0;
 };
 std::optional<kept_record> kept_in(std::string_view record) noexcept;
+/// The group rate limit of a job's body, when it starts '{"rate":[<max>,<window ms>]' or
+/// '{"keep":<digits>,"rate":[...]' with a max of at least 1 (claim.lua's match), else nullopt.
+std::optional<rate_limit> rate_in_body(std::string_view body) noexcept;
+/// As rate_in_body, for a record ('<attempts>|<id>|<body>').
+std::optional<rate_limit> rate_in(std::string_view record) noexcept;
 /// A kept job's entry in the queue's index: '<state><ms>:<length of group>:<group><record>',
 /// state 'p' (pending), 'd' (due at ms), 'c' (completed at ms: then, when its handler gave a
 /// result, '<length of result>:<result>' before the record), 'n' (cancelled at ms, not dropped
