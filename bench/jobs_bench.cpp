@@ -29,6 +29,13 @@
 //     cluster; they are flushed). Prints jobs/s, Redis CPU per job summed over the nodes, the
 //     busiest node's CPU seconds and share of the sum, and jobs per CPU second of the busiest
 //     node (the capacity with one core a node).
+//   jobrt_bench_jobs URL rate GROUPS MAX WINDOW_MS SECONDS
+//     GROUPS groups, each limited to MAX starts in any WINDOW_MS (job_spec::group_rate), with
+//     more jobs queued than they may start; one worker (concurrency 100) runs them for SECONDS.
+//     Prints the starts each group made in that time over what its limit allows (MAX a window:
+//     1.00 is the limit reached exactly), their mean, least and most, and the shortest time
+//     any MAX + 1 starts of a group took, by their handlers' start times (at least WINDOW_MS
+//     when the limit holds, less the jitter between a claim and its handler's start).
 //   jobrt_bench_jobs URL depth DEPTH
 //     one queue 1,000 deep and one DEPTH deep; 100 claims of 10 jobs from each, alternating;
 //     prints the median server time of a claim script call at each depth, and their ratio.
@@ -391,6 +398,49 @@ awaitable<void> depth(asio::io_context& ctx, redis::config cfg, long queued) {
              percentile(deep, 0.5), percentile(shallow, 0.5), percentile(deep, 0.5) / percentile(shallow, 0.5));
 }
 
+awaitable<void> rate(asio::io_context& ctx, redis::config cfg, long groups, long max, long window_ms, long seconds) {
+  redis_backend store(ctx.get_executor(), cfg);
+  co_await redis::exec(store.connection(), redis::request("FLUSHALL"));
+  producer p(store, "bench", bulk);
+  const auto window = std::chrono::milliseconds(window_ms);
+  const long windows = seconds * 1000 / window_ms;
+  auto specs = noop_jobs(groups * max * (windows + 2), groups);
+  for (auto& s : specs) s.group_rate = rate_limit{static_cast<std::size_t>(max), window};
+  co_await p.enqueue_bulk(std::move(specs));
+  worker_options o;
+  o.queue = "bench";
+  o.concurrency = 100;
+  worker w(ctx.get_executor(), store, o);
+  std::map<std::string, std::vector<clock_type::time_point>> starts;
+  auto t0 = clock_type::now();
+  auto end = t0 + std::chrono::seconds(seconds);
+  w.add_handler("noop", [&](job_context& c) -> awaitable<void> {
+    auto now = clock_type::now();
+    if (now < end) starts[c.group()].push_back(now);
+    co_return;
+  });
+  w.start();
+  co_await sleep_for(std::chrono::duration_cast<std::chrono::microseconds>(end - clock_type::now()));
+  co_await w.stop(std::chrono::seconds(5));
+  // A group's share of its limit over the run: its first window begins at its first start.
+  std::vector<double> ratios;
+  auto shortest = clock_type::duration::max();  // of any max + 1 starts of a group
+  for (auto& [group, list] : starts) {
+    ratios.push_back(static_cast<double>(list.size()) / static_cast<double>(max * windows));
+    for (std::size_t i = 0; i + static_cast<std::size_t>(max) < list.size(); ++i)
+      shortest = std::min(shortest, list[i + static_cast<std::size_t>(max)] - list[i]);
+  }
+  ratios.resize(static_cast<std::size_t>(groups), 0.0);  // a group that never started counts as 0
+  double sum = 0;
+  for (double r : ratios) sum += r;
+  fmt::print(
+      "rate groups={} max={} window_ms={} seconds={} limit_ratio_mean={:.3f} limit_ratio_min={:.3f} "
+      "limit_ratio_max={:.3f} shortest_span_ms={:.1f}\n",
+      groups, max, window_ms, seconds, sum / static_cast<double>(groups),
+      *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()),
+      std::chrono::duration<double, std::milli>(shortest).count());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -398,7 +448,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr,
                "usage: {} URL throughput N C GROUPS [BURST] [FOLLOW] | fill N GROUPS | work N C [BURST] | pickup N "
                "GROUPED [GAP_US] [SHARDS] | wait N GROUPED [GAP_US] [SHARDS] | "
-               "scale N C GROUPS SHARDS NODE_URL... | depth DEPTH\n",
+               "scale N C GROUPS SHARDS NODE_URL... | rate GROUPS MAX WINDOW_MS SECONDS | depth DEPTH\n",
                argv[0]);
     return 2;
   }
@@ -442,7 +492,9 @@ int main(int argc, char** argv) {
                    scale(ctx, cfg, arg(3, 100000), static_cast<std::size_t>(arg(4, 100)), arg(5, 0),
                          static_cast<std::size_t>(std::max(1L, arg(6, 1))), std::move(nodes)),
                    done);
-  } else if (mode == "depth")
+  } else if (mode == "rate" && argc > 6 && arg(3, 0) > 0 && arg(4, 0) > 0 && arg(5, 0) > 0 && arg(6, 0) > 0)
+    asio::co_spawn(ctx, rate(ctx, cfg, arg(3, 0), arg(4, 0), arg(5, 0), arg(6, 0)), done);
+  else if (mode == "depth")
     asio::co_spawn(ctx, depth(ctx, cfg, arg(3, 1000)), done);
   else {
     fmt::print(stderr, "unknown mode {}\n", mode);

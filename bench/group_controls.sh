@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Group rate limits (job_spec::group_rate) held to over a run: for each setting below, groups
+# with more jobs queued than their limit lets start, run by one worker of concurrency 100 for
+# SECONDS (jobrt_bench_jobs ... rate GROUPS MAX WINDOW_MS SECONDS). Prints, per run, the starts
+# each group made over what its limit allows (1.00: the limit reached exactly; the goal is within
+# ±5%), the least and most of the groups, and the shortest time any max + 1 starts of a group
+# took (by their handlers' start times: the window, when the limit holds).
+#   settings: 100 groups at 10 a second, 10 groups at 100 a second, 1 group at 50 in 100 ms
+# Usage: bench/group_controls.sh [SECONDS=10] [RUNS=3]   (BUILD=0 to use build/release as is)
+# Server on core 0, client on core 1.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+seconds=${1:-10} runs=${2:-3}
+build_dir=${BUILD_DIR:-$root/build/release}
+if [ "${BUILD:-1}" = 1 ]; then
+  scripts/setup.sh
+  scripts/build.sh "$build_dir" -DCMAKE_BUILD_TYPE=Release -DJOBRT_BUILD_TESTS=OFF >/dev/null
+fi
+bin=$build_dir/bench/jobrt_bench_jobs
+[ -x "$bin" ] || { echo "bench/group_controls.sh: $bin is not built" >&2; exit 1; }
+
+dir=$(mktemp -d /tmp/jobrt-group-controls.XXXXXX)
+trap '[ -f "$dir/redis.pid" ] && kill "$(cat "$dir/redis.pid")" 2>/dev/null; sleep 0.2; rm -rf "$dir"' EXIT
+for _ in $(seq 20); do
+  port=$((20000 + RANDOM % 40000))
+  redis-cli -p "$port" ping >/dev/null 2>&1 && continue
+  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" --daemonize yes \
+    --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null || continue
+  for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+  redis-cli -p "$port" ping >/dev/null 2>&1 && break
+done
+taskset -cp 0 "$(cat "$dir/redis.pid")" >/dev/null
+url=redis://127.0.0.1:$port
+
+for run in $(seq "$runs"); do
+  for setting in "100 10 1000" "10 100 1000" "1 50 100"; do
+    # shellcheck disable=SC2086 # (the setting is three words)
+    echo "run=$run $(taskset -c 1 "$bin" "$url" rate $setting "$seconds")"
+  done
+done
