@@ -235,7 +235,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   }
 
   static asio::awaitable<void> stop(std::shared_ptr<impl> self, std::chrono::milliseconds grace) {
-    co_await asio::co_spawn(self->strand_, self->do_stop(grace), asio::use_awaitable);
+    co_await detail::run_on(self->strand_, self->do_stop(grace));
   }
 
  private:
@@ -269,6 +269,15 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // Runs a claimed job's handler on its group's strand (or anywhere, ungrouped). A follower
   // (see on_kept) comes with its lease's validity.
   void launch(claimed_job c, std::optional<clock::time_point> valid_until = {}, bool replayed = false) {
+    // A lease this worker holds already: a failover lost the newest writes, the claim that leased
+    // it among them, and the fence counter went back (docs/RELIABILITY.md), so a claim leased the
+    // lane again under the same fence. It is one lease: the job that holds it here goes on under
+    // it (its renewals and its end are the lease's), and the claim adds nothing.
+    if (running_.contains(c.token)) {
+      jobrt::log(log_level::warn, source_, "a claim gave lease {} again, which a job here holds (a failover?)",
+                 c.token);
+      return;
+    }
     ++held_;
     held_count_.store(held_, std::memory_order_relaxed);
     ++busy_;

@@ -2,6 +2,7 @@
 #include <jobrt/sharded_backend.hpp>
 
 #include "backend/job_codec.hpp"
+#include "strand.hpp"
 
 #include <jobrt/error.hpp>
 #include <jobrt/log.hpp>
@@ -188,7 +189,7 @@ awaitable<outcomes<T>> at_once(std::vector<std::size_t> shards, Call call) {
     out.errors = std::move(std::get<1>(all));
     out.results = std::move(std::get<2>(all));
   };
-  co_await asio::co_spawn(strand, group(), asio::use_awaitable);
+  co_await detail::run_on(strand, group());
   co_return out;
 }
 

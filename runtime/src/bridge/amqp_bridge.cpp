@@ -5,6 +5,7 @@
 // batch. A failure ends the connection (the broker delivers its unacknowledged messages again)
 // and the thread connects again after a wait that stop() cuts short.
 #include "bridge/storing.hpp"
+#include "strand.hpp"
 
 #include <jobrt/bridge.hpp>
 #include <jobrt/log.hpp>
@@ -346,7 +347,7 @@ asio::awaitable<void> amqp_bridge::run() {
   auto ended = [self]() -> asio::awaitable<void> {  // (on the strand, where the thread sets it)
     co_await self->ended.async_wait(asio::as_tuple(asio::use_awaitable));
   };
-  co_await asio::co_spawn(self->strand, ended(), asio::use_awaitable);
+  co_await detail::run_on(self->strand, ended());
   self->thread.join();
   self->count([](bridge_counters& c) { c.active = false; });
   if (self->failure) std::rethrow_exception(self->failure);

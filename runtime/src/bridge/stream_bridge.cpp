@@ -3,6 +3,7 @@
 // blocking XREADGROUP, stores each batch with the producer and acknowledges it. The others wait
 // for the lock. State lives on one strand; stop() reaches it by a post.
 #include "bridge/storing.hpp"
+#include "strand.hpp"
 
 #include <jobrt/bridge.hpp>
 #include <jobrt/log.hpp>
@@ -11,7 +12,6 @@
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
-#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -316,7 +316,7 @@ stream_bridge::~stream_bridge() = default;
 
 asio::awaitable<void> stream_bridge::run() {
   auto self = impl_;
-  co_await asio::co_spawn(self->strand, self->run(), asio::use_awaitable);
+  co_await detail::run_on(self->strand, self->run());
 }
 
 void stream_bridge::stop() {
