@@ -72,9 +72,29 @@ void with_backend(const std::string& url, durability d, std::size_t threads, Bod
   if (failure) std::rethrow_exception(failure);
 }
 
+// --group-rate's and --rate-limit's "MAX/MS": at most MAX starts in any MS milliseconds. `what`
+// names the option in the refusal.
+rate_limit parse_rate(const std::string& text, std::string_view what) {
+  std::int64_t max = 0, ms = 0;
+  auto whole = [](std::string_view digits, std::int64_t& n) {
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    return ec == std::errc{} && end == digits.data() + digits.size() && !digits.empty();
+  };
+  auto slash = text.find('/');
+  if (slash == std::string::npos || !whole(std::string_view(text).substr(0, slash), max) ||
+      !whole(std::string_view(text).substr(slash + 1), ms))
+    throw std::invalid_argument(
+        fmt::format("{} '{}' is not MAX/MS (say 10/1000: 10 starts a second at most)", what, text));
+  if (max < 1 || static_cast<std::uint64_t>(max) > max_rate_starts)
+    throw std::invalid_argument(fmt::format("{} '{}': MAX must be from 1 to {}", what, text, max_rate_starts));
+  if (ms < 1 || ms > max_rate_window.count())
+    throw std::invalid_argument(fmt::format("{} '{}': MS must be from 1 to {}", what, text, max_rate_window.count()));
+  return rate_limit{static_cast<std::size_t>(max), std::chrono::milliseconds(ms)};
+}
+
 // What `jobrt worker` was given.
 struct worker_args {
-  std::string url = default_redis_url(), config_file, metrics_at, log_level, follow, on_failure;
+  std::string url = default_redis_url(), config_file, metrics_at, log_level, follow, on_failure, rate_limit;
   std::vector<std::string> plugins, queues;
   std::size_t concurrency = 10, threads = 1, burst = 4, lease_ttl_ms = 5000, grace_ms = 10000;
   std::size_t unhandled_delay_ms = 1000, unhandled_limit_ms = 900'000;
@@ -134,6 +154,11 @@ void add_worker(CLI::App& jobrt, action& chosen) {
                                "the way (a lost lease may run a job again after its follower ran)",
                                [](const std::string& t) { parse_follow_policy(t); })
                        ->option_text("POLICY")));
+  queue_option(env(word_option(*cmd, "--rate-limit", a->rate_limit,
+                               "start at most MAX of the queue's jobs in any MS milliseconds, over\n"
+                               "every worker given the same (no bursts then; one-shard queues)",
+                               [](const std::string& t) { parse_rate(t, "rate limit"); })
+                       ->option_text("MAX/MS")));
   queue_option(env(word_option(*cmd, "--on-failure", a->on_failure,
                                "hold, skip or halt: what a grouped job's failure does (default hold)",
                                [](const std::string& t) { parse_failure_policy(t); })
@@ -188,6 +213,7 @@ int run_worker(worker_args& a) {
   wo.burst = a.burst;
   if (!a.follow.empty()) wo.follow = parse_follow_policy(a.follow);
   if (!a.on_failure.empty()) wo.on_failure = parse_failure_policy(a.on_failure);
+  if (!a.rate_limit.empty()) wo.rate_limit = parse_rate(a.rate_limit, "rate limit");
   if (!a.log_level.empty()) set_log_level(parse_log_level(a.log_level));
   if (a.log_json) set_log_json(true);
   auto threads = a.threads;
@@ -372,26 +398,6 @@ int run_worker(worker_args& a) {
   return forced_by == 0 ? 0 : 128 + forced_by;  // as a shell reports a process a signal ended
 }
 
-// --group-rate's "MAX/MS": at most MAX starts of a group in any MS milliseconds.
-rate_limit parse_group_rate(const std::string& text) {
-  rate_limit out;
-  auto slash = text.find('/');
-  std::int64_t max = 0, ms = 0;
-  auto whole = [](std::string_view digits, std::int64_t& n) {
-    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
-    return ec == std::errc{} && end == digits.data() + digits.size() && !digits.empty();
-  };
-  if (slash == std::string::npos || !whole(std::string_view(text).substr(0, slash), max) ||
-      !whole(std::string_view(text).substr(slash + 1), ms))
-    throw std::invalid_argument(
-        fmt::format("group rate '{}' is not MAX/MS (say 10/1000: 10 starts a second at most)", text));
-  if (max < 1 || static_cast<std::uint64_t>(max) > max_rate_starts)
-    throw std::invalid_argument(fmt::format("group rate '{}': MAX must be from 1 to {}", text, max_rate_starts));
-  if (ms < 1 || ms > max_rate_window.count())
-    throw std::invalid_argument(fmt::format("group rate '{}': MS must be from 1 to {}", text, max_rate_window.count()));
-  return rate_limit{static_cast<std::size_t>(max), std::chrono::milliseconds(ms)};
-}
-
 // One line of an enqueue file; std::invalid_argument says what is wrong with it (the caller
 // names the line).
 job_spec spec_from_line(const std::string& line) {
@@ -485,7 +491,7 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
   word_option(*cmd, "--group-rate", a->group_rate,
               "start at most MAX jobs of a group in any MS milliseconds (a rule's \"rate\" and a line's "
               "\"group_rate\" override it)",
-              [](const std::string& t) { parse_group_rate(t); })
+              [](const std::string& t) { parse_rate(t, "group rate"); })
       ->option_text("MAX/MS");
   number_option(*cmd, "--wait", a->wait_s, 1, 86'400,
                 "wait up to S seconds for the job's end and print it (its result, or its error); --json: "
@@ -608,7 +614,7 @@ int run_enqueue(enqueue_args& a) {
   producer_options po;
   po.keep = std::chrono::milliseconds(a.keep_ms);
   po.max_group_size = a.max_group_size;
-  if (!a.group_rate.empty()) po.group_rate = parse_group_rate(a.group_rate);
+  if (!a.group_rate.empty()) po.group_rate = parse_rate(a.group_rate, "group rate");
   if (a.wait_s > 0)
     po.keep = std::max<std::chrono::milliseconds>(po.keep, std::chrono::seconds(60));  // (found once it ended)
   if (!config_file.empty()) {

@@ -3,9 +3,10 @@
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>fence  KEYS[4] <prefix>stats
 -- KEYS[5] <prefix>claimed:<worker>  KEYS[6] <prefix>paused  KEYS[7] <prefix>parked
 -- ARGV[1] max  ARGV[2] lease TTL (ms)  ARGV[3] ahead: followers of a grouped job to hand over
---   with it, at most
+--   with it, at most  ARGV[4] (optional) the queue's rate limit, '<max>:<window ms>' (below)
 -- Returns: per job: token, record ('' for an ungrouped job: its record is in the token), the
---   number of its followers, then their records (fences: the token's + 1, + 2, ...)
+--   number of its followers, then their records (fences: the token's + 1, + 2, ...); or, when
+--   the queue's rate limit lets nothing start, {'limited', ms until a start may}
 --
 -- A lease is the member '<fence>|<lane>' of active, scored by its deadline (server time, ms).
 -- One more member, at +inf and with no '|', is no lease: longer than zset-max-listpack-value, it
@@ -28,12 +29,48 @@ local max, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- Numbers go to Redis as strings ('%d' or as given): Lua's own conversion of a number (and
 -- Redis's of a number argument) prints it as a float, which costs microseconds.
 local ahead = ARGV[3] or '0'
+local now = nil
+local function clock()
+  if not now then
+    local time = redis.call('TIME')
+    now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  end
+  return now
+end
+
+-- The queue's rate limit, when the worker has one (ARGV[4] '<max>:<window ms>'): the starts of
+-- the last window are the zset <prefix>rate, each lease's fence scored by when it was leased
+-- (those that left the window go first: at most max of them, as the set holds no more). A lease
+-- that never started gives its start back (finish.lua's 'b' and 'u', release.lua: ZREM of its
+-- fence). The claim leases no more than the room left, and no followers (each is a start); with
+-- none left it leases nothing, puts back at the head of ready what its blocking claim moved to
+-- claimed:<worker> (in order), and answers {'limited', ms until the oldest start leaves}.
+local queue_rate = nil
+if ARGV[4] and ARGV[4] ~= '' and max > 0 then
+  local limit, window = string.match(ARGV[4], '^([1-9]%d*):([1-9]%d*)$')
+  if not limit then return redis.error_reply("JOBRT:20 queue rate '" .. ARGV[4] .. "' is not '<max>:<window ms>', both at least 1") end
+  limit, window = tonumber(limit), tonumber(window)
+  queue_rate = {prefix .. 'rate', window}
+  redis.call('ZREMRANGEBYSCORE', queue_rate[1], '-inf', string.format('%d', clock() - window))
+  local room = limit - redis.call('ZCARD', queue_rate[1])
+  if room <= 0 then
+    local moved = redis.call('LRANGE', claimed, '0', '-1')
+    if #moved > 0 then
+      redis.call('DEL', claimed)
+      for i = #moved, 1, -1 do redis.call('LPUSH', ready, moved[i]) end
+    end
+    local oldest = redis.call('ZRANGE', queue_rate[1], '0', '0', 'WITHSCORES')
+    return {'limited', string.format('%d', math.max(1, tonumber(oldest[2]) + window - clock()))}
+  end
+  if room < max then max = room end
+  ahead = '0'
+end
 
 -- The lanes this worker's blocking claim moved come first, then lanes from ready. A lane parked
 -- or dropped on the way is replaced by the next one, up to 100 of them a call (bounded work).
 local taken, records_of, fences = {}, {}, 0 -- records_of[i]: the records of a grouped taken[i]
 local any_paused = nil -- EXISTS paused, asked once, at the first grouped lane that has jobs
-local lanes = redis.call('LPOP', claimed, ARGV[1]) or {}
+local lanes = redis.call('LPOP', claimed, string.format('%d', max)) or {}
 local passed, asked = 0, 0 -- asked: how many lanes the last LPOP of ready asked for
 
 -- A kept job cancelled before it started (cancel.lua's entry 'n...') is dropped here, where it
@@ -46,14 +83,6 @@ local function cancelled(record) -- the entry, when the job's cancel waits for i
   if not (find(record, keep_mark, 1, true) and find(record, '^%d+|[^|]*|{"keep":%d')) then return nil end
   local entry = redis.call('HGET', jobs, string.match(record, '^%d+|([^|]*)|'))
   if entry and string.sub(entry, 1, 1) == 'n' then return entry end
-end
-local now = nil
-local function clock()
-  if not now then
-    local time = redis.call('TIME')
-    now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-  end
-  return now
 end
 local function drop(record, entry)
   local id, keep = string.match(record, '^%d+|([^|]*)|{"keep":(%d+)')
@@ -179,10 +208,15 @@ if #taken == 0 then return {} end
 local deadline = string.format('%d', clock() + ttl)
 local fence = redis.call('INCRBY', fence_key, string.format('%d', fences)) - fences
 local leases, out = {'inf', 'the set stays a skiplist: this member, longer than a listpack holds, is not a lease'}, {}
+local starts, at = {}, string.format('%d', clock()) -- the queue's rate limit's: score, fence
 for i, lane in ipairs(taken) do
   local records = records_of[i]
   fence = fence + 1
   local token = string.format('%d|', fence) .. lane
+  if queue_rate then
+    starts[#starts + 1] = at
+    starts[#starts + 1] = string.format('%d', fence)
+  end
   leases[#leases + 1] = deadline
   leases[#leases + 1] = token
   out[#out + 1] = token
@@ -198,4 +232,8 @@ for i, lane in ipairs(taken) do
 end
 redis.call('ZADD', active, unpack(leases))
 redis.call('HINCRBY', stats, 'started', string.format('%d', #taken))
+if queue_rate then -- each lease is one start (no followers)
+  redis.call('ZADD', queue_rate[1], unpack(starts))
+  redis.call('PEXPIRE', queue_rate[1], string.format('%d', queue_rate[2]))
+end
 return out

@@ -302,6 +302,11 @@ end
 local function unstarted(lane)
   redis.call('LPOP', prefix .. 'rate:' .. string.sub(lane, 3))
 end
+-- And any job that never started gives back its lease's start to the queue's own rate limit
+-- (claim.lua's queue_rate: its fence in <prefix>rate).
+local function unstarted_in_queue(token)
+  redis.call('ZREM', prefix .. 'rate', string.match(token, '^(%d+)|'))
+end
 -- Items are taken in order: a token is held until an item that is not 'k' ends its lease (a
 -- token given twice that way is held once). Fields are read as each kind needs them.
 for i = 1, n do
@@ -400,6 +405,7 @@ for i = 1, n do
       front[#front + 1] = lane
       started = started - 1
       if grouped then unstarted(lane) end
+      unstarted_in_queue(token)
     elseif grouped then -- 'r', 'd', 'u' or 'h': the job stays at its group's head
       local key = prefix .. lane
       local head = redis.call('LINDEX', key, 0)
@@ -425,6 +431,7 @@ for i = 1, n do
       if kind == 'u' then
         unhandled, started = unhandled + 1, started - 1
         unstarted(lane)
+        unstarted_in_queue(token)
       end
     else -- 'r', 'd' or 'u', ungrouped: the lane carries the record
       local record = string.sub(lane, 3)
@@ -435,6 +442,7 @@ for i = 1, n do
         deferred = deferred + 1
       else
         unhandled, started = unhandled + 1, started - 1
+        unstarted_in_queue(token)
       end
       local delay = tonumber(ARGV[base + 3]) or 0
       note(record, '', 'p', delay)

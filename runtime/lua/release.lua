@@ -2,7 +2,8 @@
 -- short, and lanes its blocking claim took: they go back to the head of ready, in their order,
 -- with no attempt counted, and leave the started counter (they start again later). Their
 -- groups leave jumped: a burst ends with its lease (see finish.lua), and a rate-limited group
--- gets back the start claim.lua counted (the newest in <prefix>rate:<group>: one lease a group).
+-- gets back the start claim.lua counted (the newest in <prefix>rate:<group>: one lease a group),
+-- as does the queue's own rate limit (the lease's fence in <prefix>rate).
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>stats  KEYS[4] <prefix>claimed:<worker>
 -- KEYS[5] <prefix>jumped
 -- ARGV: the tokens
@@ -13,6 +14,7 @@ local released = 0
 for _, token in ipairs(ARGV) do
   if redis.call('ZREM', active, token) == 1 then
     local lane = string.sub(token, string.find(token, '|', 1, true) + 1)
+    redis.call('ZREM', string.sub(ready, 1, -6) .. 'rate', string.match(token, '^(%d+)|')) -- (claim.lua)
     if string.sub(lane, 1, 2) == 'g:' then
       redis.call('SREM', KEYS[5], string.sub(lane, 3))
       redis.call('LPOP', string.sub(ready, 1, -6) .. 'rate:' .. string.sub(lane, 3))

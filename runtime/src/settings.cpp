@@ -82,7 +82,7 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
       object_at(v, where,
                 {"name", "concurrency", "lease_ttl_ms", "watchdog_ms", "burst", "max_result_bytes", "follow",
                  "claim_wait_ms", "on_failure", "retry", "grouping", "dead_letters", "unhandled_delay_ms",
-                 "unhandled_limit_ms", "shards", "max_group_size", "group_rate", "bridge"});
+                 "unhandled_limit_ms", "shards", "max_group_size", "group_rate", "rate_limit", "bridge"});
   auto field = [&](std::string_view name) { return fmt::format("{}.{}", where, name); };
   queue_settings q;
   auto* name = o.if_contains("name");
@@ -95,6 +95,7 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
     q.max_group_size = static_cast<std::size_t>(
         count_at(*f, field("max_group_size"), 1, static_cast<std::int64_t>(max_group_size_limit)));
   if (auto* f = o.if_contains("group_rate")) q.group_rate = rate_limit_from_json(*f, field("group_rate"));
+  if (auto* f = o.if_contains("rate_limit")) q.worker.rate_limit = rate_limit_from_json(*f, field("rate_limit"));
   if (auto* f = o.if_contains("bridge")) {
     try {
       q.bridge = bridge_mapping::from_json(*f);

@@ -157,6 +157,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       jobrt::log(log_level::warn, source_, "watchdog_period is {} ms, not below lease_ttl, {} ms: leases will run out",
                  opts_.watchdog_period.count(), opts_.lease_ttl.count());
     if (opts_.burst == 0) opts_.burst = 1;
+    if (opts_.rate_limit) {
+      check_rate_limit(*opts_.rate_limit, "worker rate_limit");
+      opts_.burst = 1;  // (every start goes through a claim, which counts it)
+    }
     // A burst's results travel in one finish call (backend: finish_parts), which takes at most
     // about a thousand.
     if (opts_.burst > 1000)
@@ -186,6 +190,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     co.burst = opts_.burst;
     co.lease_ttl = opts_.lease_ttl;
     co.claim_wait = opts_.claim_wait;
+    co.rate = opts_.rate_limit;
     claimer_ = std::make_shared<detail::claimer>(strand_, backend_, std::move(co), source_, claimer_hooks());
     detail::finisher_options fo;
     fo.queue = opts_.queue;
@@ -496,8 +501,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     }
     // After a burst, the group's next job (and its followers) in the finish's answer, only when
     // nothing else was ready at the last claim (the script also checks that nobody waits).
-    if (item.kind == finish_kind::ack && item.throttle.count() == 0 && !stopping() && !r->ctx->group().empty() &&
-        claimer_->drained()) {
+    if (item.kind == finish_kind::ack && item.throttle.count() == 0 && !opts_.rate_limit && !stopping() &&
+        !r->ctx->group().empty() && claimer_->drained()) {
       item.want_next = finish_item::next_policy::if_nobody_waits;
       item.ahead = opts_.burst - 1;
     }

@@ -571,8 +571,10 @@ class differential {
     o.ahead = rng_.chance(40) ? 0 : 1 + rng_.below(2);
     if (rng_.chance(2)) o.ahead = std::numeric_limits<std::size_t>::max();
     o.lease_ttl = lease_ttl;
-    std::string what =
-        fmt::format("{} {} max={} ahead={}", wait ? "claim_wait 1ms" : "claim", o.worker, o.max, o.ahead);
+    // Now and then under a queue rate limit of 3 hours (the starts it counts stay in the window).
+    if (rng_.chance(4)) o.rate = rate_limit{1 + rng_.below(40), std::chrono::milliseconds(hours_ms)};
+    std::string what = fmt::format("{} {} max={} ahead={}{}", wait ? "claim_wait 1ms" : "claim", o.worker, o.max,
+                                   o.ahead, o.rate ? fmt::format(" rate={}", o.rate->max) : std::string());
     outcome<std::vector<claimed_job>> m, r;
     if (wait) {
       m = co_await attempt(b_[0]->claim_wait(queue_, o, 1ms));

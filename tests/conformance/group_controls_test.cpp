@@ -270,3 +270,100 @@ CONFORMANCE("group controls refuse limits and pauses that are zero, negative or 
     CHECK(refusals[2].find("throttle_group pause is 86400001 ms") != std::string::npos);
   });
 }
+
+CONFORMANCE("queue rate: a claim leases no more than the window's room, then says when one may start") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    std::vector<job_spec> specs;  // the group's lane first: its head comes without followers
+    for (int i = 0; i < 3; ++i) specs.push_back(named(fmt::format("g{}", i), "g"));
+    for (int i = 0; i < 6; ++i) specs.push_back(named(fmt::format("u{}", i), std::nullopt));
+    co_await p.enqueue_bulk(std::move(specs));
+    const auto window = milliseconds(500);
+    claim_options o;
+    o.worker = "w";
+    o.max = 10;
+    o.ahead = 4;
+    o.rate = rate_limit{4, window};
+    if (sharded(kind)) {  // one list counts the queue's starts: no shard's script may reach it
+      std::string said;
+      try {
+        co_await store.claim(b.queue(), o);
+      } catch (const std::invalid_argument& e) {
+        said = e.what();
+      }
+      CHECK(said.find("shards: a queue-wide rate limit (worker rate_limit) needs a queue of one shard") !=
+            std::string::npos);
+      co_return;
+    }
+    auto first = clock_type::now();
+    auto claimed = co_await store.claim(b.queue(), o);
+    REQUIRE(claimed.size() == 4);
+    CHECK(claimed[0].group == "g");
+    for (auto& c : claimed) CHECK(c.ahead.empty());  // each follower would be a start
+    auto ready = (co_await store.counts(b.queue())).ready_lanes;
+    CHECK(ready == 3);
+    std::optional<milliseconds> wait;
+    try {
+      co_await store.claim_wait(b.queue(), o, milliseconds(200));
+    } catch (const rate_limited& e) {
+      wait = e.retry_after();
+    }
+    REQUIRE(wait);
+    CHECK(*wait <= window);
+    CHECK(*wait + (clock_type::now() - first) >= window - slack);
+    // Nothing else was taken, and a second blocking claim takes no lane aside either.
+    try {
+      co_await store.claim_wait(b.queue(), o, milliseconds(200));
+    } catch (const rate_limited&) {
+    }
+    auto counts = co_await store.counts(b.queue());
+    CHECK(counts.running == 4);
+    CHECK(counts.ready_lanes == ready);
+    // A lease that never starts gives its start back.
+    std::vector<finish_item> back(1);
+    back[0].token = claimed[3].token;
+    back[0].kind = finish_kind::release;
+    co_await store.finish(b.queue(), "w", std::move(back), std::chrono::seconds(30));
+    auto one = co_await store.claim(b.queue(), o);
+    CHECK(one.size() == 1);
+    co_await pause_for(*wait + milliseconds(5));
+    auto more = co_await store.claim(b.queue(), o);
+    CHECK(more.size() == 3);  // the rest of the ungrouped jobs (the group's lane is leased)
+    CHECK(clock_type::now() - first >= window - slack);
+  });
+}
+
+CONFORMANCE("queue rate: workers keep the queue to max starts a window and wait on a timer meanwhile") {
+  if (sharded(kind)) return;  // (refused: see above)
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    producer p(b.make(), b.queue());
+    std::vector<job_spec> specs;
+    for (int i = 0; i < 10; ++i) specs.push_back(named(fmt::format("u{}", i), std::nullopt));
+    for (int i = 0; i < 5; ++i) specs.push_back(named(fmt::format("g{}", i), "g"));
+    co_await p.enqueue_bulk(std::move(specs));
+    const auto window = milliseconds(500);
+    std::vector<clock_type::time_point> starts;
+    auto opts = b.worker_opts(8);
+    opts.rate_limit = rate_limit{5, window};
+    worker one(ctx.get_executor(), b.make(), opts), two(ctx.get_executor(), b.make(), opts);
+    for (auto* w : std::array<worker*, 2>{&one, &two})
+      w->add_handler("t", [&](job_context&) -> awaitable<void> {
+        starts.push_back(clock_type::now());
+        co_return;
+      });
+    one.start();
+    two.start();
+    CHECK(co_await eventually([&] { return starts.size() == 15; }, std::chrono::seconds(20)));
+    co_await one.stop(std::chrono::seconds(5));
+    co_await two.stop(std::chrono::seconds(5));
+    REQUIRE(starts.size() == 15);
+    std::sort(starts.begin(), starts.end());
+    // Any 6 starts span a window, less the slack between a claim and its handler's start; with no
+    // limit all 15 start within a few milliseconds.
+    for (std::size_t i = 0; i + 5 < starts.size(); ++i) CHECK(starts[i + 5] - starts[i] >= window - milliseconds(200));
+    CHECK(starts.back() - starts.front() >= 2 * window - milliseconds(200));
+  });
+}

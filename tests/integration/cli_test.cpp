@@ -252,6 +252,10 @@ TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the 
   CHECK(follow.status == 2);
   CHECK(follow.output.find("worker: --follow: follow policy 'eager' is not one of after-commit, pipelined") !=
         std::string::npos);
+  auto rate = jobrt_cli({"worker", "--redis", url, "--plugin", "x.so", "--rate-limit", "0/1000"});
+  CHECK(rate.status == 2);
+  CHECK(rate.output.find("worker: --rate-limit: rate limit '0/1000': MAX must be from 1 to 10000") !=
+        std::string::npos);
   auto unknown = jobrt_cli({"frobnicate"});
   CHECK(unknown.status == 2);
   CHECK(unknown.output.find("unknown command 'frobnicate'") != std::string::npos);

@@ -43,7 +43,7 @@ TEST_CASE("settings - a full config file") {
        "grouping": {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "skip",
                                "max_group_size": 20, "rate": {"max": 3, "window_ms": 100}}]},
        "dead_letters": {"max_count": 50, "max_age_ms": 60000}},
-      {"name": "mail"}
+      {"name": "mail", "rate_limit": {"max": 50, "window_ms": 1000}}
     ]})"));
   CHECK(s.redis_url == "redis://127.0.0.1:7000");
   CHECK(s.durability == durability::replicated);
@@ -74,6 +74,8 @@ TEST_CASE("settings - a full config file") {
   CHECK(q.max_group_size == 500);
   CHECK(q.group_rate == rate_limit{7, std::chrono::milliseconds(2000)});
   CHECK_FALSE(s.queues[1].group_rate);
+  CHECK_FALSE(q.worker.rate_limit);
+  CHECK(s.queues[1].worker.rate_limit == rate_limit{50, std::chrono::milliseconds(1000)});
   CHECK(s.queues[1].max_group_size == 0);
   CHECK(s.queues[1].worker.concurrency == worker_options{}.concurrency);
   CHECK(s.queues[1].worker.follow == follow_policy::after_commit);
@@ -369,6 +371,6 @@ TEST_CASE("settings - docs/CONFIG.md: at each level it lists exactly the keys th
     CHECK(listed(known) == listed(names));
   }
   // the file, handlers.<type>, two backoffs, a queue, grouping, a rule, dead_letters, bridge,
-  // group_rate and a rule's rate
-  CHECK(levels == 11);
+  // group_rate, a rule's rate and rate_limit
+  CHECK(levels == 12);
 }

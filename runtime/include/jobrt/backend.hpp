@@ -9,12 +9,15 @@
 // at the tail of the ready list (round robin) when the group has more work.
 #pragma once
 
+#include <jobrt/job.hpp>
+
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -92,6 +95,25 @@ struct claim_options {
   std::size_t max = 1;  ///< 0: nothing is leased, claim_wait does not wait
   std::chrono::milliseconds lease_ttl{30000};
   std::size_t ahead = 0;  ///< followers of a grouped job to hand over with it, at most
+  /// The queue's rate limit (worker_options::rate_limit): the claim leases no more jobs than
+  /// the starts left in the window (and no followers: each would be a start); with none left it
+  /// leases nothing and throws rate_limited. A lease that never starts (finish_kind::release,
+  /// hand_back, release()) gives its start back. check_rate_limit's bounds
+  /// (std::invalid_argument); not on a sharded queue (std::invalid_argument).
+  std::optional<rate_limit> rate{};
+};
+
+/// Thrown by claim and claim_wait when the queue's rate limit (claim_options::rate) lets no job
+/// start now; nothing was leased, and what a blocking claim had moved went back to the head of
+/// the ready list. retry_after(): when a start may.
+class rate_limited : public std::runtime_error {
+ public:
+  explicit rate_limited(std::chrono::milliseconds retry_after)
+      : std::runtime_error("the queue's rate limit lets no job start now"), retry_after_(retry_after) {}
+  std::chrono::milliseconds retry_after() const noexcept { return retry_after_; }
+
+ private:
+  std::chrono::milliseconds retry_after_;
 };
 
 /// How a leased job ends this run.

@@ -131,6 +131,8 @@ class sharded_backend final : public backend {
   boost::asio::awaitable<void> check_group_sizes(const queue_state& q, const std::vector<encoded_job>& jobs);
   boost::asio::awaitable<std::vector<claimed_job>> claim_in(const std::string& queue, queue_state& q, std::size_t k,
                                                             const claim_options& opts);
+  // Throws std::invalid_argument for a claim with a queue-wide rate limit on several shards.
+  static void refuse_queue_rate(const std::string& queue, const queue_state& q, const claim_options& opts);
   // Notes for the reaper that this process holds leases in these shards for `ttl` from now.
   boost::asio::awaitable<void> note(const std::string& queue, queue_state& q, const std::vector<std::size_t>& shards,
                                     std::chrono::milliseconds ttl);

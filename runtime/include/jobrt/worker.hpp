@@ -135,6 +135,12 @@ struct worker_options {
   /// up to burst - 1 jobs behind it under one lease, and they run one after another with no
   /// claim in between (see follow and docs/ARCHITECTURE.md). At most 1,000.
   std::size_t burst = 4;
+  /// The queue's rate limit: at most max jobs start in any window, counted in the backend over
+  /// every worker that gives it (give all of a queue's workers the same; BullMQ's limiter). A
+  /// worker at the limit waits on a timer until the oldest counted start leaves the window.
+  /// Bursts are off while it is set (each follower would be a start: burst is taken as 1). Not
+  /// on a sharded queue (its claims throw std::invalid_argument). check_rate_limit's bounds.
+  std::optional<jobrt::rate_limit> rate_limit;
   /// The longest result a handler may give (job_context::set_result), encoded.
   std::size_t max_result_bytes = 64 * 1024;
   /// When a burst's next job starts: once its predecessor's end is stored (the default), or at

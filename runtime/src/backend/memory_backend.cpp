@@ -163,7 +163,13 @@ asio::awaitable<std::vector<claimed_job>> memory_backend::claim_wait(std::string
       std::lock_guard lock(mutex_);
       queue_state& q = *w.queue;
       bool woken = leave_locked(w);
-      jobs = q.model.claim(opts);
+      try {
+        jobs = q.model.claim(opts);
+      } catch (const rate_limited&) {  // nothing taken: the wake goes on to a waiter that may use it
+        settle_locked(queue, q);
+        if (woken && q.model.has_ready()) wake_locked(q, 1);
+        throw;
+      }
       settle_locked(queue, q);
       // This wake may have stood for more lanes than this claim took.
       if (woken && q.model.has_ready()) wake_locked(q, 1);

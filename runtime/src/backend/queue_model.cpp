@@ -161,6 +161,19 @@ struct queue_model::queue_state {
     std::int64_t until = 0;
   };
   std::unordered_map<std::string, starts> rates;
+  // rate: the queue's rate limit's starts (claim.lua's queue_rate), fence -> when, and by when;
+  // the zset expires a window after the last claim that added to it.
+  struct queue_starts_set {
+    std::map<std::int64_t, std::int64_t> at;
+    std::set<std::pair<std::int64_t, std::int64_t>> by_time;
+    std::int64_t until = 0;
+    void erase(std::int64_t fence) {
+      if (auto f = at.find(fence); f != at.end()) {
+        by_time.erase({f->second, fence});
+        at.erase(f);
+      }
+    }
+  } queue_starts;
 
   // finish.lua's throttle: the group starts nothing before now + ms.
   void throttle(const std::string& group, std::int64_t now, std::int64_t ms) {
@@ -199,6 +212,13 @@ struct queue_model::queue_state {
   // finish.lua's unstarted: a group's job that never started gives back its counted start.
   void unstart(const std::string& group) {
     if (auto r = rates.find(group); r != rates.end() && !r->second.times.empty()) r->second.times.pop_front();
+  }
+  // finish.lua's unstarted_in_queue: any job that never started gives its lease's start back to
+  // the queue's own rate limit.
+  void unstart_in_queue(const std::string& token) {
+    std::int64_t lease = 0;
+    std::from_chars(token.data(), token.data() + token.size(), lease);
+    queue_starts.erase(lease);
   }
 
   // ZADD done: the entry of kept job `id` goes at `until`.
@@ -372,6 +392,28 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
   std::vector<claimed_job> out;
   auto max = std::min(opts.max, max_claim), ahead = std::min(opts.ahead, max_ahead);
   if (max == 0) return out;
+  std::int64_t now = now_();
+  // The queue's rate limit (claim.lua's queue_rate): starts that left the window go, up to 100;
+  // no room left throws before anything is taken; else no more than the room, no followers.
+  if (opts.rate) {
+    check_rate_limit(*opts.rate, "claim rate");
+    auto& st = q.queue_starts;
+    if (st.until <= now) st = {};  // the zset expired
+    auto window = opts.rate->window.count();
+    while (!st.by_time.empty() && st.by_time.begin()->first <= now - window) st.erase(st.by_time.begin()->second);
+    if (st.at.size() >= opts.rate->max) {
+      // What the blocking claim moved to claimed:<worker> goes back to the head of ready.
+      if (auto mine = q.claimed.find(opts.worker); mine != q.claimed.end()) {
+        effects_.made_ready += mine->second.size();
+        q.ready.insert(q.ready.begin(), mine->second.begin(), mine->second.end());
+        q.claimed.erase(mine);
+      }
+      throw rate_limited(
+          std::chrono::milliseconds(std::max<std::int64_t>(1, st.by_time.begin()->first + window - now)));
+    }
+    max = std::min(max, opts.rate->max - st.at.size());
+    ahead = 0;
+  }
   // The lanes the worker's blocking claim moved first (LPOP claimed max), then from ready. A lane
   // parked or dropped on the way is replaced by the next, up to claim_passes of them (claim.lua).
   std::vector<std::string> batch;
@@ -386,8 +428,7 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
   // Which lanes are live and how many fences they take, then one INCRBY, as in claim.lua.
   std::vector<std::tuple<std::string, std::deque<std::string>*, std::size_t>> taken;  // lane, group, followers
   std::int64_t fences = 0;
-  std::size_t passed = 0, asked = 0;  // asked: how many lanes the last pop from ready asked for
-  std::int64_t now = now_();
+  std::size_t passed = 0, asked = 0;                        // asked: how many lanes the last pop from ready asked for
   std::vector<std::pair<std::int64_t, std::string>> later;  // lanes that may not start yet
   for (;;) {
     for (auto& lane : batch) {
@@ -479,6 +520,14 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
     out.push_back(std::move(job));
   }
   q.started += static_cast<std::int64_t>(out.size());
+  if (opts.rate) {  // each lease is one start (no followers)
+    auto& st = q.queue_starts;
+    for (const auto& job : out) {
+      st.at[job.fence] = now;
+      st.by_time.emplace(now, job.fence);
+    }
+    st.until = now + opts.rate->window.count();
+  }
   return out;
 }
 
@@ -591,6 +640,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
       ++started;
     } else if (kind == finish_kind::release) {  // as release(): to the head, no attempt counted
       if (grouped) q.unstart(lane.substr(2));
+      q.unstart_in_queue(item.token);
       front.push_back(std::move(lane));
       --started;
     } else if (kind == finish_kind::ack || kind == finish_kind::fail || kind == finish_kind::give_up ||
@@ -662,6 +712,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
         ++unhandled;
         --started;
         q.unstart(lane.substr(2));
+        q.unstart_in_queue(item.token);
       }
     } else {  // retry, defer or hand back, ungrouped: the lane carries the record
       std::string record = lane.substr(2);
@@ -673,6 +724,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
       } else {
         ++unhandled;
         --started;
+        q.unstart_in_queue(item.token);
       }
       note(record, {}, 'p', item.delay);
       send_back("j:" + record, item.delay);
@@ -762,6 +814,7 @@ void queue_model::release(const std::string& worker, std::vector<std::string> to
     if (q.active.erase(token) == 0) continue;
     lanes.push_back(lane_of(token));
     if (is_group_lane(lanes.back())) q.unstart(lanes.back().substr(2));
+    q.unstart_in_queue(token);
     ++released;
   }
   if (auto mine = q.claimed.find(worker); mine != q.claimed.end()) {

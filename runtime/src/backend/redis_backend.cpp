@@ -64,6 +64,12 @@ std::int64_t server_ms(const reply& time) {
 std::vector<claimed_job> parse_claimed(const reply& r) {
   std::vector<claimed_job> out;
   const auto& e = r.as_array();
+  if (e.size() == 2 && e[0].as_string() == "limited") {  // (a token starts with digits)
+    std::int64_t ms = 1;
+    auto text = e[1].as_string();
+    std::from_chars(text.data(), text.data() + text.size(), ms);
+    throw rate_limited(std::chrono::milliseconds(ms));
+  }
   out.reserve(e.size() / 3);
   for (std::size_t at = 0; at + 2 < e.size();) {
     const auto& token = e[at];
@@ -244,10 +250,12 @@ constexpr std::chrono::milliseconds unblock_wait{500};
 constexpr std::size_t max_batch = 1000;
 
 request redis_backend::claim_request(const std::string& p, const claim_options& opts) const {
+  if (opts.rate) check_rate_limit(*opts.rate, "claim rate");
   std::array<std::string, 7> keys{p + "ready",  p + "active", p + "fence", p + "stats", p + "claimed:" + opts.worker,
                                   p + "paused", p + "parked"};
-  std::array<std::string, 3> args{std::to_string(std::min(opts.max, max_claim)), std::to_string(opts.lease_ttl.count()),
-                                  std::to_string(std::min(opts.ahead, max_ahead))};
+  std::array<std::string, 4> args{std::to_string(std::min(opts.max, max_claim)), std::to_string(opts.lease_ttl.count()),
+                                  std::to_string(std::min(opts.ahead, max_ahead)),
+                                  opts.rate ? fmt::format("{}:{}", opts.rate->max, opts.rate->window.count()) : ""};
   auto req = claim_.make_request(keys, args);
   // Cut short after it was written, it could lease jobs that nobody would run until their
   // leases expire: once written, the caller gets its reply - unless the server keeps it
@@ -285,7 +293,8 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
   // below would find nothing either: whatever arrived since makes BLMOVE return at once. So a
   // worker woken for a few jobs goes back to waiting with no claim in between.
   // (A cancellation cuts the claim short only before it is written: see claim_request.)
-  if (!take_idle_mark(opts.worker)) {
+  // (Not under the queue's rate limit: BLMOVE would return at once while lanes wait for room.)
+  if (opts.rate || !take_idle_mark(opts.worker)) {
     auto jobs = co_await claim(queue, opts);
     auto cs = co_await asio::this_coro::cancellation_state;
     if (!jobs.empty() || wait.count() <= 0 || cs.cancelled() != asio::cancellation_type::none) {

@@ -500,9 +500,19 @@ awaitable<std::vector<claimed_job>> sharded_backend::claim_more(const std::strin
   co_return got;
 }
 
+// A queue's rate limit counts every start in one list, which no script of a shard may reach on a
+// Redis Cluster (another slot).
+void sharded_backend::refuse_queue_rate(const std::string& queue, const queue_state& q, const claim_options& opts) {
+  if (opts.rate)
+    throw std::invalid_argument(
+        fmt::format("queue {} has {} shards: a queue-wide rate limit (worker rate_limit) needs a queue of one shard",
+                    queue, q.shards));
+}
+
 awaitable<std::vector<claimed_job>> sharded_backend::claim(std::string queue, claim_options opts) {
   auto q = co_await state_of(queue);
   if (q->shards == 1) co_return co_await inner_.claim(q->names[0], std::move(opts));
+  refuse_queue_rate(queue, *q, opts);
   if (opts.max == 0) co_return std::vector<claimed_job>{};
   std::vector<claimed_job> none;
   co_return co_await claim_more(queue, *q, opts, std::move(none), true);
@@ -512,6 +522,7 @@ awaitable<std::vector<claimed_job>> sharded_backend::claim_wait(std::string queu
                                                                 std::chrono::milliseconds wait) {
   auto q = co_await state_of(queue);
   if (q->shards == 1) co_return co_await inner_.claim_wait(q->names[0], std::move(opts), wait);
+  refuse_queue_rate(queue, *q, opts);
   if (opts.max == 0) co_return std::vector<claimed_job>{};
   auto deadline = clock::now() + wait;
   for (;;) {

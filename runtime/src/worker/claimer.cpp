@@ -86,10 +86,11 @@ asio::awaitable<void> claimer::claim_loop(std::shared_ptr<claimer> self, std::sh
     // for every free slot keep both sides in step, each idle while the other works (bench:
     // about 20% more jobs/s with half; a third or a quarter gained less, their calls cost more).
     auto want = self->drained_ ? free : std::min(free, (self->opts_.concurrency + 1) / 2);
-    claim_options co{self->opts_.worker, want, self->opts_.lease_ttl, self->opts_.burst - 1};
+    claim_options co{self->opts_.worker, want, self->opts_.lease_ttl, self->opts_.burst - 1, self->opts_.rate};
     if (self->hooks_.claiming) self->hooks_.claiming(true);
     std::vector<claimed_job> jobs;
     std::string failure;
+    std::optional<std::chrono::milliseconds> limited;  // the queue's rate limit: when to ask again
     try {
       // claim_wait claims at once when work is ready and otherwise waits inside the backend
       // (BLMOVE); a stop cuts the wait short through this slot. Jobs a claim leased just as the
@@ -100,10 +101,17 @@ asio::awaitable<void> claimer::claim_loop(std::shared_ptr<claimer> self, std::sh
       jobs = std::move(claimed);
       if (claim_error && !self->stopped_) std::rethrow_exception(claim_error);
       backoff = std::chrono::milliseconds(100);
+    } catch (const rate_limited& e) {
+      limited = e.retry_after();
     } catch (const std::exception& e) {
       failure = e.what();
     }
     if (self->hooks_.claiming) self->hooks_.claiming(false);
+    if (limited) {  // no failure: a timer to the time the limit names (stop cuts it short)
+      if (self->stopped_) break;
+      co_await wait_on(self->pause_, clock::now() + *limited);
+      continue;
+    }
     if (!failure.empty()) {
       if (self->stopped_) break;
       jobrt::log(log_level::warn, self->source_, "claim failed: {} (retrying in {} ms)", failure, backoff.count());

@@ -1,7 +1,8 @@
 // The worker's claimer: leases jobs for the worker's free slots. Before its first claim it
 // expires the leases of an earlier run under the worker's id and sends the first heartbeat; then
 // each claim waits inside the backend until work is ready (backend::claim_wait: BLMOVE on Redis),
-// and a failed one is asked again after a backoff that doubles. One loop on the worker's strand,
+// and a failed one is asked again after a backoff that doubles; one the queue's rate limit holds
+// back is asked again when the limit lets a job start (a timer). One loop on the worker's strand,
 // with timers and a stop signal of its own. The slots are the worker's: the claimer asks how many
 // are free and hands each leased job back through claimer_hooks, called on that strand.
 #pragma once
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace jobrt::detail {
@@ -28,6 +30,7 @@ struct claimer_options {
   std::size_t burst = 1;        // a grouped job and its followers under one lease (claim_options::ahead + 1)
   std::chrono::milliseconds lease_ttl{5000};   // of each lease; also the bound of the calls before the first claim
   std::chrono::milliseconds claim_wait{5000};  // how long a claim waits in the backend for work
+  std::optional<rate_limit> rate;              // the queue's (claim_options::rate)
 };
 
 // Each is called on the strand, from the loop; an empty one is not called.
