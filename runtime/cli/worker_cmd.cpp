@@ -317,11 +317,17 @@ int run_worker(worker_args& a) {
       co_return;
     }
     // Each queue through its shards (one shard: the queue itself). A queue stored with another
-    // number of shards than the one given ends the worker here, before it starts.
+    // number of shards than the one given ends the worker here, before it starts, and so does a
+    // rate limit on a queue of several (its claims would be refused again and again).
     std::vector<std::unique_ptr<sharded_backend>> sharded;
     for (std::size_t i = 0; i < queues.size(); ++i) {
       sharded.push_back(std::make_unique<sharded_backend>(store, shards[i]));
-      co_await sharded.back()->shards_of(queues[i].queue);
+      auto n = co_await sharded.back()->shards_of(queues[i].queue);
+      if (n > 1 && queues[i].rate_limit)
+        throw std::invalid_argument(
+            fmt::format("queue '{}' has {} shards: a rate limit (--rate-limit, a queue's "
+                        "rate_limit) needs a queue of one shard",
+                        queues[i].queue, n));
     }
     std::vector<std::unique_ptr<jobrt::worker>> pool;
     std::string types;

@@ -1127,7 +1127,9 @@ TEST_CASE("jobrt worker with --queue given twice runs a worker on each queue") {
   CHECK(twice.output.find("--queue " + a + " is given twice") != std::string::npos);
 }
 
-TEST_CASE("jobrt enqueue and worker spread a queue over --shards, refuse another count, and the tools see them all") {
+TEST_CASE(
+    "jobrt enqueue and worker spread a queue over --shards, refuse another count or a rate limit, and the tools see "
+    "them all") {
   auto cfg = shared_redis();
   auto url = url_of(cfg);
   auto q = key_prefix() + "sharded";
@@ -1145,6 +1147,13 @@ TEST_CASE("jobrt enqueue and worker spread a queue over --shards, refuse another
       jobrt_cli({"worker", "--redis", url, "--queue", q, "--shards", "8", "--plugin", JOBRT_HANDLERS "/jobrt_noop.so"});
   CHECK(refused.status == 1);
   CHECK(refused.output.find("has 4 shards; this process was given 8") != std::string::npos);
+  auto limited = jobrt_cli(
+      {"worker", "--redis", url, "--queue", q, "--rate-limit", "10/1000", "--plugin", JOBRT_HANDLERS "/jobrt_noop.so"});
+  CHECK(limited.status == 1);
+  CHECK_MESSAGE(limited.output.find("queue '" + q +
+                                    "' has 4 shards: a rate limit (--rate-limit, a queue's rate_limit) needs a "
+                                    "queue of one shard") != std::string::npos,
+                limited.output);
   // A worker given no count takes the stored one.
   auto out = fmt::format("/tmp/jobrt-cli-shards-{}.out", ::getpid());
   auto pid = start({"worker", "--redis", url, "--queue", q, "--plugin", JOBRT_HANDLERS "/jobrt_noop.so"}, out);
