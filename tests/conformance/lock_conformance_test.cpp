@@ -289,6 +289,12 @@ awaitable<fifo_run> fifo_waiters(asio::io_context& ctx, services& s, const std::
     bool holders = where == spread::holders_service || (where == spread::in_turn && w % 2 == 1);
     by_waiter.push_back(holders ? &holder : &s.make());
   }
+  // Each service used once first: a service's first call connects (on a cluster it also learns
+  // the slots), and a waiter behind that could ask after one that came `gap` later.
+  for (auto* svc : by_waiter) {
+    auto warm = co_await svc->try_lock(name + ":warm", o);
+    if (warm) co_await warm.unlock();
+  }
   auto held = co_await holder.lock(name, o);
   fifo_run run;
   run.fences.push_back(held.fence());
