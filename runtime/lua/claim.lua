@@ -40,7 +40,7 @@ end
 
 -- The queue's rate limit, when the worker has one (ARGV[4] '<max>:<window ms>'): the starts of
 -- the last window are the zset <prefix>rate, each lease's fence scored by when it was leased
--- (those that left the window go first: at most max of them, as the set holds no more). A lease
+-- (those that left the window go first; the set holds at most the highest limit given). A lease
 -- that never started gives its start back (finish.lua's 'b' and 'u', release.lua: ZREM of its
 -- fence). The claim leases no more than the room left, and no followers (each is a start); with
 -- none left it leases nothing, puts back at the head of ready what its blocking claim moved to
@@ -52,14 +52,17 @@ if ARGV[4] and ARGV[4] ~= '' and max > 0 then
   limit, window = tonumber(limit), tonumber(window)
   queue_rate = {prefix .. 'rate', window}
   redis.call('ZREMRANGEBYSCORE', queue_rate[1], '-inf', string.format('%d', clock() - window))
-  local room = limit - redis.call('ZCARD', queue_rate[1])
+  local counted = redis.call('ZCARD', queue_rate[1])
+  local room = limit - counted
   if room <= 0 then
     local moved = redis.call('LRANGE', claimed, '0', '-1')
     if #moved > 0 then
       redis.call('DEL', claimed)
       for i = #moved, 1, -1 do redis.call('LPUSH', ready, moved[i]) end
     end
-    local oldest = redis.call('ZRANGE', queue_rate[1], '0', '0', 'WITHSCORES')
+    -- (the start whose end leaves room: the oldest, unless a worker with a higher limit counted more)
+    local at = string.format('%d', counted - limit)
+    local oldest = redis.call('ZRANGE', queue_rate[1], at, at, 'WITHSCORES')
     return {'limited', string.format('%d', math.max(1, tonumber(oldest[2]) + window - clock()))}
   end
   if room < max then max = room end

@@ -274,13 +274,22 @@ class worker::impl : public std::enable_shared_from_this<impl> {
   // Runs a claimed job's handler on its group's strand (or anywhere, ungrouped). A follower
   // (see on_kept) comes with its lease's validity.
   void launch(claimed_job c, std::optional<clock::time_point> valid_until = {}, bool replayed = false) {
-    // A lease this worker holds already: a failover lost the newest writes, the claim that leased
+    // A token this worker holds already: a failover lost the newest writes, the claim that leased
     // it among them, and the fence counter went back (docs/RELIABILITY.md), so a claim leased the
-    // lane again under the same fence. It is one lease: the job that holds it here goes on under
-    // it (its renewals and its end are the lease's), and the claim adds nothing.
-    if (running_.contains(c.token)) {
-      jobrt::log(log_level::warn, source_, "a claim gave lease {} again, which a job here holds (a failover?)",
-                 c.token);
+    // lane again under the same fence. When the job here is the one the claim gave, it is one
+    // lease: that job goes on under it (its renewals and its end are the lease's), and the claim
+    // adds nothing. Otherwise (a follower runs under the token, or the lease was found lost) the
+    // job here is cancelled and the new lease goes back unrun, behind that job's results.
+    if (auto it = running_.find(c.token); it != running_.end()) {
+      const auto& r = *it->second;
+      if ((r.state == job_state::running || r.state == job_state::finishing) && r.ctx->fence() == c.fence &&
+          r.ctx->job().id == c.job.id) {
+        jobrt::log(log_level::warn, source_, "a claim gave lease {} again, which its job here holds (a failover?)",
+                   c.token);
+        return;
+      }
+      lease_lost(c.token, "was leased again (a failover?)");
+      give_back(std::move(c.token), "was leased again while another job ran under it (a failover?)");
       return;
     }
     ++held_;
@@ -469,7 +478,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // the lease has at least half its TTL left when the job ends (so that, renewed as usual, it
     // outlives the keep's trip and the follower's start).
     if (item.kind == finish_kind::ack && item.throttle.count() == 0 && !r->ahead.empty() && !stopping() &&
-        r->valid_until - clock::now() > opts_.lease_ttl / 2) {
+        !giving_back_.contains(token) && r->valid_until - clock::now() > opts_.lease_ttl / 2) {
       item.kind = finish_kind::keep;
       auto& next = r->ahead.front();
       item.id = next.malformed.empty() ? next.id : std::string();  // as the script reads a record
@@ -647,6 +656,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       jobrt::log(log_level::warn, source_, "lease {} was lost before it finished; not acked", token);
     } else if (stopping()) {
       to_release_.push_back(token);
+    } else if (giving_back_.contains(token)) {
+      // Leased again under this token (see launch): the lease goes back, its release behind.
     } else if (r->valid_until <= clock::now()) {
       // No renewal's answer came for a whole TTL while the keep was on its way: the lease may be
       // gone by now, and the follower must not run beside whoever gets it next.

@@ -393,7 +393,7 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
   auto max = std::min(opts.max, max_claim), ahead = std::min(opts.ahead, max_ahead);
   if (max == 0) return out;
   std::int64_t now = now_();
-  // The queue's rate limit (claim.lua's queue_rate): starts that left the window go, up to 100;
+  // The queue's rate limit (claim.lua's queue_rate): starts that left the window go first;
   // no room left throws before anything is taken; else no more than the room, no followers.
   if (opts.rate) {
     check_rate_limit(*opts.rate, "claim rate");
@@ -408,8 +408,8 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
         q.ready.insert(q.ready.begin(), mine->second.begin(), mine->second.end());
         q.claimed.erase(mine);
       }
-      throw rate_limited(
-          std::chrono::milliseconds(std::max<std::int64_t>(1, st.by_time.begin()->first + window - now)));
+      auto oldest = std::next(st.by_time.begin(), static_cast<std::ptrdiff_t>(st.at.size() - opts.rate->max));
+      throw rate_limited(std::chrono::milliseconds(std::max<std::int64_t>(1, oldest->first + window - now)));
     }
     max = std::min(max, opts.rate->max - st.at.size());
     ahead = 0;
