@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Group rate limits (job_spec::group_rate) held to over a run: for each setting below, groups
-# with more jobs queued than their limit lets start, run by one worker of concurrency 100 for
-# SECONDS (jobrt_bench_jobs ... rate GROUPS MAX WINDOW_MS SECONDS). Prints, per run, the starts
+# Rate limits held to over a run. First a group's (job_spec::group_rate): for each setting
+# below, groups with more jobs queued than their limit lets start, run by one worker of
+# concurrency 100 for SECONDS (jobrt_bench_jobs ... rate GROUPS MAX WINDOW_MS SECONDS). Prints, per run, the starts
 # each group made over what its limit allows (1.00: the limit reached exactly; the goal is within
 # ±5%), the least and most of the groups, and the shortest time any max + 1 starts of a group
 # took (by their handlers' start times: the window, when the limit holds).
 #   settings: 100 groups at 10 a second, 10 groups at 100 a second, 1 group at 50 in 100 ms
+# Then the queue's own limit (worker_options::rate_limit; jobrt_bench_jobs ... queue-rate WORKERS
+# MAX WINDOW_MS SECONDS): workers sharing one limit, the starts over what it allows and the
+# shortest time any max + 1 of them took.
+#   settings: 2 workers at 100 a second, 4 workers at 1,000 a second, 2 workers at 50 in 100 ms
 # Usage: bench/group_controls.sh [SECONDS=10] [RUNS=3]   (BUILD=0 to use build/release as is)
 # Server on core 0, client on core 1.
 set -euo pipefail
@@ -37,5 +41,9 @@ for run in $(seq "$runs"); do
   for setting in "100 10 1000" "10 100 1000" "1 50 100"; do
     # shellcheck disable=SC2086 # (the setting is three words)
     echo "run=$run $(taskset -c 1 "$bin" "$url" rate $setting "$seconds")"
+  done
+  for setting in "2 100 1000" "4 1000 1000" "2 50 100"; do
+    # shellcheck disable=SC2086
+    echo "run=$run $(taskset -c 1 "$bin" "$url" queue-rate $setting "$seconds")"
   done
 done

@@ -36,6 +36,11 @@
 //     1.00 is the limit reached exactly), their mean, least and most, and the shortest time
 //     any MAX + 1 starts of a group took, by their handlers' start times (at least WINDOW_MS
 //     when the limit holds, less the jitter between a claim and its handler's start).
+//   jobrt_bench_jobs URL queue-rate WORKERS MAX WINDOW_MS SECONDS
+//     the queue's own limit (worker_options::rate_limit): WORKERS workers (concurrency 100 each,
+//     their own connections) each given MAX starts in any WINDOW_MS, ungrouped jobs queued beyond
+//     what the limit lets start; run for SECONDS. Prints the starts over what the limit allows,
+//     and the shortest time any MAX + 1 starts took, over all the workers.
 //   jobrt_bench_jobs URL depth DEPTH
 //     one queue 1,000 deep and one DEPTH deep; 100 claims of 10 jobs from each, alternating;
 //     prints the median server time of a claim script call at each depth, and their ratio.
@@ -441,6 +446,41 @@ awaitable<void> rate(asio::io_context& ctx, redis::config cfg, long groups, long
       std::chrono::duration<double, std::milli>(shortest).count());
 }
 
+awaitable<void> queue_rate(asio::io_context& ctx, redis::config cfg, long workers, long max, long window_ms,
+                           long seconds) {
+  std::vector<std::unique_ptr<redis_backend>> stores;
+  for (long i = 0; i < workers; ++i) stores.push_back(std::make_unique<redis_backend>(ctx.get_executor(), cfg));
+  co_await redis::exec(stores[0]->connection(), redis::request("FLUSHALL"));
+  const auto window = std::chrono::milliseconds(window_ms);
+  const long windows = seconds * 1000 / window_ms;
+  producer p(*stores[0], "bench", bulk);
+  co_await p.enqueue_bulk(noop_jobs(max * (windows + 2), 0));
+  worker_options o;
+  o.queue = "bench";
+  o.concurrency = 100;
+  o.rate_limit = rate_limit{static_cast<std::size_t>(max), window};
+  std::vector<clock_type::time_point> starts;
+  auto end = clock_type::now() + std::chrono::seconds(seconds);
+  std::vector<std::unique_ptr<worker>> ws;
+  for (auto& store : stores) {
+    ws.push_back(std::make_unique<worker>(ctx.get_executor(), *store, o));
+    ws.back()->add_handler("noop", [&](job_context&) -> awaitable<void> {
+      if (auto now = clock_type::now(); now < end) starts.push_back(now);
+      co_return;
+    });
+  }
+  for (auto& w : ws) w->start();
+  co_await sleep_for(std::chrono::duration_cast<std::chrono::microseconds>(end - clock_type::now()));
+  for (auto& w : ws) co_await w->stop(std::chrono::seconds(5));
+  std::sort(starts.begin(), starts.end());
+  auto shortest = clock_type::duration::max();  // of any max + 1 starts
+  for (std::size_t i = 0; i + static_cast<std::size_t>(max) < starts.size(); ++i)
+    shortest = std::min(shortest, starts[i + static_cast<std::size_t>(max)] - starts[i]);
+  fmt::print("queue-rate workers={} max={} window_ms={} seconds={} limit_ratio={:.3f} shortest_span_ms={:.1f}\n",
+             workers, max, window_ms, seconds, static_cast<double>(starts.size()) / static_cast<double>(max * windows),
+             std::chrono::duration<double, std::milli>(shortest).count());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -448,7 +488,8 @@ int main(int argc, char** argv) {
     fmt::print(stderr,
                "usage: {} URL throughput N C GROUPS [BURST] [FOLLOW] | fill N GROUPS | work N C [BURST] | pickup N "
                "GROUPED [GAP_US] [SHARDS] | wait N GROUPED [GAP_US] [SHARDS] | "
-               "scale N C GROUPS SHARDS NODE_URL... | rate GROUPS MAX WINDOW_MS SECONDS | depth DEPTH\n",
+               "scale N C GROUPS SHARDS NODE_URL... | rate GROUPS MAX WINDOW_MS SECONDS | queue-rate WORKERS MAX "
+               "WINDOW_MS SECONDS | depth DEPTH\n",
                argv[0]);
     return 2;
   }
@@ -494,6 +535,8 @@ int main(int argc, char** argv) {
                    done);
   } else if (mode == "rate" && argc > 6 && arg(3, 0) > 0 && arg(4, 0) > 0 && arg(5, 0) > 0 && arg(6, 0) > 0)
     asio::co_spawn(ctx, rate(ctx, cfg, arg(3, 0), arg(4, 0), arg(5, 0), arg(6, 0)), done);
+  else if (mode == "queue-rate" && argc > 6 && arg(3, 0) > 0 && arg(4, 0) > 0 && arg(5, 0) > 0 && arg(6, 0) > 0)
+    asio::co_spawn(ctx, queue_rate(ctx, cfg, arg(3, 0), arg(4, 0), arg(5, 0), arg(6, 0)), done);
   else if (mode == "depth")
     asio::co_spawn(ctx, depth(ctx, cfg, arg(3, 1000)), done);
   else {
