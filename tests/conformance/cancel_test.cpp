@@ -157,10 +157,14 @@ CONFORMANCE("cancel: a running kept job's handler is cancelled at its lease's re
     CHECK(started);
     auto began = std::chrono::steady_clock::now();
     CHECK(co_await p.cancel("run-1") == cancel_outcome::cancelled);
+    // Running and cancelling, until a renewal (every 300 ms) has cancelled the handler and its run
+    // ended: then cancelled (under ASan on a sharded cluster the look can come that late).
     auto cancelling = co_await find_job(b.make(), b.queue(), "run-1");
     REQUIRE(cancelling);
-    CHECK(cancelling->status == job_status::state::running);
-    CHECK(cancelling->cancelling);
+    if (cancelling->status == job_status::state::running)
+      CHECK(cancelling->cancelling);
+    else
+      CHECK(cancelling->status == job_status::state::cancelled);
     // A producer waiting for it hears when its run has ended, cancelled.
     auto waited = co_await p.wait("run-1", std::chrono::seconds(10));
     REQUIRE(waited);
