@@ -286,7 +286,7 @@ CONFORMANCE("queue rate: a claim leases no more than the window's room, then say
     o.max = 10;
     o.ahead = 4;
     o.rate = rate_limit{4, window};
-    if (sharded(kind)) {  // one list counts the queue's starts: no shard's script may reach it
+    if (sharded(kind)) {  // one key counts the queue's starts: no shard's script may reach it
       std::string said;
       try {
         co_await store.claim(b.queue(), o);

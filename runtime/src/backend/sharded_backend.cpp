@@ -500,7 +500,7 @@ awaitable<std::vector<claimed_job>> sharded_backend::claim_more(const std::strin
   co_return got;
 }
 
-// A queue's rate limit counts every start in one list, which no script of a shard may reach on a
+// A queue's rate limit counts every start in one key (a zset), which no script of a shard may reach on a
 // Redis Cluster (another slot).
 void sharded_backend::refuse_queue_rate(const std::string& queue, const queue_state& q, const claim_options& opts) {
   if (opts.rate)
