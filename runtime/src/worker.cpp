@@ -582,8 +582,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       return;
     }
     const std::string& job_id = note.id;
+    std::int64_t fence = 0;  // the run's (a burst's follower runs under its lease's token with a fence of its own)
     if (auto it = running_.find(item.token); it != running_.end()) {
       auto r = it->second;
+      fence = r->ctx->fence();
       running_.erase(it);  // first: a freed slot may launch a waiting job, which inserts here
       free_slot(*r);
       release_strand(r->ctx->group());
@@ -619,8 +621,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
              (item.kind == finish_kind::fail || item.kind == finish_kind::give_up || item.kind == finish_kind::halt))
       jobrt::log(log_level::warn, fields, source_, "job {} {}: {}", job_id,
                  item.kind == finish_kind::halt ? "halted its group" : "dead-lettered", item.error);
-    if (!result.lease_held)
-      jobrt::log(log_level::warn, source_, "lease {} was lost before it finished; not acked", item.token);
+    if (!result.lease_held) lease_lost_log(item.token, job_id, fence);
     drop_held();
     if (!result.next) return;
     if (stopping()) {  // leased to us as we stop: hand it back (stop does), do not start it
@@ -630,6 +631,15 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // The group's next job, with its followers: a burst that went on because nobody waited. It
     // takes the slot just freed, unless a job that waited for one took it first.
     start_or_wait(std::move(*result.next));
+  }
+
+  // Names the job and its run's fence (0: it did not run here), which may not be the token's.
+  void lease_lost_log(const std::string& token, const std::string& id, std::int64_t fence) {
+    if (fence > 0)
+      jobrt::log(log_level::warn, source_, "lease {} was lost before job {} (fence {}) finished; not acked", token, id,
+                 fence);
+    else
+      jobrt::log(log_level::warn, source_, "lease {} was lost before job {} finished; not acked", token, id);
   }
 
   // A keep landed: the job under `token` is done and its first follower starts under the same
@@ -653,7 +663,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     free_slot(*r);
     drop_held();
     if (!held) {
-      jobrt::log(log_level::warn, source_, "lease {} was lost before it finished; not acked", token);
+      lease_lost_log(token, r->ctx->job().id, r->ctx->fence());
     } else if (stopping()) {
       to_release_.push_back(token);
     } else if (giving_back_.contains(token)) {

@@ -202,15 +202,16 @@ using run_key = std::pair<std::int64_t, std::string>;
 
 // The runs whose worker found the lease gone when it came to ack them (the ack could not reach
 // the server within the lease: a server restart, a dropped connection, a slot that moved), from
-// the workers' logs: "lease [<shard>/]<fence>|<lane> was lost before it finished; not acked",
-// where the lane is "g:<group>" or "j:<attempts>|<id>|<body>".
+// the workers' logs: "lease [<shard>/]<fence>|<lane> was lost before job <id> (fence <run's fence>)
+// finished; not acked", where the lane is "g:<group>" or "j:<attempts>|<id>|<body>". A burst's
+// follower runs under its lease's token with a fence of its own, which the parenthesis gives.
 std::set<run_key> unacked_runs(const std::string& dir) {
   std::set<run_key> out;
   for (auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.path().extension() != ".out") continue;
     std::ifstream in(entry.path());
     for (std::string line; std::getline(in, line);) {
-      auto end = line.find(" was lost before it finished");
+      auto end = line.find(" was lost before job ");
       auto at = line.find(" lease ");
       if (end == std::string::npos || at == std::string::npos) continue;
       auto token = line.substr(at + 7, end - at - 7);
@@ -218,6 +219,7 @@ std::set<run_key> unacked_runs(const std::string& dir) {
       auto slash = token.find('/');
       if (bar == std::string::npos) continue;
       auto fence = std::atoll(token.c_str() + (slash < bar ? slash + 1 : 0));
+      if (auto run = line.find(" (fence ", end); run != std::string::npos) fence = std::atoll(line.c_str() + run + 8);
       auto lane = token.substr(bar + 1);
       if (lane.starts_with("g:")) {
         out.emplace(fence, lane.substr(2));
