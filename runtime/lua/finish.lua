@@ -198,9 +198,13 @@ local function result_in(extra)
   return bar and string.sub(extra, bar + 1) or ''
 end
 -- Wakes whoever waits for a kept job's end (backend::wait_ended): SPUBLISH on the queue's shard
--- of a cluster; before Redis 7.0, PUBLISH.
-local function publish_end(id)
-  if type(redis.pcall('SPUBLISH', prefix .. 'ended', id)) == 'table' then redis.call('PUBLISH', prefix .. 'ended', id) end
+-- of a cluster; before Redis 7.0, PUBLISH. The message is the id, and, when the job's entry in the
+-- jobs hash is given and not over 4 KiB, '|' and the entry: the waiter need not read it.
+local function publish_end(id, entry)
+  local message = (entry and #entry <= 4096) and (id .. '|' .. entry) or id
+  if type(redis.pcall('SPUBLISH', prefix .. 'ended', message)) == 'table' then
+    redis.call('PUBLISH', prefix .. 'ended', message)
+  end
 end
 -- The entry of a kept job whose cancel waits (cancel.lua), or nil.
 local function cancel_waits(record)
@@ -230,8 +234,9 @@ local function note(record, group, state, delay, result)
   end
   local entry = string.format('%s%d:%d:', state, at, #group) .. group
   if state == 'c' and result and result ~= '' then entry = entry .. string.format('%d:', #result) .. result end
-  redis.call('HSET', prefix .. 'jobs', id, entry .. record)
-  if state == 'c' or state == 'k' then publish_end(id) end
+  entry = entry .. record
+  redis.call('HSET', prefix .. 'jobs', id, entry)
+  if state == 'c' or state == 'k' then publish_end(id, entry) end
 end
 -- After a keep: makes the follower `id` its group's head (see 'k' above). False when the
 -- group has no jobs left (drift: check reports the lease).

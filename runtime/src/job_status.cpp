@@ -4,6 +4,8 @@
 
 #include <boost/json/parse.hpp>
 
+#include <utility>
+
 namespace jobrt {
 
 std::string_view to_string(job_status::state s) noexcept {
@@ -102,9 +104,11 @@ boost::asio::awaitable<std::optional<job_status>> find_job(backend& store, std::
 boost::asio::awaitable<std::optional<job_status>> wait_job(backend& store, std::string queue, std::string id,
                                                            std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::optional<kept_job> told;  // the job as the news of its end said (wait_ended): no look needed
   for (;;) {
     auto seen = store.ended_version(queue);  // (before the look: an end after it moves the version)
-    auto kept = co_await store.kept_job_of(queue, id);
+    auto kept = std::exchange(told, std::nullopt);
+    if (!kept) kept = co_await store.kept_job_of(queue, id);
     auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (kept && kept->status == kept_job::state::cancelled && !kept->ended) {
       // Cancelled: ended, unless it runs (then its run's end, or the handler's, publishes).
@@ -124,7 +128,8 @@ boost::asio::awaitable<std::optional<job_status>> wait_job(backend& store, std::
     }
     // (At least once a minute it looks anyway: a message may not come, from a worker of a release
     // before this one, or to a user the server does not let subscribe.)
-    co_await store.wait_ended(queue, seen, std::min<std::chrono::milliseconds>(left, std::chrono::minutes(1)));
+    told =
+        co_await store.wait_ended(queue, id, seen, std::min<std::chrono::milliseconds>(left, std::chrono::minutes(1)));
   }
 }
 

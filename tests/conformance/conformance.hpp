@@ -287,8 +287,9 @@ class gated_backend final : public backend {
     return inner_.cancelled(std::move(q), std::move(jobs));
   }
   std::uint64_t ended_version(const std::string& q) override { return inner_.ended_version(q); }
-  awaitable<void> wait_ended(std::string q, std::uint64_t seen, std::chrono::milliseconds timeout) override {
-    return inner_.wait_ended(std::move(q), seen, timeout);
+  awaitable<std::optional<kept_job>> wait_ended(std::string q, std::string id, std::uint64_t seen,
+                                                std::chrono::milliseconds timeout) override {
+    return inner_.wait_ended(std::move(q), std::move(id), seen, timeout);
   }
   awaitable<check_report> check(std::string q, bool repair) override { return inner_.check(std::move(q), repair); }
 

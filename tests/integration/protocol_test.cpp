@@ -506,6 +506,69 @@ TEST_CASE("a body that starts with a keep is kept in the queue's index until its
   CHECK(cli({"EXISTS", p + "jobs", p + "done"}) == "0\n");
 }
 
+TEST_CASE("a kept job's end is published with its entry up to 4 KiB, and a waiter takes it from the message") {
+  auto cfg = shared_redis();
+  std::string queue = key_prefix() + "protocol-ended";
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    // Subscribed once the notice that the subscription holds has moved the version.
+    auto seen = store.ended_version(queue);
+    CHECK_FALSE(co_await store.wait_ended(queue, "none", seen, std::chrono::seconds(10)));
+    REQUIRE(store.ended_version(queue) != seen);
+
+    producer p(store, queue);
+    auto finish = [&](std::string result) -> awaitable<void> {
+      claim_options co;
+      co.worker = "w";
+      co.max = 1;
+      auto claimed = co_await store.claim(queue, co);
+      REQUIRE(claimed.size() == 1);
+      finish_item f;
+      f.token = claimed[0].token;
+      f.unique_id = claimed[0].job.id;
+      f.result = std::move(result);
+      std::vector<finish_item> items;
+      items.push_back(std::move(f));
+      co_await store.finish(queue, "w", std::move(items), std::chrono::seconds(30));
+    };
+    // Small: the message carries the job as its end left it, result and group included.
+    job_spec small;
+    small.id = "small";
+    small.type = "import";
+    small.group = "tenant-1";
+    small.keep = std::chrono::minutes(1);
+    co_await p.enqueue(std::move(small));
+    seen = store.ended_version(queue);
+    co_await finish(R"({"rows":3})");
+    auto told = co_await store.wait_ended(queue, "small", seen, std::chrono::seconds(10));
+    REQUIRE(told);
+    CHECK(told->id == "small");
+    CHECK(told->status == kept_job::state::done);
+    CHECK(told->group == "tenant-1");
+    CHECK(told->result == R"({"rows":3})");
+    CHECK(told->record.id == "small");
+    auto looked = co_await store.kept_job_of(queue, "small");
+    REQUIRE(looked);
+    CHECK(told->at_ms == looked->at_ms);
+    CHECK(told->record.body == looked->record.body);
+    // Another job's news is not this one's.
+    CHECK_FALSE(co_await store.wait_ended(queue, "other", seen, std::chrono::seconds(10)));
+
+    // Over 4 KiB: the message names the job only, and the waiter, woken, must look.
+    job_spec big;
+    big.id = "big";
+    big.type = "import";
+    big.payload = boost::json::object{{"blob", std::string(5000, 'x')}};
+    big.keep = std::chrono::minutes(1);
+    co_await p.enqueue(std::move(big));
+    seen = store.ended_version(queue);
+    co_await finish("");
+    CHECK_FALSE(co_await store.wait_ended(queue, "big", seen, std::chrono::seconds(10)));
+    CHECK(store.ended_version(queue) != seen);  // (woken by the message, not by the timeout)
+    CHECK((co_await store.kept_job_of(queue, "big"))->status == kept_job::state::done);
+  });
+}
+
 TEST_CASE("enqueue.lua, the C++ producer and both backends refuse the same ids, counts and max in the same words") {
   auto cfg = shared_redis();
   std::string queue = key_prefix() + "protocol-refused";

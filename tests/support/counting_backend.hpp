@@ -207,9 +207,9 @@ class counting_backend final : public jobrt::backend {
     return inner_.cancelled(std::move(q), std::move(jobs));
   }
   std::uint64_t ended_version(const std::string& q) override { return inner_.ended_version(q); }
-  boost::asio::awaitable<void> wait_ended(std::string q, std::uint64_t seen,
-                                          std::chrono::milliseconds timeout) override {
-    return inner_.wait_ended(std::move(q), seen, timeout);
+  boost::asio::awaitable<std::optional<jobrt::kept_job>> wait_ended(std::string q, std::string id, std::uint64_t seen,
+                                                                    std::chrono::milliseconds timeout) override {
+    return inner_.wait_ended(std::move(q), std::move(id), seen, timeout);
   }
   boost::asio::awaitable<jobrt::check_report> check(std::string q, bool repair) override {
     return inner_.check(std::move(q), repair);

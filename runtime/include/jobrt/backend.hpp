@@ -421,8 +421,12 @@ class backend {
   /// changes whenever one completes or goes to the dead letters (by any process, for Redis), and
   /// when wake-ups may have been missed. Read it, look the job up (kept_job_of), then wait.
   virtual std::uint64_t ended_version(const std::string& queue) = 0;
-  virtual boost::asio::awaitable<void> wait_ended(std::string queue, std::uint64_t seen,
-                                                  std::chrono::milliseconds timeout) = 0;
+  /// Returns job `id` as its end left it when that end came after `seen` with the news of it
+  /// (on Redis, the message of a completed or cancelled job that is not too large to carry):
+  /// then it need not be looked up again. Else none: look.
+  virtual boost::asio::awaitable<std::optional<kept_job>> wait_ended(std::string queue, std::string id,
+                                                                     std::uint64_t seen,
+                                                                     std::chrono::milliseconds timeout) = 0;
 
   // --- dead letters (`ids` below are their keys, dead_letter::id) ---
 

@@ -60,7 +60,8 @@ boost::asio::awaitable<std::optional<job_status>> find_job(backend& store, std::
 /// Waits for the end of job `id`, enqueued with a keep: its status once it is done (with its
 /// result), cancelled (and not running) or dead, or, when `timeout` passes first, as it is then (pending, delayed,
 /// running). A job without a keep (or whose keep ran out) is not waited for: find_job's answer at once. Woken by the
-/// store at each kept job's end (backend::wait_ended: on Redis a published message), then one look at the job; and, in
+/// store at each kept job's end (backend::wait_ended: on Redis a published message, which tells the end of a job up to
+/// a size, else one look at the job follows); and, in
 /// case a message did not come (a worker of an older release, a user that may not subscribe), a look at least once a
 /// minute.
 boost::asio::awaitable<std::optional<job_status>> wait_job(backend& store, std::string queue, std::string id,

@@ -97,8 +97,8 @@ class redis_backend final : public backend {
   boost::asio::awaitable<void> wait_delayed(std::string queue, std::uint64_t seen,
                                             std::chrono::milliseconds timeout) override;
   std::uint64_t ended_version(const std::string& queue) override;
-  boost::asio::awaitable<void> wait_ended(std::string queue, std::uint64_t seen,
-                                          std::chrono::milliseconds timeout) override;
+  boost::asio::awaitable<std::optional<kept_job>> wait_ended(std::string queue, std::string id, std::uint64_t seen,
+                                                             std::chrono::milliseconds timeout) override;
 
   boost::asio::awaitable<std::vector<dead_letter>> dead_letters(std::string queue, std::size_t offset,
                                                                 std::size_t limit) override;

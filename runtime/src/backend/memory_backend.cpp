@@ -244,9 +244,10 @@ asio::awaitable<void> memory_backend::wait_delayed(std::string queue, std::uint6
 
 std::uint64_t memory_backend::ended_version(const std::string& queue) { return ended_wakeups_->version(queue); }
 
-asio::awaitable<void> memory_backend::wait_ended(std::string queue, std::uint64_t seen,
-                                                 std::chrono::milliseconds timeout) {
+asio::awaitable<std::optional<kept_job>> memory_backend::wait_ended(std::string queue, std::string, std::uint64_t seen,
+                                                                    std::chrono::milliseconds timeout) {
   co_await ended_wakeups_->wait(std::move(queue), seen, timeout);
+  co_return std::nullopt;  // (a look is a call in this process)
 }
 
 asio::awaitable<std::vector<dead_letter>> memory_backend::dead_letters(std::string queue, std::size_t offset,

@@ -727,9 +727,20 @@ std::uint64_t redis_backend::delayed_version(const std::string& queue) {
 
 std::uint64_t redis_backend::ended_version(const std::string& queue) { return listened(key_prefix(queue) + "ended"); }
 
-asio::awaitable<void> redis_backend::wait_ended(std::string queue, std::uint64_t seen,
-                                                std::chrono::milliseconds timeout) {
-  co_await wakeups_->wait(key_prefix(queue) + "ended", seen, timeout);
+asio::awaitable<std::optional<kept_job>> redis_backend::wait_ended(std::string queue, std::string id,
+                                                                   std::uint64_t seen,
+                                                                   std::chrono::milliseconds timeout) {
+  auto channel = key_prefix(queue) + "ended";
+  co_await wakeups_->wait(channel, seen, timeout);
+  // The message of an end is '<id>|<its entry in the jobs hash>' when finish.lua sent the entry
+  // (a completed or cancelled job's, up to a size), else '<id>' (an id has no '|').
+  id += '|';
+  auto said = wakeups_->said_since(channel, seen, id);
+  if (!said || said->size() == id.size()) co_return std::nullopt;
+  auto entry = std::string_view(*said).substr(id.size());
+  if (entry[0] != 'c' && entry[0] != 'k') co_return std::nullopt;  // (an end is one of these)
+  id.pop_back();
+  co_return detail::parse_kept_entry(std::move(id), entry, 0, std::nullopt);
 }
 
 std::uint64_t redis_backend::listened(const std::string& channel) {
@@ -743,8 +754,8 @@ std::uint64_t redis_backend::listened(const std::string& channel) {
           std::make_shared<detail::shard_listener>(ex_, link_, "wakeups", [w = wakeups_](const redis::message& m) {
             if (m.confirmation && m.channel.empty())
               w->bump_all();
-            else
-              w->bump(m.channel);  // (a message, or the notice that this channel's subscription holds)
+            else  // a message (with what it said), or the notice that this channel's subscription holds
+              w->bump(m.channel, m.confirmation ? std::string_view() : std::string_view(m.payload));
           });
     }
     if (subscribed_.insert(channel).second) listener_->listen(channel);

@@ -930,14 +930,18 @@ std::uint64_t sharded_backend::ended_version(const std::string& queue) {
   return summed_version(queue, [this](const std::string& name) { return inner_.ended_version(name); });
 }
 
-awaitable<void> sharded_backend::wait_ended(std::string queue, std::uint64_t seen, std::chrono::milliseconds timeout) {
+awaitable<std::optional<kept_job>> sharded_backend::wait_ended(std::string queue, std::string id, std::uint64_t seen,
+                                                               std::chrono::milliseconds timeout) {
   auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.wait_ended(q->names[0], std::move(id), seen, timeout);
+  // (Over several shards the news is not looked for: the caller looks the job up.)
   co_await wait_versions(
       q->names, seen, timeout, [this](const std::string& name) { return inner_.ended_version(name); },
-      [this](std::string name, std::uint64_t v, std::chrono::milliseconds t) {
-        return inner_.wait_ended(std::move(name), v, t);
+      [this](std::string name, std::uint64_t v, std::chrono::milliseconds t) -> awaitable<void> {
+        co_await inner_.wait_ended(std::move(name), std::string(), v, t);
       },
       "wait_ended");
+  co_return std::nullopt;
 }
 
 // --- dead letters ---
@@ -1133,6 +1137,7 @@ awaitable<group_status> sharded_backend::group_of(std::string queue, std::string
 
 awaitable<std::optional<kept_job>> sharded_backend::kept_job_of(std::string queue, std::string id) {
   auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.kept_job_of(q->names[0], std::move(id));
   auto found = co_await at_once<std::optional<kept_job>>(
       shards_of_id(id, q->shards), [&](std::size_t k) { return inner_.kept_job_of(q->names[k], id); });
   found.rethrow();

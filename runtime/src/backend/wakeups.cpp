@@ -37,9 +37,26 @@ void wakeups::wake_locked(entry& e) {
   for (auto* t : e.waiters) t->expires_at(std::chrono::steady_clock::time_point::min());
 }
 
-void wakeups::bump(const std::string& name) {
+void wakeups::bump(const std::string& name, std::string_view said) {
   std::lock_guard lock(mutex_);
-  wake_locked(entries_[name]);
+  auto& e = entries_[name];
+  wake_locked(e);
+  if (said.empty()) return;
+  auto& slot = e.last[e.version % said_kept];
+  slot.version = e.version;
+  slot.text.assign(said);  // (the slot's buffer is reused)
+}
+
+std::optional<std::string> wakeups::said_since(const std::string& name, std::uint64_t seen, std::string_view prefix) {
+  std::lock_guard lock(mutex_);
+  auto found = entries_.find(name);
+  if (found == entries_.end()) return std::nullopt;
+  const auto& e = found->second;
+  for (auto v = e.version; v > seen && e.version - v < said_kept; --v) {
+    const auto& slot = e.last[v % said_kept];
+    if (slot.version == v && slot.text.starts_with(prefix)) return slot.text;
+  }
+  return std::nullopt;
 }
 
 void wakeups::bump_all() {

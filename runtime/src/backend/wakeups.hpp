@@ -1,18 +1,23 @@
 // Versioned wake-ups by name, for backend::delayed_version and wait_delayed: a waiter reads the
 // version, checks its condition, then waits until the version moves or its timeout passes. A
-// bump between the read and the wait is not lost: the wait returns at once.
+// bump between the read and the wait is not lost: the wait returns at once. A bump may carry what
+// its message said: the last few are kept, so a waiter can find its own news there (said_since)
+// rather than look again.
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 namespace jobrt::detail {
@@ -22,8 +27,12 @@ namespace jobrt::detail {
 class wakeups : public std::enable_shared_from_this<wakeups> {
  public:
   std::uint64_t version(const std::string& name);
-  /// Moves the version of `name` and wakes its waiters.
-  void bump(const std::string& name);
+  /// Moves the version of `name` and wakes its waiters; `said`, when not empty, is kept with the
+  /// new version among the last `said_kept` of `name`.
+  void bump(const std::string& name, std::string_view said = {});
+  /// The newest of the kept messages of `name` that came after version `seen` and start with
+  /// `prefix`; none when no such message is kept (it came before, did not come, or was pushed out).
+  std::optional<std::string> said_since(const std::string& name, std::uint64_t seen, std::string_view prefix);
   /// Moves every version and wakes every waiter (wake-ups may have been missed).
   void bump_all();
   /// Marks the owner gone (see redis_backend's subscriber loop).
@@ -33,9 +42,15 @@ class wakeups : public std::enable_shared_from_this<wakeups> {
   boost::asio::awaitable<void> wait(std::string name, std::uint64_t seen, std::chrono::milliseconds timeout);
 
  private:
+  static constexpr std::size_t said_kept = 16;
+  struct heard {
+    std::uint64_t version = 0;  // 0: none yet
+    std::string text;
+  };
   struct entry {
     std::uint64_t version = 0;
     std::list<boost::asio::steady_timer*> waiters;
+    std::array<heard, said_kept> last;  // the message of version v at [v % said_kept]
   };
   void wake_locked(entry& e);
 
