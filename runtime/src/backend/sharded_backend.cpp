@@ -873,7 +873,8 @@ awaitable<void> wait_versions(const std::vector<std::string>& names, std::uint64
                               std::chrono::milliseconds timeout, Version version, Wait wait, const char* what) {
   if (names.size() == 1) {
     if (version(names[0]) != seen) co_return;
-    co_return co_await wait(names[0], seen, timeout);
+    co_await wait(names[0], seen, timeout);
+    co_return;
   }
   std::vector<std::uint64_t> versions;
   std::uint64_t sum = 0;
@@ -937,8 +938,8 @@ awaitable<std::optional<kept_job>> sharded_backend::wait_ended(std::string queue
   // (Over several shards the news is not looked for: the caller looks the job up.)
   co_await wait_versions(
       q->names, seen, timeout, [this](const std::string& name) { return inner_.ended_version(name); },
-      [this](std::string name, std::uint64_t v, std::chrono::milliseconds t) -> awaitable<void> {
-        co_await inner_.wait_ended(std::move(name), std::string(), v, t);
+      [this](std::string name, std::uint64_t v, std::chrono::milliseconds t) {
+        return inner_.wait_ended(std::move(name), std::string(), v, t);
       },
       "wait_ended");
   co_return std::nullopt;
