@@ -24,16 +24,8 @@ fi
 bin=$build_dir/bench/jobrt_bench_jobs
 [ -x "$bin" ] || { echo "bench/group_controls.sh: $bin is not built" >&2; exit 1; }
 
-dir=$(mktemp -d /tmp/jobrt-group-controls.XXXXXX)
-trap '[ -f "$dir/redis.pid" ] && kill "$(cat "$dir/redis.pid")" 2>/dev/null; sleep 0.2; rm -rf "$dir"' EXIT
-for _ in $(seq 20); do
-  port=$((20000 + RANDOM % 40000))
-  redis-cli -p "$port" ping >/dev/null 2>&1 && continue
-  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" --daemonize yes \
-    --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null || continue
-  for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
-  redis-cli -p "$port" ping >/dev/null 2>&1 && break
-done
+read -r port dir < <(scripts/redis.sh)
+trap 'scripts/redis.sh stop "$dir"' EXIT
 taskset -cp 0 "$(cat "$dir/redis.pid")" >/dev/null
 url=redis://127.0.0.1:$port
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # jobrt over TLS against plain TCP, on one redis-server that serves both (a plain port and a
-# TLS port, with a CA and a server certificate made here by openssl), taking turns in one run:
+# TLS port, with a CA and a server certificate from scripts/test-certs.sh), taking turns in one run:
 #   throughput  N no-op jobs over 1,000 groups, enqueued then run by one worker of concurrency
 #               100 (jobrt_bench_jobs ... throughput N 100 1000): jobs a second, TLS / plain
 #   pickup      idle pickup p50 and p99 of 300 jobs, one at a time (... pickup 300 0)
@@ -18,23 +18,8 @@ fi
 bin=$build_dir/bench/jobrt_bench_jobs
 [ -x "$bin" ] || { echo "bench/tls.sh: $bin is not built" >&2; exit 1; }
 
-dir=$(mktemp -d /tmp/jobrt-tls.XXXXXX)
-trap '[ -f "$dir/redis.pid" ] && kill "$(cat "$dir/redis.pid")" 2>/dev/null; sleep 0.2; rm -rf "$dir"' EXIT
-openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=bench-ca -keyout "$dir/ca.key" -out "$dir/ca.crt" 2>/dev/null
-openssl req -newkey rsa:2048 -nodes -subj /CN=bench -keyout "$dir/server.key" -out "$dir/server.csr" 2>/dev/null
-printf 'subjectAltName=IP:127.0.0.1\n' >"$dir/server.ext"
-openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAcreateserial -days 2 \
-  -extfile "$dir/server.ext" -out "$dir/server.crt" 2>/dev/null
-for _ in $(seq 20); do
-  port=$((20000 + RANDOM % 40000)) tls_port=$((20000 + RANDOM % 40000))
-  redis-cli -p "$port" ping >/dev/null 2>&1 && continue
-  redis-cli -p "$tls_port" ping >/dev/null 2>&1 && continue
-  redis-server --port "$port" --tls-port "$tls_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
-    --tls-cert-file "$dir/server.crt" --tls-key-file "$dir/server.key" --tls-ca-cert-file "$dir/ca.crt" \
-    --tls-auth-clients no --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null || continue
-  for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
-  redis-cli -p "$port" ping >/dev/null 2>&1 && break
-done
+read -r port dir tls_port < <(TLS=1 scripts/redis.sh)  # (a plain port and a TLS one)
+trap 'scripts/redis.sh stop "$dir"' EXIT
 taskset -cp 0 "$(cat "$dir/redis.pid")" >/dev/null
 plain=redis://127.0.0.1:$port
 tls="rediss://127.0.0.1:$tls_port/0?ca=$dir/ca.crt"
