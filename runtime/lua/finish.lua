@@ -199,9 +199,10 @@ local function result_in(extra)
 end
 -- Wakes whoever waits for a kept job's end (backend::wait_ended): SPUBLISH on the queue's shard
 -- of a cluster; before Redis 7.0, PUBLISH. The message is the id, and, when the job's entry in the
--- jobs hash is given and not over 4 KiB, '|' and the entry: the waiter need not read it.
+-- jobs hash is given and not over 1 KiB, '|' and the entry: the waiter need not read it. (Bounded:
+-- the message goes to every waiting process of the queue, and down the replication stream.)
 local function publish_end(id, entry)
-  local message = (entry and #entry <= 4096) and (id .. '|' .. entry) or id
+  local message = (entry and #entry <= 1024) and (id .. '|' .. entry) or id
   if type(redis.pcall('SPUBLISH', prefix .. 'ended', message)) == 'table' then
     redis.call('PUBLISH', prefix .. 'ended', message)
   end

@@ -105,10 +105,17 @@ boost::asio::awaitable<std::optional<job_status>> wait_job(backend& store, std::
                                                            std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   std::optional<kept_job> told;  // the job as the news of its end said (wait_ended): no look needed
+  std::string looked;            // the body of the job the last look found
   for (;;) {
     auto seen = store.ended_version(queue);  // (before the look: an end after it moves the version)
     auto kept = std::exchange(told, std::nullopt);
-    if (!kept) kept = co_await store.kept_job_of(queue, id);
+    // (News of another job with this id, one that ended before a new one was enqueued with it
+    // and came late, is not this one's: then a look.)
+    if (kept && kept->record.body != looked) kept.reset();
+    if (!kept) {
+      kept = co_await store.kept_job_of(queue, id);
+      if (kept) looked = kept->record.body;
+    }
     auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (kept && kept->status == kept_job::state::cancelled && !kept->ended) {
       // Cancelled: ended, unless it runs (then its run's end, or the handler's, publishes).

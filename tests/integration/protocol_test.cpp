@@ -8,6 +8,9 @@
 #include <jobrt/sharded_backend.hpp>
 #include <jobrt/worker.hpp>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+
 #include <fmt/format.h>
 
 #include <fcntl.h>
@@ -506,7 +509,7 @@ TEST_CASE("a body that starts with a keep is kept in the queue's index until its
   CHECK(cli({"EXISTS", p + "jobs", p + "done"}) == "0\n");
 }
 
-TEST_CASE("a kept job's end is published with its entry up to 4 KiB, and a waiter takes it from the message") {
+TEST_CASE("a kept job's end is published with its entry up to 1 KiB, and a waiter takes it from the message") {
   auto cfg = shared_redis();
   std::string queue = key_prefix() + "protocol-ended";
   run([&](asio::io_context& ctx) -> awaitable<void> {
@@ -554,11 +557,11 @@ TEST_CASE("a kept job's end is published with its entry up to 4 KiB, and a waite
     // Another job's news is not this one's.
     CHECK_FALSE(co_await store.wait_ended(queue, "other", seen, std::chrono::seconds(10)));
 
-    // Over 4 KiB: the message names the job only, and the waiter, woken, must look.
+    // Over 1 KiB: the message names the job only, and the waiter, woken, must look.
     job_spec big;
     big.id = "big";
     big.type = "import";
-    big.payload = boost::json::object{{"blob", std::string(5000, 'x')}};
+    big.payload = boost::json::object{{"blob", std::string(1100, 'x')}};
     big.keep = std::chrono::minutes(1);
     co_await p.enqueue(std::move(big));
     seen = store.ended_version(queue);
@@ -566,6 +569,40 @@ TEST_CASE("a kept job's end is published with its entry up to 4 KiB, and a waite
     CHECK_FALSE(co_await store.wait_ended(queue, "big", seen, std::chrono::seconds(10)));
     CHECK(store.ended_version(queue) != seen);  // (woken by the message, not by the timeout)
     CHECK((co_await store.kept_job_of(queue, "big"))->status == kept_job::state::done);
+  });
+}
+
+TEST_CASE("a waiter through a new sharded_backend of one shard hears the end of a job it did not enqueue") {
+  auto cfg = shared_redis();
+  std::string queue = key_prefix() + "protocol-ended-sharded";
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend writer(ctx.get_executor(), cfg);
+    sharded_backend writes(writer, 1);
+    job_spec s;
+    s.id = "late";
+    s.type = "import";
+    s.keep = std::chrono::minutes(1);
+    co_await producer(writes, queue).enqueue(std::move(s));
+    // Another process's waiter: its backends have not met the queue (its first version is 0).
+    redis_backend reader(ctx.get_executor(), cfg);
+    sharded_backend reads(reader, 1);
+    std::optional<job_status> end;
+    auto began = std::chrono::steady_clock::now();
+    asio::co_spawn(
+        ctx, [&]() -> awaitable<void> { end = co_await producer(reads, queue).wait("late", std::chrono::seconds(50)); },
+        asio::detached);
+    co_await sleep_for(std::chrono::milliseconds(300));  // (waiting by then)
+    worker_options o;
+    o.queue = queue;
+    worker w(ctx.get_executor(), writes, o);
+    w.add_handler("import", [](job_context&) -> awaitable<void> { co_return; });
+    w.start();
+    while (!end && std::chrono::steady_clock::now() - began < std::chrono::seconds(40))
+      co_await sleep_for(std::chrono::milliseconds(20));
+    co_await w.stop(std::chrono::seconds(5));
+    REQUIRE(end);
+    CHECK(end->status == job_status::state::done);
+    CHECK(std::chrono::steady_clock::now() - began < std::chrono::seconds(10));  // (woken, not by a look a minute on)
   });
 }
 

@@ -731,15 +731,15 @@ asio::awaitable<std::optional<kept_job>> redis_backend::wait_ended(std::string q
                                                                    std::uint64_t seen,
                                                                    std::chrono::milliseconds timeout) {
   auto channel = key_prefix(queue) + "ended";
-  co_await wakeups_->wait(channel, seen, timeout);
+  auto w = wakeups_;  // (the wait may outlast this backend)
+  co_await w->wait(channel, seen, timeout);
   // The message of an end is '<id>|<its entry in the jobs hash>' when finish.lua sent the entry
-  // (a completed or cancelled job's, up to a size), else '<id>' (an id has no '|').
-  id += '|';
-  auto said = wakeups_->said_since(channel, seen, id);
-  if (!said || said->size() == id.size()) co_return std::nullopt;
-  auto entry = std::string_view(*said).substr(id.size());
+  // (a completed or cancelled job's, up to a size), else '<id>' (an id has no '|'): the newest
+  // about this job must carry the entry.
+  auto said = w->said_since(channel, seen, id);
+  if (!said || said->size() <= id.size() + 1) co_return std::nullopt;
+  auto entry = std::string_view(*said).substr(id.size() + 1);
   if (entry[0] != 'c' && entry[0] != 'k') co_return std::nullopt;  // (an end is one of these)
-  id.pop_back();
   co_return detail::parse_kept_entry(std::move(id), entry, 0, std::nullopt);
 }
 

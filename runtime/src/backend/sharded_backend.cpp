@@ -934,7 +934,12 @@ std::uint64_t sharded_backend::ended_version(const std::string& queue) {
 awaitable<std::optional<kept_job>> sharded_backend::wait_ended(std::string queue, std::string id, std::uint64_t seen,
                                                                std::chrono::milliseconds timeout) {
   auto q = co_await state_of(queue);
-  if (q->shards == 1) co_return co_await inner_.wait_ended(q->names[0], std::move(id), seen, timeout);
+  if (q->shards == 1) {
+    // (Read first, as wait_versions does: ended_version, called before the queue was known
+    // here, said 0 without asking the inner backend, which on Redis subscribes then.)
+    if (inner_.ended_version(q->names[0]) != seen) co_return std::nullopt;
+    co_return co_await inner_.wait_ended(q->names[0], std::move(id), seen, timeout);
+  }
   // (Over several shards the news is not looked for: the caller looks the job up.)
   co_await wait_versions(
       q->names, seen, timeout, [this](const std::string& name) { return inner_.ended_version(name); },

@@ -47,14 +47,16 @@ void wakeups::bump(const std::string& name, std::string_view said) {
   slot.text.assign(said);  // (the slot's buffer is reused)
 }
 
-std::optional<std::string> wakeups::said_since(const std::string& name, std::uint64_t seen, std::string_view prefix) {
+std::optional<std::string> wakeups::said_since(const std::string& name, std::uint64_t seen, std::string_view key) {
   std::lock_guard lock(mutex_);
   auto found = entries_.find(name);
   if (found == entries_.end()) return std::nullopt;
   const auto& e = found->second;
   for (auto v = e.version; v > seen && e.version - v < said_kept; --v) {
     const auto& slot = e.last[v % said_kept];
-    if (slot.version == v && slot.text.starts_with(prefix)) return slot.text;
+    if (slot.version == v && slot.text.starts_with(key) &&
+        (slot.text.size() == key.size() || slot.text[key.size()] == '|'))
+      return slot.text;
   }
   return std::nullopt;
 }

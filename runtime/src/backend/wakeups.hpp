@@ -30,9 +30,10 @@ class wakeups : public std::enable_shared_from_this<wakeups> {
   /// Moves the version of `name` and wakes its waiters; `said`, when not empty, is kept with the
   /// new version among the last `said_kept` of `name`.
   void bump(const std::string& name, std::string_view said = {});
-  /// The newest of the kept messages of `name` that came after version `seen` and start with
-  /// `prefix`; none when no such message is kept (it came before, did not come, or was pushed out).
-  std::optional<std::string> said_since(const std::string& name, std::uint64_t seen, std::string_view prefix);
+  /// The newest of the kept messages of `name` that came after version `seen` and are about
+  /// `key`: '<key>' or '<key>|<news>'. None when no such message is kept (it came before, did not
+  /// come, or was pushed out).
+  std::optional<std::string> said_since(const std::string& name, std::uint64_t seen, std::string_view key);
   /// Moves every version and wakes every waiter (wake-ups may have been missed).
   void bump_all();
   /// Marks the owner gone (see redis_backend's subscriber loop).
