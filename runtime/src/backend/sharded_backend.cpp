@@ -935,9 +935,10 @@ awaitable<std::optional<kept_job>> sharded_backend::wait_ended(std::string queue
                                                                std::chrono::milliseconds timeout) {
   auto q = co_await state_of(queue);
   if (q->shards == 1) {
-    // (Read first, as wait_versions does: ended_version, called before the queue was known
-    // here, said 0 without asking the inner backend, which on Redis subscribes then.)
-    if (inner_.ended_version(q->names[0]) != seen) co_return std::nullopt;
+    // (The inner version is read first, as wait_versions does: ended_version, called before
+    // the queue was known here, said 0 without asking the inner backend, which on Redis
+    // subscribes then. A version moved since `seen` returns at once, with any news in it.)
+    inner_.ended_version(q->names[0]);
     co_return co_await inner_.wait_ended(q->names[0], std::move(id), seen, timeout);
   }
   // (Over several shards the news is not looked for: the caller looks the job up.)
