@@ -148,7 +148,8 @@ inline job_spec kept(std::string type, std::optional<std::string> group, std::st
 // blocking claims have a gate of their own.
 class gated_backend final : public backend {
  public:
-  gated_backend(asio::any_io_executor ex, backend& inner) : inner_(inner), opened_(ex), claims_opened_(ex) {}
+  gated_backend(asio::any_io_executor ex, backend& inner)
+      : inner_(inner), opened_(ex), claims_opened_(ex), looks_opened_(ex) {}
 
   void shut() { open_ = false; }
   void open() {
@@ -164,6 +165,14 @@ class gated_backend final : public backend {
     claims_opened_.cancel();
   }
   std::size_t claims_held() const { return claims_held_; }  // blocking claims waiting at the gate now
+  std::size_t looks() const { return looks_; }              // kept_job_of calls so far
+  // While shut, a kept_job_of's answer, in hand, waits: the store is read, the caller told later.
+  void shut_looks() { looks_open_ = false; }
+  void open_looks() {
+    looks_open_ = true;
+    looks_opened_.cancel();
+  }
+  std::size_t looks_held() const { return looks_held_; }
 
   awaitable<std::vector<finish_result>> finish(std::string queue, std::string worker, std::vector<finish_item> items,
                                                std::chrono::milliseconds lease_ttl) override {
@@ -278,7 +287,15 @@ class gated_backend final : public backend {
     return inner_.find_dead(std::move(q), std::move(f), std::move(c), n);
   }
   awaitable<std::optional<kept_job>> kept_job_of(std::string q, std::string id) override {
-    return inner_.kept_job_of(std::move(q), std::move(id));
+    ++looks_;
+    auto found = co_await inner_.kept_job_of(std::move(q), std::move(id));
+    ++looks_held_;
+    while (!looks_open_) {
+      looks_opened_.expires_at(std::chrono::steady_clock::time_point::max());
+      co_await looks_opened_.async_wait(asio::as_tuple(use_awaitable));
+    }
+    --looks_held_;
+    co_return found;
   }
   awaitable<cancel_outcome> cancel(std::string q, std::string id) override {
     return inner_.cancel(std::move(q), std::move(id));
@@ -303,6 +320,10 @@ class gated_backend final : public backend {
   bool claims_open_ = true;
   std::size_t claims_held_ = 0;
   asio::steady_timer claims_opened_;  // the same, for claims
+  std::size_t looks_ = 0;
+  bool looks_open_ = true;
+  std::size_t looks_held_ = 0;
+  asio::steady_timer looks_opened_;  // the same, for the answers of kept_job_of
 };
 
 struct event {

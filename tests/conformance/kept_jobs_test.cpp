@@ -2,6 +2,9 @@
 // waiting for a retry, completed (until their keep runs out), and out of the index once dead.
 #include "conformance/conformance.hpp"
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+
 namespace {
 
 std::int64_t now_ms() {
@@ -280,6 +283,79 @@ CONFORMANCE("kept jobs: a producer waits for a job's end, woken by it: done with
     CHECK((pending->status == job_status::state::pending || pending->status == job_status::state::delayed));
     CHECK(std::chrono::steady_clock::now() - began >= std::chrono::milliseconds(400));
     CHECK_FALSE(co_await p.wait("no-such-job", std::chrono::seconds(5)));  // (not kept: at once)
+    co_await w.stop(std::chrono::seconds(5));
+  });
+}
+
+CONFORMANCE("kept jobs: a waiter takes a job's end from its message where the store sends one, with no second look") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    gated_backend counted(ctx.get_executor(), b.make());
+    producer p(counted, b.queue());
+    // Subscribed first (the notice that a subscription holds wakes waiters too): a wait for an
+    // id that is not kept reads the version, which subscribes on Redis, and returns at once. (Twice:
+    // a sharded queue's versions are read once it knows the queue, which its first look does.)
+    CHECK_FALSE(co_await p.wait("none", std::chrono::seconds(5)));
+    CHECK_FALSE(co_await p.wait("none", std::chrono::seconds(5)));
+    co_await sleep_for(std::chrono::milliseconds(200));
+    worker w(ctx.get_executor(), b.make(), b.worker_opts(2));
+    w.add_handler("slow", [](job_context& c) -> awaitable<void> {
+      co_await sleep_for(std::chrono::milliseconds(300));  // (the waiter's first look comes before its end)
+      boost::json::object r;
+      r["rows"] = 3;
+      c.set_result(r);
+    });
+    w.start();
+    auto id = (co_await p.enqueue(kept("slow", std::string("g")))).id;
+    auto before = counted.looks();
+    auto done = co_await p.wait(id, std::chrono::seconds(20));
+    REQUIRE(done);
+    CHECK(done->status == job_status::state::done);
+    CHECK(done->result == R"({"rows":3})");
+    CHECK(done->group == "g");
+    // Redis sends a queue of one shard the entry with the end's message; the memory backend, and
+    // a queue over several shards, look again.
+    bool told = kind == backend_kind::redis || kind == backend_kind::cluster || kind == backend_kind::tls_redis;
+    if (told)
+      CHECK(counted.looks() - before == 1);
+    else
+      CHECK(counted.looks() - before >= 2);
+    if (told) {  // the same through a sharded_backend of one shard, as the jobrt command makes
+      sharded_backend one(b.make(), 1);
+      gated_backend through(ctx.get_executor(), one);
+      producer q(through, b.queue());
+      CHECK_FALSE(co_await q.wait("none", std::chrono::seconds(5)));
+      CHECK_FALSE(co_await q.wait("none", std::chrono::seconds(5)));
+      co_await sleep_for(std::chrono::milliseconds(200));
+      id = (co_await q.enqueue(kept("slow", std::nullopt))).id;
+      before = through.looks();
+      done = co_await q.wait(id, std::chrono::seconds(20));
+      REQUIRE(done);
+      CHECK(done->status == job_status::state::done);
+      CHECK(through.looks() - before == 1);
+
+      // The end comes while the waiter's first look is on its way (it read pending): the news
+      // came after the version it read, and tells the end with no second look.
+      id = (co_await q.enqueue(kept("slow", std::nullopt))).id;
+      through.shut_looks();
+      std::optional<job_status> late;
+      asio::co_spawn(
+          ctx, [&]() -> awaitable<void> { late = co_await q.wait(id, std::chrono::seconds(20)); }, asio::detached);
+      for (int i = 0; i < 500 && through.looks_held() == 0; ++i) co_await sleep_for(std::chrono::milliseconds(10));
+      REQUIRE(through.looks_held() == 1);
+      before = through.looks();
+      for (int i = 0; i < 1000; ++i) {  // until it is done (the worker runs it)
+        auto k = co_await b.make().kept_job_of(b.queue(), id);
+        if (k && k->status == kept_job::state::done) break;
+        co_await sleep_for(std::chrono::milliseconds(10));
+      }
+      co_await sleep_for(std::chrono::milliseconds(100));  // (the end's message reaches the waiter)
+      through.open_looks();
+      for (int i = 0; i < 500 && !late; ++i) co_await sleep_for(std::chrono::milliseconds(10));
+      REQUIRE(late);
+      CHECK(late->status == job_status::state::done);
+      CHECK(through.looks() == before);
+    }
     co_await w.stop(std::chrono::seconds(5));
   });
 }
