@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   g++ cmake ninja-build pkg-config
   libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev
-  libfmt-dev doctest-dev libhiredis-dev libcli11-dev libssl-dev openssl librabbitmq-dev
+  libfmt-dev doctest-dev libhiredis-dev libcli11-dev libssl-dev openssl librabbitmq-dev libhowardhinnant-date-dev tzdata
   redis-server redis-sentinel redis-tools rabbitmq-server clang-format
   chromium
 )

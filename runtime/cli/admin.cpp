@@ -3,7 +3,9 @@
 
 #include <jobrt/job.hpp>
 #include <jobrt/job_status.hpp>
+#include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
+#include <jobrt/scheduler.hpp>
 #include <jobrt/sharded_backend.hpp>
 
 #include <fmt/format.h>
@@ -12,10 +14,12 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <map>
 #include <optional>
 #include <set>
@@ -658,6 +662,178 @@ void add_protocol(CLI::App& jobrt, action& chosen) {
   cmd->add_flag("--json", keys->json, "as a JSON array");
 }
 
+// --- jobrt schedule: repeatable jobs (scheduler.hpp) ---
+
+struct schedule_options {
+  common c;
+  std::string name, cron, tz = "UTC", every, type, payload, group, job;
+  std::size_t catch_up = 0, max_attempts = 3;
+};
+
+// "100ms", "5s", "10m", "2h", "1d": a positive whole number and its unit.
+std::chrono::milliseconds interval_of(const std::string& text) {
+  std::size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  auto unit = std::string_view(text).substr(digits);
+  static const std::map<std::string_view, std::int64_t, std::less<>> units{
+      {"ms", 1}, {"s", 1000}, {"m", 60'000}, {"h", 3'600'000}, {"d", 86'400'000}};
+  auto found = units.find(unit);
+  if (digits == 0 || digits > 9 || found == units.end())
+    throw std::invalid_argument(
+        fmt::format("--every '{}' is not a whole number and a unit (ms, s, m, h, d), as 100ms or 5s", text));
+  auto ms = std::stoll(text.substr(0, digits)) * found->second;
+  if (ms <= 0) throw std::invalid_argument(fmt::format("--every '{}' is not positive", text));
+  return std::chrono::milliseconds(ms);
+}
+
+// A time as UTC, to the millisecond: 2026-11-28T12:00:00.100Z.
+std::string utc_text(sys_ms t) {
+  auto ms = t.time_since_epoch().count();
+  auto seconds = static_cast<std::time_t>(ms / 1000);
+  std::tm parts{};
+  gmtime_r(&seconds, &parts);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &parts);
+  return fmt::format("{}.{:03}Z", text, ms % 1000);
+}
+
+json::object to_json(const schedule_info& s) {
+  json::object o{{"name", s.spec.name},
+                 {"next", utc_text(s.next)},
+                 {"next_ms", s.next.time_since_epoch().count()},
+                 {"catch_up", s.spec.catch_up},
+                 {"job", to_json(s.spec.job)}};
+  if (s.spec.timing.is_cron()) {
+    o["cron"] = s.spec.timing.expression();
+    o["tz"] = s.spec.timing.time_zone();
+  } else {
+    o["every_ms"] = s.spec.timing.interval().count();
+  }
+  return o;
+}
+
+int schedule_add(const schedule_options& o) {
+  schedule_spec s;
+  s.name = o.name;
+  if (o.cron.empty() == o.every.empty()) throw usage_error("give --cron or --every (one of them)");
+  if (!o.cron.empty())
+    s.timing = schedule_timing::cron(o.cron, o.tz);
+  else
+    s.timing = schedule_timing::every(interval_of(o.every));
+  if (!o.job.empty()) {
+    if (!o.type.empty() || !o.payload.empty() || !o.group.empty())
+      throw usage_error("--job gives the whole job: not with --type, --payload or --group");
+    boost::system::error_code ec;
+    auto v = json::parse(o.job, ec);
+    if (ec) throw std::invalid_argument(fmt::format("--job is not JSON: {}", ec.message()));
+    s.job = job_spec_from_json(v);
+  } else {
+    if (o.type.empty()) throw usage_error("give the job's --type (or the whole --job)");
+    s.job.type = o.type;
+    if (!o.payload.empty()) s.job.payload = producer::parse_payload(o.payload);
+    if (!o.group.empty()) s.job.group = o.group;
+    s.job.max_attempts = static_cast<int>(o.max_attempts);
+  }
+  s.catch_up = o.catch_up;
+  with_store(
+      o.c,
+      [&](backend& store) -> asio::awaitable<void> {
+        schedule_book book(store, o.c.queue);
+        auto next = co_await book.add(s);
+        if (o.c.json)
+          fmt::print("{}\n", json::serialize(to_json(schedule_info{s, next})));
+        else
+          fmt::print("schedule {}: {}, next at {}\n", s.name, s.timing.describe(), utc_text(next));
+      },
+      queue_must::may_be_new);
+  return 0;
+}
+
+int schedule_list(const common& c) {
+  with_store(
+      c,
+      [&](backend& store) -> asio::awaitable<void> {
+        schedule_book book(store, c.queue);
+        std::vector<schedule_info> all;
+        std::string cursor;
+        do {
+          auto p = co_await book.list(cursor, 100);
+          all.insert(all.end(), std::make_move_iterator(p.items.begin()), std::make_move_iterator(p.items.end()));
+          cursor = std::move(p.cursor);
+        } while (!cursor.empty());
+        std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.spec.name < b.spec.name; });
+        if (c.json) {
+          json::array out;
+          for (const auto& s : all) out.push_back(to_json(s));
+          fmt::print("{}\n", json::serialize(out));
+          co_return;
+        }
+        if (all.empty()) fmt::print("queue {}: no schedules\n", c.queue);
+        for (const auto& s : all) {
+          std::string group = s.spec.job.group ? "  group " + *s.spec.job.group : std::string();
+          std::string catch_up = s.spec.catch_up > 0 ? fmt::format("  catch-up {}", s.spec.catch_up) : std::string();
+          fmt::print("{}  {}  next {}  type {}{}{}\n", s.spec.name, s.spec.timing.describe(), utc_text(s.next),
+                     s.spec.job.type, group, catch_up);
+        }
+      },
+      queue_must::may_be_new);
+  return 0;
+}
+
+int schedule_remove(const schedule_options& o) {
+  with_store(
+      o.c,
+      [&](backend& store) -> asio::awaitable<void> {
+        schedule_book book(store, o.c.queue);
+        if (!co_await book.remove(o.name))
+          throw std::runtime_error(fmt::format("queue '{}' has no schedule '{}'", o.c.queue, o.name));
+        if (o.c.json)
+          fmt::print("{}\n", json::serialize(json::object{{"name", o.name}, {"removed", true}}));
+        else
+          fmt::print("schedule {}: removed\n", o.name);
+      },
+      queue_must::may_be_new);
+  return 0;
+}
+
+void add_schedule(CLI::App& jobrt, action& chosen) {
+  auto* schedule = jobrt.add_subcommand("schedule", "repeatable jobs: add, list, remove")->group("commands");
+  schedule->require_subcommand(1);
+  schedule->set_help_flag("-h,--help", "print this help");
+  schedule->footer(
+      "The queue's workers fire each schedule when it is due; each firing is enqueued once, with\n"
+      "the id <name>@<firing time in ms>, however many workers run. Each command takes --help.");
+
+  auto add = std::make_shared<schedule_options>();
+  auto* cmd = add_command(*schedule, chosen, "add", "store a schedule (replacing one of that name)",
+                          [add] { return schedule_add(*add); });
+  add_common(*cmd, add->c);
+  cmd->add_option("NAME", add->name, "the schedule's name")->required();
+  cmd->add_option("--cron", add->cron, "fire at these times: 'minute hour day month weekday' (6 fields: seconds first)")
+      ->option_text("EXPR");
+  cmd->add_option("--tz", add->tz, "the time zone of --cron's times (default UTC)")->option_text("ZONE");
+  cmd->add_option("--every", add->every, "fire every so long, at its multiples since the epoch: 100ms, 5s, 10m, 2h, 1d")
+      ->option_text("DURATION");
+  cmd->add_option("-t,--type", add->type, "the job's type (its handler)")->option_text("TYPE");
+  cmd->add_option("--payload", add->payload, "the job's payload, JSON")->option_text("JSON");
+  cmd->add_option("-g,--group", add->group, "its group: one at a time, in order")->option_text("G");
+  number_option(*cmd, "--max-attempts", add->max_attempts, 1, 1'000'000, "runs before it is dead (default 3)");
+  cmd->add_option("--job", add->job, "the whole job, as a line of `jobrt enqueue --file`")->option_text("JSON");
+  number_option(*cmd, "--catch-up", add->catch_up, 0, max_catch_up,
+                "missed firings (no worker ran) to enqueue besides the latest (default 0: skip them)");
+
+  auto list = std::make_shared<common>();
+  cmd = add_command(*schedule, chosen, "list", "the queue's schedules and their next firings",
+                    [list] { return schedule_list(*list); });
+  add_common(*cmd, *list);
+
+  auto remove = std::make_shared<schedule_options>();
+  cmd = add_command(*schedule, chosen, "remove", "remove a schedule (its firings already enqueued stay)",
+                    [remove] { return schedule_remove(*remove); });
+  add_common(*cmd, remove->c);
+  cmd->add_option("NAME", remove->name, "the schedule's name")->required();
+}
+
 }  // namespace
 
 void add_admin(CLI::App& jobrt, action& chosen) {
@@ -726,6 +902,7 @@ void add_admin(CLI::App& jobrt, action& chosen) {
 
   add_dlq(jobrt, chosen);
   add_group(jobrt, chosen);
+  add_schedule(jobrt, chosen);
 
   add_protocol(jobrt, chosen);
 

@@ -34,7 +34,7 @@ using action = std::function<int()>;
 // becomes its work (run once the whole line parsed).
 void add_worker(CLI::App& jobrt, action& chosen);
 void add_enqueue(CLI::App& jobrt, action& chosen);
-void add_admin(CLI::App& jobrt, action& chosen);  // stats, check, dlq, group, queue
+void add_admin(CLI::App& jobrt, action& chosen);  // stats, check, dlq, group, schedule, queue
 void add_demo(CLI::App& jobrt, action& chosen);   // demo, and the hidden demo-worker
 void add_dashboard(CLI::App& jobrt, action& chosen);
 void add_bridge(CLI::App& jobrt, action& chosen);  // bridge: a Redis Stream into a queue

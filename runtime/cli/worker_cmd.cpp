@@ -410,40 +410,7 @@ job_spec spec_from_line(const std::string& line) {
   boost::system::error_code ec;
   auto v = boost::json::parse(line, ec);
   if (ec) throw std::invalid_argument(fmt::format("not JSON: {}", ec.message()));
-  if (!v.is_object()) throw std::invalid_argument("not a JSON object");
-  auto& o = v.as_object();
-  job_spec s;
-  auto text = [&](std::string_view name) -> std::optional<std::string> {
-    auto* f = o.if_contains(name);
-    if (!f) return std::nullopt;
-    if (!f->is_string()) throw std::invalid_argument(fmt::format("\"{}\" is not a string", name));
-    return std::string(f->as_string());
-  };
-  auto number_of = [&](std::string_view name) -> std::optional<std::int64_t> {
-    auto* f = o.if_contains(name);
-    if (!f) return std::nullopt;
-    if (!f->is_int64() || f->as_int64() < 0)
-      throw std::invalid_argument(fmt::format("\"{}\" is not a non-negative integer", name));
-    return f->as_int64();
-  };
-  for (auto& [key, value] : o) {
-    static const std::set<std::string_view> known{"type",     "payload",        "group",      "id",
-                                                  "delay_ms", "max_attempts",   "timeout_ms", "on_failure",
-                                                  "keep_ms",  "max_group_size", "group_rate"};
-    if (!known.contains(key)) throw std::invalid_argument(fmt::format("unknown field \"{}\"", key));
-  }
-  s.type = text("type").value_or("");
-  if (auto* p = o.if_contains("payload")) s.payload = *p;
-  s.group = text("group");
-  s.id = text("id").value_or("");
-  s.delay = std::chrono::milliseconds(number_of("delay_ms").value_or(0));
-  s.max_attempts = static_cast<int>(number_of("max_attempts").value_or(3));
-  s.timeout = std::chrono::milliseconds(number_of("timeout_ms").value_or(0));
-  if (auto keep = number_of("keep_ms")) s.keep = std::chrono::milliseconds(*keep);
-  if (auto max = number_of("max_group_size")) s.max_group_size = static_cast<std::size_t>(*max);
-  if (auto* rate = o.if_contains("group_rate")) s.group_rate = rate_limit_from_json(*rate, "\"group_rate\"");
-  if (auto p = text("on_failure")) s.on_failure = parse_failure_policy(*p);
-  return s;
+  return job_spec_from_json(v);
 }
 
 // What `jobrt enqueue` was given.

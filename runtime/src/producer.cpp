@@ -5,12 +5,67 @@
 #include <fmt/format.h>
 #include <boost/json/parse.hpp>
 
+#include <set>
+
 #include <algorithm>
 #include <chrono>
 #include <exception>
 #include <stdexcept>
 
 namespace jobrt {
+
+job_spec job_spec_from_json(const boost::json::value& v) {
+  if (!v.is_object()) throw std::invalid_argument("not a JSON object");
+  auto& o = v.as_object();
+  job_spec s;
+  auto text = [&](std::string_view name) -> std::optional<std::string> {
+    auto* f = o.if_contains(name);
+    if (!f) return std::nullopt;
+    if (!f->is_string()) throw std::invalid_argument(fmt::format("\"{}\" is not a string", name));
+    return std::string(f->as_string());
+  };
+  auto number_of = [&](std::string_view name) -> std::optional<std::int64_t> {
+    auto* f = o.if_contains(name);
+    if (!f) return std::nullopt;
+    if (!f->is_int64() || f->as_int64() < 0)
+      throw std::invalid_argument(fmt::format("\"{}\" is not a non-negative integer", name));
+    return f->as_int64();
+  };
+  for (auto& [key, value] : o) {
+    static const std::set<std::string_view> known{"type",     "payload",        "group",      "id",
+                                                  "delay_ms", "max_attempts",   "timeout_ms", "on_failure",
+                                                  "keep_ms",  "max_group_size", "group_rate"};
+    if (!known.contains(key)) throw std::invalid_argument(fmt::format("unknown field \"{}\"", key));
+  }
+  s.type = text("type").value_or("");
+  if (auto* p = o.if_contains("payload")) s.payload = *p;
+  s.group = text("group");
+  s.id = text("id").value_or("");
+  s.delay = std::chrono::milliseconds(number_of("delay_ms").value_or(0));
+  s.max_attempts = static_cast<int>(number_of("max_attempts").value_or(3));
+  s.timeout = std::chrono::milliseconds(number_of("timeout_ms").value_or(0));
+  if (auto keep = number_of("keep_ms")) s.keep = std::chrono::milliseconds(*keep);
+  if (auto max = number_of("max_group_size")) s.max_group_size = static_cast<std::size_t>(*max);
+  if (auto* rate = o.if_contains("group_rate")) s.group_rate = rate_limit_from_json(*rate, "\"group_rate\"");
+  if (auto p = text("on_failure")) s.on_failure = parse_failure_policy(*p);
+  return s;
+}
+
+boost::json::object to_json(const job_spec& s) {
+  boost::json::object o;
+  o["type"] = s.type;
+  if (!s.payload.is_null()) o["payload"] = s.payload;
+  if (s.group) o["group"] = *s.group;
+  if (!s.id.empty()) o["id"] = s.id;
+  if (s.delay.count() > 0) o["delay_ms"] = s.delay.count();
+  o["max_attempts"] = s.max_attempts;
+  if (s.timeout.count() > 0) o["timeout_ms"] = s.timeout.count();
+  if (s.on_failure) o["on_failure"] = to_string(*s.on_failure);
+  if (s.keep) o["keep_ms"] = s.keep->count();
+  if (s.max_group_size) o["max_group_size"] = *s.max_group_size;
+  if (s.group_rate) o["group_rate"] = {{"max", s.group_rate->max}, {"window_ms", s.group_rate->window.count()}};
+  return o;
+}
 
 void check_queue_name(std::string_view queue) {
   if (queue.empty()) throw std::invalid_argument("queue name is empty");

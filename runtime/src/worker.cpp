@@ -174,6 +174,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     mo.dead_max_count = opts_.dead_max_count;
     mo.dead_max_age = opts_.dead_max_age;
     mo.promote_backstop = opts_.promote_backstop;
+    mo.schedules = opts_.schedules;
     maintenance_ =
         std::make_shared<detail::maintenance>(strand_, backend_, std::move(mo), source_, maintenance_hooks());
     detail::lease_keeper_options lo;

@@ -303,6 +303,27 @@ class gated_backend final : public backend {
   awaitable<std::vector<bool>> cancelled(std::string q, std::vector<held_job> jobs) override {
     return inner_.cancelled(std::move(q), std::move(jobs));
   }
+  boost::asio::awaitable<void> put_schedule(std::string q, jobrt::stored_schedule s) override {
+    return inner_.put_schedule(std::move(q), std::move(s));
+  }
+  boost::asio::awaitable<bool> remove_schedule(std::string q, std::string name) override {
+    return inner_.remove_schedule(std::move(q), std::move(name));
+  }
+  boost::asio::awaitable<jobrt::page<jobrt::stored_schedule>> schedules(std::string q, std::string cursor,
+                                                                        std::size_t limit) override {
+    return inner_.schedules(std::move(q), std::move(cursor), limit);
+  }
+  boost::asio::awaitable<std::optional<jobrt::stored_schedule>> next_schedule(std::string q) override {
+    return inner_.next_schedule(std::move(q));
+  }
+  boost::asio::awaitable<jobrt::schedule_fired> fire_schedule(std::string q, jobrt::schedule_step s) override {
+    return inner_.fire_schedule(std::move(q), std::move(s));
+  }
+  std::uint64_t schedules_version(const std::string& q) override { return inner_.schedules_version(q); }
+  boost::asio::awaitable<void> wait_schedules(std::string q, std::uint64_t seen,
+                                              std::chrono::milliseconds timeout) override {
+    return inner_.wait_schedules(std::move(q), seen, timeout);
+  }
   std::uint64_t ended_version(const std::string& q) override { return inner_.ended_version(q); }
   awaitable<std::optional<kept_job>> wait_ended(std::string q, std::string id, std::uint64_t seen,
                                                 std::chrono::milliseconds timeout) override {

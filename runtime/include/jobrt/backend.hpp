@@ -333,6 +333,31 @@ enum class cancel_outcome {
 };
 std::string_view to_string(cancel_outcome o) noexcept;
 
+/// A repeatable job as a backend keeps it (see jobrt/scheduler.hpp, which writes and reads it).
+struct stored_schedule {
+  std::string name;
+  std::string spec;          ///< when it fires and what, as the scheduler wrote it (opaque here)
+  std::string group;         ///< its jobs' group ("" none): a sharded queue keeps it in that group's shard
+  std::int64_t next_ms = 0;  ///< its next firing, in milliseconds since the epoch
+};
+
+/// One step of a schedule (backend::fire_schedule).
+struct schedule_step {
+  stored_schedule was;                ///< as next_schedule gave it: the step is taken only while it is so
+  std::vector<std::int64_t> firings;  ///< the firings to enqueue, in ms, oldest first (none: all skipped)
+  encoded_job job;                    ///< each firing's job; its id is "<name>@<firing in ms>"
+  std::int64_t next_ms = 0;           ///< the schedule's next firing after these
+};
+
+/// What backend::fire_schedule did.
+struct schedule_fired {
+  bool taken = false;                   ///< false: the schedule had changed, or had been stepped by another caller
+  std::vector<enqueue_result> results;  ///< one per firing (a duplicate: its id was taken)
+  /// The enqueue's refusal (a full group, say), when it refused: the schedule moved on without
+  /// these firings.
+  std::string refused;
+};
+
 /// Which dead letters backend::find_dead returns: all of what is given must hold.
 struct dead_filter {
   std::string group;  ///< the group, exactly ("" any)
@@ -519,6 +544,30 @@ class backend {
   /// have a cursor.
   virtual boost::asio::awaitable<page<dead_letter>> find_dead(std::string queue, dead_filter filter, std::string cursor,
                                                               std::size_t limit) = 0;
+
+  // --- repeatable jobs (jobrt/scheduler.hpp). Each call does bounded work.
+
+  /// Stores `s` under its name, replacing the schedule of that name, and wakes the schedulers
+  /// (wait_schedules).
+  virtual boost::asio::awaitable<void> put_schedule(std::string queue, stored_schedule s) = 0;
+  /// Removes the schedule `name` (its firings already enqueued stay); false when there was none.
+  virtual boost::asio::awaitable<bool> remove_schedule(std::string queue, std::string name) = 0;
+  /// About `limit` schedules from `cursor` ("" to start), in no particular order; a page may hold
+  /// fewer than `limit` and still have a cursor.
+  virtual boost::asio::awaitable<page<stored_schedule>> schedules(std::string queue, std::string cursor,
+                                                                  std::size_t limit) = 0;
+  /// The schedule whose next firing comes first; none when the queue has none.
+  virtual boost::asio::awaitable<std::optional<stored_schedule>> next_schedule(std::string queue) = 0;
+  /// In one atomic call, when the schedule is still as step.was (its spec and next firing):
+  /// enqueues step.job once per firing, due now, with the id "<name>@<firing>", and moves its
+  /// next firing to step.next_ms. Otherwise does nothing (taken is false). A refused enqueue
+  /// (a full group) still moves the schedule on.
+  virtual boost::asio::awaitable<schedule_fired> fire_schedule(std::string queue, schedule_step step) = 0;
+  /// Versions of the queue's schedules' wake-ups: put_schedule and remove_schedule move them.
+  virtual std::uint64_t schedules_version(const std::string& queue) = 0;
+  /// Returns when schedules_version moved from `seen`, or after `timeout`.
+  virtual boost::asio::awaitable<void> wait_schedules(std::string queue, std::uint64_t seen,
+                                                      std::chrono::milliseconds timeout) = 0;
 
   // --- for sharded queues (sharded_backend keeps a queue's shards, and what finds them work, in
   // this backend). The defaults throw std::logic_error: a backend without them holds no shards.

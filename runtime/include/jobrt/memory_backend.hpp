@@ -93,6 +93,16 @@ class memory_backend final : public backend {
   boost::asio::awaitable<std::optional<kept_job>> wait_ended(std::string queue, std::string id, std::uint64_t seen,
                                                              std::chrono::milliseconds timeout) override;
 
+  boost::asio::awaitable<void> put_schedule(std::string queue, stored_schedule s) override;
+  boost::asio::awaitable<bool> remove_schedule(std::string queue, std::string name) override;
+  boost::asio::awaitable<page<stored_schedule>> schedules(std::string queue, std::string cursor,
+                                                          std::size_t limit) override;
+  boost::asio::awaitable<std::optional<stored_schedule>> next_schedule(std::string queue) override;
+  boost::asio::awaitable<schedule_fired> fire_schedule(std::string queue, schedule_step step) override;
+  std::uint64_t schedules_version(const std::string& queue) override;
+  boost::asio::awaitable<void> wait_schedules(std::string queue, std::uint64_t seen,
+                                              std::chrono::milliseconds timeout) override;
+
   boost::asio::awaitable<std::vector<dead_letter>> dead_letters(std::string queue, std::size_t offset,
                                                                 std::size_t limit) override;
   boost::asio::awaitable<std::optional<dead_letter>> dead_letter_of(std::string queue, std::string id) override;
@@ -157,7 +167,9 @@ class memory_backend final : public backend {
   boost::asio::any_io_executor executor_;
   std::shared_ptr<detail::wakeups> delayed_wakeups_;
   std::shared_ptr<detail::wakeups> ended_wakeups_;  // a kept job's end (wait_ended)
-  std::shared_ptr<detail::wakeups> mark_wakeups_;   // a mark_shards wakes take_shard_mark's waiters
+  std::shared_ptr<detail::wakeups> mark_wakeups_;
+  std::shared_ptr<detail::wakeups>
+      schedule_wakeups_;  // a schedule put or removed   // a mark_shards wakes take_shard_mark's waiters
   mutable std::mutex mutex_;
   // Queues are never erased: claim_wait keeps a queue's address across its wait.
   std::unordered_map<std::string, std::unique_ptr<queue_state>> queues_;

@@ -7,6 +7,7 @@
 #include <jobrt/job_status.hpp>
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/json/object.hpp>
 
 #include <chrono>
 #include <cstddef>
@@ -17,6 +18,14 @@
 #include <vector>
 
 namespace jobrt {
+
+/// A job in JSON, as `jobrt enqueue --file` reads one per line and a schedule keeps its job:
+/// {"type", "payload", "group", "id", "delay_ms", "max_attempts", "timeout_ms", "on_failure",
+/// "keep_ms", "max_group_size", "group_rate"}, each optional ("type" is checked at enqueue).
+/// Throws std::invalid_argument naming a field that is unknown or of the wrong kind.
+job_spec job_spec_from_json(const boost::json::value& v);
+/// `s` in that JSON: the fields it sets (not run_at nor retry_backoff, which it has no field for).
+boost::json::object to_json(const job_spec& s);
 
 struct producer_options {
   /// Largest encoded job body accepted (payload included).
@@ -82,13 +91,14 @@ class producer {
   /// opts.rules): a body over opts.max_body_bytes. Needs no backend, so a caller can check
   /// every job of a batch before storing any.
   static void check(const job_spec& spec, const producer_options& opts);
+  /// The job as enqueue hands it to the backend, enqueued at `now_ms` (ms since the epoch), after
+  /// the checks above (which throw).
+  static encoded_job encode(const job_spec& spec, std::int64_t now_ms, const producer_options& opts);
 
   const std::string& queue() const noexcept { return queue_; }
   const producer_options& options() const noexcept { return opts_; }
 
  private:
-  static encoded_job encode(const job_spec& spec, std::int64_t now_ms, const producer_options& opts);
-
   backend* backend_;
   std::string queue_;
   producer_options opts_;

@@ -100,6 +100,16 @@ class redis_backend final : public backend {
   boost::asio::awaitable<std::optional<kept_job>> wait_ended(std::string queue, std::string id, std::uint64_t seen,
                                                              std::chrono::milliseconds timeout) override;
 
+  boost::asio::awaitable<void> put_schedule(std::string queue, stored_schedule s) override;
+  boost::asio::awaitable<bool> remove_schedule(std::string queue, std::string name) override;
+  boost::asio::awaitable<page<stored_schedule>> schedules(std::string queue, std::string cursor,
+                                                          std::size_t limit) override;
+  boost::asio::awaitable<std::optional<stored_schedule>> next_schedule(std::string queue) override;
+  boost::asio::awaitable<schedule_fired> fire_schedule(std::string queue, schedule_step step) override;
+  std::uint64_t schedules_version(const std::string& queue) override;
+  boost::asio::awaitable<void> wait_schedules(std::string queue, std::uint64_t seen,
+                                              std::chrono::milliseconds timeout) override;
+
   boost::asio::awaitable<std::vector<dead_letter>> dead_letters(std::string queue, std::size_t offset,
                                                                 std::size_t limit) override;
   boost::asio::awaitable<std::optional<dead_letter>> dead_letter_of(std::string queue, std::string id) override;
@@ -193,7 +203,7 @@ class redis_backend final : public backend {
   redis_backend_options opts_;
   std::shared_ptr<detail::redis_link> link_;  // (shared with the listener)
   redis::script enqueue_, claim_, finish_, extend_, release_, reap_, promote_, pause_, resume_, cancel_, requeue_,
-      purge_, check_fix_, advertise_, expire_own_, reap_turn_, reports_, history_;
+      purge_, check_fix_, advertise_, expire_own_, reap_turn_, reports_, history_, schedule_put_, schedule_fire_;
   // Wake-ups for delayed jobs: one listener for every queue, started on first use. The
   // wake-ups are shared with the listener, which may outlive the backend briefly.
   std::shared_ptr<detail::wakeups> wakeups_;

@@ -157,6 +157,9 @@ struct worker_options {
   /// Longest wait of the delayed-job promoter when nothing wakes it (a backstop; it is woken
   /// when a job due earlier arrives, and runs at each due time).
   std::chrono::milliseconds promote_backstop{60000};
+  /// Fire the queue's repeatable jobs when due (scheduler.hpp): every worker may, and each
+  /// firing is enqueued once. Its longest wait when nothing wakes it is promote_backstop.
+  bool schedules = true;
   /// A job of a type this worker has no handler for (a mixed fleet, a rolling deploy) is handed
   /// back, with no attempt counted, to run after this long on a worker that has one; a grouped
   /// job's group waits for it. Workers say which types they run (backend::advertise) ...

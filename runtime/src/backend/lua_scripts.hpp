@@ -20,4 +20,6 @@ extern const char* const advertise;
 extern const char* const reap_turn;
 extern const char* const reports;
 extern const char* const history;
+extern const char* const schedule_put;
+extern const char* const schedule_fire;  // with the line "--@enqueue.lua" for enqueue's text
 }  // namespace jobrt::lua

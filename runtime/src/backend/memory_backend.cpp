@@ -72,7 +72,8 @@ memory_backend::memory_backend(asio::any_io_executor ex)
     : executor_(std::move(ex)),
       delayed_wakeups_(std::make_shared<detail::wakeups>()),
       ended_wakeups_(std::make_shared<detail::wakeups>()),
-      mark_wakeups_(std::make_shared<detail::wakeups>()) {}
+      mark_wakeups_(std::make_shared<detail::wakeups>()),
+      schedule_wakeups_(std::make_shared<detail::wakeups>()) {}
 
 memory_backend::~memory_backend() = default;
 
@@ -110,6 +111,7 @@ void memory_backend::settle_locked(const std::string& queue, queue_state& q) {
   wake_locked(q, e.made_ready);
   if (e.earlier_due) delayed_wakeups_->bump(queue);
   if (e.kept_ended) ended_wakeups_->bump(queue);
+  if (e.schedules_changed) schedule_wakeups_->bump(queue);
 }
 
 template <class Op>
@@ -248,6 +250,37 @@ asio::awaitable<std::optional<kept_job>> memory_backend::wait_ended(std::string 
                                                                     std::chrono::milliseconds timeout) {
   co_await ended_wakeups_->wait(std::move(queue), seen, timeout);
   co_return std::nullopt;  // (a look is a call in this process)
+}
+
+asio::awaitable<void> memory_backend::put_schedule(std::string queue, stored_schedule s) {
+  change(queue, [&](detail::queue_model& m) { m.put_schedule(std::move(s)); });
+  co_return;
+}
+
+asio::awaitable<bool> memory_backend::remove_schedule(std::string queue, std::string name) {
+  co_return change(queue, [&](detail::queue_model& m) { return m.remove_schedule(name); });
+}
+
+asio::awaitable<page<stored_schedule>> memory_backend::schedules(std::string queue, std::string cursor,
+                                                                 std::size_t limit) {
+  co_return read(
+      queue, [&](const detail::queue_model& m) { return m.schedules(cursor, limit); }, page<stored_schedule>{});
+}
+
+asio::awaitable<std::optional<stored_schedule>> memory_backend::next_schedule(std::string queue) {
+  co_return read(
+      queue, [](const detail::queue_model& m) { return m.next_schedule(); }, std::optional<stored_schedule>{});
+}
+
+asio::awaitable<schedule_fired> memory_backend::fire_schedule(std::string queue, schedule_step step) {
+  co_return change(queue, [&](detail::queue_model& m) { return m.fire_schedule(step); });
+}
+
+std::uint64_t memory_backend::schedules_version(const std::string& queue) { return schedule_wakeups_->version(queue); }
+
+asio::awaitable<void> memory_backend::wait_schedules(std::string queue, std::uint64_t seen,
+                                                     std::chrono::milliseconds timeout) {
+  co_await schedule_wakeups_->wait(std::move(queue), seen, timeout);
 }
 
 asio::awaitable<std::vector<dead_letter>> memory_backend::dead_letters(std::string queue, std::size_t offset,

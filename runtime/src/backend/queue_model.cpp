@@ -1134,11 +1134,68 @@ std::optional<kept_job> queue_model::kept_job_of(const std::string& id) const {
   return parse_kept_entry(id, e->second, now_(), gone_at);
 }
 
+void queue_model::put_schedule(stored_schedule s) {
+  remove_schedule(s.name);
+  schedule_due_.emplace(s.next_ms, s.name);
+  auto name = s.name;
+  schedules_.emplace(std::move(name), std::move(s));
+  effects_.schedules_changed = true;
+}
+
+bool queue_model::remove_schedule(const std::string& name) {
+  auto found = schedules_.find(name);
+  if (found == schedules_.end()) return false;
+  schedule_due_.erase({found->second.next_ms, name});
+  schedules_.erase(found);
+  effects_.schedules_changed = true;
+  return true;
+}
+
+page<stored_schedule> queue_model::schedules(const std::string& cursor, std::size_t limit) const {
+  page<stored_schedule> out;
+  auto it = cursor.empty() ? schedules_.begin() : schedules_.upper_bound(cursor);
+  for (; it != schedules_.end() && out.items.size() < std::max<std::size_t>(limit, 1); ++it)
+    out.items.push_back(it->second);
+  if (it != schedules_.end()) out.cursor = out.items.back().name;
+  return out;
+}
+
+std::optional<stored_schedule> queue_model::next_schedule() const {
+  if (schedule_due_.empty()) return std::nullopt;
+  return schedules_.at(schedule_due_.begin()->second);
+}
+
+schedule_fired queue_model::fire_schedule(const schedule_step& step) {
+  schedule_fired out;
+  auto found = schedules_.find(step.was.name);
+  if (found == schedules_.end() || found->second.spec != step.was.spec || found->second.next_ms != step.was.next_ms)
+    return out;
+  out.taken = true;
+  std::vector<encoded_job> jobs;
+  for (auto at : step.firings) {
+    auto& j = jobs.emplace_back(step.job);
+    j.id = fmt::format("{}@{}", step.was.name, at);
+    j.delay_ms = j.run_at_ms = 0;
+  }
+  try {
+    if (!jobs.empty()) out.results = enqueue(std::move(jobs));
+  } catch (const boost::system::system_error& e) {
+    if (e.code().category() != error_category()) throw;
+    out.refused = e.what();
+  }
+  schedule_due_.erase({found->second.next_ms, found->first});
+  found->second.next_ms = step.next_ms;
+  schedule_due_.emplace(step.next_ms, found->first);
+  return out;
+}
+
 void queue_model::purge_queue() {
   // The fence and id counters stay, as on Redis (a token given out before must never match a
   // new lease, an id never be given twice).
   auto fence = s_->fence, seq = s_->seq;
   *s_ = queue_state{};
+  schedules_.clear();
+  schedule_due_.clear();
   s_->fence = fence;
   s_->seq = seq;
 }

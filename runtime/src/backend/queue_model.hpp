@@ -8,8 +8,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -33,7 +35,8 @@ class queue_model {
   struct effects {
     std::size_t made_ready = 0;
     bool earlier_due = false;
-    bool kept_ended = false;  ///< a kept job completed or went to the dead letters (finish.lua's PUBLISH)
+    bool kept_ended = false;         ///< a kept job completed or went to the dead letters (finish.lua's PUBLISH)
+    bool schedules_changed = false;  ///< a schedule was put or removed (the schedulers to wake)
   };
   effects take_effects() noexcept;
   bool has_ready() const noexcept;
@@ -75,6 +78,12 @@ class queue_model {
   std::optional<kept_job> kept_job_of(const std::string& id) const;
   cancel_outcome cancel(const std::string& id);
   std::vector<bool> cancelled(const std::vector<held_job>& jobs) const;
+  // Repeatable jobs (schedule_put.lua, schedule_fire.lua). A purge removes them, as on Redis.
+  void put_schedule(stored_schedule s);
+  bool remove_schedule(const std::string& name);
+  page<stored_schedule> schedules(const std::string& cursor, std::size_t limit) const;
+  std::optional<stored_schedule> next_schedule() const;
+  schedule_fired fire_schedule(const schedule_step& step);
   /// Shard `offset` of a queue of `stride` shards: the ids it assigns are n * stride + offset.
   void assign_ids(std::int64_t stride, std::int64_t offset) noexcept {
     id_stride_ = stride;
@@ -90,6 +99,8 @@ class queue_model {
 
   clock now_;
   std::unique_ptr<queue_state> s_;
+  std::map<std::string, stored_schedule> schedules_;             // by name
+  std::set<std::pair<std::int64_t, std::string>> schedule_due_;  // (next firing, name)
   effects effects_;
   std::int64_t id_stride_ = 1, id_offset_ = 0;
 };

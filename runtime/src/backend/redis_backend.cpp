@@ -96,6 +96,52 @@ durability durability_of(std::string_view name) {
   throw std::invalid_argument(fmt::format("'{}' is not a durability: 'primary' or 'replicated'", name));
 }
 
+namespace {
+
+// enqueue.lua's arguments after its count: id, group, body and due of each job, then, when one
+// of them has one, their max group sizes. `held` keeps the strings `args` points into.
+void add_job_args(std::vector<std::string_view>& args, const std::vector<encoded_job>& jobs,
+                  std::vector<std::string>& held) {
+  held.reserve(jobs.size() * 2);  // (no reallocation: args points into these strings)
+  for (auto& j : jobs) {
+    args.push_back(j.id);
+    args.push_back(j.group);
+    args.push_back(j.body);
+    // '' now, '+<ms>' from now, '<ms>' since the epoch
+    args.push_back(held.emplace_back(j.run_at_ms > 0  ? std::to_string(j.run_at_ms)
+                                     : j.delay_ms > 0 ? fmt::format("+{}", j.delay_ms)
+                                                      : std::string()));
+  }
+  if (std::none_of(jobs.begin(), jobs.end(), [](const encoded_job& j) { return j.max_group_size > 0; })) return;
+  for (auto& j : jobs)
+    args.push_back(held.emplace_back(j.max_group_size > 0 ? std::to_string(j.max_group_size) : std::string()));
+}
+
+// schedule_fire.lua with enqueue.lua's text in place of its line '--@enqueue.lua'.
+std::string with_enqueue(std::string_view fire) {
+  constexpr std::string_view line = "--@enqueue.lua\n";
+  auto at = fire.find(line);
+  return fmt::format("{}{}\n{}", fire.substr(0, at), lua::enqueue, fire.substr(at + line.size()));
+}
+
+// A schedule's value in <prefix>schedules: '<length of group>:<group><spec>'.
+std::string schedule_value(const stored_schedule& s) { return fmt::format("{}:{}{}", s.group.size(), s.group, s.spec); }
+
+stored_schedule schedule_from(std::string name, std::string_view value, std::int64_t next_ms) {
+  stored_schedule s{std::move(name), {}, {}, next_ms};
+  auto colon = value.find(':');
+  std::size_t length = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + std::min(colon, value.size()), length);
+  if (colon == std::string_view::npos || ec != std::errc() || end != value.data() + colon ||
+      length > value.size() - colon - 1)
+    throw std::runtime_error(fmt::format("schedule '{}': its stored value is malformed: '{}'", s.name, value));
+  s.group = value.substr(colon + 1, length);
+  s.spec = value.substr(colon + 1 + length);
+  return s;
+}
+
+}  // namespace
+
 redis_backend::redis_backend(asio::any_io_executor ex, redis::config cfg) : redis_backend(ex, one(std::move(cfg))) {}
 
 redis_backend::redis_backend(asio::any_io_executor ex, std::vector<redis::config> seeds, redis_backend_options o)
@@ -121,6 +167,8 @@ redis_backend::redis_backend(asio::any_io_executor ex, std::vector<redis::config
       reap_turn_(lua::reap_turn),
       reports_(lua::reports),
       history_(lua::history),
+      schedule_put_(lua::schedule_put),
+      schedule_fire_(with_enqueue(lua::schedule_fire)),
       wakeups_(std::make_shared<detail::wakeups>()) {
   std::random_device random;
   call_nonce_ = (std::uint64_t{random()} << 32) ^ random();
@@ -202,26 +250,8 @@ asio::awaitable<std::vector<enqueue_result>> redis_backend::store_jobs(std::stri
       n = fmt::format("{}:{}:{}", jobs.size(), found->second, std::string_view(queue).substr(hash + 1));
   }
   args.push_back(n);
-  std::vector<std::string> dues;  // '' now, '+<ms>' from now, '<ms>' since the epoch
-  dues.reserve(jobs.size());
-  for (auto& j : jobs) {
-    dues.push_back(j.run_at_ms > 0  ? std::to_string(j.run_at_ms)
-                   : j.delay_ms > 0 ? fmt::format("+{}", j.delay_ms)
-                                    : std::string());
-  }
-  for (std::size_t i = 0; i < jobs.size(); ++i) {
-    args.push_back(jobs[i].id);
-    args.push_back(jobs[i].group);
-    args.push_back(jobs[i].body);
-    args.push_back(dues[i]);
-  }
-  // Max group sizes, one per job, only when one of them has a limit (enqueue.lua).
-  std::vector<std::string> limits;
-  if (std::any_of(jobs.begin(), jobs.end(), [](const encoded_job& j) { return j.max_group_size > 0; })) {
-    limits.reserve(jobs.size());
-    for (auto& j : jobs) limits.push_back(j.max_group_size > 0 ? std::to_string(j.max_group_size) : std::string());
-    args.insert(args.end(), limits.begin(), limits.end());
-  }
+  std::vector<std::string> held;
+  add_job_args(args, jobs, held);
   auto named = enqueue_keys(queue);
   std::vector<std::string> keys(named.begin(), named.end());
   if (!marks.empty()) keys.push_back(std::move(marks));
@@ -795,6 +825,121 @@ dead_letter parse_dead_letter(std::string id, std::string_view info, std::int64_
 }
 
 }  // namespace
+
+asio::awaitable<void> redis_backend::put_schedule(std::string queue, stored_schedule s) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 2> keys{p + "schedules", p + "schedule_due"};
+  std::array<std::string, 3> args{s.name, schedule_value(s), std::to_string(s.next_ms)};
+  co_await link_->run(schedule_put_, schedule_put_.make_request(keys, args), p);
+}
+
+asio::awaitable<bool> redis_backend::remove_schedule(std::string queue, std::string name) {
+  auto p = key_prefix(queue);
+  std::array<std::string, 2> keys{p + "schedules", p + "schedule_due"};
+  std::array<std::string, 3> args{std::move(name), "", "0"};
+  reply r = co_await link_->run(schedule_put_, schedule_put_.make_request(keys, args), p);
+  co_return r.as_integer() == 1;
+}
+
+asio::awaitable<page<stored_schedule>> redis_backend::schedules(std::string queue, std::string cursor,
+                                                                std::size_t limit) {
+  auto p = key_prefix(queue);
+  if (cursor.empty()) cursor = "0";
+  if (cursor.size() > 20 || cursor.find_first_not_of("0123456789") != std::string::npos)
+    throw std::invalid_argument("schedule cursor '" + cursor + "' is not one that a listing gave");
+  // One HSCAN step (bounded), then the next firings of what it found.
+  request scan("HSCAN", p + "schedules", cursor, "COUNT", std::clamp<std::size_t>(limit, 1, 1000));
+  scan.options.resend_safe = true;
+  reply r = co_await link_->exec(std::move(scan), p);
+  page<stored_schedule> out;
+  if (auto next = r.as_array().at(0).as_string(); next != "0") out.cursor = next;
+  const auto& found = r.as_array().at(1).as_array();
+  if (found.empty()) co_return out;
+  std::vector<std::string_view> names;
+  for (std::size_t i = 0; i < found.size(); i += 2) names.push_back(found[i].as_string());
+  request scores("ZMSCORE", p + "schedule_due", names);
+  scores.options.resend_safe = true;
+  reply next = co_await link_->exec(std::move(scores), p);
+  for (std::size_t i = 0; i < found.size(); i += 2) {
+    const auto& score = next.as_array().at(i / 2);
+    if (score.is_nil()) continue;  // (removed between the two reads)
+    out.items.push_back(schedule_from(found[i].as_string(), found[i + 1].as_string(),
+                                      static_cast<std::int64_t>(std::stod(score.as_string()))));
+  }
+  co_return out;
+}
+
+asio::awaitable<std::optional<stored_schedule>> redis_backend::next_schedule(std::string queue) {
+  auto p = key_prefix(queue);
+  // Two reads: a schedule removed between them is looked past (a few times, then none).
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    request first("ZRANGE", p + "schedule_due", 0, 0, "WITHSCORES");
+    first.options.resend_safe = true;
+    reply r = co_await link_->exec(std::move(first), p);
+    const auto& e = r.as_array();
+    if (e.empty()) co_return std::nullopt;
+    request value("HGET", p + "schedules", e.at(0).as_string());
+    value.options.resend_safe = true;
+    reply v = co_await link_->exec(std::move(value), p);
+    if (!v.is_nil())
+      co_return schedule_from(e.at(0).as_string(), v.as_string(),
+                              static_cast<std::int64_t>(std::stod(e.at(1).as_string())));
+  }
+  co_return std::nullopt;
+}
+
+asio::awaitable<schedule_fired> redis_backend::fire_schedule(std::string queue, schedule_step step) {
+  auto p = key_prefix(queue);
+  std::vector<encoded_job> jobs;
+  for (auto at : step.firings) {
+    auto& j = jobs.emplace_back(step.job);
+    j.id = fmt::format("{}@{}", step.was.name, at);
+    j.delay_ms = j.run_at_ms = 0;
+  }
+  auto seen = schedule_value(step.was);
+  auto seen_next = std::to_string(step.was.next_ms), after = std::to_string(step.next_ms);
+  auto count = std::to_string(jobs.size());
+  std::vector<std::string_view> args;
+  args.push_back(step.was.name);
+  args.push_back(seen);
+  args.push_back(seen_next);
+  args.push_back(after);
+  args.push_back(count);
+  std::vector<std::string> held;
+  add_job_args(args, jobs, held);
+  auto named = enqueue_keys(queue);
+  auto req = schedule_fire_.make_request(named, args);
+  reply r;
+  if (opts_.durability == durability::replicated)
+    r = co_await link_->run_replicated(schedule_fire_, std::move(req), p, opts_.replicas, opts_.replica_wait);
+  else
+    r = co_await link_->run(schedule_fire_, std::move(req), p);
+  schedule_fired out;
+  const auto& e = r.as_array();
+  auto outcome = e.at(0).as_integer();
+  out.taken = outcome != 0;
+  if (outcome == 2) {
+    std::string_view said = e.at(1).as_string();
+    out.refused = said.substr(std::min(said.find(' ') + 1, said.size()));  // (without 'JOBRT:<n> ')
+  } else if (outcome == 1) {
+    const auto& stored = e.at(1).as_array();
+    for (std::size_t i = 0; i + 1 < stored.size(); i += 2) {
+      auto& one = out.results.emplace_back();
+      one.id = stored[i].as_string();
+      one.duplicate = stored[i + 1].as_integer() == 1;
+    }
+  }
+  co_return out;
+}
+
+std::uint64_t redis_backend::schedules_version(const std::string& queue) {
+  return listened(key_prefix(queue) + "schedules");
+}
+
+asio::awaitable<void> redis_backend::wait_schedules(std::string queue, std::uint64_t seen,
+                                                    std::chrono::milliseconds timeout) {
+  co_await wakeups_->wait(key_prefix(queue) + "schedules", seen, timeout);
+}
 
 asio::awaitable<std::vector<dead_letter>> redis_backend::dead_letters(std::string queue, std::size_t offset,
                                                                       std::size_t limit) {

@@ -109,11 +109,15 @@ std::pair<std::size_t, std::string> split_token(const std::string& token, std::s
 
 // The shards that may hold job `id`: an id the queue gave is m * S + k, from shard k; a
 // producer's id may be in any shard (its group's, or its own when ungrouped), in several even.
-std::vector<std::size_t> shards_of_id(const std::string& id, std::size_t shards) {
-  if (detail::assigned_id(id) && id.size() < 19) return std::vector<std::size_t>(1, std::stoull(id) % shards);
+std::vector<std::size_t> every_shard(std::size_t shards) {
   std::vector<std::size_t> all(shards);
   std::iota(all.begin(), all.end(), std::size_t{0});
   return all;
+}
+
+std::vector<std::size_t> shards_of_id(const std::string& id, std::size_t shards) {
+  if (detail::assigned_id(id) && id.size() < 19) return std::vector<std::size_t>(1, std::stoull(id) % shards);
+  return every_shard(shards);
 }
 
 // Items split by shard, each remembering its place in the call.
@@ -1210,6 +1214,81 @@ awaitable<page<dead_letter>> sharded_backend::find_dead(std::string queue, dead_
                                               [&](std::size_t k, std::string at, std::size_t n) {
                                                 return inner_.find_dead(q->names[k], filter, std::move(at), n);
                                               });
+}
+
+// --- repeatable jobs ---
+//
+// A schedule is kept in one shard, its group's (an ungrouped one's: its name's), so that a firing
+// and the step of its schedule are one call there.
+
+namespace {
+std::size_t schedule_shard(const stored_schedule& s, std::size_t shards) {
+  return sharded_backend::shard_of(s.group.empty() ? s.name : s.group, shards);
+}
+}  // namespace
+
+awaitable<void> sharded_backend::put_schedule(std::string queue, stored_schedule s) {
+  auto q = co_await state_of(queue);
+  auto k = schedule_shard(s, q->shards);
+  // (One of that name in another shard, before its group changed, goes first.)
+  std::vector<std::size_t> others;
+  for (std::size_t i = 0; i < q->shards; ++i)
+    if (i != k) others.push_back(i);
+  auto removed = co_await at_once<bool>(std::move(others),
+                                        [&](std::size_t i) { return inner_.remove_schedule(q->names[i], s.name); });
+  removed.rethrow();
+  co_await inner_.put_schedule(q->names[k], std::move(s));
+}
+
+awaitable<bool> sharded_backend::remove_schedule(std::string queue, std::string name) {
+  auto q = co_await state_of(queue);
+  auto removed = co_await at_once<bool>(every_shard(q->shards),
+                                        [&](std::size_t k) { return inner_.remove_schedule(q->names[k], name); });
+  removed.rethrow();
+  co_return std::find(removed.results.begin(), removed.results.end(), true) != removed.results.end();
+}
+
+awaitable<page<stored_schedule>> sharded_backend::schedules(std::string queue, std::string cursor, std::size_t limit) {
+  auto q = co_await state_of(queue);
+  if (q->shards == 1) co_return co_await inner_.schedules(q->names[0], std::move(cursor), limit);
+  co_return co_await over_shards<stored_schedule>(
+      q->shards, cursor, limit,
+      [&](std::size_t k, std::string at, std::size_t n) { return inner_.schedules(q->names[k], std::move(at), n); });
+}
+
+awaitable<std::optional<stored_schedule>> sharded_backend::next_schedule(std::string queue) {
+  auto q = co_await state_of(queue);
+  auto firsts = co_await at_once<std::optional<stored_schedule>>(
+      every_shard(q->shards), [&](std::size_t k) { return inner_.next_schedule(q->names[k]); });
+  firsts.rethrow();
+  std::optional<stored_schedule> out;
+  for (auto& s : firsts.results)
+    if (s && (!out || s->next_ms < out->next_ms)) out = std::move(s);
+  co_return out;
+}
+
+awaitable<schedule_fired> sharded_backend::fire_schedule(std::string queue, schedule_step step) {
+  auto q = co_await state_of(queue);
+  auto k = schedule_shard(step.was, q->shards);
+  auto out = co_await inner_.fire_schedule(q->names[k], std::move(step));
+  if (std::any_of(out.results.begin(), out.results.end(), [](const enqueue_result& r) { return !r.duplicate; }))
+    co_await mark(queue, k);
+  co_return out;
+}
+
+std::uint64_t sharded_backend::schedules_version(const std::string& queue) {
+  return summed_version(queue, [this](const std::string& name) { return inner_.schedules_version(name); });
+}
+
+awaitable<void> sharded_backend::wait_schedules(std::string queue, std::uint64_t seen,
+                                                std::chrono::milliseconds timeout) {
+  auto q = co_await state_of(queue);
+  co_await wait_versions(
+      q->names, seen, timeout, [this](const std::string& name) { return inner_.schedules_version(name); },
+      [this](std::string name, std::uint64_t v, std::chrono::milliseconds t) {
+        return inner_.wait_schedules(std::move(name), v, t);
+      },
+      "wait_schedules");
 }
 
 }  // namespace jobrt

@@ -3,6 +3,7 @@
 #include "worker/loops.hpp"
 
 #include <jobrt/log.hpp>
+#include <jobrt/scheduler.hpp>
 
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -21,6 +22,7 @@ maintenance::maintenance(asio::any_io_executor strand, backend& b, maintenance_o
       hooks_(std::move(hooks)),
       reap_timer_(strand_),
       retry_timer_(strand_),
+      schedule_retry_timer_(strand_),
       ended_(strand_, clock::time_point::max()) {}
 
 void maintenance::start(std::vector<std::string> handled_types) {
@@ -29,6 +31,10 @@ void maintenance::start(std::vector<std::string> handled_types) {
   handled_types_ = std::move(handled_types);
   asio::co_spawn(strand_, reap_loop(shared_from_this()), rethrow_if_died(source_, "reaper"));
   asio::co_spawn(strand_, promote_loop(shared_from_this()), rethrow_if_died(source_, "promoter"));
+  if (opts_.schedules) {
+    scheduling_ = true;
+    asio::co_spawn(strand_, schedule_loop(shared_from_this()), rethrow_if_died(source_, "scheduler"));
+  }
 }
 
 void maintenance::reap_now() {
@@ -42,11 +48,13 @@ void maintenance::request_stop() {
   reap_stop_.emit(asio::cancellation_type::terminal);
   retry_timer_.cancel();
   promote_stop_.emit(asio::cancellation_type::terminal);
+  schedule_retry_timer_.cancel();
+  schedule_stop_.emit(asio::cancellation_type::terminal);
 }
 
 asio::awaitable<void> maintenance::stop() {
   request_stop();
-  while (started_ && (reaping_ || promoting_)) co_await ended_.async_wait(use_tuple);
+  while (started_ && (reaping_ || promoting_ || scheduling_)) co_await ended_.async_wait(use_tuple);
 }
 
 // Recovery is every live worker's job, on a timer: what a crashed worker held goes back within
@@ -195,6 +203,35 @@ asio::awaitable<void> maintenance::promote_loop(std::shared_ptr<maintenance> sel
     co_await asio::co_spawn(self->strand_, self->backend_.wait_delayed(self->opts_.queue, seen, wait), stoppable);
   }
   self->promoting_ = false;
+  self->ended_.cancel();
+}
+
+// Every worker's scheduler fires what is due (backend::fire_schedule takes each step once), then
+// sleeps until the next firing, or until a schedule is put or removed.
+asio::awaitable<void> maintenance::schedule_loop(std::shared_ptr<maintenance> self) {
+  scheduler fires(self->backend_, self->opts_.queue);
+  auto backoff = std::chrono::milliseconds(100);
+  auto stoppable = asio::bind_cancellation_slot(self->schedule_stop_.slot(), use_tuple);
+  while (!self->stopped_) {
+    auto seen = self->backend_.schedules_version(self->opts_.queue);
+    auto [error, next] = co_await asio::co_spawn(self->strand_, fires.fire_due(), stoppable);
+    if (self->stopped_) break;
+    if (error) {
+      jobrt::log(log_level::warn, self->source_, "firing repeatable jobs failed: {} (retrying in {} ms)", what(error),
+                 backoff.count());
+      co_await wait_on(self->schedule_retry_timer_, clock::now() + backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+      continue;
+    }
+    backoff = std::chrono::milliseconds(100);
+    auto wait = self->opts_.promote_backstop;
+    if (next)
+      wait = std::clamp(std::chrono::ceil<std::chrono::milliseconds>(*next - std::chrono::system_clock::now()),
+                        std::chrono::milliseconds(0), wait);
+    if (wait.count() > 0)
+      co_await asio::co_spawn(self->strand_, self->backend_.wait_schedules(self->opts_.queue, seen, wait), stoppable);
+  }
+  self->scheduling_ = false;
   self->ended_.cancel();
 }
 

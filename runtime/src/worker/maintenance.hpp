@@ -1,8 +1,8 @@
 // The worker's maintenance: the reaper (recovers expired leases and dead workers' lanes, trims the
 // dead letters, and between reaps says which job types the worker runs and asks about the types
-// met without a handler) and the promoter (moves delayed jobs when they come due). Two loops on
-// the worker's strand, with timers and stop signals of their own; what the worker learns from them
-// comes back through maintenance_hooks, called on that strand.
+// met without a handler), the promoter (moves delayed jobs when they come due) and the scheduler
+// (fires repeatable jobs when they come due). Loops on the worker's strand, with timers and stop signals of their own;
+// what the worker learns from them comes back through maintenance_hooks, called on that strand.
 #pragma once
 
 #include <jobrt/backend.hpp>
@@ -28,6 +28,7 @@ struct maintenance_options {
   std::size_t dead_max_count = 10000;
   std::chrono::milliseconds dead_max_age = std::chrono::hours(24 * 30);
   std::chrono::milliseconds promote_backstop{60000};
+  bool schedules = true;  // run the scheduler
 };
 
 // Each is called on the strand, from one of the loops; an empty one is not called.
@@ -71,6 +72,7 @@ class maintenance : public std::enable_shared_from_this<maintenance> {
   boost::asio::awaitable<void> about_types();
   boost::asio::awaitable<void> for_operators();
   static boost::asio::awaitable<void> promote_loop(std::shared_ptr<maintenance> self);
+  static boost::asio::awaitable<void> schedule_loop(std::shared_ptr<maintenance> self);
 
   boost::asio::any_io_executor strand_;
   backend& backend_;
@@ -83,14 +85,17 @@ class maintenance : public std::enable_shared_from_this<maintenance> {
   std::size_t reported_sig_ = 0;                        // what it ran then (a hash of the jobs' ids)
   std::int64_t history_minute_ = 0;                     // the last minute it looked at the history in
   boost::asio::steady_timer reap_timer_;
-  boost::asio::cancellation_signal reap_stop_;     // ends a reap on its way
-  boost::asio::steady_timer retry_timer_;          // the promoter's pause after a failure
-  boost::asio::cancellation_signal promote_stop_;  // ends the promoter's wait
-  boost::asio::steady_timer ended_;                // never expires: stop() waits on it for the loops to end
+  boost::asio::cancellation_signal reap_stop_;      // ends a reap on its way
+  boost::asio::steady_timer retry_timer_;           // the promoter's pause after a failure
+  boost::asio::cancellation_signal promote_stop_;   // ends the promoter's wait
+  boost::asio::steady_timer schedule_retry_timer_;  // the scheduler's pause after a failure
+  boost::asio::cancellation_signal schedule_stop_;  // ends the scheduler's wait
+  boost::asio::steady_timer ended_;                 // never expires: stop() waits on it for the loops to end
   bool started_ = false;
   bool stopped_ = false;
   bool reaping_ = true;
   bool promoting_ = true;
+  bool scheduling_ = false;
   bool reap_now_ = false;  // expire_own made leases reapable: reap again at once
 };
 

@@ -1,0 +1,200 @@
+#include <jobrt/log.hpp>
+#include <jobrt/scheduler.hpp>
+
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include <fmt/format.h>
+
+#include <deque>
+#include <stdexcept>
+
+namespace jobrt {
+namespace {
+
+namespace json = boost::json;
+using std::chrono::milliseconds;
+
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void check_name(std::string_view name) {
+  if (name.empty() || name.size() > 200)
+    throw std::invalid_argument(fmt::format("schedule name '{}' must be 1 to 200 bytes", name));
+  if (name.find('|') != std::string_view::npos)
+    throw std::invalid_argument(fmt::format("schedule name '{}' holds a '|'", name));
+  if (std::isspace(static_cast<unsigned char>(name.front())) || std::isspace(static_cast<unsigned char>(name.back())))
+    throw std::invalid_argument(fmt::format("schedule name '{}' starts or ends with white space", name));
+}
+
+// A firing's job: the schedule's, due at once, under the firing's id (given by the backend).
+job_spec firing_job(job_spec job) {
+  job.id.clear();
+  job.delay = milliseconds(0);
+  job.run_at.reset();
+  return job;
+}
+
+// Walking a cron schedule's missed firings stops after this many (an every-second schedule left
+// for eleven days): the missed ones are then skipped.
+constexpr std::size_t max_walk = 1'000'000;
+
+// The firings at or before `now` from `first` (due, not yet fired): the latest and up to
+// catch_up before it, oldest first.
+std::vector<std::int64_t> due_firings(const schedule_spec& s, std::int64_t first, std::int64_t now) {
+  std::deque<std::int64_t> kept{first};
+  const auto& t = s.timing;
+  if (!t.is_cron()) {  // every interval: counted, not walked
+    auto step = t.interval().count();
+    auto latest = first + (now - first) / step * step;
+    kept.clear();
+    for (std::int64_t at = latest; at >= first && kept.size() <= s.catch_up; at -= step) kept.push_front(at);
+    return {kept.begin(), kept.end()};
+  }
+  sys_ms at{milliseconds(first)};
+  for (std::size_t walked = 0;; ++walked) {
+    at = t.next_after(at);
+    if (at.time_since_epoch().count() > now) break;
+    if (walked == max_walk) {
+      log(log_level::warn, "scheduler", "schedule '{}' missed more than {} firings: they are skipped", s.name,
+          max_walk);
+      kept.clear();
+      break;
+    }
+    kept.push_back(at.time_since_epoch().count());
+    if (kept.size() > s.catch_up + 1) kept.pop_front();
+  }
+  return {kept.begin(), kept.end()};
+}
+
+}  // namespace
+
+std::string to_stored(const schedule_spec& s) {
+  json::object o;
+  if (s.timing.is_cron()) {
+    o["cron"] = s.timing.expression();
+    o["tz"] = s.timing.time_zone();
+  } else {
+    o["every_ms"] = s.timing.interval().count();
+    o["anchor_ms"] = s.timing.anchor().time_since_epoch().count();
+  }
+  o["catch_up"] = s.catch_up;
+  o["job"] = to_json(s.job);
+  return json::serialize(o);
+}
+
+schedule_spec schedule_from_stored(std::string name, std::string_view stored) {
+  boost::system::error_code ec;
+  auto v = json::parse(stored, ec);
+  auto bad = [&](std::string_view what) {
+    return std::invalid_argument(fmt::format("schedule '{}': {}: {}", name, what, stored));
+  };
+  if (ec || !v.is_object()) throw bad("its stored form is not a JSON object");
+  const auto& o = v.as_object();
+  schedule_spec s;
+  auto number = [&](std::string_view field) {
+    auto* f = o.if_contains(field);
+    if (!f || !f->is_int64()) throw bad(fmt::format("its stored form has no whole number \"{}\"", field));
+    return f->as_int64();
+  };
+  if (auto* cron = o.if_contains("cron"); cron && cron->is_string()) {
+    auto* tz = o.if_contains("tz");
+    s.timing =
+        schedule_timing::cron(cron->as_string(), tz && tz->is_string() ? std::string_view(tz->as_string()) : "UTC");
+  } else {
+    s.timing = schedule_timing::every(milliseconds(number("every_ms")), sys_ms(milliseconds(number("anchor_ms"))));
+  }
+  s.catch_up = static_cast<std::size_t>(std::clamp<std::int64_t>(number("catch_up"), 0, max_catch_up));
+  auto* job = o.if_contains("job");
+  if (!job) throw bad("its stored form has no \"job\"");
+  s.job = job_spec_from_json(*job);
+  s.name = std::move(name);
+  return s;
+}
+
+schedule_book::schedule_book(backend& b, std::string queue, producer_options opts)
+    : backend_(b), queue_(std::move(queue)), opts_(std::move(opts)) {}
+
+boost::asio::awaitable<sys_ms> schedule_book::add(schedule_spec s) {
+  check_name(s.name);
+  if (s.catch_up > max_catch_up)
+    throw std::invalid_argument(
+        fmt::format("schedule '{}': catch_up {} is over the most, {}", s.name, s.catch_up, max_catch_up));
+  // What the producer's rules and defaults decide for the job is decided now and kept with it,
+  // so that every worker's scheduler fires the same job (in the same group, and shard).
+  auto& job = s.job;
+  if (!job.group) {
+    if (auto choice = opts_.rules.choose(job.type, job.payload)) {
+      job.group = std::move(choice->group);
+      if (!job.on_failure) job.on_failure = choice->on_failure;
+      if (!job.max_group_size) job.max_group_size = choice->max_group_size;
+      if (!job.group_rate) job.group_rate = choice->rate;
+    }
+  }
+  if (!job.keep && opts_.keep.count() > 0) job.keep = opts_.keep;
+  if (job.group && !job.max_group_size && opts_.max_group_size > 0) job.max_group_size = opts_.max_group_size;
+  if (job.group && !job.group_rate && opts_.group_rate) job.group_rate = opts_.group_rate;
+  auto now = now_ms();
+  auto encoded = producer::encode(firing_job(job), now, opts_);  // (throws what is wrong with the job)
+  auto next = s.timing.next_after(sys_ms(milliseconds(now)));
+  stored_schedule stored;  // (g++ 12: no braced temporaries in a coroutine's co_await)
+  stored.name = s.name;
+  stored.spec = to_stored(s);
+  stored.group = std::move(encoded.group);
+  stored.next_ms = next.time_since_epoch().count();
+  co_await backend_.put_schedule(queue_, std::move(stored));
+  co_return next;
+}
+
+boost::asio::awaitable<bool> schedule_book::remove(std::string name) {
+  co_return co_await backend_.remove_schedule(queue_, std::move(name));
+}
+
+boost::asio::awaitable<page<schedule_info>> schedule_book::list(std::string cursor, std::size_t limit) {
+  auto stored = co_await backend_.schedules(queue_, std::move(cursor), limit);
+  page<schedule_info> out;
+  out.cursor = std::move(stored.cursor);
+  for (auto& s : stored.items) {
+    schedule_info info;
+    info.spec = schedule_from_stored(s.name, s.spec);
+    info.next = sys_ms(milliseconds(s.next_ms));
+    out.items.push_back(std::move(info));
+  }
+  co_return out;
+}
+
+scheduler::scheduler(backend& b, std::string queue, producer_options opts)
+    : backend_(b), queue_(std::move(queue)), opts_(std::move(opts)) {}
+
+boost::asio::awaitable<std::optional<sys_ms>> scheduler::fire_due(std::size_t max) {
+  for (std::size_t i = 0; i < max; ++i) {
+    auto s = co_await backend_.next_schedule(queue_);
+    if (!s) co_return std::nullopt;
+    auto now = now_ms();
+    if (s->next_ms > now) co_return sys_ms(milliseconds(s->next_ms));
+    schedule_step step;
+    std::string name = s->name;
+    try {
+      auto spec = schedule_from_stored(s->name, s->spec);
+      step.firings = due_firings(spec, s->next_ms, now);
+      step.next_ms = spec.timing.next_after(sys_ms(milliseconds(now))).time_since_epoch().count();
+      step.job = producer::encode(firing_job(spec.job), now, opts_);
+    } catch (const std::exception& e) {
+      // (Written by something else, or by a version that read it otherwise: it is looked at
+      // again in an hour, and fires nothing until it is put right.)
+      log(log_level::error, "scheduler", "queue '{}': schedule '{}' cannot fire: {}; looking again in an hour", queue_,
+          name, e.what());
+      step.firings.clear();
+      step.next_ms = now + 3'600'000;
+    }
+    step.was = std::move(*s);
+    auto fired = co_await backend_.fire_schedule(queue_, std::move(step));
+    if (!fired.refused.empty())
+      log(log_level::warn, "scheduler", "queue '{}': schedule '{}' moved on without its firing: {}", queue_, name,
+          fired.refused);
+  }
+  co_return sys_ms(milliseconds(now_ms()));
+}
+
+}  // namespace jobrt
