@@ -6,6 +6,7 @@
 #include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
 #include <jobrt/scheduler.hpp>
+#include <jobrt/settings.hpp>
 #include <jobrt/sharded_backend.hpp>
 
 #include <fmt/format.h>
@@ -666,7 +667,7 @@ void add_protocol(CLI::App& jobrt, action& chosen) {
 
 struct schedule_options {
   common c;
-  std::string name, cron, tz = "UTC", every, type, payload, group, job;
+  std::string name, cron, tz = "UTC", every, type, payload, group, job, config_file;
   std::size_t catch_up = 0, max_attempts = 3;
 };
 
@@ -735,15 +736,27 @@ int schedule_add(const schedule_options& o) {
     s.job.max_attempts = static_cast<int>(o.max_attempts);
   }
   s.catch_up = o.catch_up;
+  // The queue's grouping rules and defaults from a worker config, as `jobrt enqueue --config`.
+  producer_options po;
+  if (!o.config_file.empty()) {
+    auto cfg = settings::from_file(o.config_file);
+    auto q =
+        std::find_if(cfg.queues.begin(), cfg.queues.end(), [&](const auto& c) { return c.worker.queue == o.c.queue; });
+    if (q == cfg.queues.end())
+      throw usage_error(fmt::format("schedule add: queue {} is not in config {}", o.c.queue, o.config_file));
+    po.rules = q->rules;
+    po.max_group_size = q->max_group_size;
+    po.group_rate = q->group_rate;
+  }
   with_store(
       o.c,
       [&](backend& store) -> asio::awaitable<void> {
-        schedule_book book(store, o.c.queue);
-        auto next = co_await book.add(s);
+        schedule_book book(store, o.c.queue, po);
+        auto added = co_await book.add(s);
         if (o.c.json)
-          fmt::print("{}\n", json::serialize(to_json(schedule_info{s, next})));
+          fmt::print("{}\n", json::serialize(to_json(added)));
         else
-          fmt::print("schedule {}: {}, next at {}\n", s.name, s.timing.describe(), utc_text(next));
+          fmt::print("schedule {}: {}, next at {}\n", s.name, s.timing.describe(), utc_text(added.next));
       },
       queue_must::may_be_new);
   return 0;
@@ -780,6 +793,10 @@ int schedule_list(const common& c) {
   return 0;
 }
 
+std::string removed_json(const std::string& name) {
+  return json::serialize(json::object{{"name", name}, {"removed", true}});
+}
+
 int schedule_remove(const schedule_options& o) {
   with_store(
       o.c,
@@ -788,7 +805,7 @@ int schedule_remove(const schedule_options& o) {
         if (!co_await book.remove(o.name))
           throw std::runtime_error(fmt::format("queue '{}' has no schedule '{}'", o.c.queue, o.name));
         if (o.c.json)
-          fmt::print("{}\n", json::serialize(json::object{{"name", o.name}, {"removed", true}}));
+          fmt::print("{}\n", removed_json(o.name));
         else
           fmt::print("schedule {}: removed\n", o.name);
       },
@@ -819,6 +836,8 @@ void add_schedule(CLI::App& jobrt, action& chosen) {
   cmd->add_option("-g,--group", add->group, "its group: one at a time, in order")->option_text("G");
   number_option(*cmd, "--max-attempts", add->max_attempts, 1, 1'000'000, "runs before it is dead (default 3)");
   cmd->add_option("--job", add->job, "the whole job, as a line of `jobrt enqueue --file`")->option_text("JSON");
+  cmd->add_option("-C,--config", add->config_file, "the queue's grouping rules from a worker config (docs/CONFIG.md)")
+      ->option_text("FILE");
   number_option(*cmd, "--catch-up", add->catch_up, 0, max_catch_up,
                 "missed firings (no worker ran) to enqueue besides the latest (default 0: skip them)");
 

@@ -787,7 +787,7 @@ TEST_CASE(
         s.job.payload = std::move(payload);
         s.job.group = "ticks";
         s.catch_up = max_catch_up;
-        auto first = co_await book.add(s);
+        auto first = (co_await book.add(s)).next;
         first_ms = first.time_since_epoch().count();
 
         // A worker killed every 2-3 s, and started again, until the last firing is due.

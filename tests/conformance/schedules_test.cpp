@@ -287,9 +287,10 @@ CONFORMANCE("scheduler: two workers fire an every-100ms schedule, each firing on
     s.job.type = "tick";
     s.job.group = "ticks";
     s.catch_up = 20;  // (a slow machine's late wake-up misses none)
-    auto first_firing = co_await schedule_book(b.make(), b.queue()).add(s);
+    schedule_book book(b.make(), b.queue());
+    auto first_firing = (co_await book.add(s)).next;
     CHECK(co_await eventually([&] { return ran.size() >= 15; }, std::chrono::seconds(20)));
-    co_await schedule_book(b.make(), b.queue()).remove("tick");
+    co_await book.remove("tick");
     co_await first.stop(std::chrono::seconds(5));
     co_await second.stop(std::chrono::seconds(5));
 
@@ -321,8 +322,10 @@ CONFORMANCE("scheduler: a schedule's job is decided when it is added, and bad sc
     payload["tenant"] = "t7";
     s.job.payload = payload;
     s.catch_up = 2;
-    auto next = co_await book.add(s);
+    auto added = co_await book.add(s);
+    auto next = added.next;
     CHECK(next > std::chrono::system_clock::now());
+    CHECK(added.spec.job.group == std::optional<std::string>("t7"));
     auto listed = co_await book.list("", 10);
     REQUIRE(listed.items.size() == 1);
     const auto& kept = listed.items[0];

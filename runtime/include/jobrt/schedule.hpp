@@ -62,6 +62,7 @@ class schedule_timing {
   fields fields_;
   std::string expression_;
   std::string zone_;
+  const void* zone_data_ = nullptr;  // its date::time_zone, found once (the database lives on)
   std::chrono::milliseconds interval_{std::chrono::minutes(1)};  // 0: cron
   sys_ms anchor_{};
 };

@@ -28,7 +28,7 @@ struct schedule_spec {
   std::string name;
   schedule_timing timing;
   /// The job each firing enqueues, as job_spec_from_json reads it. Its id, delay and run_at are
-  /// not used (each firing has its own id, and is due at once).
+  /// not used (each firing has its own id, and is due at once); a retry_backoff is refused.
   job_spec job;
   /// When a scheduler finds several firings due at once (no worker ran at their times), the
   /// latest is enqueued, and up to this many before it (the newest of them), oldest first. 0:
@@ -52,10 +52,11 @@ class schedule_book {
  public:
   schedule_book(backend& b, std::string queue, producer_options opts = {});
 
-  /// Stores the schedule, replacing one of that name; its first firing is the first after now,
-  /// which it returns. Throws std::invalid_argument naming what is wrong (its name, catch_up, or
-  /// its job, which is checked as the producer checks one).
-  boost::asio::awaitable<sys_ms> add(schedule_spec s);
+  /// Stores the schedule, replacing one of that name; its first firing is the first after now.
+  /// Returns it as stored (with what the producer's options decided for its job) and that
+  /// firing. Throws std::invalid_argument naming what is wrong (its name, catch_up, or its job,
+  /// which is checked as the producer checks one).
+  boost::asio::awaitable<schedule_info> add(schedule_spec s);
   /// Removes the schedule; false when the queue has none of that name.
   boost::asio::awaitable<bool> remove(std::string name);
   /// Up to about `limit` schedules from `cursor` ("" to start), in no particular order.
@@ -70,8 +71,8 @@ class schedule_book {
 /// Fires a queue's schedules when they are due. A worker runs one (worker_options::schedules).
 class scheduler {
  public:
-  /// `opts` encodes the firings' jobs (its grouping rules, keep, limits), as a producer's would.
-  scheduler(backend& b, std::string queue, producer_options opts = {});
+  /// (What a producer's options decide for a schedule's job was decided when it was added.)
+  scheduler(backend& b, std::string queue);
 
   /// Enqueues the firings due now, schedule by schedule (at most `max` steps); returns when the
   /// next firing is due (none: no schedule), or now when steps are left.

@@ -1168,7 +1168,8 @@ std::optional<stored_schedule> queue_model::next_schedule() const {
 schedule_fired queue_model::fire_schedule(const schedule_step& step) {
   schedule_fired out;
   auto found = schedules_.find(step.was.name);
-  if (found == schedules_.end() || found->second.spec != step.was.spec || found->second.next_ms != step.was.next_ms)
+  const auto* now = found == schedules_.end() ? nullptr : &found->second;
+  if (!now || now->spec != step.was.spec || now->group != step.was.group || now->next_ms != step.was.next_ms)
     return out;
   out.taken = true;
   std::vector<encoded_job> jobs;

@@ -121,6 +121,7 @@ void add_job_args(std::vector<std::string_view>& args, const std::vector<encoded
 std::string with_enqueue(std::string_view fire) {
   constexpr std::string_view line = "--@enqueue.lua\n";
   auto at = fire.find(line);
+  if (at == std::string_view::npos) throw std::logic_error("schedule_fire.lua lacks its line '--@enqueue.lua'");
   return fmt::format("{}{}\n{}", fire.substr(0, at), lua::enqueue, fire.substr(at + line.size()));
 }
 

@@ -6,7 +6,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <deque>
+#include <limits>
 #include <stdexcept>
 
 namespace jobrt {
@@ -36,36 +38,51 @@ job_spec firing_job(job_spec job) {
   return job;
 }
 
-// Walking a cron schedule's missed firings stops after this many (an every-second schedule left
-// for eleven days): the missed ones are then skipped.
-constexpr std::size_t max_walk = 1'000'000;
+// A walk over a cron schedule's missed firings that takes this many steps starts again from a
+// day before now: firings before that are past any catch-up (a day holds at most 90,000 of
+// them, an hour repeated at a fall-back included), so the walk is bounded.
+constexpr std::size_t long_walk = 100'000;
+constexpr std::int64_t day_ms = 86'400'000;
 
-// The firings at or before `now` from `first` (due, not yet fired): the latest and up to
-// catch_up before it, oldest first.
-std::vector<std::int64_t> due_firings(const schedule_spec& s, std::int64_t first, std::int64_t now) {
-  std::deque<std::int64_t> kept{first};
+struct due {
+  std::vector<std::int64_t> firings;  // the latest due and up to catch_up before it, oldest first
+  std::int64_t next = 0;              // the firing after the latest due
+};
+
+// The firings due at `now` from `first` (due, not yet fired).
+due due_firings(const schedule_spec& s, std::int64_t first, std::int64_t now) {
+  due out;
   const auto& t = s.timing;
   if (!t.is_cron()) {  // every interval: counted, not walked
     auto step = t.interval().count();
     auto latest = first + (now - first) / step * step;
-    kept.clear();
-    for (std::int64_t at = latest; at >= first && kept.size() <= s.catch_up; at -= step) kept.push_front(at);
-    return {kept.begin(), kept.end()};
+    for (auto at = latest; at >= first && out.firings.size() <= s.catch_up; at -= step) out.firings.push_back(at);
+    std::reverse(out.firings.begin(), out.firings.end());
+    out.next = latest + step;
+    return out;
   }
+  std::deque<std::int64_t> kept{first};
   sys_ms at{milliseconds(first)};
+  bool restarted = false;
   for (std::size_t walked = 0;; ++walked) {
-    at = t.next_after(at);
-    if (at.time_since_epoch().count() > now) break;
-    if (walked == max_walk) {
-      log(log_level::warn, "scheduler", "schedule '{}' missed more than {} firings: they are skipped", s.name,
-          max_walk);
-      kept.clear();
+    auto next = t.next_after(at);
+    if (next.time_since_epoch().count() > now) {
+      // (From the last due firing, not from now: a time a fall-back repeats fires once.)
+      out.next = next.time_since_epoch().count();
       break;
     }
-    kept.push_back(at.time_since_epoch().count());
+    if (walked == long_walk && !restarted) {
+      restarted = true;
+      kept.clear();
+      at = std::max(at, sys_ms(milliseconds(now - day_ms)));
+      continue;
+    }
+    kept.push_back(next.time_since_epoch().count());
     if (kept.size() > s.catch_up + 1) kept.pop_front();
+    at = next;
   }
-  return {kept.begin(), kept.end()};
+  out.firings.assign(kept.begin(), kept.end());
+  return out;
 }
 
 }  // namespace
@@ -116,8 +133,11 @@ schedule_spec schedule_from_stored(std::string name, std::string_view stored) {
 schedule_book::schedule_book(backend& b, std::string queue, producer_options opts)
     : backend_(b), queue_(std::move(queue)), opts_(std::move(opts)) {}
 
-boost::asio::awaitable<sys_ms> schedule_book::add(schedule_spec s) {
+boost::asio::awaitable<schedule_info> schedule_book::add(schedule_spec s) {
   check_name(s.name);
+  if (s.job.retry_backoff)
+    throw std::invalid_argument(
+        fmt::format("schedule '{}': its job's retry_backoff is not kept with it (the worker's applies)", s.name));
   if (s.catch_up > max_catch_up)
     throw std::invalid_argument(
         fmt::format("schedule '{}': catch_up {} is over the most, {}", s.name, s.catch_up, max_catch_up));
@@ -144,7 +164,10 @@ boost::asio::awaitable<sys_ms> schedule_book::add(schedule_spec s) {
   stored.group = std::move(encoded.group);
   stored.next_ms = next.time_since_epoch().count();
   co_await backend_.put_schedule(queue_, std::move(stored));
-  co_return next;
+  schedule_info out;
+  out.spec = std::move(s);
+  out.next = next;
+  co_return out;
 }
 
 boost::asio::awaitable<bool> schedule_book::remove(std::string name) {
@@ -164,10 +187,12 @@ boost::asio::awaitable<page<schedule_info>> schedule_book::list(std::string curs
   co_return out;
 }
 
-scheduler::scheduler(backend& b, std::string queue, producer_options opts)
-    : backend_(b), queue_(std::move(queue)), opts_(std::move(opts)) {}
+scheduler::scheduler(backend& b, std::string queue) : backend_(b), queue_(std::move(queue)) {
+  opts_.max_body_bytes = std::numeric_limits<std::size_t>::max();  // (add checked it, with its producer's limit)
+}
 
 boost::asio::awaitable<std::optional<sys_ms>> scheduler::fire_due(std::size_t max) {
+  std::optional<std::pair<std::string, std::int64_t>> stale;  // the last step found not taken
   for (std::size_t i = 0; i < max; ++i) {
     auto s = co_await backend_.next_schedule(queue_);
     if (!s) co_return std::nullopt;
@@ -177,8 +202,9 @@ boost::asio::awaitable<std::optional<sys_ms>> scheduler::fire_due(std::size_t ma
     std::string name = s->name;
     try {
       auto spec = schedule_from_stored(s->name, s->spec);
-      step.firings = due_firings(spec, s->next_ms, now);
-      step.next_ms = spec.timing.next_after(sys_ms(milliseconds(now))).time_since_epoch().count();
+      auto firings = due_firings(spec, s->next_ms, now);
+      step.firings = std::move(firings.firings);
+      step.next_ms = firings.next;
       step.job = producer::encode(firing_job(spec.job), now, opts_);
     } catch (const std::exception& e) {
       // (Written by something else, or by a version that read it otherwise: it is looked at
@@ -188,8 +214,15 @@ boost::asio::awaitable<std::optional<sys_ms>> scheduler::fire_due(std::size_t ma
       step.firings.clear();
       step.next_ms = now + 3'600'000;
     }
+    auto was_next = s->next_ms;
     step.was = std::move(*s);
     auto fired = co_await backend_.fire_schedule(queue_, std::move(step));
+    if (!fired.taken) {
+      // Another worker took it, or it changed: read again. The same step refused twice cannot be
+      // taken (a value written by something else): looked at again in a second.
+      if (stale && stale->first == name && stale->second == was_next) co_return sys_ms(milliseconds(now + 1000));
+      stale.emplace(name, was_next);
+    }
     if (!fired.refused.empty())
       log(log_level::warn, "scheduler", "queue '{}': schedule '{}' moved on without its firing: {}", queue_, name,
           fired.refused);

@@ -209,7 +209,7 @@ schedule_timing schedule_timing::cron(std::string_view expression, std::string_v
   f.day_restricted = restricted(parts[3]);
   f.weekday_restricted = restricted(parts[5]);
   f.any_hour = parts[2] == "*";
-  zone_named(time_zone);
+  s.zone_data_ = zone_named(time_zone);
   // A day that never comes (30 February): refused now rather than found missing at run time.
   if (!next_local(f, local_s{date::local_days{date::year{2000} / 1 / 1}})) bad(expression, "never fires (no such day)");
   return s;
@@ -228,7 +228,7 @@ sys_ms schedule_timing::next_after(sys_ms t) const {
     if (t < anchor_) return anchor_;
     return anchor_ + ((t - anchor_) / interval_ + 1) * interval_;
   }
-  const date::time_zone* zone = zone_named(zone_);
+  const auto* zone = static_cast<const date::time_zone*>(zone_data_);
   // The zone's clock runs in segments of one offset each. Within a segment, wall-clock time and
   // real time move together; between two, the clock jumps forward or back.
   date::sys_seconds at = date::floor<seconds>(t) + 1s;
