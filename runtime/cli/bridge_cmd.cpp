@@ -126,8 +126,9 @@ void add_bridge(CLI::App& jobrt, action& chosen) {
   auto* cmd = add_command(jobrt, chosen, "bridge", "take jobs from a Redis Stream or a RabbitMQ queue into a queue",
                           [a] { return run_bridge(*a); });
   cmd->add_option("--from", a->from,
-                  "redis-stream://HOST:PORT/STREAM?group=GROUP or amqp://USER:PASSWORD@HOST:5672/VHOST?queue=QUEUE "
-                  "(docs/BRIDGES.md)")
+                  "redis-stream://HOST:PORT/STREAM?group=GROUP (several HOST:PORT for a cluster's nodes; behind "
+                  "Sentinel redis-stream+sentinel://HOST:26379/PRIMARY/STREAM?group=GROUP) or "
+                  "amqp://USER:PASSWORD@HOST:5672/VHOST?queue=QUEUE (docs/BRIDGES.md)")
       ->required()
       ->envname("JOBRT_BRIDGE_FROM")
       ->option_text("URL");

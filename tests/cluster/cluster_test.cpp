@@ -5,9 +5,12 @@
 // requests reach their keys' primaries, through a migration and after it, and through a failover.
 // The Redis backend on a cluster: a worker waiting for work follows its queue to a new primary,
 // and the demo's checks hold while its queue's slot moves by hand and a third of the slots are
-// resharded. A queue of 16 shards: 100 idle workers cost the cluster few commands.
+// resharded. A queue of 16 shards: 100 idle workers cost the cluster few commands. A stream
+// bridge follows its stream's slot when it moves and when its primary dies.
 #include "redis/cluster_map.hpp"
 
+#include <jobrt/bridge.hpp>
+#include <jobrt/memory_backend.hpp>
 #include <jobrt/mutex.hpp>
 #include <jobrt/producer.hpp>
 #include <jobrt/redis/cluster.hpp>
@@ -146,6 +149,18 @@ job_spec numbered(int i) {
   s.type = "t";
   s.payload = {{"i", i}};
   return s;
+}
+
+// Whether a primary's replica has all it wrote (INFO replication: its offset, the replica's).
+bool in_sync(const redis_cluster& c, const node_address& primary) {
+  std::vector<std::string> args{"INFO", "replication"};
+  auto info = c.cli(primary.port - c.first(), args);
+  auto number_after = [&](std::string_view label) {
+    auto at = info.find(label);
+    return at == std::string::npos ? -1 : std::atoll(info.c_str() + at + label.size());
+  };
+  auto own = number_after("master_repl_offset:");
+  return own > 0 && number_after(",offset=") == own;
 }
 
 // Every node forgets its scripts.
@@ -1146,4 +1161,123 @@ TEST_CASE(
   CHECK_MESSAGE(mark.find_first_of("0123456789") != std::string::npos, mark);
   CHECK(cluster.cli(0, {"LLEN", fmt::format("jobrt:{{{}#0}}:ready", queue)}) == "3\n");
   CHECK(cluster.errors("CROSSSLOT") == 1);  // refused once: the second went without the key at once
+}
+
+TEST_CASE(
+    "cluster stream bridge: reads at the stream's primary, writes dead letters at theirs, and follows the stream's "
+    "slot "
+    "when it moves and when its primary dies: each entry one job") {
+  redis_cluster cluster;
+  // A stream at a seed whose dead-letter stream lives at another primary, and a primary that is
+  // no seed, for the stream's slot to move to and die at (the seeds stay up to be asked).
+  auto primaries = cluster.primaries();
+  int spare = 0;
+  for (int p : primaries)
+    if (p > cluster.first() + 1) spare = p;
+  REQUIRE(spare != 0);
+  std::string stream;
+  for (int i = 0; stream.empty() && i < 500; ++i) {
+    auto name = fmt::format("in{}", i);
+    auto at = cluster.owner_of(cluster.slot_of(name)), dead_at = cluster.owner_of(cluster.slot_of(name + ":dead"));
+    if (at != spare && dead_at != at) stream = name;
+  }
+  REQUIRE_FALSE(stream.empty());
+  auto slot = static_cast<std::uint16_t>(cluster.slot_of(stream));
+  node_address from{"127.0.0.1", static_cast<std::uint16_t>(cluster.owner_of(slot))};
+  node_address to{"127.0.0.1", static_cast<std::uint16_t>(spare)};
+  auto source =
+      stream_source::from_url(fmt::format("redis-stream://127.0.0.1:{},127.0.0.1:{}/{}?group=g&lock_ttl_ms=600",
+                                          cluster.first(), cluster.first() + 1, stream));
+  REQUIRE(source.other_seeds.size() == 1);
+  source.server.client_name = "streamer";
+  source.other_seeds[0].client_name = "streamer";
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        memory_backend store(ctx.get_executor());
+        producer into(store, "bridged");
+        stream_bridge bridge(ctx.get_executor(), source, into);
+        bool ended = false;
+        asio::co_spawn(ctx, bridge.run(), [&](std::exception_ptr e) {
+          ended = true;
+          if (e) std::rethrow_exception(e);
+        });
+        cluster_options co;
+        co.request_timeout = 30s;  // (through the failover)
+        co.refresh_period = 200ms;
+        cluster_connection c(ctx.get_executor(), cluster_seeds(cluster.url()), co);
+        c.start();
+        std::vector<std::string> keys(1, stream);
+        // (An XADD cut by its primary's death is sent again: the entry's id makes a second one a
+        // duplicate.)
+        auto append = [&](int first, int n) -> awaitable<void> {
+          for (int i = first; i < first + n; ++i) {
+            auto added = [&, i]() -> awaitable<bool> {
+              try {
+                co_await c.exec(request("XADD", stream, "*", "type", "t", "id", fmt::format("e{}", i)), keys);
+                co_return true;
+              } catch (const boost::system::system_error&) {
+                co_return false;
+              }
+            };
+            REQUIRE(co_await eventually(added, 30s));
+          }
+        };
+        auto stored = [&bridge](std::uint64_t n) {
+          return [&bridge, n]() -> awaitable<bool> {
+            auto counts = co_await bridge.sample();
+            co_return counts.enqueued + counts.duplicates >= n&& counts.pending == 0;
+          };
+        };
+        nodes n(ctx, cluster);
+        auto blocked_at = [&](const node_address& node) -> awaitable<bool> {
+          auto [ec, list] = co_await n.at(node).async_exec(request("CLIENT", "LIST"), use_tuple);
+          if (ec) co_return false;
+          std::istringstream lines(list.as_string());
+          for (std::string line; std::getline(lines, line);)
+            if (line.find(" name=streamer:blocking ") != std::string::npos &&
+                line.find(" cmd=xreadgroup ") != std::string::npos)
+              co_return true;
+          co_return false;
+        };
+
+        co_await append(0, 50);
+        co_await c.exec(request("XADD", stream, "*", "payload", "{}"), keys);  // no type: a dead letter
+        auto first_fifty = stored(50);
+        REQUIRE(co_await eventually(first_fifty, 10s));
+        CHECK(co_await eventually([&] { return bridge.counters().rejected == 1; }, 5s));  // (counted once written)
+        std::vector<std::string> dead_keys(1, stream + ":dead");
+        auto dead = co_await c.exec(request("XRANGE", stream + ":dead", "-", "+"), dead_keys);
+        CHECK(dead.as_array().size() == 1);
+        CHECK(co_await eventually([&]() -> awaitable<bool> { co_return co_await blocked_at(from); }, 5s));
+
+        // The slot moves: the blocked read is answered MOVED, and the bridge reads at the new primary.
+        move_slot(cluster, slot, from, to);
+        CHECK(co_await eventually([&]() -> awaitable<bool> { co_return co_await blocked_at(to); }, 10s));
+        co_await append(50, 50);
+        auto hundred = stored(100);
+        REQUIRE(co_await eventually(hundred, 10s));
+
+        // Its primary dies, once its replica has everything: the bridge reads at the one promoted.
+        auto replica = replica_of(cluster, to);
+        CHECK(co_await eventually([&] { return in_sync(cluster, to); }, 5s));
+        cluster.kill(to.port - cluster.first());
+        co_await append(100, 50);
+        auto all = stored(150);
+        REQUIRE(co_await eventually(all, 30s));
+        CHECK(co_await eventually([&]() -> awaitable<bool> { co_return co_await blocked_at(replica); }, 10s));
+
+        // Every entry one job, and no other.
+        claim_options o;
+        o.worker = "w";
+        o.max = 1000;
+        auto claimed = co_await store.claim("bridged", o);
+        std::vector<std::string> ids;
+        for (auto& j : claimed) ids.push_back(j.job.id);
+        std::sort(ids.begin(), ids.end());
+        CHECK(std::adjacent_find(ids.begin(), ids.end()) == ids.end());
+        CHECK(ids.size() == 150);
+        bridge.stop();
+        CHECK(co_await eventually([&] { return ended; }, 5s));
+      },
+      120s);
 }

@@ -196,7 +196,7 @@ TEST_CASE("bridge: a bad stream URL is refused naming what is wrong") {
     }
     return std::string("accepted");
   };
-  CHECK(refusal("redis://h/s?group=g").find("neither redis-stream:// nor rediss-stream://") != std::string::npos);
+  CHECK(refusal("redis://h/s?group=g").find("none of redis-stream://, rediss-stream://") != std::string::npos);
   CHECK(refusal("redis-stream://h/s").find("consumer group is missing") != std::string::npos);
   CHECK(refusal("redis-stream://h/?group=g").find("must name the stream") != std::string::npos);
   CHECK(refusal("redis-stream://h/s?group=g&speed=9").find("unknown parameter 'speed'") != std::string::npos);
@@ -217,6 +217,40 @@ TEST_CASE("bridge: a bad stream URL is refused naming what is wrong") {
   CHECK(s.dead == "orders:dead");
   CHECK(s.consumer == "c");
   CHECK(s.address() == "rediss-stream://h:7000/orders?group=g&db=2");
+
+  // Several hosts: a cluster's nodes.
+  auto on_cluster = stream_source::from_url("redis-stream://u:pw@n1:7000,n2:7001/orders?group=g");
+  CHECK(on_cluster.server.host == "n1");
+  CHECK(on_cluster.server.password == "pw");
+  REQUIRE(on_cluster.other_seeds.size() == 1);
+  CHECK(on_cluster.other_seeds[0].host == "n2");
+  CHECK(on_cluster.other_seeds[0].port == "7001");
+  CHECK(on_cluster.other_seeds[0].password == "pw");
+  CHECK(on_cluster.address() == "redis-stream://n1:7000,n2:7001/orders?group=g");
+  CHECK(refusal("redis-stream://n1,n2/s?group=g&db=1").find("Redis Cluster, which has no db") != std::string::npos);
+
+  // Behind Sentinel: the sentinels, the primary's name, then the stream.
+  auto behind = stream_source::from_url(
+      "rediss-stream+sentinel://:pw@s1,s2:26380/main/a%2Fb?group=g&db=4&sentinel_password=w&ca=/c.pem");
+  REQUIRE(behind.server.sentinels.size() == 2);
+  CHECK(behind.server.sentinels[0].port == "26379");
+  CHECK(behind.server.sentinels[1].host == "s2");
+  CHECK(behind.server.sentinel_master == "main");
+  CHECK(behind.server.sentinel_password == "w");
+  CHECK(behind.server.password == "pw");
+  CHECK(behind.server.database == 4);
+  CHECK(behind.server.tls);
+  CHECK(behind.server.tls_ca_file == "/c.pem");
+  CHECK(behind.other_seeds.empty());
+  CHECK(behind.stream == "a/b");
+  CHECK(behind.address() == "rediss-stream+sentinel://s1:26379,s2:26380/main/a/b?group=g&db=4");
+  CHECK(refusal("redis-stream+sentinel://s1/main?group=g").find("must name the primary and the stream") !=
+        std::string::npos);
+  CHECK(refusal("redis-stream://h/s?group=g&sentinel_user=x").find("unknown parameter 'sentinel_user'") !=
+        std::string::npos);
+  CHECK(refusal("redis-stream+sentinel://s1/m/s?group=g&sentinel_user=x").find("sentinel_user 'x' has no") !=
+        std::string::npos);
+  CHECK(refusal("redis-stream+sentinel:///m/s?group=g").find("not a URL") != std::string::npos);
 }
 
 TEST_CASE("bridge: 50,000 entries over 1,000 groups, two bridges killed again and again: each one job, in order") {

@@ -310,7 +310,8 @@ TEST_CASE("jobrt refuses out-of-range options, empty names, stray arguments and 
        "bridge: --from: AMQP URL 'amqp://h/x': the queue is missing (?queue=<queue>)"},
       {{"bridge", "-q", "q", "--from", "kafka://h/x"},
        2,
-       "source URL: scheme 'kafka' is none of redis-stream://, rediss-stream:// and amqp://"},
+       "source URL: scheme 'kafka' is none of redis-stream://, rediss-stream://, redis-stream+sentinel://, "
+       "rediss-stream+sentinel:// and amqp://"},
       {{"bridge", "--from", "redis-stream://127.0.0.1:1/s?group=g"}, 2, "bridge: --to-queue is required"},
       {{"bridge", "-q", "q", "--from", "redis-stream://127.0.0.1:1/s?group=g", "--keep", "0"},
        2,

@@ -3,7 +3,10 @@
 // through the sentinels, past one that is down, and says what each said when none can tell;
 // every kind of connection moves to the new primary at a SENTINEL FAILOVER as soon as the
 // sentinels announce it; and workers carry 20,000 grouped jobs through a SENTINEL FAILOVER and a
-// kill -9 of the primary, losing no acknowledged job when enqueues wait for a replica.
+// kill -9 of the primary, losing no acknowledged job when enqueues wait for a replica; a stream
+// bridge reads at the primary and follows a failover.
+#include <jobrt/bridge.hpp>
+#include <jobrt/memory_backend.hpp>
 #include <jobrt/producer.hpp>
 #include <jobrt/redis/cluster.hpp>
 #include <jobrt/redis/connection.hpp>
@@ -18,6 +21,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -31,6 +35,7 @@
 #include <csignal>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,6 +67,16 @@ awaitable<std::optional<message>> receive_within(subscriber& s, std::chrono::mil
   auto got = co_await (s.async_receive(use_tuple) || timer.async_wait(use_tuple));
   if (got.index() != 0 || std::get<0>(std::get<0>(got))) co_return std::nullopt;
   co_return std::get<1>(std::get<0>(got));
+}
+
+// Whether a CLIENT LIST shows the bridge's reader (client name "streamer") blocked in XREADGROUP.
+bool reading(const std::string& clients) {
+  std::istringstream lines(clients);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find(" name=streamer:blocking ") != std::string::npos &&
+        line.find(" cmd=xreadgroup ") != std::string::npos)
+      return true;
+  return false;
 }
 
 // jobrt's output and exit status ("exit=N" last).
@@ -388,4 +403,73 @@ TEST_CASE(
       CHECK(st.lost == 0);
     }
   }
+}
+
+TEST_CASE(
+    "redis-stream+sentinel:// - a stream bridge reads at the primary the sentinels name, and follows a SENTINEL "
+    "FAILOVER: each entry one job") {
+  redis_sentinels s;
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        auto url = fmt::format(
+            "redis-stream+sentinel://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}/jobrt/"
+            "in?group=g&consumer=b&lock_ttl_ms=600",
+            s.sentinel(0), s.sentinel(1), s.sentinel(2));
+        auto from = stream_source::from_url(url);
+        from.server.client_name = "streamer";
+        memory_backend store(ctx.get_executor());
+        producer to(store, "bridged");
+        stream_bridge bridge(ctx.get_executor(), from, to);
+        bool ended = false;
+        asio::co_spawn(ctx, bridge.run(), [&](std::exception_ptr e) {
+          ended = true;
+          if (e) std::rethrow_exception(e);
+        });
+        // Entries appended through the sentinels too: each sent again until the primary of the
+        // moment took it.
+        connection c(ctx.get_executor(), config::from_url(s.url()));
+        c.start();
+        auto append = [&](int first, int n) -> awaitable<void> {
+          for (int i = first; i < first + n; ++i) {
+            auto added = [&, i]() -> awaitable<bool> {
+              request xadd("XADD", "in", "*", "type", "t", "id", fmt::format("e{}", i));
+              auto [ec, r] = co_await c.async_exec(std::move(xadd), use_tuple);
+              co_return !ec;
+            };
+            REQUIRE(co_await eventually(added, 20s));
+          }
+        };
+        auto stored = [&](std::uint64_t n) {
+          return [&bridge, n]() -> awaitable<bool> {
+            auto counts = co_await bridge.sample();
+            co_return counts.enqueued + counts.duplicates >= n&& counts.pending == 0;
+          };
+        };
+        co_await append(0, 100);
+        auto first_hundred = stored(100);
+        REQUIRE(co_await eventually(first_hundred, 10s));
+        auto blocked_at = [&](int port) { return reading(s.cli(port, {"CLIENT", "LIST"})); };
+        CHECK(co_await eventually([&] { return blocked_at(s.server(0)); }, 5s));
+
+        s.cli(s.sentinel(0), {"SENTINEL", "FAILOVER", "jobrt"});
+        CHECK(co_await eventually([&] { return s.primary() == s.server(1); }, 15s));
+        co_await append(100, 100);
+        auto all = stored(200);
+        REQUIRE(co_await eventually(all, 20s));
+        CHECK(co_await eventually([&] { return blocked_at(s.server(1)); }, 5s));
+
+        // Every entry one job, and no other.
+        claim_options o;
+        o.worker = "w";
+        o.max = 1000;
+        auto claimed = co_await store.claim("bridged", o);
+        std::vector<std::string> ids;
+        for (auto& j : claimed) ids.push_back(j.job.id);
+        std::sort(ids.begin(), ids.end());
+        CHECK(std::adjacent_find(ids.begin(), ids.end()) == ids.end());
+        CHECK(ids.size() == 200);
+        bridge.stop();
+        CHECK(co_await eventually([&] { return ended; }, 5s));
+      },
+      90s);
 }

@@ -74,9 +74,15 @@ struct mapped_message {
 /// and grouping rules are the bridge's to check.
 mapped_message map_message(const bridge_message& m, const bridge_mapping& how);
 
-/// Where a stream bridge reads: a Redis Stream and its consumer group.
+/// Where a stream bridge reads: a Redis Stream and its consumer group. The stream's server may
+/// be one Redis server, a primary that Sentinel names (server.sentinels), or a Redis Cluster
+/// (found out from the server, INFO cluster): there the bridge reads at the primary of the
+/// stream's slot and follows it when the slot moves or fails over.
 struct stream_source {
-  redis::config server;  ///< the server that holds the stream
+  redis::config server;  ///< the server that holds the stream (on a cluster: a node to start from)
+  /// Further nodes of a Redis Cluster, tried in turn to learn its slot map. Giving any says the
+  /// server is a cluster.
+  std::vector<redis::config> other_seeds;
   std::string stream;
   std::string group;     ///< the consumer group; made at the stream's first entry if missing
   std::string consumer;  ///< this bridge's name in the group (default: host name and process id)
@@ -88,9 +94,13 @@ struct stream_source {
   std::chrono::milliseconds lock_ttl{5000};
   std::size_t batch = 200;  ///< entries per read, and jobs per enqueue call
 
-  /// Parses `redis-stream://[[user]:password@]host[:port]/<stream>?group=<g>` (`rediss-stream://`
-  /// for TLS, with `redis://`'s TLS parameters), with the parameters consumer, dead, db,
-  /// lock_ttl_ms and batch. Throws std::invalid_argument naming what is wrong.
+  /// Parses `redis-stream://[[user]:password@]host[:port][,host[:port]...]/<stream>?group=<g>`
+  /// (several hosts: a cluster's nodes) or, behind Sentinel,
+  /// `redis-stream+sentinel://[[user]:password@]host[:port][,host[:port]...]/<primary>/<stream>?group=<g>`
+  /// (sentinels at port 26379 by default; the parameters sentinel_user and sentinel_password), with
+  /// the parameters consumer, dead, db, lock_ttl_ms and batch; `rediss-stream://` and
+  /// `rediss-stream+sentinel://` for TLS, with `rediss://`'s parameters. Throws
+  /// std::invalid_argument naming what is wrong.
   static stream_source from_url(std::string_view url);
   /// The URL again, without the password (for logs).
   std::string address() const;
@@ -134,7 +144,8 @@ class bridge {
   virtual std::string source() const = 0;
 };
 
-/// The bridge a URL names: redis-stream:// or rediss-stream:// (stream_bridge), amqp://
+/// The bridge a URL names: redis-stream://, rediss-stream:// and their +sentinel forms
+/// (stream_bridge), amqp://
 /// (amqp_bridge). Throws std::invalid_argument naming what is wrong with the URL.
 std::unique_ptr<bridge> make_bridge(boost::asio::any_io_executor ex, std::string_view url, producer to,
                                     bridge_mapping how = {});

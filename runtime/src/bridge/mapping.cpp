@@ -3,6 +3,7 @@
 #include "bridge/storing.hpp"
 
 #include <jobrt/bridge.hpp>
+#include <jobrt/redis/cluster.hpp>
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
@@ -14,6 +15,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <stdexcept>
 
@@ -179,11 +181,14 @@ std::unique_ptr<bridge> make_bridge(boost::asio::any_io_executor ex, std::string
                                     bridge_mapping how) {
   if (url.starts_with("amqp://") || url.starts_with("amqps://"))
     return std::make_unique<amqp_bridge>(std::move(ex), amqp_source::from_url(url), std::move(to), std::move(how));
-  if (url.starts_with("redis-stream://") || url.starts_with("rediss-stream://"))
+  if (url.starts_with("redis-stream://") || url.starts_with("rediss-stream://") ||
+      url.starts_with("redis-stream+sentinel://") || url.starts_with("rediss-stream+sentinel://"))
     return std::make_unique<stream_bridge>(std::move(ex), stream_source::from_url(url), std::move(to), std::move(how));
   auto scheme = url.substr(0, url.find(':'));
   throw std::invalid_argument(
-      fmt::format("source URL: scheme '{}' is none of redis-stream://, rediss-stream:// and amqp://", scheme));
+      fmt::format("source URL: scheme '{}' is none of redis-stream://, rediss-stream://, redis-stream+sentinel://, "
+                  "rediss-stream+sentinel:// and amqp://",
+                  scheme));
 }
 
 amqp_source amqp_source::from_url(std::string_view url) {
@@ -233,21 +238,43 @@ std::string amqp_source::address() const {
 }
 
 stream_source stream_source::from_url(std::string_view url) {
-  auto parsed = boost::urls::parse_uri(url);
-  if (!parsed) bad_url(url, "not a URL (expected redis-stream://host:port/<stream>?group=<group>)");
+  constexpr std::string_view expected =
+      "expected redis-stream://host:port/<stream>?group=<group>, or "
+      "redis-stream+sentinel://host:26379,host:26380/<primary>/<stream>?group=<group>";
+  auto scheme_end = url.find("://");
+  if (scheme_end == std::string_view::npos) bad_url(url, fmt::format("not a URL ({})", expected));
+  std::string scheme(url.substr(0, scheme_end));
+  bool sentinel = scheme.ends_with("+sentinel");
+  auto base = std::string_view(scheme).substr(0, scheme.size() - (sentinel ? 9 : 0));
+  if (base != "redis-stream" && base != "rediss-stream")
+    bad_url(url, fmt::format("scheme '{}' is none of redis-stream://, rediss-stream://, redis-stream+sentinel:// "
+                             "and rediss-stream+sentinel://",
+                             scheme));
+  // The authority may name several hosts (a cluster's nodes, or sentinels), which a URL parser
+  // takes for a bad port: what follows it is parsed behind a stand-in host.
+  auto authority_begin = scheme_end + 3;
+  auto authority_end = std::min(url.find_first_of("/?#", authority_begin), url.size());
+  auto authority = url.substr(authority_begin, authority_end - authority_begin);
+  auto rest = fmt::format("x://h{}", url.substr(authority_end));
+  auto parsed = boost::urls::parse_uri(rest);
+  if (!parsed || authority.empty()) bad_url(url, fmt::format("not a URL ({})", expected));
   boost::urls::url_view u = *parsed;
-  std::string scheme = u.scheme();
-  if (scheme != "redis-stream" && scheme != "rediss-stream")
-    bad_url(url, fmt::format("scheme '{}' is neither redis-stream:// nor rediss-stream://", scheme));
   auto segments = u.encoded_segments();
-  if (!u.is_path_absolute() || segments.size() != 1 || (*segments.begin()).empty())
-    bad_url(url, "the path must name the stream, and only it (redis-stream://host:port/<stream>)");
+  std::size_t want = sentinel ? 2 : 1;
+  bool named = u.is_path_absolute() && segments.size() == want;
+  for (auto segment : segments) named = named && !segment.empty();
+  if (!named)
+    bad_url(url, sentinel ? "the path must name the primary and the stream, and only them "
+                            "(redis-stream+sentinel://host:26379/<primary>/<stream>)"
+                          : "the path must name the stream, and only it (redis-stream://host:port/<stream>)");
   stream_source s;
-  s.stream = (*segments.begin()).decode();  // (so "a%2Fb" names stream "a/b")
-  std::string db, tls_params;
+  for (auto segment : segments) s.stream = segment.decode();  // the last (so "a%2Fb" names stream "a/b")
+  std::string db, server_params;
   for (auto encoded : u.encoded_params()) {
     std::string key = encoded.key.decode(), value = encoded.value.decode();
     if (value.empty()) bad_url(url, fmt::format("parameter '{}' is empty", key));
+    bool for_server = key == "ca" || key == "cert" || key == "key" || key == "sni" || key == "verify" ||
+                      (sentinel && (key == "sentinel_user" || key == "sentinel_password"));
     if (key == "group") {
       s.group = value;
     } else if (key == "consumer") {
@@ -260,23 +287,33 @@ stream_source stream_source::from_url(std::string_view url) {
       s.lock_ttl = std::chrono::milliseconds(parameter_number(url, key, value, 30, 600'000));
     } else if (key == "batch") {
       s.batch = static_cast<std::size_t>(parameter_number(url, key, value, 1, max_bridge_batch));
-    } else if (key == "ca" || key == "cert" || key == "key" || key == "sni" || key == "verify") {
-      tls_params += fmt::format("{}{}={}", tls_params.empty() ? "?" : "&", std::string_view(encoded.key),
-                                std::string_view(encoded.value));  // (as written: redis:// decodes them)
+    } else if (for_server) {
+      server_params += fmt::format("{}{}={}", server_params.empty() ? "?" : "&", std::string_view(encoded.key),
+                                   std::string_view(encoded.value));  // (as written: redis:// decodes them)
     } else {
-      bad_url(url, fmt::format("unknown parameter '{}' (known: group, consumer, dead, db, lock_ttl_ms, batch, and "
-                               "rediss-stream://'s ca, cert, key, sni and verify)",
-                               key));
+      bad_url(url, fmt::format("unknown parameter '{}' (known: group, consumer, dead, db, lock_ttl_ms, batch, "
+                               "rediss-stream://'s ca, cert, key, sni and verify{})",
+                               key, sentinel ? ", sentinel_user and sentinel_password" : ""));
     }
   }
   if (s.group.empty()) bad_url(url, "the consumer group is missing (?group=<group>)");
   if (s.consumer.empty()) s.consumer = default_consumer();
   if (s.dead.empty()) s.dead = s.stream + ":dead";
   if (s.dead == s.stream) bad_url(url, "the dead-letter stream is the stream itself");
-  auto server_url = fmt::format("{}://{}{}{}", scheme == "rediss-stream" ? "rediss" : "redis",
-                                std::string_view(u.encoded_authority()), db.empty() ? "" : "/" + db, tls_params);
+  std::string server_scheme(base.substr(0, base.size() - 7));  // ("-stream" off)
   try {
-    s.server = redis::config::from_url(server_url);
+    if (sentinel) {
+      if (!db.empty()) server_params += fmt::format("{}db={}", server_params.empty() ? "?" : "&", db);
+      s.server = redis::config::from_url(fmt::format("{}+sentinel://{}/{}{}", server_scheme, authority,
+                                                     std::string_view(*segments.begin()), server_params));
+    } else {
+      if (!db.empty() && authority.find(',') != std::string_view::npos)
+        bad_url(url, "several hosts are the nodes of a Redis Cluster, which has no db");
+      auto seeds = redis::cluster_seeds(
+          fmt::format("{}://{}{}{}", server_scheme, authority, db.empty() ? "" : "/" + db, server_params));
+      s.server = seeds.front();
+      s.other_seeds.assign(seeds.begin() + 1, seeds.end());
+    }
   } catch (const std::invalid_argument& e) {
     std::string why = e.what();  // "... URL '<server url>': why": the why, of the URL given
     auto colon = why.find("': ");
@@ -286,10 +323,24 @@ stream_source stream_source::from_url(std::string_view url) {
 }
 
 std::string stream_source::address() const {
-  auto server_address = server.address();  // scheme://host:port/db
+  // The server's address (scheme://host:port/db, or scheme+sentinel://hosts/primary?db=N) made
+  // the stream's: "-stream" in the scheme, the other seeds beside the host, the stream in the path.
+  auto server_address = server.address();
   auto scheme_end = server_address.find("://");
-  return fmt::format("{}-stream{}/{}?group={}{}", server_address.substr(0, scheme_end),
-                     server_address.substr(scheme_end, server_address.rfind('/') - scheme_end), stream, group,
+  auto plus = std::min(server_address.find('+'), scheme_end);
+  std::string where;
+  if (server.sentinels.empty()) {
+    where = server_address.substr(scheme_end, server_address.rfind('/') - scheme_end);
+    for (const auto& seed : other_seeds) {
+      auto a = seed.address();
+      auto begin = a.find("://") + 3;
+      where += "," + a.substr(begin, a.rfind('/') - begin);
+    }
+  } else {
+    where = server_address.substr(scheme_end, server_address.find('?') - scheme_end);
+  }
+  return fmt::format("{}-stream{}{}/{}?group={}{}", server_address.substr(0, plus),
+                     server_address.substr(plus, scheme_end - plus), where, stream, group,
                      server.database == 0 ? std::string() : fmt::format("&db={}", server.database));
 }
 

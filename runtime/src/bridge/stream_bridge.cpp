@@ -1,11 +1,16 @@
 // A Redis Stream into a queue (bridge.hpp). One bridge of a consumer group holds the group's
 // lock and consumes: it takes over what the group has pending, then reads new entries with a
 // blocking XREADGROUP, stores each batch with the producer and acknowledges it. The others wait
-// for the lock. State lives on one strand; stop() reaches it by a post.
+// for the lock. State lives on one strand; stop() reaches it by a post. On a Redis Cluster the
+// commands go where their key's slot lives (redis_link), and the blocking reader is opened at the
+// primary of the stream's slot, and opened again where it moved when a read meets a redirect.
 #include "bridge/storing.hpp"
+#include "redis/cluster_map.hpp"
+#include "redis/redis_link.hpp"
 #include "strand.hpp"
 
 #include <jobrt/bridge.hpp>
+#include <jobrt/error.hpp>
 #include <jobrt/log.hpp>
 #include <jobrt/mutex.hpp>
 #include <jobrt/redis/connection.hpp>
@@ -70,28 +75,35 @@ struct stream_bridge::impl {
         from(std::move(from_)),
         to(std::move(to_)),
         how(std::move(how_)),
-        conn(strand, from.server),
-        reader(strand, from.server),
-        locks(strand, from.server),
+        link(strand, seeds_of(from)),
+        locks(strand, seeds_of(from)),
         wake(strand, asio::steady_timer::time_point::max()) {}
 
   asio::strand<asio::any_io_executor> strand;
   stream_source from;
   producer to;
   bridge_mapping how;
-  redis::connection conn;             // XGROUP, XACK, XADD to the dead letters, XINFO
-  redis::blocking_connection reader;  // XREADGROUP, XAUTOCLAIM
+  detail::redis_link link;                           // XGROUP, XACK, XADD to the dead letters, XINFO
+  std::optional<redis::blocking_connection> reader;  // XREADGROUP, XAUTOCLAIM (opened at the first read)
   redis_lock_service locks;
   asio::steady_timer wake;  // at its earliest once stop() was called: every wait on it ends
   std::atomic<bool> stopping{false};
   mutable std::mutex counters_mutex;
   bridge_counters counts;
 
+  static std::vector<redis::config> seeds_of(const stream_source& s) {
+    std::vector<redis::config> seeds{s.server};
+    seeds.insert(seeds.end(), s.other_seeds.begin(), s.other_seeds.end());
+    return seeds;
+  }
+
   template <class F>
   void count(F change) {
     std::lock_guard lock(counters_mutex);
     change(counts);
   }
+
+  std::string source() const { return from.address(); }
 
   // Waits `d`, or less when stop() comes. False when it came.
   asio::awaitable<bool> pause(std::chrono::milliseconds d) {
@@ -103,34 +115,87 @@ struct stream_bridge::impl {
   asio::awaitable<bool> make_group() {
     for (;;) {
       redis::request req("XGROUP", "CREATE", from.stream, from.group, "0", "MKSTREAM");
-      auto [ec, r] = co_await conn.async_exec(std::move(req), asio::as_tuple(asio::use_awaitable));
+      auto [ec, r] = co_await link.try_exec(std::move(req), from.stream);
       if (!ec || r.error_message().starts_with("BUSYGROUP")) co_return true;
       if (r.error_message().starts_with("WRONGTYPE"))
-        throw std::runtime_error(
-            fmt::format("bridge: key {} at {} is not a stream", from.stream, from.server.address()));
+        throw std::runtime_error(fmt::format("bridge: key {} at {} is not a stream", from.stream, source()));
       log(log_level::warn, source_name, "making consumer group {} of stream {} at {}: {}", from.group, from.stream,
-          from.server.address(), r.is_error() ? std::string(r.error_message()) : ec.message());
+          source(), r.is_error() ? std::string(r.error_message()) : ec.message());
       if (!co_await pause(std::chrono::milliseconds(500))) co_return false;
     }
   }
 
+  // Opens the reader at the stream's server: on a cluster, the primary of its slot now. An empty
+  // text, or what went wrong.
+  asio::awaitable<std::string> open_reader() {
+    std::string problem;
+    try {
+      auto node = co_await link.node_of(from.stream);
+      if (!node.client_name.empty()) node.client_name += ":blocking";  // (as the backend's own)
+      reader.emplace(strand, node);
+      reader->start();
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    co_return problem;
+  }
+
   // A read on the blocking connection, cut short by stop(): nullopt then. A failure is logged
-  // and gives a nil reply after a pause (the connection reconnects by itself), and sets
-  // read_failed: the entries of a reply that was lost are pending under this consumer now.
+  // and gives a nil reply after a pause (the connection reconnects by itself; on a cluster a
+  // redirect or a node that cannot be reached makes the reader open again where the slot is
+  // now), and sets read_failed: the entries of a reply that was lost are pending here now.
   bool read_failed = false;
+  std::chrono::milliseconds finding{0};  // the pause before the next try to find the stream's node
   asio::awaitable<std::optional<redis::reply>> read(redis::request req) {
-    auto done = co_await (reader.async_exec(std::move(req), asio::as_tuple(asio::use_awaitable)) ||
+    if (!reader) {
+      auto problem = co_await open_reader();
+      if (!problem.empty()) {
+        read_failed = true;
+        log(log_level::warn, source_name, "finding the server of stream {}: {}", from.stream, problem);
+        if (!co_await pause(std::chrono::milliseconds(500))) co_return std::nullopt;
+        co_return redis::reply();
+      }
+    }
+    // (On a cluster a node that cannot be reached is not waited for: it may be failing over.)
+    if (link.known_cluster() != nullptr) req.options.wait_for_reconnect = false;
+    auto done = co_await (reader->async_exec(std::move(req), asio::as_tuple(asio::use_awaitable)) ||
                           wake.async_wait(asio::as_tuple(asio::use_awaitable)));
     if (stopping || done.index() == 1) co_return std::nullopt;
     auto [ec, r] = std::get<0>(std::move(done));
-    if (!ec) co_return std::move(r);
+    if (!ec) {
+      finding = std::chrono::milliseconds(0);
+      co_return std::move(r);
+    }
     read_failed = true;
+    auto where = reader->get_config().address();
     if (r.error_message().starts_with("WRONGTYPE"))
-      throw std::runtime_error(fmt::format("bridge: key {} at {} is not a stream", from.stream, from.server.address()));
+      throw std::runtime_error(fmt::format("bridge: key {} at {} is not a stream", from.stream, where));
+    auto redirect = redis::detail::classify(r.error_message()).kind;
+    // (A migration deletes the key where it was: a read blocked there is UNBLOCKED.)
+    bool moving = ec != errc::server_error || redirect != redis::detail::cluster_error::other ||
+                  r.error_message().starts_with("UNBLOCKED");
     if (r.error_message().starts_with("NOGROUP")) {  // (deleted under us: made again, from the stream's start)
       if (!co_await make_group()) co_return std::nullopt;
+    } else if (auto* cluster = link.known_cluster(); cluster != nullptr && moving) {
+      // The slot moved, moves, or its primary is away (failing over, say): the map read again,
+      // and the next read opens the reader where the slot is then. Said once a spell; the
+      // pauses double from 10 ms to 500 ms while it lasts (a failover takes seconds).
+      log(finding.count() == 0 ? log_level::info : log_level::debug, source_name,
+          "reading stream {} at {}: {}; finding its node again", from.stream, where,
+          r.is_error() ? std::string(r.error_message()) : ec.message());
+      finding = std::clamp(finding * 2, std::chrono::milliseconds(10), std::chrono::milliseconds(500));
+      reader->close();
+      reader.reset();
+      std::string failed;
+      try {
+        co_await cluster->refresh();
+      } catch (const std::exception& e) {
+        failed = e.what();
+      }
+      if (!failed.empty()) log(log_level::warn, source_name, "reading the cluster's slot map: {}", failed);
+      if (!co_await pause(finding)) co_return std::nullopt;
     } else {
-      log(log_level::warn, source_name, "reading stream {} at {}: {}", from.stream, from.server.address(),
+      log(log_level::warn, source_name, "reading stream {} at {}: {}", from.stream, where,
           r.is_error() ? std::string(r.error_message()) : ec.message());
       if (!co_await pause(std::chrono::milliseconds(500))) co_return std::nullopt;
     }
@@ -139,9 +204,9 @@ struct stream_bridge::impl {
 
   // Sends `req` on the shared connection until every reply in it is no error; false when stop()
   // came first.
-  asio::awaitable<bool> write(const redis::request& req, std::string_view what) {
+  asio::awaitable<bool> write(const redis::request& req, const std::string& key, std::string_view what) {
     for (std::chrono::milliseconds wait(100);;) {
-      auto [ec, r] = co_await conn.async_exec(req, asio::as_tuple(asio::use_awaitable));
+      auto [ec, r] = co_await link.try_exec(req, key);
       std::string problem = ec ? (r.is_error() ? std::string(r.error_message()) : ec.message()) : std::string();
       if (problem.empty() && r.kind() == redis::reply_kind::array)
         for (const auto& one : r.as_array())
@@ -202,12 +267,13 @@ struct stream_bridge::impl {
         }
         dead.push("XADD", from.dead, "*", args);
       }
-      if (!co_await write(dead, "writing dead letters")) co_return false;
+      if (!co_await write(dead, from.dead, "writing dead letters")) co_return false;
       count([&](bridge_counters& c) { c.rejected += refused.size(); });
     }
     std::vector<std::string> ids;
     for (const auto& e : entries) ids.push_back(e.id);
-    co_return co_await write(redis::request("XACK", from.stream, from.group, ids), "acknowledging entries");
+    co_return co_await write(redis::request("XACK", from.stream, from.group, ids), from.stream,
+                             "acknowledging entries");
   }
 
   // Takes over every entry the group has pending (a bridge before this one read them and did
@@ -255,12 +321,11 @@ struct stream_bridge::impl {
       ~closer() {
         self.count([](bridge_counters& c) { c.active = false; });
         self.locks.close();
-        self.conn.close();
-        self.reader.close();
+        self.link.plain().close();
+        if (auto* cluster = self.link.known_cluster()) cluster->close();
+        if (self.reader) self.reader->close();
       }
     } closing{*this};
-    conn.start();
-    reader.start();
     if (!co_await make_group()) co_return;
     // (Length first: stream "a:b" of group "c" and stream "a" of group "b:c" are two locks.)
     auto lock_name = fmt::format("bridge:{}:{}:{}", from.stream.size(), from.stream, from.group);
@@ -333,8 +398,8 @@ bridge_counters stream_bridge::counters() const {
 
 asio::awaitable<bridge_counters> stream_bridge::sample() {
   auto self = impl_;
-  auto [ec, r] = co_await self->conn.async_exec(redis::request("XINFO", "GROUPS", self->from.stream),
-                                                asio::as_tuple(asio::use_awaitable));
+  redis::request info("XINFO", "GROUPS", self->from.stream);
+  auto [ec, r] = co_await self->link.try_exec(std::move(info), self->from.stream);
   std::int64_t lag = -1, pending = -1;
   if (!ec && r.kind() == redis::reply_kind::array) {
     for (const auto& group : r.as_array()) {
