@@ -243,7 +243,10 @@ TEST_CASE("bridge: a bad stream URL is refused naming what is wrong") {
   CHECK(behind.server.tls_ca_file == "/c.pem");
   CHECK(behind.other_seeds.empty());
   CHECK(behind.stream == "a/b");
-  CHECK(behind.address() == "rediss-stream+sentinel://s1:26379,s2:26380/main/a/b?group=g&db=4");
+  CHECK(behind.address() == "rediss-stream+sentinel://s1:26379,s2:26380/main/a%2Fb?group=g&db=4");
+  CHECK(stream_source::from_url(behind.address() + "&sentinel_password=w").address() == behind.address());
+  CHECK(refusal("redis-stream://h/s?group=g&db=0%26verify%3Dnone").find("parameter db '0&verify=none' is not") !=
+        std::string::npos);
   CHECK(refusal("redis-stream+sentinel://s1/main?group=g").find("must name the primary and the stream") !=
         std::string::npos);
   CHECK(refusal("redis-stream://h/s?group=g&sentinel_user=x").find("unknown parameter 'sentinel_user'") !=

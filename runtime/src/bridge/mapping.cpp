@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
 #include <stdexcept>
 
 namespace jobrt {
@@ -282,7 +283,7 @@ stream_source stream_source::from_url(std::string_view url) {
     } else if (key == "dead") {
       s.dead = value;
     } else if (key == "db") {
-      db = value;
+      db = std::to_string(parameter_number(url, key, value, 0, std::numeric_limits<int>::max()));
     } else if (key == "lock_ttl_ms") {
       s.lock_ttl = std::chrono::milliseconds(parameter_number(url, key, value, 30, 600'000));
     } else if (key == "batch") {
@@ -307,10 +308,10 @@ stream_source stream_source::from_url(std::string_view url) {
       s.server = redis::config::from_url(fmt::format("{}+sentinel://{}/{}{}", server_scheme, authority,
                                                      std::string_view(*segments.begin()), server_params));
     } else {
-      if (!db.empty() && authority.find(',') != std::string_view::npos)
-        bad_url(url, "several hosts are the nodes of a Redis Cluster, which has no db");
       auto seeds = redis::cluster_seeds(
           fmt::format("{}://{}{}{}", server_scheme, authority, db.empty() ? "" : "/" + db, server_params));
+      if (seeds.size() > 1 && seeds.front().database != 0)
+        bad_url(url, "several hosts are the nodes of a Redis Cluster, which has no db");
       s.server = seeds.front();
       s.other_seeds.assign(seeds.begin() + 1, seeds.end());
     }
@@ -328,6 +329,11 @@ std::string stream_source::address() const {
   auto server_address = server.address();
   auto scheme_end = server_address.find("://");
   auto plus = std::min(server_address.find('+'), scheme_end);
+  auto encoded = [](const std::string& name) {  // (as the path holds it: "/" as %2F)
+    std::string out;
+    for (char c : name) out += c == '/' ? std::string("%2F") : std::string(1, c);
+    return out;
+  };
   std::string where;
   if (server.sentinels.empty()) {
     where = server_address.substr(scheme_end, server_address.rfind('/') - scheme_end);
@@ -337,10 +343,12 @@ std::string stream_source::address() const {
       where += "," + a.substr(begin, a.rfind('/') - begin);
     }
   } else {
-    where = server_address.substr(scheme_end, server_address.find('?') - scheme_end);
+    auto hosts_end = server_address.find('/', scheme_end + 3);  // (after the sentinels, which hold none)
+    where = fmt::format("://{}/{}", server_address.substr(scheme_end + 3, hosts_end - scheme_end - 3),
+                        encoded(server.sentinel_master));
   }
   return fmt::format("{}-stream{}{}/{}?group={}{}", server_address.substr(0, plus),
-                     server_address.substr(plus, scheme_end - plus), where, stream, group,
+                     server_address.substr(plus, scheme_end - plus), where, encoded(stream), group,
                      server.database == 0 ? std::string() : fmt::format("&db={}", server.database));
 }
 

@@ -145,7 +145,8 @@ struct stream_bridge::impl {
   // redirect or a node that cannot be reached makes the reader open again where the slot is
   // now), and sets read_failed: the entries of a reply that was lost are pending here now.
   bool read_failed = false;
-  std::chrono::milliseconds finding{0};  // the pause before the next try to find the stream's node
+  std::chrono::milliseconds finding{0};                 // the pause before the next try to find the stream's node
+  std::chrono::steady_clock::time_point finding_since;  // when that began, or was last said
   asio::awaitable<std::optional<redis::reply>> read(redis::request req) {
     if (!reader) {
       auto problem = co_await open_reader();
@@ -178,17 +179,25 @@ struct stream_bridge::impl {
       if (!co_await make_group()) co_return std::nullopt;
     } else if (auto* cluster = link.known_cluster(); cluster != nullptr && moving) {
       // The slot moved, moves, or its primary is away (failing over, say): the map read again,
-      // and the next read opens the reader where the slot is then. Said once a spell; the
-      // pauses double from 10 ms to 500 ms while it lasts (a failover takes seconds).
-      log(finding.count() == 0 ? log_level::info : log_level::debug, source_name,
-          "reading stream {} at {}: {}; finding its node again", from.stream, where,
-          r.is_error() ? std::string(r.error_message()) : ec.message());
+      // and the next read opens the reader where the slot is then. The pauses double from 10 ms
+      // to 500 ms while it lasts (a failover takes seconds); said at its start, and as a warning
+      // every 5 s while it goes on.
+      auto now = std::chrono::steady_clock::now();
+      if (finding.count() == 0) finding_since = now;
+      bool long_spell = now - finding_since >= std::chrono::seconds(5);
+      if (finding.count() == 0 || long_spell) {
+        auto why = r.is_error() ? std::string(r.error_message()) : ec.message();
+        if (!r.is_error() && !reader->last_error().empty()) why += " (" + reader->last_error() + ")";
+        log(long_spell ? log_level::warn : log_level::info, source_name,
+            "reading stream {} at {}: {}; finding its node again", from.stream, where, why);
+        if (long_spell) finding_since = now;
+      }
       finding = std::clamp(finding * 2, std::chrono::milliseconds(10), std::chrono::milliseconds(500));
       reader->close();
       reader.reset();
       std::string failed;
       try {
-        co_await cluster->refresh();
+        co_await cluster->refresh();  // (a failed read is kept for the requests' errors; only a closed one throws)
       } catch (const std::exception& e) {
         failed = e.what();
       }
