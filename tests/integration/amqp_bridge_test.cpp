@@ -46,10 +46,12 @@ namespace {
 // A rabbitmq-server of this test's own (scripts/rabbitmq.sh), stopped at the end.
 class rabbitmq {
  public:
-  rabbitmq() {
-    std::istringstream out(output_of(JOBRT_SCRIPTS "/rabbitmq.sh"));
-    out >> port_ >> dir_;
+  /// tls: it also listens with TLS (tls_port()), with a certificate for 127.0.0.1 that ca() signed.
+  explicit rabbitmq(bool tls = false) {
+    std::istringstream out(output_of(fmt::format("{}{}/rabbitmq.sh", tls ? "TLS=1 " : "", JOBRT_SCRIPTS)));
+    out >> port_ >> dir_ >> tls_port_;
     REQUIRE(port_ > 0);
+    REQUIRE((tls_port_ > 0) == tls);
   }
   ~rabbitmq() {
     try {
@@ -60,15 +62,20 @@ class rabbitmq {
   rabbitmq(const rabbitmq&) = delete;
   rabbitmq& operator=(const rabbitmq&) = delete;
   int port() const { return port_; }
+  int tls_port() const { return tls_port_; }
   std::string url(const std::string& queue) const {
     return fmt::format("amqp://guest:guest@127.0.0.1:{}/%2F?queue={}", port_, queue);
   }
+  std::string tls_url(const std::string& queue, const std::string& parameters) const {
+    return fmt::format("amqps://guest:guest@127.0.0.1:{}/%2F?queue={}{}", tls_port_, queue, parameters);
+  }
+  std::string ca() const { return dir_ + "/tls/ca.crt"; }
   void close_all_connections() const {
     output_of(fmt::format("{}/rabbitmq.sh ctl {} close_all_connections test", JOBRT_SCRIPTS, quoted(dir_)));
   }
 
  private:
-  int port_ = 0;
+  int port_ = 0, tls_port_ = 0;
   std::string dir_;
 };
 
@@ -196,6 +203,40 @@ TEST_CASE("amqp bridge: messages become jobs once, bad ones go to the dead-lette
         CHECK(co_await eventually([&] { return ended; }, 5s));
         // All acknowledged: none came back to the queue when the bridge's connection closed.
         CHECK(publisher.ready("in") == 0);
+      },
+      60s);
+}
+
+TEST_CASE("amqp bridge: over amqps:// the broker's certificate is checked against the CA given, and refused without") {
+  rabbitmq broker(true);
+  redis_server server;
+  client publisher(broker.port());
+  publisher.declare("in");
+  for (int n = 0; n < 3; ++n) publisher.publish("in", fmt::format("{{\"n\":{}}}", n), "t", fmt::format("m{}", n));
+  publisher.publish("in", "{not json", "t");
+  // Without the test CA (the system's CAs then): refused in the handshake, said, and tried again;
+  // nothing taken.
+  auto said = output_of(fmt::format("timeout 3 {} bridge --from '{}' -q q -u redis://127.0.0.1:{} 2>&1; true",
+                                    JOBRT_BIN, broker.tls_url("in", ""), server.port()));
+  CHECK_MESSAGE(said.find(fmt::format("connecting to 127.0.0.1:{}", broker.tls_port())) != std::string::npos, said);
+  CHECK_MESSAGE(said.find("verification failed") != std::string::npos, said);
+  CHECK(publisher.ready("in") == 4);
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        redis_backend store(ctx.get_executor(), server.config());
+        auto bridge = make_bridge(ctx.get_executor(), broker.tls_url("in", "&ca=" + broker.ca()), producer(store, "q"));
+        bool ended = false;
+        asio::co_spawn(ctx, bridge->run(), [&](std::exception_ptr e) {
+          ended = true;
+          if (e) std::rethrow_exception(e);
+        });
+        REQUIRE(co_await eventually([&] { return publisher.ready("in") == 0 && publisher.ready("in.dead") == 1; }));
+        CHECK(bridge->counters().enqueued == 3);
+        CHECK(bridge->counters().rejected == 1);
+        CHECK(bridge->source().starts_with("amqps://guest@127.0.0.1:"));
+        CHECK((co_await store.counts("q")).enqueued == 3);
+        bridge->stop();
+        CHECK(co_await eventually([&] { return ended; }, 5s));
       },
       60s);
 }

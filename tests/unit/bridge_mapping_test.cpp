@@ -96,7 +96,7 @@ TEST_CASE("bridge mapping: a RabbitMQ message's body is its payload") {
   CHECK(map_message(m, bridge_mapping{}).rejected.starts_with("the message body is not JSON: "));
 }
 
-TEST_CASE("bridge mapping: AMQP URLs, and the ones refused naming what is wrong") {
+TEST_CASE("bridge mapping: AMQP URLs, amqps:// with its TLS parameters, and the ones refused naming what is wrong") {
   auto s = amqp_source::from_url("amqp://u:p%40ss@mq.example:5673/prod%2Fa?queue=imports&prefetch=50&batch=10");
   CHECK(s.host == "mq.example");
   CHECK(s.port == 5673);
@@ -121,7 +121,22 @@ TEST_CASE("bridge mapping: AMQP URLs, and the ones refused naming what is wrong"
     return std::string("accepted");
   };
   CHECK(refusal("amqp://u:secret@h/") == "AMQP URL 'amqp://u:***@h/': the queue is missing (?queue=<queue>)");
-  CHECK(refusal("amqps://h?queue=q").find("amqps:// (TLS) is not supported yet") != std::string::npos);
+  auto tls = amqp_source::from_url("amqps://u:p@mq.example/%2F?queue=q&ca=/ca.pem&cert=/c.pem&key=/k.pem");
+  CHECK(tls.tls);
+  CHECK(tls.port == 5671);
+  CHECK(tls.tls_ca_file == "/ca.pem");
+  CHECK(tls.tls_cert_file == "/c.pem");
+  CHECK(tls.tls_key_file == "/k.pem");
+  CHECK(tls.tls_verify);
+  CHECK(tls.address() == "amqps://u@mq.example:5671/%2F?queue=q");
+  CHECK_FALSE(amqp_source::from_url("amqps://h?queue=q&verify=none").tls_verify);
+  CHECK_FALSE(plain.tls);
+  CHECK(refusal("amqps://h?queue=q&verify=maybe").find("verify='maybe': it is 'peer' (the default) or 'none'") !=
+        std::string::npos);
+  CHECK(refusal("amqps://h?queue=q&cert=/c.pem").find("cert and key go together") != std::string::npos);
+  CHECK(refusal("amqp://h?queue=q&ca=/ca.pem").find("unknown parameter 'ca'") != std::string::npos);
+  CHECK(refusal("amqp://h?queue=q&ca=/ca.pem").find("amqps:// also takes ca, cert, key, verify") != std::string::npos);
+  CHECK(refusal("amqpx://h?queue=q").find("scheme 'amqpx' is neither amqp:// nor amqps://") != std::string::npos);
   CHECK(refusal("amqp://h?queue=q&prefetch=0").find("parameter prefetch '0' is not a whole number from 1 to 65535") !=
         std::string::npos);
   CHECK(refusal("amqp://h?queue=q&exchange=x").find("unknown parameter 'exchange'") != std::string::npos);

@@ -145,7 +145,7 @@ class bridge {
 };
 
 /// The bridge a URL names: redis-stream://, rediss-stream:// and their +sentinel forms
-/// (stream_bridge), amqp://
+/// (stream_bridge), amqp:// and amqps://
 /// (amqp_bridge). Throws std::invalid_argument naming what is wrong with the URL.
 std::unique_ptr<bridge> make_bridge(boost::asio::any_io_executor ex, std::string_view url, producer to,
                                     bridge_mapping how = {});
@@ -188,10 +188,19 @@ struct amqp_source {
   std::string dead;               ///< where refused messages go, with the reason (default "<queue>.dead")
   std::uint16_t prefetch = 1000;  ///< messages delivered and not yet acknowledged, at most
   std::size_t batch = 200;        ///< messages an enqueue call stores, at most
+  /// TLS (amqps://). The broker's certificate is checked against `tls_ca_file`, or the system's
+  /// CAs when it is empty, and must name `host`; a client certificate is sent when cert and key
+  /// are given.
+  bool tls = false;
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  bool tls_verify = true;  ///< false: any certificate is taken (a test broker's, say)
 
   /// Parses `amqp://[user[:password]@]host[:port][/vhost]?queue=<queue>` (the vhost
-  /// percent-encoded: %2F for "/", the default), with the parameters dead, prefetch and batch.
-  /// Throws std::invalid_argument naming what is wrong.
+  /// percent-encoded: %2F for "/", the default), with the parameters dead, prefetch and batch;
+  /// `amqps://` for TLS (port 5671 by default) with the parameters ca, cert, key and
+  /// verify=peer|none, as rediss:// takes them. Throws std::invalid_argument naming what is wrong.
   static amqp_source from_url(std::string_view url);
   std::string address() const;  ///< the URL again, without the password
 };

@@ -11,9 +11,13 @@
 #include <jobrt/log.hpp>
 
 #include <amqp.h>
+#include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
 #include <fmt/format.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
@@ -200,14 +204,58 @@ struct amqp_bridge::impl {
     return outcome.get();
   }
 
+  // An amqps:// socket's settings: the CAs that sign the broker's certificate, a client
+  // certificate, what is checked. Empty, or what is wrong.
+  std::string tls_setup(amqp_socket_t* socket) const {
+    ERR_clear_error();  // (what tls_why says is this connection's)
+    auto* context = static_cast<SSL_CTX*>(amqp_ssl_socket_get_context(socket));
+    if (context == nullptr) return "cannot make a TLS context";
+    if (!from.tls_ca_file.empty()) {
+      if (amqp_ssl_socket_set_cacert(socket, from.tls_ca_file.c_str()) != AMQP_STATUS_OK)
+        return fmt::format("reading the CA certificates in {}{}", from.tls_ca_file, tls_why());
+    } else if (from.tls_verify && SSL_CTX_set_default_verify_paths(context) != 1) {
+      return fmt::format("reading the system's CA certificates{}", tls_why());
+    }
+    if (!from.tls_cert_file.empty() &&
+        amqp_ssl_socket_set_key(socket, from.tls_cert_file.c_str(), from.tls_key_file.c_str()) != AMQP_STATUS_OK)
+      return fmt::format("reading the client certificate {} and key {}{}", from.tls_cert_file, from.tls_key_file,
+                         tls_why());
+    // The name is checked by OpenSSL in the handshake (an IP address against the certificate's
+    // IP names too, which librabbitmq's own check does not know).
+    amqp_ssl_socket_set_verify_peer(socket, from.tls_verify ? 1 : 0);
+    amqp_ssl_socket_set_verify_hostname(socket, 0);
+    if (from.tls_verify) {
+      auto* param = SSL_CTX_get0_param(context);
+      bool named = X509_VERIFY_PARAM_set1_ip_asc(param, from.host.c_str()) == 1 ||
+                   X509_VERIFY_PARAM_set1_host(param, from.host.c_str(), from.host.size()) == 1;
+      if (!named) return fmt::format("checking the broker's name {}{}", from.host, tls_why());
+    }
+    ERR_clear_error();  // (set1_ip_asc refused a name that is not an address)
+    return {};
+  }
+
+  // What OpenSSL last said on this thread (": why"), or nothing; its queue emptied.
+  static std::string tls_why() {
+    std::string why;
+    for (unsigned long e = ERR_get_error(); e != 0; e = ERR_get_error()) {
+      char text[256] = {};
+      ERR_error_string_n(e, text, sizeof text);
+      why = text;  // (the last is the nearest to the cause)
+    }
+    return why.empty() ? why : ": " + why;
+  }
+
   // One connection's life: consumes until stop() (""), or until something fails (why).
   std::string session(bool& consumed) {
     connection c;
-    auto* socket = amqp_tcp_socket_new(c.get());
+    auto* socket = from.tls ? amqp_ssl_socket_new(c.get()) : amqp_tcp_socket_new(c.get());
     if (socket == nullptr) return "cannot make a socket";
+    if (from.tls) {
+      if (auto p = tls_setup(socket); !p.empty()) return p;
+    }
     timeval connect_limit{2, 0};
     if (int rc = amqp_socket_open_noblock(socket, from.host.c_str(), from.port, &connect_limit); rc != AMQP_STATUS_OK)
-      return fmt::format("connecting to {}:{}: {}", from.host, from.port, amqp_error_string2(rc));
+      return fmt::format("connecting to {}:{}: {}{}", from.host, from.port, amqp_error_string2(rc), tls_why());
     c.opened();
     auto* conn = c.get();
     timeval rpc_limit{10, 0};  // (no call waits for ever for a broker that stopped answering)

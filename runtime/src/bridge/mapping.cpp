@@ -199,9 +199,11 @@ amqp_source amqp_source::from_url(std::string_view url) {
   auto parsed = boost::urls::parse_uri(url);
   if (!parsed) bad("not a URL (expected amqp://user:password@host:5672/vhost?queue=<queue>)");
   boost::urls::url_view u = *parsed;
-  if (u.scheme() == "amqps") bad("amqps:// (TLS) is not supported yet; use amqp://");
-  if (u.scheme() != "amqp") bad(fmt::format("scheme '{}' is not amqp://", std::string_view(u.scheme())));
+  if (u.scheme() != "amqp" && u.scheme() != "amqps")
+    bad(fmt::format("scheme '{}' is neither amqp:// nor amqps://", std::string_view(u.scheme())));
   amqp_source s;
+  s.tls = u.scheme() == "amqps";
+  if (s.tls) s.port = 5671;
   if (u.host().empty()) bad("the host is missing");
   s.host = u.host();
   if (u.has_port()) s.port = static_cast<std::uint16_t>(parameter_number(url, "port", u.port(), 1, 65535, "AMQP"));
@@ -223,9 +225,22 @@ amqp_source amqp_source::from_url(std::string_view url) {
       s.prefetch = static_cast<std::uint16_t>(parameter_number(url, key, value, 1, 65535, "AMQP"));
     else if (key == "batch")
       s.batch = static_cast<std::size_t>(parameter_number(url, key, value, 1, max_bridge_batch, "AMQP"));
+    else if (s.tls && key == "ca")
+      s.tls_ca_file = value;
+    else if (s.tls && key == "cert")
+      s.tls_cert_file = value;
+    else if (s.tls && key == "key")
+      s.tls_key_file = value;
+    else if (s.tls && key == "verify" && (value == "peer" || value == "none"))
+      s.tls_verify = value == "peer";
+    else if (s.tls && key == "verify")
+      bad(fmt::format("verify='{}': it is 'peer' (the default) or 'none'", value));
     else
-      bad(fmt::format("unknown parameter '{}' (known: queue, dead, prefetch, batch)", key));
+      bad(fmt::format("unknown parameter '{}' (known: queue, dead, prefetch, batch{})", key,
+                      s.tls ? ", ca, cert, key, verify" : "; amqps:// also takes ca, cert, key, verify"));
   }
+  if (s.tls_cert_file.empty() != s.tls_key_file.empty())
+    bad("cert and key go together (a client certificate needs its key)");
   if (s.queue.empty()) bad("the queue is missing (?queue=<queue>)");
   if (s.dead.empty()) s.dead = s.queue + ".dead";
   if (s.dead == s.queue) bad("the dead-letter queue is the queue itself");
@@ -235,7 +250,7 @@ amqp_source amqp_source::from_url(std::string_view url) {
 std::string amqp_source::address() const {
   std::string vhost_part;
   for (char c : vhost) vhost_part += c == '/' ? std::string("%2F") : std::string(1, c);
-  return fmt::format("amqp://{}@{}:{}/{}?queue={}", user, host, port, vhost_part, queue);
+  return fmt::format("{}://{}@{}:{}/{}?queue={}", tls ? "amqps" : "amqp", user, host, port, vhost_part, queue);
 }
 
 stream_source stream_source::from_url(std::string_view url) {
