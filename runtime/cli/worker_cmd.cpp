@@ -101,7 +101,7 @@ struct worker_args {
   std::size_t shards = 0;  // 0: as the queue is stored
   std::string id;
   std::string durability = "primary";
-  bool log_json = false;
+  bool log_json = false, no_schedules = false;
   CLI::Option* url_option = nullptr;
   CLI::Option* durability_option = nullptr;
   std::vector<CLI::Option*> queue_options;  // options that only queues from the command line take
@@ -171,6 +171,9 @@ void add_worker(CLI::App& jobrt, action& chosen) {
                                  "...and is dead-lettered once no worker has been able to run its\n"
                                  "type for MS (default 900000: 15 minutes)")
                        ->option_text("MS")));
+  queue_option(env(cmd->add_flag("--no-schedules", a->no_schedules,
+                                 "do not fire the queue's repeatable jobs (docs/SCHEDULES.md); other\n"
+                                 "workers do, each firing once")));
   env(number_option(*cmd, "--grace", a->grace_ms, 0, 86'400'000,
                     "how long running jobs may take to finish at stop (default 10000)")
           ->option_text("MS"));
@@ -211,6 +214,7 @@ int run_worker(worker_args& a) {
   wo.unhandled_delay = std::chrono::milliseconds(a.unhandled_delay_ms);
   wo.unhandled_limit = std::chrono::milliseconds(a.unhandled_limit_ms);
   wo.burst = a.burst;
+  wo.schedules = !a.no_schedules;
   if (!a.follow.empty()) wo.follow = parse_follow_policy(a.follow);
   if (!a.on_failure.empty()) wo.on_failure = parse_failure_policy(a.on_failure);
   if (!a.rate_limit.empty()) wo.rate_limit = parse_rate(a.rate_limit, "rate limit");

@@ -78,11 +78,27 @@ failure_policy policy_at(const json::value& v, std::string_view where) {
 }
 
 queue_settings queue_at(const json::value& v, const std::string& where) {
-  const auto& o =
-      object_at(v, where,
-                {"name", "concurrency", "lease_ttl_ms", "watchdog_ms", "burst", "max_result_bytes", "follow",
-                 "claim_wait_ms", "on_failure", "retry", "grouping", "dead_letters", "unhandled_delay_ms",
-                 "unhandled_limit_ms", "shards", "max_group_size", "group_rate", "rate_limit", "bridge"});
+  const auto& o = object_at(v, where,
+                            {"name",
+                             "concurrency",
+                             "lease_ttl_ms",
+                             "watchdog_ms",
+                             "burst",
+                             "max_result_bytes",
+                             "follow",
+                             "claim_wait_ms",
+                             "on_failure",
+                             "retry",
+                             "grouping",
+                             "dead_letters",
+                             "unhandled_delay_ms",
+                             "unhandled_limit_ms",
+                             "shards",
+                             "max_group_size",
+                             "group_rate",
+                             "rate_limit",
+                             "bridge",
+                             "schedules"});
   auto field = [&](std::string_view name) { return fmt::format("{}.{}", where, name); };
   queue_settings q;
   auto* name = o.if_contains("name");
@@ -127,6 +143,10 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
   }
   if (auto* f = o.if_contains("claim_wait_ms"))
     q.worker.claim_wait = std::chrono::milliseconds(count_at(*f, field("claim_wait_ms"), 1, 86'400'000));
+  if (auto* f = o.if_contains("schedules")) {
+    if (!f->is_bool()) bad(field("schedules"), "must be true or false");
+    q.worker.schedules = f->get_bool();
+  }
   if (auto* f = o.if_contains("unhandled_delay_ms"))
     q.worker.unhandled_delay = std::chrono::milliseconds(count_at(*f, field("unhandled_delay_ms"), 0, 86'400'000));
   if (auto* f = o.if_contains("unhandled_limit_ms"))

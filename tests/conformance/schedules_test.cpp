@@ -302,6 +302,43 @@ CONFORMANCE("scheduler: two workers fire an every-100ms schedule, each firing on
   });
 }
 
+CONFORMANCE("scheduler: a worker told not to fire schedules (schedules = false) leaves them to the others") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    std::vector<std::string> ran;
+    auto tick = [&ran](job_context& j) -> awaitable<void> {
+      ran.push_back(j.job().id);
+      co_return;
+    };
+    auto quiet_opts = b.worker_opts(2);
+    quiet_opts.schedules = false;
+    worker quiet(ctx.get_executor(), b.make(), quiet_opts);
+    quiet.add_handler("tick", tick);
+    quiet.start();
+    schedule_spec s;
+    s.name = "soon";
+    s.timing = schedule_timing::every(std::chrono::milliseconds(50));
+    s.job.type = "tick";
+    schedule_book book(b.make(), b.queue());
+    auto due = (co_await book.add(s)).next;
+    // Due, and past due by far more than a firing takes: the quiet worker fired none.
+    co_await sleep_for(std::chrono::milliseconds(300));
+    CHECK(std::chrono::system_clock::now() > due);
+    CHECK(ran.empty());
+    auto listed = co_await book.list("", 10);
+    REQUIRE(listed.items.size() == 1);
+    CHECK(listed.items[0].next == due);
+    // A worker that fires them.
+    worker firing(ctx.get_executor(), b.make(), b.worker_opts(2));
+    firing.add_handler("tick", tick);
+    firing.start();
+    CHECK(co_await eventually([&] { return !ran.empty(); }, std::chrono::seconds(10)));
+    co_await book.remove("soon");
+    co_await firing.stop(std::chrono::seconds(5));
+    co_await quiet.stop(std::chrono::seconds(5));
+  });
+}
+
 CONFORMANCE("scheduler: a schedule's job is decided when it is added, and bad schedules are refused") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

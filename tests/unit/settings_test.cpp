@@ -42,7 +42,7 @@ TEST_CASE("settings - a full config file") {
        "follow": "pipelined", "claim_wait_ms": 2000, "on_failure": "halt", "retry": {"initial_ms": 100},
        "grouping": {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "skip",
                                "max_group_size": 20, "rate": {"max": 3, "window_ms": 100}}]},
-       "dead_letters": {"max_count": 50, "max_age_ms": 60000}},
+       "dead_letters": {"max_count": 50, "max_age_ms": 60000}, "schedules": false},
       {"name": "mail", "rate_limit": {"max": 50, "window_ms": 1000}}
     ]})"));
   CHECK(s.redis_url == "redis://127.0.0.1:7000");
@@ -65,6 +65,8 @@ TEST_CASE("settings - a full config file") {
   CHECK(q.worker.on_failure == failure_policy::halt);
   CHECK(q.worker.retry_backoff.initial == std::chrono::milliseconds(100));
   CHECK(q.worker.dead_max_count == 50);
+  CHECK_FALSE(q.worker.schedules);
+  CHECK(s.queues[1].worker.schedules);  // (not given: on)
   auto choice = q.rules.choose("import", boost::json::parse(R"({"app":"crm","entity":"orders","tenant":"t7"})"));
   REQUIRE(choice);
   CHECK(choice->group == "orders:t7");
@@ -92,6 +94,8 @@ TEST_CASE("settings - a bad file is refused naming the field") {
         "config.queues[0].concurrency: is not an integer from 1 to 100000");
   CHECK(refusal(R"({"queues": [{"name": "a", "lease_ttl_ms": 99999999999999}]})") ==
         "config.queues[0].lease_ttl_ms: is not an integer from 100 to 86400000");
+  CHECK(refusal(R"({"queues": [{"name": "a", "schedules": "no"}]})") ==
+        "config.queues[0].schedules: must be true or false");
   CHECK(refusal(R"({"queues": [{"name": "a", "burst": 5000}]})") ==
         "config.queues[0].burst: is not an integer from 1 to 1000");
   CHECK(refusal(R"({"queues": [{"name": "a", "max_group_size": 0}]})") ==
