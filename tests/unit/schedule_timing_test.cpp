@@ -1,3 +1,5 @@
+#include "schedule/due_firings.hpp"
+
 #include <jobrt/schedule.hpp>
 
 #include <date/date.h>
@@ -124,6 +126,44 @@ TEST_CASE("cron: a time the clock falls back over fires once, unless the hour is
   t = half_hourly.next_after(t);
   CHECK(text(t) == "2026-10-25 01:30:00.000");  // 02:30 CET
   CHECK(text(half_hourly.next_after(t)) == "2026-10-25 02:00:00.000");
+}
+
+TEST_CASE("scheduler: a step taken late in a fall-back's repeated hour does not fire the repeated time again") {
+  // Paris, 25 October 2026: 02:30 CEST (00:30 UTC) fired; the step comes at 02:10 CET (01:10
+  // UTC), in the hour's second pass. Counted from then, the next 02:30 would be the repeated one.
+  jobrt::schedule_spec s;
+  s.name = "nightly";
+  s.timing = schedule_timing::cron("30 2 * * *", "Europe/Paris");
+  s.catch_up = 3;
+  auto ms = [](sys_ms t) { return t.time_since_epoch().count(); };
+  auto first = utc(2026, 10, 25, 0, 30), late = utc(2026, 10, 25, 1, 10);
+  CHECK(text(s.timing.next_after(late)) == "2026-10-25 01:30:00.000");  // (what "from now" would give)
+  auto d = jobrt::detail::due_firings(s, ms(first), ms(late));
+  REQUIRE(d.firings.size() == 1);
+  CHECK(d.firings[0] == ms(first));
+  CHECK(text(sys_ms(std::chrono::milliseconds(d.next))) == "2026-10-26 01:30:00.000");
+  // And one taken after the repeated hour too: the one firing, the next the day after.
+  d = jobrt::detail::due_firings(s, ms(first), ms(utc(2026, 10, 25, 1, 45)));
+  REQUIRE(d.firings.size() == 1);
+  CHECK(text(sys_ms(std::chrono::milliseconds(d.next))) == "2026-10-26 01:30:00.000");
+}
+
+TEST_CASE("scheduler: missed firings are the latest due and catch_up before it, and a long walk is bounded") {
+  jobrt::schedule_spec s;
+  s.name = "minutely";
+  s.timing = schedule_timing::cron("* * * * *", "UTC");
+  s.catch_up = 2;
+  auto ms = [](sys_ms t) { return t.time_since_epoch().count(); };
+  auto d = jobrt::detail::due_firings(s, ms(utc(2026, 11, 28, 10, 0)), ms(utc(2026, 11, 28, 10, 7, 30)));
+  REQUIRE(d.firings.size() == 3);
+  CHECK(text(sys_ms(std::chrono::milliseconds(d.firings[0]))) == "2026-11-28 10:05:00.000");
+  CHECK(text(sys_ms(std::chrono::milliseconds(d.firings[2]))) == "2026-11-28 10:07:00.000");
+  CHECK(text(sys_ms(std::chrono::milliseconds(d.next))) == "2026-11-28 10:08:00.000");
+  // A year of missed minutes (over 500,000): the walk starts again a day back, the latest kept.
+  d = jobrt::detail::due_firings(s, ms(utc(2025, 11, 28, 10, 0)), ms(utc(2026, 11, 28, 10, 7, 30)));
+  REQUIRE(d.firings.size() == 3);
+  CHECK(text(sys_ms(std::chrono::milliseconds(d.firings[2]))) == "2026-11-28 10:07:00.000");
+  CHECK(text(sys_ms(std::chrono::milliseconds(d.next))) == "2026-11-28 10:08:00.000");
 }
 
 TEST_CASE("cron: bad expressions and zones are refused with what is wrong") {

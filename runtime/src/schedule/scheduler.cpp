@@ -1,3 +1,5 @@
+#include "schedule/due_firings.hpp"
+
 #include <jobrt/log.hpp>
 #include <jobrt/scheduler.hpp>
 
@@ -44,12 +46,10 @@ job_spec firing_job(job_spec job) {
 constexpr std::size_t long_walk = 100'000;
 constexpr std::int64_t day_ms = 86'400'000;
 
-struct due {
-  std::vector<std::int64_t> firings;  // the latest due and up to catch_up before it, oldest first
-  std::int64_t next = 0;              // the firing after the latest due
-};
+}  // namespace
 
-// The firings due at `now` from `first` (due, not yet fired).
+namespace detail {
+
 due due_firings(const schedule_spec& s, std::int64_t first, std::int64_t now) {
   due out;
   const auto& t = s.timing;
@@ -85,7 +85,7 @@ due due_firings(const schedule_spec& s, std::int64_t first, std::int64_t now) {
   return out;
 }
 
-}  // namespace
+}  // namespace detail
 
 std::string to_stored(const schedule_spec& s) {
   json::object o;
@@ -202,7 +202,7 @@ boost::asio::awaitable<std::optional<sys_ms>> scheduler::fire_due(std::size_t ma
     std::string name = s->name;
     try {
       auto spec = schedule_from_stored(s->name, s->spec);
-      auto firings = due_firings(spec, s->next_ms, now);
+      auto firings = detail::due_firings(spec, s->next_ms, now);
       step.firings = std::move(firings.firings);
       step.next_ms = firings.next;
       step.job = producer::encode(firing_job(spec.job), now, opts_);
