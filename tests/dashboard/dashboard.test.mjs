@@ -717,3 +717,31 @@ describe('pages', () => {
     await h.hasText(page.locator('#error'), /store/, 12000);
   });
 });
+
+describe('schedules', () => {
+  // A cron schedule and an interval one, added with the CLI: the page shows each one's timing,
+  // job, group and next firing; Remove (with the token) takes one away, and the CLI agrees.
+  test('lists the schedules, and removes one with the token', T, async () => {
+    const q = newQueue();
+    await h.jobrt(['schedule', 'add', 'nightly', '--redis', url(), '-q', q, '--cron', '0 3 * * *', '--tz',
+      'Europe/Paris', '-t', 'report', '-g', 'tenant:7']);
+    await h.jobrt(['schedule', 'add', 'tick', '--redis', url(), '-q', q, '--every', '1h', '-t', 'sleep']);
+    const dash = await h.startDashboard(url(), q, { token: 'schedule-token' });
+    await open(dash, '/schedules');
+    await allRows('schedules', 2);
+    const nightly = page.locator('table#schedules tr[data-schedule="nightly"]');
+    const tick = page.locator('table#schedules tr[data-schedule="tick"]');
+    await h.hasText(cell(nightly, 1), "cron '0 3 * * *' in Europe/Paris");
+    await h.hasText(cell(nightly, 2), 'report');
+    await h.hasText(cell(nightly, 3), 'tenant:7');
+    await h.hasText(cell(tick, 1), 'every 1h');
+    await h.hasText(cell(tick, 3), '-');
+    assert.match(await cell(tick, 5).innerText(), /in [\d.]+ (s|min)/);  // (at the next whole hour)
+    await page.locator('#token').fill('schedule-token');
+    await tick.getByRole('button', { name: 'Remove' }).click();
+    await h.hasCount(rows('schedules'), 1);
+    const listed = JSON.parse(await h.jobrt(['schedule', 'list', '--redis', url(), '-q', q, '--json']));
+    assert.deepEqual(listed.map((s) => s.name), ['nightly']);
+    await h.jobrt(['schedule', 'remove', '--redis', url(), '-q', q, 'nightly']);
+  });
+});

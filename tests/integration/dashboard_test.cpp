@@ -8,6 +8,7 @@
 #include <jobrt/memory_backend.hpp>
 #include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
+#include <jobrt/scheduler.hpp>
 #include <jobrt/worker.hpp>
 
 #include <fmt/format.h>
@@ -20,6 +21,9 @@
 #include <boost/json/parse.hpp>
 
 #include <doctest/doctest.h>
+
+#include <map>
+#include <string>
 
 namespace asio = boost::asio;
 namespace json = boost::json;
@@ -271,6 +275,55 @@ TEST_CASE("dashboard API: a dashboard told its host names answers no other (DNS 
     CHECK((co_await raw("[::1]:8080")).starts_with("HTTP/1.0 200"));
     CHECK((co_await raw("attacker.example:8080")).starts_with("HTTP/1.0 421"));
     CHECK((co_await raw("attacker.example")).starts_with("HTTP/1.0 421"));
+  });
+}
+
+TEST_CASE("dashboard API: the schedules, an unreadable one with why, and one removed with the token") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    fixture f(ctx, with_token("t0ken"));
+    schedule_book book(f.store, "q");
+    schedule_spec s;
+    s.name = "nightly";
+    s.timing = schedule_timing::cron("0 3 * * *", "Europe/Paris");
+    s.job.type = "report";
+    s.job.group = "tenant:7";
+    s.catch_up = 2;
+    auto added = co_await book.add(s);
+    stored_schedule broken;
+    broken.name = "broken";
+    broken.spec = "{not json";
+    broken.next_ms = 1;
+    co_await f.store.put_schedule("q", broken);
+
+    auto listed = co_await ask(f.port, "GET", "/api/queues/q/schedules");
+    REQUIRE(listed.status == 200);
+    auto body = listed.json();
+    std::map<std::string, json::object> by_name;
+    for (const auto& one : body.at("schedules").as_array())
+      by_name[std::string(one.at("name").as_string())] = one.as_object();
+    REQUIRE(by_name.size() == 2);
+    const auto& nightly = by_name["nightly"];
+    CHECK(nightly.at("timing") == "cron '0 3 * * *' in Europe/Paris");
+    CHECK(nightly.at("type") == "report");
+    CHECK(nightly.at("group") == "tenant:7");
+    CHECK(nightly.at("catch_up") == 2);
+    CHECK(nightly.at("next") == added.next.time_since_epoch().count());
+    CHECK(nightly.at("job").at("type") == "report");
+    CHECK(by_name["broken"].at("error").as_string().size() > 0);
+    CHECK(by_name["broken"].at("next") == 1);
+    CHECK(body.at("cursor") == "");
+
+    CHECK((co_await ask(f.port, "POST", "/api/queues/q/schedule/remove?name=nightly")).status == 401);
+    CHECK((co_await ask(f.port, "GET", "/api/queues/q/schedule/remove?name=nightly", "t0ken")).status == 405);
+    auto removed = co_await ask(f.port, "POST", "/api/queues/q/schedule/remove?name=nightly", "t0ken");
+    REQUIRE(removed.status == 200);
+    CHECK(removed.json().at("removed") == true);
+    CHECK((co_await ask(f.port, "POST", "/api/queues/q/schedule/remove?name=nightly", "t0ken")).json().at("removed") ==
+          false);
+    CHECK((co_await ask(f.port, "POST", "/api/queues/q/schedule/remove", "t0ken")).status == 400);
+    auto left = (co_await ask(f.port, "GET", "/api/queues/q/schedules")).json().at("schedules").as_array();
+    REQUIRE(left.size() == 1);
+    CHECK(left[0].at("name") == "broken");
   });
 }
 

@@ -7,6 +7,8 @@
 #include <jobrt/error.hpp>
 #include <jobrt/job.hpp>
 #include <jobrt/job_status.hpp>
+#include <jobrt/producer.hpp>
+#include <jobrt/scheduler.hpp>
 
 #include "backend/job_codec.hpp"
 #include "backend/views.hpp"
@@ -281,6 +283,33 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
     co_return out;
   }
 
+  // The queue's schedules, a page: each as stored, or why it cannot be read.
+  awaitable<json::value> schedule_page(const std::string& q, const boost::urls::url_view& u) {
+    auto found =
+        co_await call(store.schedules(q, param(u, "cursor"), limit_param(u, 50, 500)), "listing the schedules");
+    json::array items;
+    for (const auto& stored : found.items) {
+      json::object o;
+      o["name"] = stored.name;
+      o["next"] = stored.next_ms;
+      try {
+        auto spec = schedule_from_stored(stored.name, stored.spec);
+        o["timing"] = spec.timing.describe();
+        o["type"] = spec.job.type;
+        o["group"] = spec.job.group ? json::value(*spec.job.group) : json::value(nullptr);
+        o["catch_up"] = spec.catch_up;
+        o["job"] = to_json(spec.job);
+      } catch (const std::exception& e) {
+        o["error"] = e.what();
+      }
+      items.push_back(std::move(o));
+    }
+    json::object out;
+    out["schedules"] = std::move(items);
+    out["cursor"] = found.cursor;
+    co_return out;
+  }
+
   awaitable<json::value> history(const std::string& q, const boost::urls::url_view& u) {
     auto minutes = param(u, "minutes");
     int n = 60;
@@ -308,9 +337,10 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
   awaitable<json::value> queue_api(const request& req, const std::string& q, std::string_view route,
                                    const boost::urls::url_view& u) {
     // Each route takes one method: GET reads, POST acts.
-    static constexpr std::string_view reads[] = {"history", "groups", "group", "job", "dead", "letter", "workers"};
-    static constexpr std::string_view acts[] = {"group/pause", "group/resume", "dead/requeue", "dead/purge",
-                                                "job/cancel"};
+    static constexpr std::string_view reads[] = {"history", "groups", "group",   "job",
+                                                 "dead",    "letter", "workers", "schedules"};
+    static constexpr std::string_view acts[] = {"group/pause", "group/resume", "dead/requeue",
+                                                "dead/purge",  "job/cancel",   "schedule/remove"};
     bool reading = std::find(std::begin(reads), std::end(reads), route) != std::end(reads);
     bool acting = std::find(std::begin(acts), std::end(acts), route) != std::end(acts);
     if (!reading && !acting)
@@ -331,12 +361,15 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
       co_return detail::dead_object(*d);
     }
     if (route == "workers") co_return co_await worker_page(q, u);
+    if (route == "schedules") co_return co_await schedule_page(q, u);
     json::object out;
     if (route == "group/pause") {
       out["changed"] = co_await call(store.pause(q, required(u, "name")), "pausing the group");
     } else if (route == "group/resume") {
       auto mode = param(u, "skip") == "1" ? resume_mode::skip : resume_mode::retry;
       out["changed"] = co_await call(store.resume(q, required(u, "name"), mode), "resuming the group");
+    } else if (route == "schedule/remove") {
+      out["removed"] = co_await call(store.remove_schedule(q, required(u, "name")), "removing the schedule");
     } else if (route == "job/cancel") {
       auto outcome = co_await call(store.cancel(q, required(u, "id")), "cancelling the job");
       out["outcome"] = to_string(outcome);

@@ -380,9 +380,53 @@ async function workersPage() {
   await load();
 }
 
+// --- schedules ---
+
+function inTime(ms) {
+  const s = (ms - Date.now()) / 1000;
+  if (s <= 0) return 'due';
+  return s < 120 ? 'in ' + s.toFixed(1) + ' s' : s < 7200 ? 'in ' + (s / 60).toFixed(1) + ' min' : 'in ' + (s / 3600).toFixed(1) + ' h';
+}
+
+async function schedulesPage() {
+  const rows = el('tbody');
+  const more = el('button', { id: 'more', hidden: true }, 'More');
+  main.replaceChildren(el('h2', {}, 'Schedules of ' + state.queue),
+    el('p', { class: 'muted' }, 'Repeatable jobs: each firing is enqueued once, by whichever worker comes first (docs/SCHEDULES.md).'),
+    el('table', { id: 'schedules' }, el('thead', {}, el('tr', {}, ['name', 'when', 'job', 'group', 'catch-up', 'next firing', ''].map((h) => el('th', {}, h)))), rows),
+    more);
+  let cursor = '';
+  const load = () => fill(50, async () => {
+    const page = await api(q() + 'schedules?limit=50&cursor=' + enc(cursor));
+    for (const s of page.schedules) {
+      const remove = actionButton('Remove', 'danger', async () => {
+        try {
+          await act(q() + 'schedule/remove?name=' + enc(s.name));
+        } catch (e) {
+          return;  // (shown by api())
+        }
+        row.remove();
+      });
+      const detail = el('tr', { hidden: true, class: 'detail' }, el('td', { colspan: 7 }, el('pre', {}, json(s.job || s))));
+      const row = el('tr', { 'data-schedule': s.name },
+        el('td', { class: 'mono' }, el('a', { href: '#', onclick: (e) => { e.preventDefault(); detail.hidden = !detail.hidden; } }, s.name)),
+        s.error ? el('td', { class: 'state dead', colspan: 4 }, 'unreadable: ' + s.error)
+          : [el('td', {}, s.timing), el('td', {}, s.type), el('td', {}, s.group || '-'), el('td', {}, s.catch_up)],
+        el('td', { title: when(s.next) }, when(s.next), el('div', { class: 'muted' }, inTime(s.next))),
+        el('td', {}, remove));
+      rows.append(row, detail);
+    }
+    cursor = page.cursor;
+    more.hidden = !cursor;
+    return { added: page.schedules.length, more: !!cursor };
+  });
+  more.onclick = () => moreOf(more, load);
+  await load();
+}
+
 // --- frame ---
 
-const pages = { '': overviewPage, groups: groupsPage, group: groupPage, job: jobPage, dead: deadPage, workers: workersPage };
+const pages = { '': overviewPage, groups: groupsPage, group: groupPage, job: jobPage, dead: deadPage, workers: workersPage, schedules: schedulesPage };
 
 async function route() {
   const h = location.hash.slice(2);
