@@ -130,6 +130,10 @@ class client {
     }
     REQUIRE(amqp_basic_publish(c_, 1, amqp_empty_bytes, bytes(queue), 0, 0, &p, bytes(body)) == AMQP_STATUS_OK);
   }
+  void remove(const std::string& queue) {
+    amqp_queue_delete(c_, 1, bytes(queue), 0, 0);
+    REQUIRE(amqp_get_rpc_reply(c_).reply_type == AMQP_RESPONSE_NORMAL);
+  }
   // The messages a queue holds (ready), by a passive declare.
   std::uint32_t ready(const std::string& queue) {
     auto* ok = amqp_queue_declare(c_, 1, bytes(queue), 1, 0, 0, 0, amqp_empty_table);
@@ -199,10 +203,17 @@ TEST_CASE("amqp bridge: messages become jobs once, bad ones go to the dead-lette
         CHECK(claimed[2].job.id.size() == 7 + 32);
         CHECK(publisher.next_reason("in.dead").starts_with("the message body is not JSON"));
         CHECK(publisher.next_reason("in.dead") == "no field type to give the job's type, and no default type");
-        bridge->stop();
+        // The dead-letter queue deleted while the bridge runs: declared again before the next
+        // dead letter, which is not dropped.
+        publisher.remove("in.dead");
+        publisher.publish("in", "[1,2", "t");
+        REQUIRE(co_await eventually([&] { return bridge->counters().received == 10; }));
+        bridge->stop();  // (it ends once what it read is stored, dead-lettered and acknowledged)
         CHECK(co_await eventually([&] { return ended; }, 5s));
         // All acknowledged: none came back to the queue when the bridge's connection closed.
         CHECK(publisher.ready("in") == 0);
+        CHECK(publisher.ready("in.dead") == 1);
+        CHECK(publisher.next_reason("in.dead").starts_with("the message body is not JSON"));
       },
       60s);
 }

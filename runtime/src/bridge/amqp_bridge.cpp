@@ -245,6 +245,30 @@ struct amqp_bridge::impl {
     return why.empty() ? why : ": " + why;
   }
 
+  // Makes sure queue `name` is there: one that is is taken as it is, a missing one (404) is
+  // declared, durable. The 404 closed the channel it came on: it is opened again first (and put
+  // back in transaction mode when `tx`). Empty, or what went wrong.
+  static std::string ensure_queue(amqp_connection_state_t conn, amqp_channel_t ch, const std::string& name,
+                                  bool tx = false) {
+    amqp_queue_declare(conn, ch, bytes_of(name), 1, 0, 0, 0, amqp_empty_table);
+    auto r = amqp_get_rpc_reply(conn);
+    if (r.reply_type == AMQP_RESPONSE_NORMAL) return {};
+    bool missing = r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION && r.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
+                   static_cast<const amqp_channel_close_t*>(r.reply.decoded)->reply_code == 404;
+    if (!missing) return problem_of(r, fmt::format("looking for queue {}", name));
+    amqp_channel_close_ok_t closed{};
+    amqp_send_method(conn, ch, AMQP_CHANNEL_CLOSE_OK_METHOD, &closed);
+    amqp_channel_open(conn, ch);
+    if (auto p = problem_of(amqp_get_rpc_reply(conn), "opening a channel"); !p.empty()) return p;
+    if (tx) {
+      amqp_tx_select(conn, ch);
+      if (auto p = problem_of(amqp_get_rpc_reply(conn), "starting the dead letters' transactions"); !p.empty())
+        return p;
+    }
+    amqp_queue_declare(conn, ch, bytes_of(name), 0, 1, 0, 0, amqp_empty_table);
+    return problem_of(amqp_get_rpc_reply(conn), fmt::format("declaring queue {}", name));
+  }
+
   // One connection's life: consumes until stop() (""), or until something fails (why).
   std::string session(bool& consumed) {
     connection c;
@@ -269,21 +293,8 @@ struct amqp_bridge::impl {
       amqp_channel_open(conn, ch);
       if (auto p = problem_of(amqp_get_rpc_reply(conn), "opening a channel"); !p.empty()) return p;
     }
-    // Declared if missing (404), durable; a queue that is there already is taken as it is.
-    for (const auto& name : {from.queue, from.dead}) {
-      amqp_queue_declare(conn, channel, bytes_of(name), 1, 0, 0, 0, amqp_empty_table);
-      auto r = amqp_get_rpc_reply(conn);
-      if (r.reply_type == AMQP_RESPONSE_NORMAL) continue;
-      bool missing = r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION && r.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
-                     static_cast<const amqp_channel_close_t*>(r.reply.decoded)->reply_code == 404;
-      if (!missing) return problem_of(r, fmt::format("looking for queue {}", name));
-      amqp_channel_close_ok_t closed{};  // (the refusal closed the channel: confirm it, open it again)
-      amqp_send_method(conn, channel, AMQP_CHANNEL_CLOSE_OK_METHOD, &closed);
-      amqp_channel_open(conn, channel);
-      if (auto p = problem_of(amqp_get_rpc_reply(conn), "opening a channel"); !p.empty()) return p;
-      amqp_queue_declare(conn, channel, bytes_of(name), 0, 1, 0, 0, amqp_empty_table);
-      if (auto p = problem_of(amqp_get_rpc_reply(conn), fmt::format("declaring queue {}", name)); !p.empty()) return p;
-    }
+    for (const auto& name : {from.queue, from.dead})
+      if (auto p = ensure_queue(conn, channel, name); !p.empty()) return p;
     amqp_tx_select(conn, dead_channel);  // (a commit returns once the broker has the dead letters)
     if (auto p = problem_of(amqp_get_rpc_reply(conn), "starting the dead letters' transactions"); !p.empty()) return p;
     amqp_basic_qos(conn, channel, 0, from.prefetch, 0);
@@ -322,6 +333,11 @@ struct amqp_bridge::impl {
       auto kept = std::make_shared<const std::vector<bridge_message>>(std::move(batch));
       auto refused = store_from_thread(kept, conn);
       if (!refused) return {};  // stopped before they were stored: the broker delivers them again
+      // (A publish to a queue that is not there is dropped: a dead-letter queue deleted since the
+      // last batch is declared again first.)
+      if (!refused->empty()) {
+        if (auto p = ensure_queue(conn, dead_channel, from.dead, true); !p.empty()) return p;
+      }
       for (const auto& [i, why] : *refused) {
         const auto& m = (*kept)[i];
         log(log_level::warn, "bridge", "message {} of queue {} cannot become a job: {}", m.default_id, from.queue, why);
