@@ -181,9 +181,10 @@ struct amqp_bridge::impl {
     co_return std::move(sorted.refused);
   }
 
-  // On the thread: hands the batch to the io_context, where it is stored; its outcome comes in
-  // the future.
-  std::future<std::optional<refusals>> start_store(shared_batch batch) {
+  // On the thread: hands the batch to the io_context and waits for its outcome, sending the
+  // broker heartbeats meanwhile (librabbitmq sends none while no call of it runs). nullopt when
+  // stop() came first, or the store did not end within 10 s of it.
+  std::optional<refusals> store_from_thread(shared_batch batch, amqp_connection_state_t conn) {
     // (Owned by the handler: an io_context gone before it ran breaks the promise, and get() throws.)
     auto promise = std::make_shared<std::promise<std::optional<refusals>>>();
     auto outcome = promise->get_future();
@@ -193,72 +194,14 @@ struct amqp_bridge::impl {
       else
         promise->set_value(std::move(refused));
     });
-    return outcome;
-  }
-
-  // A batch being stored, and the delivery tag of its last message.
-  struct in_flight {
-    shared_batch batch;
-    std::uint64_t last_tag = 0;
-    std::future<std::optional<refusals>> outcome;
-  };
-
-  // On the thread: waits for a batch's store, sending the broker heartbeats meanwhile
-  // (librabbitmq sends none while no call of it runs), then publishes its refused messages to
-  // the dead-letter queue and acknowledges the batch. Empty when done, or what failed; nullopt
-  // when stop() came first, or the store did not end within 10 s of it (the broker delivers the
-  // batch again).
-  std::optional<std::string> settle(in_flight& f, amqp_connection_state_t conn) {
-    for (int after_stop = 0; f.outcome.wait_for(std::chrono::seconds(1)) != std::future_status::ready;) {
+    promise.reset();
+    for (int after_stop = 0; outcome.wait_for(std::chrono::seconds(1)) != std::future_status::ready;) {
       amqp_frame_t heartbeat{};
       heartbeat.frame_type = AMQP_FRAME_HEARTBEAT;
       amqp_send_frame(conn, &heartbeat);
       if (stopping && ++after_stop >= 10) return std::nullopt;
     }
-    auto refused = f.outcome.get();
-    if (!refused) return std::nullopt;
-    // (A publish to a queue that is not there is dropped: a dead-letter queue deleted since the
-    // last batch is declared again first.)
-    if (!refused->empty()) {
-      if (auto p = ensure_queue(conn, dead_channel, from.dead, true); !p.empty()) return p;
-    }
-    for (const auto& [i, why] : *refused) {
-      const auto& m = (*f.batch)[i];
-      log(log_level::warn, "bridge", "message {} of queue {} cannot become a job: {}", m.default_id, from.queue, why);
-      std::vector<amqp_table_entry_t> entries;
-      auto add = [&](const std::string& key, const std::string& value) {
-        amqp_table_entry_t e{};
-        e.key = bytes_of(key);
-        e.value.kind = AMQP_FIELD_KIND_UTF8;
-        e.value.value.bytes = bytes_of(value);
-        entries.push_back(e);
-      };
-      const std::string reason_key = "x-jobrt-reason", queue_key = "x-jobrt-queue";
-      add(reason_key, why);
-      add(queue_key, from.queue);
-      for (const auto& [k, v] : m.fields) add(k, v);
-      amqp_basic_properties_t props{};
-      props._flags = AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG;
-      props.delivery_mode = 2;  // persistent
-      props.headers.num_entries = static_cast<int>(entries.size());
-      props.headers.entries = entries.data();
-      props.message_id = bytes_of(m.default_id);
-      if (int rc = amqp_basic_publish(conn, dead_channel, amqp_empty_bytes, bytes_of(from.dead), 0, 0, &props,
-                                      bytes_of(*m.body));
-          rc != AMQP_STATUS_OK)
-        return fmt::format("writing to dead-letter queue {}: {}", from.dead, amqp_error_string2(rc));
-    }
-    // Acknowledged only once the broker has the dead letters (the commit; frames of the other
-    // channel that come meanwhile wait for amqp_consume_message); then one ack with `multiple`
-    // takes the batch (deliveries come in order on one channel, and batches are settled in
-    // their order).
-    if (!refused->empty()) {
-      amqp_tx_commit(conn, dead_channel);
-      if (auto p = problem_of(amqp_get_rpc_reply(conn), "committing dead letters"); !p.empty()) return p;
-    }
-    if (int rc = amqp_basic_ack(conn, channel, f.last_tag, 1); rc != AMQP_STATUS_OK)
-      return fmt::format("acknowledging: {}", amqp_error_string2(rc));
-    return std::string();
+    return outcome.get();
   }
 
   // An amqps:// socket's settings: the CAs that sign the broker's certificate, a client
@@ -363,7 +306,6 @@ struct amqp_bridge::impl {
     consumed = true;
     count([](bridge_counters& counters) { counters.active = true; });
     auto lag_asked = std::chrono::steady_clock::time_point();
-    std::optional<in_flight> storing;  // the batch being stored, while the next is read
     while (!stopping) {
       if (std::chrono::steady_clock::now() - lag_asked > std::chrono::seconds(1)) {  // the queue's ready messages
         lag_asked = std::chrono::steady_clock::now();
@@ -372,36 +314,65 @@ struct amqp_bridge::impl {
           return p;  // (deleted: the channel is closed, and the consumer with it)
         count([&](bridge_counters& counters) { counters.lag = ok->message_count; });
       }
-      // A batch: the first delivery waited for (a while: stop() is seen between waits) when
-      // none is being stored, else only what comes at once; the rest as they come without a
-      // pause. So the next batch is read while one is stored (a round trip to the queue's
-      // server); the stores run one after another, in delivery order.
+      // A batch: the first delivery waited for (a while: stop() is seen between waits), the
+      // rest as they come without a pause.
       std::vector<bridge_message> batch;
       std::uint64_t last_tag = 0;
       while (batch.size() < from.batch) {
         amqp_maybe_release_buffers(conn);
         amqp_envelope_t envelope;
-        timeval limit = batch.empty() && !storing ? timeval{0, 250'000} : timeval{0, 1'000};
+        timeval limit = batch.empty() ? timeval{0, 250'000} : timeval{0, 1'000};
         auto r = amqp_consume_message(conn, &envelope, &limit, 0);
         if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION && r.library_error == AMQP_STATUS_TIMEOUT) break;
-        if (r.reply_type != AMQP_RESPONSE_NORMAL) return problem_of(r, "receiving");  // (nothing more acked)
+        if (r.reply_type != AMQP_RESPONSE_NORMAL) return problem_of(r, "receiving");  // (nothing acked)
         batch.push_back(message_of(envelope));
         last_tag = envelope.delivery_tag;
         amqp_destroy_envelope(&envelope);
       }
-      if (storing) {
-        auto settled = settle(*storing, conn);
-        if (!settled) return {};  // stopped before it was stored: the broker delivers it again
-        if (!settled->empty()) return *settled;
-        storing.reset();
-      }
       if (batch.empty()) continue;
       auto kept = std::make_shared<const std::vector<bridge_message>>(std::move(batch));
-      storing = in_flight{kept, last_tag, start_store(kept)};
-    }
-    if (storing) {  // (stop(): the batch under way is stored and acknowledged, or left to come again)
-      auto settled = settle(*storing, conn);
-      if (settled && !settled->empty()) return *settled;
+      auto refused = store_from_thread(kept, conn);
+      if (!refused) return {};  // stopped before they were stored: the broker delivers them again
+      // (A publish to a queue that is not there is dropped: a dead-letter queue deleted since the
+      // last batch is declared again first.)
+      if (!refused->empty()) {
+        if (auto p = ensure_queue(conn, dead_channel, from.dead, true); !p.empty()) return p;
+      }
+      for (const auto& [i, why] : *refused) {
+        const auto& m = (*kept)[i];
+        log(log_level::warn, "bridge", "message {} of queue {} cannot become a job: {}", m.default_id, from.queue, why);
+        std::vector<amqp_table_entry_t> entries;
+        auto add = [&](const std::string& key, const std::string& value) {
+          amqp_table_entry_t e{};
+          e.key = bytes_of(key);
+          e.value.kind = AMQP_FIELD_KIND_UTF8;
+          e.value.value.bytes = bytes_of(value);
+          entries.push_back(e);
+        };
+        const std::string reason_key = "x-jobrt-reason", queue_key = "x-jobrt-queue";
+        add(reason_key, why);
+        add(queue_key, from.queue);
+        for (const auto& [k, v] : m.fields) add(k, v);
+        amqp_basic_properties_t props{};
+        props._flags = AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG;
+        props.delivery_mode = 2;  // persistent
+        props.headers.num_entries = static_cast<int>(entries.size());
+        props.headers.entries = entries.data();
+        props.message_id = bytes_of(m.default_id);
+        if (int rc = amqp_basic_publish(conn, dead_channel, amqp_empty_bytes, bytes_of(from.dead), 0, 0, &props,
+                                        bytes_of(*m.body));
+            rc != AMQP_STATUS_OK)
+          return fmt::format("writing to dead-letter queue {}: {}", from.dead, amqp_error_string2(rc));
+      }
+      // Acknowledged only once the broker has the dead letters (the commit; frames of the other
+      // channel that come meanwhile wait for amqp_consume_message); then one ack with
+      // `multiple` takes the batch (deliveries come in order on one channel).
+      if (!refused->empty()) {
+        amqp_tx_commit(conn, dead_channel);
+        if (auto p = problem_of(amqp_get_rpc_reply(conn), "committing dead letters"); !p.empty()) return p;
+      }
+      if (int rc = amqp_basic_ack(conn, channel, last_tag, 1); rc != AMQP_STATUS_OK)
+        return fmt::format("acknowledging: {}", amqp_error_string2(rc));
     }
     return {};
   }
