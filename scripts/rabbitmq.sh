@@ -42,7 +42,7 @@ if [ "${TLS:-}" = 1 ]; then
   "$(dirname "$0")/test-certs.sh" "$dir/tls" || { rm -rf "$dir"; exit 1; }
   chmod 644 "$dir/tls"/*
 fi
-# Both ports below the kernel's ephemeral range (32768 and up by default), where an outgoing
+# The ports below the kernel's ephemeral range (32768 and up by default), where an outgoing
 # connection may hold a port that no listener shows.
 for _ in $(seq 5); do
   port=$((10000 + RANDOM % 20000))

@@ -128,7 +128,7 @@ void add_bridge(CLI::App& jobrt, action& chosen) {
   cmd->add_option("--from", a->from,
                   "redis-stream://HOST:PORT/STREAM?group=GROUP (several HOST:PORT for a cluster's nodes; behind "
                   "Sentinel redis-stream+sentinel://HOST:26379/PRIMARY/STREAM?group=GROUP) or "
-                  "amqp://USER:PASSWORD@HOST:5672/VHOST?queue=QUEUE (docs/BRIDGES.md)")
+                  "amqp://USER:PASSWORD@HOST:5672/VHOST?queue=QUEUE (amqps:// for TLS; docs/BRIDGES.md)")
       ->required()
       ->envname("JOBRT_BRIDGE_FROM")
       ->option_text("URL");

@@ -311,7 +311,7 @@ TEST_CASE("jobrt refuses out-of-range options, empty names, stray arguments and 
       {{"bridge", "-q", "q", "--from", "kafka://h/x"},
        2,
        "source URL: scheme 'kafka' is none of redis-stream://, rediss-stream://, redis-stream+sentinel://, "
-       "rediss-stream+sentinel:// and amqp://"},
+       "rediss-stream+sentinel://, amqp:// and amqps://"},
       {{"bridge", "--from", "redis-stream://127.0.0.1:1/s?group=g"}, 2, "bridge: --to-queue is required"},
       {{"bridge", "-q", "q", "--from", "redis-stream://127.0.0.1:1/s?group=g", "--keep", "0"},
        2,

@@ -204,10 +204,18 @@ struct amqp_bridge::impl {
     return outcome.get();
   }
 
+  // Why the broker's certificate was refused in this thread's last handshake ("" none).
+  static inline thread_local std::string refused_certificate;
+  static int on_verify(int ok, X509_STORE_CTX* store) {
+    if (ok == 0) refused_certificate = X509_verify_cert_error_string(X509_STORE_CTX_get_error(store));
+    return ok;
+  }
+
   // An amqps:// socket's settings: the CAs that sign the broker's certificate, a client
   // certificate, what is checked. Empty, or what is wrong.
   std::string tls_setup(amqp_socket_t* socket) const {
     ERR_clear_error();  // (what tls_why says is this connection's)
+    refused_certificate.clear();
     auto* context = static_cast<SSL_CTX*>(amqp_ssl_socket_get_context(socket));
     if (context == nullptr) return "cannot make a TLS context";
     if (!from.tls_ca_file.empty()) {
@@ -220,11 +228,13 @@ struct amqp_bridge::impl {
         amqp_ssl_socket_set_key(socket, from.tls_cert_file.c_str(), from.tls_key_file.c_str()) != AMQP_STATUS_OK)
       return fmt::format("reading the client certificate {} and key {}{}", from.tls_cert_file, from.tls_key_file,
                          tls_why());
-    // The name is checked by OpenSSL in the handshake (an IP address against the certificate's
-    // IP names too, which librabbitmq's own check does not know).
+    // The certificate and the name are checked by OpenSSL in the handshake, which fails on a
+    // bad one before this side sends anything of its own (librabbitmq checks only once the
+    // handshake is over, and its name check does not know IP addresses).
     amqp_ssl_socket_set_verify_peer(socket, from.tls_verify ? 1 : 0);
     amqp_ssl_socket_set_verify_hostname(socket, 0);
     if (from.tls_verify) {
+      SSL_CTX_set_verify(context, SSL_VERIFY_PEER, on_verify);
       auto* param = SSL_CTX_get0_param(context);
       bool named = X509_VERIFY_PARAM_set1_ip_asc(param, from.host.c_str()) == 1 ||
                    X509_VERIFY_PARAM_set1_host(param, from.host.c_str(), from.host.size()) == 1;
@@ -234,14 +244,17 @@ struct amqp_bridge::impl {
     return {};
   }
 
-  // What OpenSSL last said on this thread (": why"), or nothing; its queue emptied.
+  // Why a TLS step failed on this thread (": why"): the broker's certificate refused, else the
+  // first error OpenSSL queued (the nearest to the cause), else nothing. The queue is emptied.
   static std::string tls_why() {
-    std::string why;
+    std::string why = refused_certificate.empty() ? std::string() : "certificate refused: " + refused_certificate;
     for (unsigned long e = ERR_get_error(); e != 0; e = ERR_get_error()) {
+      if (!why.empty()) continue;
       char text[256] = {};
       ERR_error_string_n(e, text, sizeof text);
-      why = text;  // (the last is the nearest to the cause)
+      why = text;
     }
+    refused_certificate.clear();
     return why.empty() ? why : ": " + why;
   }
 
@@ -279,7 +292,8 @@ struct amqp_bridge::impl {
     }
     timeval connect_limit{2, 0};
     if (int rc = amqp_socket_open_noblock(socket, from.host.c_str(), from.port, &connect_limit); rc != AMQP_STATUS_OK)
-      return fmt::format("connecting to {}:{}: {}{}", from.host, from.port, amqp_error_string2(rc), tls_why());
+      return fmt::format("connecting to {}:{}: {}{}", from.host, from.port, amqp_error_string2(rc),
+                         from.tls ? tls_why() : std::string());
     c.opened();
     auto* conn = c.get();
     timeval rpc_limit{10, 0};  // (no call waits for ever for a broker that stopped answering)

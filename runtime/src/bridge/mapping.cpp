@@ -188,7 +188,7 @@ std::unique_ptr<bridge> make_bridge(boost::asio::any_io_executor ex, std::string
   auto scheme = url.substr(0, url.find(':'));
   throw std::invalid_argument(
       fmt::format("source URL: scheme '{}' is none of redis-stream://, rediss-stream://, redis-stream+sentinel://, "
-                  "rediss-stream+sentinel:// and amqp://",
+                  "rediss-stream+sentinel://, amqp:// and amqps://",
                   scheme));
 }
 

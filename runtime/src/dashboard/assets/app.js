@@ -406,6 +406,7 @@ async function schedulesPage() {
           return;  // (shown by api())
         }
         row.remove();
+        detail.remove();
       });
       const detail = el('tr', { hidden: true, class: 'detail' }, el('td', { colspan: 7 }, el('pre', {}, json(s.job || s))));
       const row = el('tr', { 'data-schedule': s.name },
