@@ -699,6 +699,11 @@ std::string utc_text(sys_ms t) {
 }
 
 json::object to_json(const schedule_info& s) {
+  if (!s.error.empty())
+    return {{"name", s.spec.name},
+            {"next", utc_text(s.next)},
+            {"next_ms", s.next.time_since_epoch().count()},
+            {"error", s.error}};
   json::object o{{"name", s.spec.name},
                  {"next", utc_text(s.next)},
                  {"next_ms", s.next.time_since_epoch().count()},
@@ -783,6 +788,10 @@ int schedule_list(const common& c) {
         }
         if (all.empty()) fmt::print("queue {}: no schedules\n", c.queue);
         for (const auto& s : all) {
+          if (!s.error.empty()) {
+            fmt::print("{}  unreadable ({})  next {}\n", s.spec.name, s.error, utc_text(s.next));
+            continue;
+          }
           std::string group = s.spec.job.group ? "  group " + *s.spec.job.group : std::string();
           std::string catch_up = s.spec.catch_up > 0 ? fmt::format("  catch-up {}", s.spec.catch_up) : std::string();
           fmt::print("{}  {}  next {}  type {}{}{}\n", s.spec.name, s.spec.timing.describe(), utc_text(s.next),

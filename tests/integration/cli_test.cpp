@@ -983,6 +983,85 @@ TEST_CASE("jobrt job finds a kept job pending behind others, delayed, done and d
   CHECK(jobrt_cli({"job", "plain", "--redis", url, "--queue", queue}).status == 1);  // done, and not kept
 }
 
+TEST_CASE("jobrt schedule adds, lists and removes schedules, names a bad value, and lists an unreadable one") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "sched";
+  auto nightly = jobrt_cli({"schedule", "add", "nightly", "--redis", url, "--queue", queue, "--cron", "0 3 * * *",
+                            "--tz", "Europe/Paris", "--type", "report", "--group", "tenant:7"});
+  CAPTURE(nightly.output);
+  REQUIRE(nightly.status == 0);
+  CHECK(nightly.output.find("schedule nightly: ") != std::string::npos);
+  auto tick = jobrt_cli({"schedule", "add", "tick", "--redis", url, "--queue", queue, "--every", "10s", "--type",
+                         "sleep", "--catch-up", "5", "--json"});
+  CAPTURE(tick.output);
+  REQUIRE(tick.status == 0);
+  auto added = boost::json::parse(tick.output).as_object();
+  CHECK(added.at("every_ms").as_int64() == 10000);
+  CHECK(added.at("catch_up").as_int64() == 5);
+
+  auto cron =
+      jobrt_cli({"schedule", "add", "x", "--redis", url, "--queue", queue, "--cron", "61 * * * *", "--type", "t"});
+  CHECK(cron.status == 1);
+  CHECK(cron.output.find("cron expression '61 * * * *'") != std::string::npos);
+  auto zone = jobrt_cli({"schedule", "add", "x", "--redis", url, "--queue", queue, "--cron", "* * * * *", "--tz",
+                         "Mars/Olympus", "--type", "t"});
+  CHECK(zone.status == 1);
+  CHECK(zone.output.find("unknown time zone 'Mars/Olympus'") != std::string::npos);
+  auto both = jobrt_cli({"schedule", "add", "x", "--redis", url, "--queue", queue, "--cron", "* * * * *", "--every",
+                         "1s", "--type", "t"});
+  CHECK(both.status == 2);
+  CHECK(both.output.find("give --cron or --every (one of them)") != std::string::npos);
+
+  // One stored by another version, or by hand: listed with why, beside the others.
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    stored_schedule broken;
+    broken.name = "broken";
+    broken.spec = "{not json";
+    broken.next_ms = 1;
+    co_await store.put_schedule(queue, broken);
+  });
+  auto text = jobrt_cli({"schedule", "list", "--redis", url, "--queue", queue});
+  CAPTURE(text.output);
+  REQUIRE(text.status == 0);
+  auto broken_at = text.output.find("broken  unreadable (schedule 'broken': its stored form is not a JSON object");
+  auto nightly_at = text.output.find("nightly  ");
+  auto tick_at = text.output.find("tick  ");
+  CHECK(broken_at != std::string::npos);
+  CHECK(nightly_at != std::string::npos);
+  CHECK(tick_at != std::string::npos);
+  CHECK((broken_at < nightly_at && nightly_at < tick_at));
+  CHECK(text.output.find("group tenant:7") != std::string::npos);
+  CHECK(text.output.find("catch-up 5") != std::string::npos);
+  auto listed = jobrt_cli({"schedule", "list", "--redis", url, "--queue", queue, "--json"});
+  CAPTURE(listed.output);
+  REQUIRE(listed.status == 0);
+  auto all = boost::json::parse(listed.output).as_array();
+  REQUIRE(all.size() == 3);
+  CHECK(all[0].at("name").as_string() == "broken");
+  CHECK(all[0].as_object().contains("error"));
+  CHECK(all[1].at("cron").as_string() == "0 3 * * *");
+  CHECK(all[1].at("tz").as_string() == "Europe/Paris");
+  CHECK(all[1].at("job").at("group").as_string() == "tenant:7");
+  CHECK(!all[1].as_object().contains("error"));
+  CHECK(all[2].at("every_ms").as_int64() == 10000);
+
+  auto removed = jobrt_cli({"schedule", "remove", "tick", "--redis", url, "--queue", queue});
+  CHECK(removed.status == 0);
+  CHECK(removed.output.find("schedule tick: removed") != std::string::npos);
+  auto again = jobrt_cli({"schedule", "remove", "tick", "--redis", url, "--queue", queue});
+  CHECK(again.status == 1);
+  CHECK(again.output.find(fmt::format("queue '{}' has no schedule 'tick'", queue)) != std::string::npos);
+  auto fixed =
+      jobrt_cli({"schedule", "add", "broken", "--redis", url, "--queue", queue, "--every", "1h", "--type", "t"});
+  CHECK(fixed.status == 0);
+  auto left = boost::json::parse(jobrt_cli({"schedule", "list", "--redis", url, "--queue", queue, "--json"}).output);
+  REQUIRE(left.as_array().size() == 2);
+  CHECK(left.as_array()[0].at("every_ms").as_int64() == 3600000);
+  CHECK(left.as_array()[1].at("name").as_string() == "nightly");
+}
+
 TEST_CASE("jobrt check reports a stuck group with exit code 1 and --repair fixes it") {
   auto cfg = shared_redis();
   auto url = url_of(cfg);

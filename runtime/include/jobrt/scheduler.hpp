@@ -40,6 +40,9 @@ struct schedule_spec {
 struct schedule_info {
   schedule_spec spec;
   sys_ms next;  ///< its next firing
+  /// Empty, or why its stored form cannot be read (then spec holds only its name): written by
+  /// another version, or by hand. Workers do not fire it until it is put right.
+  std::string error;
 };
 
 /// The schedule's stored form (backend::stored_schedule's spec), and back. from_stored throws
@@ -59,7 +62,8 @@ class schedule_book {
   boost::asio::awaitable<schedule_info> add(schedule_spec s);
   /// Removes the schedule; false when the queue has none of that name.
   boost::asio::awaitable<bool> remove(std::string name);
-  /// Up to about `limit` schedules from `cursor` ("" to start), in no particular order.
+  /// Up to about `limit` schedules from `cursor` ("" to start), in no particular order; one
+  /// that cannot be read comes with its error.
   boost::asio::awaitable<page<schedule_info>> list(std::string cursor, std::size_t limit);
 
  private:

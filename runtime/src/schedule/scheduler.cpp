@@ -180,7 +180,12 @@ boost::asio::awaitable<page<schedule_info>> schedule_book::list(std::string curs
   out.cursor = std::move(stored.cursor);
   for (auto& s : stored.items) {
     schedule_info info;
-    info.spec = schedule_from_stored(s.name, s.spec);
+    try {
+      info.spec = schedule_from_stored(s.name, s.spec);
+    } catch (const std::invalid_argument& e) {
+      info.spec.name = s.name;
+      info.error = e.what();
+    }
     info.next = sys_ms(milliseconds(s.next_ms));
     out.items.push_back(std::move(info));
   }
