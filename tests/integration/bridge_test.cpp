@@ -207,6 +207,12 @@ TEST_CASE("bridge: a bad stream URL is refused naming what is wrong") {
         "(?group=<group>)");
   CHECK(stream_source::from_url("redis-stream://h/a%2Fb?group=g%26h").stream == "a/b");
   CHECK(stream_source::from_url("redis-stream://h/a%2Fb?group=g%26h").group == "g&h");
+  auto spaced = stream_source::from_url("redis-stream://h/a%2Fb%3Fc?group=g+1%2B2%26x");  // ('+' a space)
+  CHECK(spaced.group == "g 1+2&x");
+  CHECK(spaced.stream == "a/b?c");
+  CHECK(spaced.address() == "redis-stream://h:6379/a%2Fb%3Fc?group=g%201%2B2%26x");
+  CHECK(stream_source::from_url(spaced.address()).group == spaced.group);
+  CHECK(stream_source::from_url(spaced.address()).stream == spaced.stream);
   CHECK(stream_source::from_url("redis-stream://h/s?group=g&db=3").address() == "redis-stream://h:6379/s?group=g&db=3");
   auto s = stream_source::from_url("rediss-stream://u:pw@h:7000/orders?group=g&consumer=c&db=2&ca=/x.pem");
   CHECK(s.server.tls);

@@ -108,6 +108,13 @@ TEST_CASE("bridge mapping: AMQP URLs, amqps:// with its TLS parameters, and the 
   CHECK(s.prefetch == 50);
   CHECK(s.batch == 10);
   CHECK(s.address() == "amqp://u@mq.example:5673/prod%2Fa?queue=imports");
+  // Parameters read as redis:// reads them ('+' a space), and address() writes what parses back.
+  auto spaced = amqp_source::from_url("amqp://h/v%20h?queue=my+imports%2Bx%26y");
+  CHECK(spaced.queue == "my imports+x&y");
+  CHECK(spaced.vhost == "v h");
+  CHECK(spaced.address() == "amqp://guest@h:5672/v%20h?queue=my%20imports%2Bx%26y");
+  CHECK(amqp_source::from_url(spaced.address()).queue == spaced.queue);
+  CHECK(amqp_source::from_url(spaced.address()).vhost == spaced.vhost);
   auto plain = amqp_source::from_url("amqp://h?queue=q");
   CHECK(plain.user == "guest");
   CHECK(plain.vhost == "/");

@@ -38,6 +38,27 @@ std::string shown(std::string_view url) {
   throw std::invalid_argument(fmt::format("{} URL '{}': {}", kind, shown(url), why));
 }
 
+// A URL parameter's key or value as it means: %XX decoded, and '+' a space (as redis:// reads them).
+std::string decoded(boost::urls::pct_string_view text) {
+  boost::urls::encoding_opts opts;
+  opts.space_as_plus = true;
+  return text.decode(opts);
+}
+
+// The text as a URL holds it: '%', white space, other bytes outside ASCII's printable ones and
+// those of `special` written as %XX.
+std::string percent_encoded(std::string_view text, std::string_view special) {
+  std::string out;
+  for (char c : text) {
+    auto byte = static_cast<unsigned char>(c);
+    if (byte > 0x20 && byte < 0x7f && c != '%' && special.find(c) == std::string_view::npos)
+      out += c;
+    else
+      out += fmt::format("%{:02X}", byte);
+  }
+  return out;
+}
+
 // A whole number from min to max, as a URL parameter gives it.
 std::int64_t parameter_number(std::string_view url, std::string_view key, std::string_view text, std::int64_t min,
                               std::int64_t max, std::string_view kind = "stream") {
@@ -215,7 +236,7 @@ amqp_source amqp_source::from_url(std::string_view url) {
   if (segments.size() > 1) bad("the path must be the vhost only (%2F for '/')");
   if (segments.size() == 1 && !(*segments.begin()).empty()) s.vhost = (*segments.begin()).decode();
   for (auto encoded : u.encoded_params()) {
-    std::string key = encoded.key.decode(), value = encoded.value.decode();
+    std::string key = decoded(encoded.key), value = decoded(encoded.value);
     if (value.empty()) bad(fmt::format("parameter '{}' is empty", key));
     if (key == "queue")
       s.queue = value;
@@ -248,9 +269,8 @@ amqp_source amqp_source::from_url(std::string_view url) {
 }
 
 std::string amqp_source::address() const {
-  std::string vhost_part;
-  for (char c : vhost) vhost_part += c == '/' ? std::string("%2F") : std::string(1, c);
-  return fmt::format("{}://{}@{}:{}/{}?queue={}", tls ? "amqps" : "amqp", user, host, port, vhost_part, queue);
+  return fmt::format("{}://{}@{}:{}/{}?queue={}", tls ? "amqps" : "amqp", percent_encoded(user, ":@/?#"), host, port,
+                     percent_encoded(vhost, "/?#"), percent_encoded(queue, "&=+#"));
 }
 
 stream_source stream_source::from_url(std::string_view url) {
@@ -287,7 +307,7 @@ stream_source stream_source::from_url(std::string_view url) {
   for (auto segment : segments) s.stream = segment.decode();  // the last (so "a%2Fb" names stream "a/b")
   std::string db, server_params;
   for (auto encoded : u.encoded_params()) {
-    std::string key = encoded.key.decode(), value = encoded.value.decode();
+    std::string key = decoded(encoded.key), value = decoded(encoded.value);
     if (value.empty()) bad_url(url, fmt::format("parameter '{}' is empty", key));
     bool for_server = key == "ca" || key == "cert" || key == "key" || key == "sni" || key == "verify" ||
                       (sentinel && (key == "sentinel_user" || key == "sentinel_password"));
@@ -344,11 +364,7 @@ std::string stream_source::address() const {
   auto server_address = server.address();
   auto scheme_end = server_address.find("://");
   auto plus = std::min(server_address.find('+'), scheme_end);
-  auto encoded = [](const std::string& name) {  // (as the path holds it: "/" as %2F)
-    std::string out;
-    for (char c : name) out += c == '/' ? std::string("%2F") : std::string(1, c);
-    return out;
-  };
+  auto encoded = [](const std::string& name) { return percent_encoded(name, "/?#"); };  // (as the path holds it)
   std::string where;
   if (server.sentinels.empty()) {
     where = server_address.substr(scheme_end, server_address.rfind('/') - scheme_end);
@@ -363,7 +379,8 @@ std::string stream_source::address() const {
                         encoded(server.sentinel_master));
   }
   return fmt::format("{}-stream{}{}/{}?group={}{}", server_address.substr(0, plus),
-                     server_address.substr(plus, scheme_end - plus), where, encoded(stream), group,
+                     server_address.substr(plus, scheme_end - plus), where, encoded(stream),
+                     percent_encoded(group, "&=+#"),
                      server.database == 0 ? std::string() : fmt::format("&db={}", server.database));
 }
 
