@@ -196,6 +196,10 @@ boost::asio::awaitable<std::vector<enqueue_result>> producer::enqueue_bulk(std::
       throw std::invalid_argument(fmt::format("job {} of {}: {}", i + 1, specs.size(), e.what()));
     }
   }
+  co_return co_await enqueue_encoded(std::move(encoded));
+}
+
+boost::asio::awaitable<std::vector<enqueue_result>> producer::enqueue_encoded(std::vector<encoded_job> encoded) {
   // A backend that splits a batch (over a queue's shards) gets as many batches in one call.
   auto per_call = opts_.batch;
   if (encoded.size() > per_call) per_call *= std::max<std::size_t>(1, co_await backend_->shard_count(queue_));

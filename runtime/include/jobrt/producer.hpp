@@ -77,6 +77,10 @@ class producer {
   /// leaves the others' parts stored: "nothing stored" and the count of stored jobs then speak of
   /// the batches before the failed one only. Jobs with ids of their own make a retry safe.
   boost::asio::awaitable<std::vector<enqueue_result>> enqueue_bulk(std::vector<job_spec> specs);
+  /// Enqueues jobs that encode() made with options(), as enqueue_bulk does (in order, in its
+  /// batches, with its errors): for a caller that encodes its jobs to check them (a bridge), so
+  /// that each is encoded once.
+  boost::asio::awaitable<std::vector<enqueue_result>> enqueue_encoded(std::vector<encoded_job> jobs);
   /// Waits for the end of job `id`, enqueued with a keep (job_spec::keep): see wait_job.
   boost::asio::awaitable<std::optional<job_status>> wait(std::string id, std::chrono::milliseconds timeout);
   /// Cancels job `id`, enqueued with a keep: see backend::cancel.

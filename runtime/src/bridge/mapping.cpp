@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <limits>
 #include <stdexcept>
 
@@ -173,19 +174,21 @@ mapped_message map_message(const bridge_message& m, const bridge_mapping& how) {
 detail::sorted_batch detail::sort_batch(const std::vector<bridge_message>& batch, const bridge_mapping& how,
                                         const producer_options& opts) {
   sorted_batch out;
+  out.jobs.reserve(batch.size());
+  auto now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   for (std::size_t i = 0; i < batch.size(); ++i) {
     auto mapped = map_message(batch[i], how);
     if (mapped.rejected.empty()) {
       try {
-        producer::check(mapped.job, opts);
+        out.jobs.push_back(producer::encode(mapped.job, now_ms, opts));
+        continue;
       } catch (const std::invalid_argument& bad) {
         mapped.rejected = bad.what();
       }
     }
-    if (mapped.rejected.empty())
-      out.jobs.push_back(std::move(mapped.job));
-    else
-      out.refused.emplace_back(i, std::move(mapped.rejected));
+    out.refused.emplace_back(i, std::move(mapped.rejected));
   }
   return out;
 }

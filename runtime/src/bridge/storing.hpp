@@ -17,13 +17,15 @@
 
 namespace jobrt::detail {
 
-/// A batch of messages as jobs, and the ones that cannot be jobs with why (by their index).
+/// A batch of messages as jobs (encoded, as the producer stores them), and the ones that cannot
+/// be jobs with why (by their index).
 struct sorted_batch {
-  std::vector<job_spec> jobs;
+  std::vector<encoded_job> jobs;
   std::vector<std::pair<std::size_t, std::string>> refused;
 };
 
-/// Maps each message (map_message) and checks its job against the producer's options.
+/// Maps each message (map_message) and encodes its job with the producer's options (which
+/// checks it).
 sorted_batch sort_batch(const std::vector<bridge_message>& batch, const bridge_mapping& how,
                         const producer_options& opts);
 
@@ -34,13 +36,14 @@ boost::asio::awaitable<void> pause_unless_woken(boost::asio::steady_timer& wake,
 /// up to 5 s, that `pause(wait)` takes (awaitable<bool>: false when the bridge stops). Before
 /// each try `go_on()` must hold. The results, or nullopt when it gave up.
 template <class Pause, class GoOn>
-boost::asio::awaitable<std::optional<std::vector<enqueue_result>>> store_jobs(producer& to, std::vector<job_spec> jobs,
+boost::asio::awaitable<std::optional<std::vector<enqueue_result>>> store_jobs(producer& to,
+                                                                              std::vector<encoded_job> jobs,
                                                                               Pause pause, GoOn go_on) {
   std::vector<enqueue_result> results;
   for (std::chrono::milliseconds wait(100); !jobs.empty();) {
     if (!go_on()) co_return std::nullopt;
     try {
-      results = co_await to.enqueue_bulk(jobs);
+      results = co_await to.enqueue_encoded(jobs);
       break;
     } catch (const std::exception& failed) {
       log(log_level::warn, "bridge", "storing {} jobs on queue {}: {}; trying again in {} ms", jobs.size(), to.queue(),
