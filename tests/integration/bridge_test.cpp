@@ -207,12 +207,25 @@ TEST_CASE("bridge: a bad stream URL is refused naming what is wrong") {
         "(?group=<group>)");
   CHECK(stream_source::from_url("redis-stream://h/a%2Fb?group=g%26h").stream == "a/b");
   CHECK(stream_source::from_url("redis-stream://h/a%2Fb?group=g%26h").group == "g&h");
-  auto spaced = stream_source::from_url("redis-stream://h/a%2Fb%3Fc?group=g+1%2B2%26x");  // ('+' a space)
+  auto spaced = stream_source::from_url("redis-stream://h/a%2Fb%3Fc?group=g%201%2B2%26x");
   CHECK(spaced.group == "g 1+2&x");
   CHECK(spaced.stream == "a/b?c");
   CHECK(spaced.address() == "redis-stream://h:6379/a%2Fb%3Fc?group=g%201%2B2%26x");
   CHECK(stream_source::from_url(spaced.address()).group == spaced.group);
   CHECK(stream_source::from_url(spaced.address()).stream == spaced.stream);
+  // A hash tag, quotes and other marks a URL must not hold bare: address() encodes them.
+  auto tagged = stream_source::from_url("redis-stream://h/%7Borders%7D?group=%5Bg%5D%7C%22x%22%5E%60%3C%3E%5C");
+  CHECK(tagged.stream == "{orders}");
+  CHECK(tagged.group == "[g]|\"x\"^`<>\\");
+  CHECK(tagged.address() == "redis-stream://h:6379/%7Borders%7D?group=%5Bg%5D%7C%22x%22%5E%60%3C%3E%5C");
+  CHECK(stream_source::from_url(tagged.address()).group == tagged.group);
+  // A bare '+' in a name is refused (a space to redis://, a plus to earlier bridges).
+  CHECK(refusal("redis-stream://h/s?group=a+b") ==
+        "stream URL 'redis-stream://h/s?group=a+b': parameter group 'a+b' holds a bare '+': write %2B for a plus, "
+        "%20 for a space");
+  CHECK(refusal("redis-stream://h/s?group=g&consumer=c+1").find("consumer 'c+1' holds a bare '+'") !=
+        std::string::npos);
+  CHECK(refusal("redis-stream://h/s?group=g&dead=d+1").find("dead 'd+1' holds a bare '+'") != std::string::npos);
   CHECK(stream_source::from_url("redis-stream://h/s?group=g&db=3").address() == "redis-stream://h:6379/s?group=g&db=3");
   auto s = stream_source::from_url("rediss-stream://u:pw@h:7000/orders?group=g&consumer=c&db=2&ca=/x.pem");
   CHECK(s.server.tls);

@@ -108,8 +108,8 @@ TEST_CASE("bridge mapping: AMQP URLs, amqps:// with its TLS parameters, and the 
   CHECK(s.prefetch == 50);
   CHECK(s.batch == 10);
   CHECK(s.address() == "amqp://u@mq.example:5673/prod%2Fa?queue=imports");
-  // Parameters read as redis:// reads them ('+' a space), and address() writes what parses back.
-  auto spaced = amqp_source::from_url("amqp://h/v%20h?queue=my+imports%2Bx%26y");
+  // Names percent-decoded, and address() writes what parses back.
+  auto spaced = amqp_source::from_url("amqp://h/v%20h?queue=my%20imports%2Bx%26y");
   CHECK(spaced.queue == "my imports+x&y");
   CHECK(spaced.vhost == "v h");
   CHECK(spaced.address() == "amqp://guest@h:5672/v%20h?queue=my%20imports%2Bx%26y");
@@ -127,6 +127,12 @@ TEST_CASE("bridge mapping: AMQP URLs, amqps:// with its TLS parameters, and the 
     }
     return std::string("accepted");
   };
+  CHECK(refusal("amqp://h?queue=a+b") ==
+        "AMQP URL 'amqp://h?queue=a+b': parameter queue 'a+b' holds a bare '+': write %2B for a plus, %20 for a space");
+  CHECK(refusal("amqp://h?queue=q&dead=d+1").find("parameter dead 'd+1' holds a bare '+'") != std::string::npos);
+  auto marked = amqp_source::from_url("amqp://h/%7Bv%7D?queue=%7Bq%7D%5B1%5D");
+  CHECK(marked.address() == "amqp://guest@h:5672/%7Bv%7D?queue=%7Bq%7D%5B1%5D");
+  CHECK(amqp_source::from_url(marked.address()).queue == "{q}[1]");
   CHECK(refusal("amqp://u:secret@h/") == "AMQP URL 'amqp://u:***@h/': the queue is missing (?queue=<queue>)");
   auto tls = amqp_source::from_url("amqps://u:p@mq.example/%2F?queue=q&ca=/ca.pem&cert=/c.pem&key=/k.pem");
   CHECK(tls.tls);

@@ -46,18 +46,33 @@ std::string decoded(boost::urls::pct_string_view text) {
   return text.decode(opts);
 }
 
-// The text as a URL holds it: '%', white space, other bytes outside ASCII's printable ones and
-// those of `special` written as %XX.
+// The text as a URL holds it: all but letters, digits, "-._~" and the sub-delimiters
+// "!$'()*,;:@&=+" written as %XX, and those of `special` too (as where they stand they would
+// mean something).
 std::string percent_encoded(std::string_view text, std::string_view special) {
+  constexpr std::string_view kept_marks = "-._~!$'()*,;:@&=+";
   std::string out;
   for (char c : text) {
-    auto byte = static_cast<unsigned char>(c);
-    if (byte > 0x20 && byte < 0x7f && c != '%' && special.find(c) == std::string_view::npos)
+    bool kept = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                kept_marks.find(c) != std::string_view::npos;
+    if (kept && special.find(c) == std::string_view::npos)
       out += c;
     else
-      out += fmt::format("%{:02X}", byte);
+      out += fmt::format("%{:02X}", static_cast<unsigned char>(c));
   }
   return out;
+}
+
+// A name given as a parameter (a group, consumer, queue or dead-letter name), decoded. A bare '+'
+// is refused: redis:// reads it as a space, and earlier bridges kept it as a plus, so either
+// reading could silently name another consumer group or queue.
+std::string name_parameter(std::string_view url, const boost::urls::param_pct_view& encoded, std::string_view kind) {
+  if (std::string_view(encoded.value).find('+') != std::string_view::npos)
+    bad_url(url,
+            fmt::format("parameter {} '{}' holds a bare '+': write %2B for a plus, %20 for a space",
+                        std::string_view(encoded.key), std::string_view(encoded.value)),
+            kind);
+  return decoded(encoded.value);
 }
 
 // A whole number from min to max, as a URL parameter gives it.
@@ -241,10 +256,8 @@ amqp_source amqp_source::from_url(std::string_view url) {
   for (auto encoded : u.encoded_params()) {
     std::string key = decoded(encoded.key), value = decoded(encoded.value);
     if (value.empty()) bad(fmt::format("parameter '{}' is empty", key));
-    if (key == "queue")
-      s.queue = value;
-    else if (key == "dead")
-      s.dead = value;
+    if (key == "queue" || key == "dead")
+      (key == "queue" ? s.queue : s.dead) = name_parameter(url, encoded, "AMQP");
     else if (key == "prefetch")
       s.prefetch = static_cast<std::uint16_t>(parameter_number(url, key, value, 1, 65535, "AMQP"));
     else if (key == "batch")
@@ -314,12 +327,8 @@ stream_source stream_source::from_url(std::string_view url) {
     if (value.empty()) bad_url(url, fmt::format("parameter '{}' is empty", key));
     bool for_server = key == "ca" || key == "cert" || key == "key" || key == "sni" || key == "verify" ||
                       (sentinel && (key == "sentinel_user" || key == "sentinel_password"));
-    if (key == "group") {
-      s.group = value;
-    } else if (key == "consumer") {
-      s.consumer = value;
-    } else if (key == "dead") {
-      s.dead = value;
+    if (key == "group" || key == "consumer" || key == "dead") {
+      (key == "group" ? s.group : key == "consumer" ? s.consumer : s.dead) = name_parameter(url, encoded, "stream");
     } else if (key == "db") {
       db = std::to_string(parameter_number(url, key, value, 0, std::numeric_limits<int>::max()));
     } else if (key == "lock_ttl_ms") {
