@@ -1018,14 +1018,17 @@ TEST_CASE("jobrt schedule adds, lists and removes schedules, names a bad value, 
     redis_backend store(ctx.get_executor(), cfg);
     stored_schedule broken;
     broken.name = "broken";
-    broken.spec = "{not json";
+    broken.spec = "{not json\n" + std::string(500, 'x');  // (quoted as one line, cut short)
     broken.next_ms = 1;
     co_await store.put_schedule(queue, broken);
   });
   auto text = jobrt_cli({"schedule", "list", "--redis", url, "--queue", queue});
   CAPTURE(text.output);
   REQUIRE(text.status == 0);
-  auto broken_at = text.output.find("broken  unreadable (schedule 'broken': its stored form is not a JSON object");
+  auto broken_at = text.output.find(
+      "broken  unreadable (schedule 'broken': its stored form is not a JSON object: "
+      "{not json " +
+      std::string(70, 'x') + "...)  next 1970-01-01");
   auto nightly_at = text.output.find("nightly  ");
   auto tick_at = text.output.find("tick  ");
   CHECK(broken_at != std::string::npos);

@@ -294,6 +294,9 @@ TEST_CASE("dashboard API: the schedules, an unreadable one with why, and one rem
     broken.spec = "{not json";
     broken.next_ms = 1;
     co_await f.store.put_schedule("q", broken);
+    broken.name = "odd";
+    broken.spec = R"({"every_ms":1000,"anchor_ms":0,"catch_up":0,"job":{"type":"t","colour":"red"}})";
+    co_await f.store.put_schedule("q", broken);
 
     auto listed = co_await ask(f.port, "GET", "/api/queues/q/schedules");
     REQUIRE(listed.status == 200);
@@ -301,7 +304,11 @@ TEST_CASE("dashboard API: the schedules, an unreadable one with why, and one rem
     std::map<std::string, json::object> by_name;
     for (const auto& one : body.at("schedules").as_array())
       by_name[std::string(one.at("name").as_string())] = one.as_object();
-    REQUIRE(by_name.size() == 2);
+    REQUIRE(by_name.size() == 3);
+    CHECK(
+        by_name["odd"].at("error") ==
+        R"(schedule 'odd': its job: unknown field "colour": {"every_ms":1000,"anchor_ms":0,"catch_up":0,"job":{"type":"t","colour)"
+        R"(":"red"}})");
     const auto& nightly = by_name["nightly"];
     CHECK(nightly.at("timing") == "cron '0 3 * * *' in Europe/Paris");
     CHECK(nightly.at("type") == "report");
@@ -322,8 +329,9 @@ TEST_CASE("dashboard API: the schedules, an unreadable one with why, and one rem
           false);
     CHECK((co_await ask(f.port, "POST", "/api/queues/q/schedule/remove", "t0ken")).status == 400);
     auto left = (co_await ask(f.port, "GET", "/api/queues/q/schedules")).json().at("schedules").as_array();
-    REQUIRE(left.size() == 1);
-    CHECK(left[0].at("name") == "broken");
+    REQUIRE(left.size() == 2);
+    CHECK(left[0].at("name") != "nightly");
+    CHECK(left[1].at("name") != "nightly");
   });
 }
 

@@ -285,22 +285,21 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
 
   // The queue's schedules, a page: each as stored, or why it cannot be read.
   awaitable<json::value> schedule_page(const std::string& q, const boost::urls::url_view& u) {
-    auto found =
-        co_await call(store.schedules(q, param(u, "cursor"), limit_param(u, 50, 500)), "listing the schedules");
+    schedule_book book(store, q);
+    auto found = co_await call(book.list(param(u, "cursor"), limit_param(u, 50, 500)), "listing the schedules");
     json::array items;
-    for (const auto& stored : found.items) {
+    for (const auto& s : found.items) {
       json::object o;
-      o["name"] = stored.name;
-      o["next"] = stored.next_ms;
-      try {
-        auto spec = schedule_from_stored(stored.name, stored.spec);
-        o["timing"] = spec.timing.describe();
-        o["type"] = spec.job.type;
-        o["group"] = spec.job.group ? json::value(*spec.job.group) : json::value(nullptr);
-        o["catch_up"] = spec.catch_up;
-        o["job"] = to_json(spec.job);
-      } catch (const std::exception& e) {
-        o["error"] = e.what();
+      o["name"] = s.spec.name;
+      o["next"] = s.next.time_since_epoch().count();
+      if (!s.error.empty()) {
+        o["error"] = s.error;
+      } else {
+        o["timing"] = s.spec.timing.describe();
+        o["type"] = s.spec.job.type;
+        o["group"] = s.spec.job.group ? json::value(*s.spec.job.group) : json::value(nullptr);
+        o["catch_up"] = s.spec.catch_up;
+        o["job"] = to_json(s.spec.job);
       }
       items.push_back(std::move(o));
     }

@@ -101,11 +101,24 @@ std::string to_stored(const schedule_spec& s) {
   return json::serialize(o);
 }
 
+namespace {
+
+// The start of a stored form as one line of at most 80 characters, for an error that quotes it.
+std::string excerpt(std::string_view stored) {
+  constexpr std::size_t most = 80;
+  std::string out;
+  for (char c : stored.substr(0, most)) out += static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
+  if (stored.size() > most) out += "...";
+  return out;
+}
+
+}  // namespace
+
 schedule_spec schedule_from_stored(std::string name, std::string_view stored) {
   boost::system::error_code ec;
   auto v = json::parse(stored, ec);
   auto bad = [&](std::string_view what) {
-    return std::invalid_argument(fmt::format("schedule '{}': {}: {}", name, what, stored));
+    return std::invalid_argument(fmt::format("schedule '{}': {}: {}", name, what, excerpt(stored)));
   };
   if (ec || !v.is_object()) throw bad("its stored form is not a JSON object");
   const auto& o = v.as_object();
@@ -125,7 +138,11 @@ schedule_spec schedule_from_stored(std::string name, std::string_view stored) {
   s.catch_up = static_cast<std::size_t>(std::clamp<std::int64_t>(number("catch_up"), 0, max_catch_up));
   auto* job = o.if_contains("job");
   if (!job) throw bad("its stored form has no \"job\"");
-  s.job = job_spec_from_json(*job);
+  try {
+    s.job = job_spec_from_json(*job);
+  } catch (const std::invalid_argument& e) {
+    throw bad(fmt::format("its job: {}", e.what()));
+  }
   s.name = std::move(name);
   return s;
 }
