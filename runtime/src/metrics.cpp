@@ -1,5 +1,6 @@
 #include <jobrt/metrics.hpp>
 
+#include "clock.hpp"
 #include "http/listener.hpp"
 
 #include <fmt/format.h>
@@ -199,9 +200,7 @@ std::string prometheus_text(const std::vector<queue_metrics>& queues) {
   family(out, "jobrt_queue_latency_seconds", "gauge",
          "How long the job at the head of the ready list (the next to start) has waited; 0 when nothing is "
          "ready. Queue-wide.");
-  auto now_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count();
+  auto now_ms = detail::unix_ms();
   for (const auto& q : queues) {
     auto at = q.counts.next_enqueued_ms;
     double age = at > 0 ? static_cast<double>(std::max<std::int64_t>(0, now_ms - at)) / 1000.0 : 0.0;

@@ -1,6 +1,7 @@
 #include <jobrt/producer.hpp>
 
 #include "backend/job_codec.hpp"
+#include "clock.hpp"
 
 #include <fmt/format.h>
 #include <boost/json/parse.hpp>
@@ -129,9 +130,7 @@ void producer::check(const job_spec& spec) {
 }
 
 void producer::check(const job_spec& spec, const producer_options& opts) {
-  auto now_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count();
+  auto now_ms = detail::unix_ms();
   encode(spec, now_ms, opts);
 }
 
@@ -183,9 +182,7 @@ boost::asio::awaitable<enqueue_result> producer::enqueue(job_spec spec) {
 }
 
 boost::asio::awaitable<std::vector<enqueue_result>> producer::enqueue_bulk(std::vector<job_spec> specs) {
-  auto now_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count();
+  auto now_ms = detail::unix_ms();
   std::vector<encoded_job> encoded;
   encoded.reserve(specs.size());
   for (std::size_t i = 0; i < specs.size(); ++i) {

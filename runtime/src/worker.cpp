@@ -2,6 +2,7 @@
 
 #include "backend/job_codec.hpp"
 #include "backend/views.hpp"
+#include "clock.hpp"
 #include "strand.hpp"
 #include "worker/claimer.hpp"
 #include "worker/finisher.hpp"
@@ -83,11 +84,6 @@ std::string this_host() {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "host");
   return host;
-}
-
-std::int64_t epoch_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 }  // namespace
@@ -229,7 +225,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     asio::post(strand_, [self = shared_from_this()] {
       if (self->state_ != worker_state::created) return;  // (a stop came first: nothing starts)
       self->state_ = worker_state::running;
-      self->started_ms_ = epoch_ms();
+      self->started_ms_ = detail::unix_ms();
       // (A part whose loop dies: detail::rethrow_if_died.)
       self->claimer_->start(self);   // holds the impl until it ends, in stop (see claimer_hooks)
       self->lease_keeper_->start();  // the watchdog
@@ -338,9 +334,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       ++counters_.started;
       ++by_type_[r->ctx->job().type].started;
       if (auto at = r->ctx->job().enqueued_at_ms; at > 0 && r->ctx->attempt() == 1) {
-        auto now =
-            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-                .count();
+        auto now = detail::unix_ms();
         pickup_.observe(static_cast<double>(std::max<std::int64_t>(0, now - at)) / 1000.0);
       }
     }
@@ -379,9 +373,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         none_for += std::chrono::duration_cast<std::chrono::milliseconds>(now - type.asked);
       waited = none_for;
       if (j.enqueued_at_ms > 0) {
-        auto age =
-            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()) -
-            std::chrono::milliseconds(j.enqueued_at_ms);
+        auto age = std::chrono::milliseconds(detail::unix_ms() - j.enqueued_at_ms);
         waited = std::min(*waited, std::max(age, std::chrono::milliseconds(0)));
       }
     }
@@ -940,7 +932,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       r.started_ms = started_ms_;
       r.running = static_cast<std::int64_t>(running_.size());
       auto now = clock::now();
-      auto now_ms = epoch_ms();
+      auto now_ms = detail::unix_ms();
       for (auto& [token, job] : running_) {
         const auto& j = job->ctx->job();
         auto ran = std::chrono::duration_cast<std::chrono::milliseconds>(now - job->started).count();

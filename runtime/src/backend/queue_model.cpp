@@ -8,6 +8,7 @@
 #include "backend/check_walk.hpp"
 #include "backend/job_codec.hpp"
 #include "backend/views.hpp"
+#include "clock.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -259,10 +260,7 @@ struct queue_model::queue_state {
   }
 };
 
-std::int64_t queue_model::system_now() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
+std::int64_t queue_model::system_now() { return detail::unix_ms(); }
 
 queue_model::queue_model(clock now) : now_(now), s_(std::make_unique<queue_state>()) {}
 queue_model::~queue_model() = default;

@@ -8,6 +8,7 @@
 #include "backend/lua_scripts.hpp"
 #include "backend/views.hpp"
 #include "backend/wakeups.hpp"
+#include "clock.hpp"
 #include "redis/cluster_map.hpp"
 #include "redis/redis_link.hpp"
 #include "redis/shard_listener.hpp"
@@ -1005,7 +1006,7 @@ asio::awaitable<std::int64_t> redis_backend::purge(std::string queue, std::vecto
 asio::awaitable<bool> redis_backend::pause(std::string queue, std::string group) {
   auto p = key_prefix(queue);
   std::array<std::string, 4> keys{p + "ready", p + "paused", p + "parked", p + "delayed"};
-  auto now = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch());
+  auto now = std::chrono::milliseconds(detail::unix_ms());
   std::array<std::string, 2> args{group, fmt::format(R"({{"state":"paused","at":{}}})", now.count())};
   reply r = co_await link_->run(pause_, pause_.make_request(keys, args), p);
   co_return r.as_integer() == 1;
@@ -1299,7 +1300,7 @@ asio::awaitable<std::size_t> redis_backend::stored_shards(std::string queue, std
 asio::awaitable<void> redis_backend::mark_shards(std::string queue, std::vector<std::size_t> shards) {
   if (shards.empty()) co_return;
   auto p = key_prefix(queue);
-  auto now = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch());
+  auto now = std::chrono::milliseconds(detail::unix_ms());
   std::vector<std::string> scored;  // score, member, ...
   scored.reserve(shards.size() * 2);
   for (auto shard : shards) {
@@ -1474,7 +1475,7 @@ asio::awaitable<bool> redis_backend::record_history(std::string queue, queue_cou
 
 asio::awaitable<std::vector<history_point>> redis_backend::history(std::string queue, std::chrono::minutes span) {
   auto p = key_prefix(queue);
-  auto now = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch());
+  auto now = std::chrono::milliseconds(detail::unix_ms());
   auto from = now.count() - std::min<std::int64_t>(span.count() * detail::minute_ms, detail::history_keep_ms);
   // (At most a point a minute: a day's is 1,440 entries.)
   request req("ZRANGE", p + "history", std::to_string(from), "+inf", "BYSCORE");

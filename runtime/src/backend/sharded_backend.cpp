@@ -2,6 +2,7 @@
 #include <jobrt/sharded_backend.hpp>
 
 #include "backend/job_codec.hpp"
+#include "clock.hpp"
 #include "strand.hpp"
 
 #include <jobrt/error.hpp>
@@ -281,20 +282,13 @@ awaitable<void> sharded_backend::mark(const std::string& queue, std::size_t k) {
   co_await mark(queue, std::move(one));
 }
 
-namespace {
-std::int64_t epoch_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
-
 // Leases taken or renewed in these shards last `ttl` from now: noted for the reaper (see
 // reap), each until a third of a TTL past that, so that the noting goes with the watchdog's
 // renewals (every third of a TTL) and claims in between note nothing. A failed note is not the
 // caller's failure: the reaper's walk over the shards finds those leases too, later.
 awaitable<void> sharded_backend::note(const std::string& queue, queue_state& q, const std::vector<std::size_t>& shards,
                                       std::chrono::milliseconds ttl) {
-  auto now = epoch_ms();
+  auto now = detail::unix_ms();
   auto at = now + ttl.count() + ttl.count() / 3;
   std::vector<std::pair<std::string, std::int64_t>> until;
   std::vector<std::size_t> noting;
@@ -370,7 +364,7 @@ awaitable<std::vector<enqueue_result>> sharded_backend::enqueue_parts(std::strin
   }
   co_await check_group_sizes(*q, jobs);
   per_shard<encoded_job> split(q->shards);
-  auto now_ms = epoch_ms();
+  auto now_ms = detail::unix_ms();
   std::vector<bool> due_now(q->shards, false), due_later(q->shards, false);
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     auto& j = jobs[i];
@@ -723,7 +717,7 @@ awaitable<reap_result> sharded_backend::reap(std::string queue, reap_options opt
   }
   reaping[walk] = true;
   if (opts.turn.count() > 0) {
-    auto due = co_await inner_.take_reap_turn(queue, holder_, opts.turn, epoch_ms());
+    auto due = co_await inner_.take_reap_turn(queue, holder_, opts.turn, detail::unix_ms());
     if (!due) co_return sum;
     {
       std::lock_guard lock(mutex_);

@@ -1,6 +1,7 @@
 // Messages into jobs (bridge_mapping), where a stream bridge reads (stream_source), and a
 // bridge's metrics.
 #include "bridge/storing.hpp"
+#include "clock.hpp"
 
 #include <jobrt/bridge.hpp>
 #include <jobrt/redis/cluster.hpp>
@@ -190,9 +191,7 @@ detail::sorted_batch detail::sort_batch(const std::vector<bridge_message>& batch
                                         const producer_options& opts) {
   sorted_batch out;
   out.jobs.reserve(batch.size());
-  auto now_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count();
+  auto now_ms = detail::unix_ms();
   for (std::size_t i = 0; i < batch.size(); ++i) {
     auto mapped = map_message(batch[i], how);
     if (mapped.rejected.empty()) {

@@ -12,6 +12,7 @@
 
 #include "backend/job_codec.hpp"
 #include "backend/views.hpp"
+#include "clock.hpp"
 #include "dashboard/assets.hpp"
 #include "http/listener.hpp"
 #include "worker/loops.hpp"
@@ -54,11 +55,6 @@ struct refusal : std::runtime_error {
   http::status status;
 };
 
-std::int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 response make_response(const dashboard::request& req, http::status status, std::string_view type, std::string body) {
   response res(status, req.version());
   res.set(http::field::content_type, type);
@@ -86,7 +82,7 @@ json::object error_object(std::string_view message) {
 json::object report_object(const worker_report& r) {
   auto o = detail::report_object(r);
   o["at"] = r.at_ms;
-  o["heartbeat_age_ms"] = std::max<std::int64_t>(0, now_ms() - r.at_ms);
+  o["heartbeat_age_ms"] = std::max<std::int64_t>(0, detail::unix_ms() - r.at_ms);
   return o;
 }
 
@@ -208,7 +204,7 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
         for (const auto& r : reports) running += r.running;
         o["running_reported"] = running;
         o["latency_ms"] =
-            counts.next_enqueued_ms > 0 ? std::max<std::int64_t>(0, now_ms() - counts.next_enqueued_ms) : 0;
+            counts.next_enqueued_ms > 0 ? std::max<std::int64_t>(0, detail::unix_ms() - counts.next_enqueued_ms) : 0;
       } catch (const refusal& e) {
         o["error"] = e.what();
       }
@@ -218,7 +214,7 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
     out["queues"] = std::move(queues);
     out["actions"] = !opts.read_only && !opts.token.empty();
     out["read_only"] = opts.read_only;
-    out["now"] = now_ms();
+    out["now"] = detail::unix_ms();
     co_return out;
   }
 

@@ -1,3 +1,4 @@
+#include "clock.hpp"
 #include "schedule/due_firings.hpp"
 
 #include <jobrt/log.hpp>
@@ -18,10 +19,6 @@ namespace {
 
 namespace json = boost::json;
 using std::chrono::milliseconds;
-
-std::int64_t now_ms() {
-  return std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 void check_name(std::string_view name) {
   if (name.empty() || name.size() > 200)
@@ -172,7 +169,7 @@ boost::asio::awaitable<schedule_info> schedule_book::add(schedule_spec s) {
   if (!job.keep && opts_.keep.count() > 0) job.keep = opts_.keep;
   if (job.group && !job.max_group_size && opts_.max_group_size > 0) job.max_group_size = opts_.max_group_size;
   if (job.group && !job.group_rate && opts_.group_rate) job.group_rate = opts_.group_rate;
-  auto now = now_ms();
+  auto now = detail::unix_ms();
   auto encoded = producer::encode(firing_job(job), now, opts_);  // (throws what is wrong with the job)
   auto next = s.timing.next_after(sys_ms(milliseconds(now)));
   stored_schedule stored;  // (g++ 12: no braced temporaries in a coroutine's co_await)
@@ -218,7 +215,7 @@ boost::asio::awaitable<std::optional<sys_ms>> scheduler::fire_due(std::size_t ma
   for (std::size_t i = 0; i < max; ++i) {
     auto s = co_await backend_.next_schedule(queue_);
     if (!s) co_return std::nullopt;
-    auto now = now_ms();
+    auto now = detail::unix_ms();
     if (s->next_ms > now) co_return sys_ms(milliseconds(s->next_ms));
     schedule_step step;
     std::string name = s->name;
@@ -249,7 +246,7 @@ boost::asio::awaitable<std::optional<sys_ms>> scheduler::fire_due(std::size_t ma
       log(log_level::warn, "scheduler", "queue '{}': schedule '{}' moved on without its firing: {}", queue_, name,
           fired.refused);
   }
-  co_return sys_ms(milliseconds(now_ms()));
+  co_return sys_ms(milliseconds(detail::unix_ms()));
 }
 
 }  // namespace jobrt
