@@ -102,17 +102,21 @@ boost::asio::awaitable<std::optional<job_status>> find_job(backend& store, std::
 }
 
 boost::asio::awaitable<std::optional<job_status>> wait_job(backend& store, std::string queue, std::string id,
-                                                           std::chrono::milliseconds timeout) {
+                                                           std::chrono::milliseconds timeout,
+                                                           std::optional<std::uint64_t> since) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   std::optional<kept_job> told;  // the job as the news of its end said (wait_ended): no look needed
   std::string looked;            // the body of the job the last look found
-  for (;;) {
-    auto seen = store.ended_version(queue);  // (before the look: an end after it moves the version)
+  const bool fresh = since.has_value();
+  for (bool first = true;; first = false) {
+    // (Read before the look: an end after it moves the version.)
+    auto seen = first && fresh ? *since : store.ended_version(queue);
     auto kept = std::exchange(told, std::nullopt);
     // (News of another job with this id, one that ended before a new one was enqueued with it
-    // and came late, is not this one's: then a look.)
-    if (kept && kept->record.body != looked) kept.reset();
-    if (!kept) {
+    // and came late, is not this one's: then a look. A fresh id has no other job.)
+    if (kept && !fresh && kept->record.body != looked) kept.reset();
+    bool skip_look = first && fresh;
+    if (!kept && !skip_look) {
       kept = co_await store.kept_job_of(queue, id);
       if (kept) looked = kept->record.body;
     }
@@ -130,7 +134,7 @@ boost::asio::awaitable<std::optional<job_status>> wait_job(backend& store, std::
       out.record = std::move(kept->record);
       out.result = std::move(kept->result);
       co_return out;
-    } else if (!kept || left.count() <= 0) {
+    } else if ((!kept && !skip_look) || left.count() <= 0) {
       co_return co_await find_job(store, queue, id);
     }
     // (At least once a minute it looks anyway: a message may not come, from a worker of a release

@@ -226,6 +226,17 @@ boost::asio::awaitable<std::optional<job_status>> producer::wait(std::string id,
   co_return co_await wait_job(*backend_, queue_, std::move(id), timeout);
 }
 
+boost::asio::awaitable<waited_job> producer::enqueue_and_wait(job_spec spec, std::chrono::milliseconds timeout) {
+  bool fresh = spec.id.empty() && spec.keep.value_or(opts_.keep).count() > 0;
+  auto since = backend_->ended_version(queue_);  // (read before the job is stored: its end moves it)
+  waited_job out;
+  out.enqueued = co_await enqueue(std::move(spec));
+  std::optional<std::uint64_t> after;
+  if (fresh && !out.enqueued.duplicate) after = since;
+  out.end = co_await wait_job(*backend_, queue_, out.enqueued.id, timeout, after);
+  co_return out;
+}
+
 boost::asio::awaitable<cancel_outcome> producer::cancel(std::string id) {
   co_return co_await backend_->cancel(queue_, std::move(id));
 }

@@ -287,6 +287,86 @@ CONFORMANCE("kept jobs: a producer waits for a job's end, woken by it: done with
   });
 }
 
+CONFORMANCE("kept jobs: enqueue_and_wait looks no job up before its end, and other jobs' ends wake no look on Redis") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    gated_backend counted(ctx.get_executor(), b.make());
+    producer p(counted, b.queue());
+    CHECK_FALSE(co_await p.wait("none", std::chrono::seconds(5)));  // (subscribed first, as above)
+    CHECK_FALSE(co_await p.wait("none", std::chrono::seconds(5)));
+    co_await sleep_for(std::chrono::milliseconds(200));
+    worker w(ctx.get_executor(), b.make(), b.worker_opts(4));
+    w.add_handler("slow", [](job_context& c) -> awaitable<void> {
+      co_await sleep_for(std::chrono::milliseconds(300));
+      boost::json::object r;
+      r["rows"] = 7;
+      c.set_result(r);
+    });
+    w.add_handler("quick", [](job_context&) -> awaitable<void> { co_return; });
+    w.start();
+    bool on_redis = kind != backend_kind::memory && kind != backend_kind::sharded_memory;
+    bool told = on_redis && !sharded(kind);  // (a queue of one shard on Redis: the news carries the end)
+
+    auto before = counted.looks();
+    auto waited = co_await p.enqueue_and_wait(kept("slow", std::string("g")), std::chrono::seconds(20));
+    CHECK_FALSE(waited.enqueued.duplicate);
+    REQUIRE(waited.end);
+    CHECK(waited.end->id == waited.enqueued.id);
+    CHECK(waited.end->status == job_status::state::done);
+    CHECK(waited.end->result == R"({"rows":7})");
+    if (told)
+      CHECK(counted.looks() == before);
+    else
+      CHECK(counted.looks() - before >= 1);  // (after its end's wake-up)
+
+    // A job of the producer's own id is looked up first (an earlier job of that id may have ended).
+    before = counted.looks();
+    waited = co_await p.enqueue_and_wait(kept("quick", std::nullopt, "mine-1"), std::chrono::seconds(20));
+    REQUIRE(waited.end);
+    CHECK(waited.end->status == job_status::state::done);
+    CHECK(counted.looks() - before >= 1);
+    // A job with no keep is not waited for: its status at once.
+    auto plain = job_spec{};
+    plain.type = "quick";
+    waited = co_await p.enqueue_and_wait(plain, std::chrono::seconds(20));
+    CHECK_FALSE(waited.end);
+
+    // A waiter for a job that does not end (due in an hour), while 40 others end: on Redis it is woken by each
+    // and looks for none of them.
+    auto later = kept("quick", std::nullopt);
+    later.delay = std::chrono::hours(1);
+    auto stays = (co_await p.enqueue(later)).id;
+    std::optional<job_status> late;
+    bool back = false;
+    auto first_look = counted.looks();
+    asio::co_spawn(
+        ctx,
+        [&]() -> awaitable<void> {
+          late = co_await p.wait(stays, std::chrono::seconds(4));
+          back = true;
+        },
+        asio::detached);
+    for (int i = 0; i < 500 && counted.looks() == first_look; ++i) co_await sleep_for(std::chrono::milliseconds(10));
+    before = counted.looks();
+    producer other(b.make(), b.queue());
+    std::vector<job_spec> quick;
+    for (int i = 0; i < 40; ++i) quick.push_back(kept("quick", std::nullopt));
+    auto ended = co_await other.enqueue_bulk(std::move(quick));
+    for (const auto& r : ended) {
+      auto end = co_await other.wait(r.id, std::chrono::seconds(20));
+      REQUIRE(end);
+      CHECK(end->status == job_status::state::done);
+    }
+    co_await sleep_for(std::chrono::milliseconds(100));  // (the last end's message reaches the waiter)
+    CHECK_FALSE(back);
+    if (on_redis) CHECK(counted.looks() == before);
+    for (int i = 0; i < 600 && !back; ++i) co_await sleep_for(std::chrono::milliseconds(10));
+    REQUIRE(late);
+    CHECK(late->status == job_status::state::delayed);
+    co_await w.stop(std::chrono::seconds(5));
+  });
+}
+
 CONFORMANCE("kept jobs: a waiter takes a job's end from its message where the store sends one, with no second look") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

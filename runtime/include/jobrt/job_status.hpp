@@ -63,8 +63,11 @@ boost::asio::awaitable<std::optional<job_status>> find_job(backend& store, std::
 /// store at each kept job's end (backend::wait_ended: on Redis a published message, which tells the end of a job up to
 /// a size, else one look at the job follows); and, in
 /// case a message did not come (a worker of an older release, a user that may not subscribe), a look at least once a
-/// minute.
+/// minute. With `since`, backend::ended_version(queue) read before the job was enqueued with an id of jobrt's making
+/// (and a keep): no end of it came before, and every end of that id after it is this job's, so the first look is
+/// skipped (producer::enqueue_and_wait).
 boost::asio::awaitable<std::optional<job_status>> wait_job(backend& store, std::string queue, std::string id,
-                                                           std::chrono::milliseconds timeout);
+                                                           std::chrono::milliseconds timeout,
+                                                           std::optional<std::uint64_t> since = std::nullopt);
 
 }  // namespace jobrt

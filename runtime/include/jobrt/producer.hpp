@@ -62,6 +62,12 @@ class partial_enqueue : public std::runtime_error {
   std::vector<enqueue_result> results_;
 };
 
+/// What producer::enqueue_and_wait did: the job enqueued, and its end (wait's answer).
+struct waited_job {
+  enqueue_result enqueued;
+  std::optional<job_status> end;
+};
+
 /// Puts jobs on one queue. Cheap to copy; the backend must outlive it. Thread-safe.
 class producer {
  public:
@@ -83,6 +89,11 @@ class producer {
   boost::asio::awaitable<std::vector<enqueue_result>> enqueue_encoded(std::vector<encoded_job> jobs);
   /// Waits for the end of job `id`, enqueued with a keep (job_spec::keep): see wait_job.
   boost::asio::awaitable<std::optional<job_status>> wait(std::string id, std::chrono::milliseconds timeout);
+  /// Enqueues one job and waits for its end, as enqueue then wait do, with one look fewer: the
+  /// news of ends is listened for from before the job is stored, so a job with an id of jobrt's
+  /// making is not looked up before its end. Without a keep (its own, or options().keep) it is
+  /// not waited for, as wait says.
+  boost::asio::awaitable<waited_job> enqueue_and_wait(job_spec spec, std::chrono::milliseconds timeout);
   /// Cancels job `id`, enqueued with a keep: see backend::cancel.
   boost::asio::awaitable<cancel_outcome> cancel(std::string id);
 

@@ -764,12 +764,26 @@ asio::awaitable<std::optional<kept_job>> redis_backend::wait_ended(std::string q
                                                                    std::chrono::milliseconds timeout) {
   auto channel = key_prefix(queue) + "ended";
   auto w = wakeups_;  // (the wait may outlast this backend)
-  co_await w->wait(channel, seen, timeout);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  // Each end of a kept job in the queue wakes it: while every message since `seen` is kept and
+  // none is about this job, it waits on, with no look.
+  std::optional<std::string> said;
+  while (!said) {
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    co_await w->wait(channel, seen, left);
+    auto heard = w->said_since(channel, seen, id);
+    said = std::move(heard.said);
+    if (said) break;
+    auto cs = co_await asio::this_coro::cancellation_state;
+    if (id.empty() || !heard.all_kept || heard.version == seen || cs.cancelled() != asio::cancellation_type::none ||
+        std::chrono::steady_clock::now() >= deadline)
+      co_return std::nullopt;
+    seen = heard.version;
+  }
   // The message of an end is '<id>|<its entry in the jobs hash>' when finish.lua sent the entry
   // (a completed or cancelled job's, up to a size), else '<id>' (an id has no '|'): the newest
   // about this job must carry the entry.
-  auto said = w->said_since(channel, seen, id);
-  if (!said || said->size() <= id.size() + 1) co_return std::nullopt;
+  if (said->size() <= id.size() + 1) co_return std::nullopt;
   auto entry = std::string_view(*said).substr(id.size() + 1);
   if (entry[0] != 'c' && entry[0] != 'k') co_return std::nullopt;  // (an end is one of these)
   co_return detail::parse_kept_entry(std::move(id), entry, 0, std::nullopt);

@@ -939,11 +939,12 @@ awaitable<std::optional<kept_job>> sharded_backend::wait_ended(std::string queue
     inner_.ended_version(q->names[0]);
     co_return co_await inner_.wait_ended(q->names[0], std::move(id), seen, timeout);
   }
-  // (Over several shards the news is not looked for: the caller looks the job up.)
+  // (Over several shards each waits for news of this job, or a wake-up that may hide some, in
+  // its shard; the news is not kept: the caller looks the job up.)
   co_await wait_versions(
       q->names, seen, timeout, [this](const std::string& name) { return inner_.ended_version(name); },
-      [this](std::string name, std::uint64_t v, std::chrono::milliseconds t) {
-        return inner_.wait_ended(std::move(name), std::string(), v, t);
+      [this, &id](std::string name, std::uint64_t v, std::chrono::milliseconds t) -> awaitable<void> {
+        co_await inner_.wait_ended(std::move(name), id, v, t);
       },
       "wait_ended");
   co_return std::nullopt;

@@ -47,18 +47,24 @@ void wakeups::bump(const std::string& name, std::string_view said) {
   slot.text.assign(said);  // (the slot's buffer is reused)
 }
 
-std::optional<std::string> wakeups::said_since(const std::string& name, std::uint64_t seen, std::string_view key) {
+wakeups::heard wakeups::said_since(const std::string& name, std::uint64_t seen, std::string_view key) {
   std::lock_guard lock(mutex_);
+  heard out;
   auto found = entries_.find(name);
-  if (found == entries_.end()) return std::nullopt;
+  if (found == entries_.end()) return out;
   const auto& e = found->second;
+  out.version = e.version;
+  out.all_kept = e.version - seen <= said_kept;
   for (auto v = e.version; v > seen && e.version - v < said_kept; --v) {
     const auto& slot = e.last[v % said_kept];
-    if (slot.version == v && slot.text.starts_with(key) &&
-        (slot.text.size() == key.size() || slot.text[key.size()] == '|'))
-      return slot.text;
+    if (slot.version != v) {
+      out.all_kept = false;  // (a bump that said nothing)
+    } else if (!out.said && slot.text.starts_with(key) &&
+               (slot.text.size() == key.size() || slot.text[key.size()] == '|')) {
+      out.said = slot.text;
+    }
   }
-  return std::nullopt;
+  return out;
 }
 
 void wakeups::bump_all() {

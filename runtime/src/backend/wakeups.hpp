@@ -2,7 +2,8 @@
 // version, checks its condition, then waits until the version moves or its timeout passes. A
 // bump between the read and the wait is not lost: the wait returns at once. A bump may carry what
 // its message said: the last few are kept, so a waiter can find its own news there (said_since)
-// rather than look again.
+// rather than look again, and can tell when every message since it read the version is kept and
+// none is about it (then it waits on).
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
@@ -30,10 +31,17 @@ class wakeups : public std::enable_shared_from_this<wakeups> {
   /// Moves the version of `name` and wakes its waiters; `said`, when not empty, is kept with the
   /// new version among the last `said_kept` of `name`.
   void bump(const std::string& name, std::string_view said = {});
-  /// The newest of the kept messages of `name` that came after version `seen` and are about
-  /// `key`: '<key>' or '<key>|<news>'. None when no such message is kept (it came before, did not
-  /// come, or was pushed out).
-  std::optional<std::string> said_since(const std::string& name, std::uint64_t seen, std::string_view key);
+  /// What said_since found.
+  struct heard {
+    /// The newest kept message of `name` that came after version `seen` and is about `key`:
+    /// '<key>' or '<key>|<news>'. None when none is kept (none came, or it was pushed out).
+    std::optional<std::string> said;
+    /// Every bump after `seen` is kept with its message (none said nothing, none was pushed
+    /// out): no message about `key` then means that none came.
+    bool all_kept = false;
+    std::uint64_t version = 0;  ///< the version the answer covers (up to which it looked)
+  };
+  heard said_since(const std::string& name, std::uint64_t seen, std::string_view key);
   /// Moves every version and wakes every waiter (wake-ups may have been missed).
   void bump_all();
   /// Marks the owner gone (see redis_backend's subscriber loop).
@@ -42,16 +50,18 @@ class wakeups : public std::enable_shared_from_this<wakeups> {
   /// Returns when version(name) != seen or after `timeout`; on cancellation, at once.
   boost::asio::awaitable<void> wait(std::string name, std::uint64_t seen, std::chrono::milliseconds timeout);
 
+  /// How many of a name's last messages are kept.
+  static constexpr std::size_t said_kept = 64;
+
  private:
-  static constexpr std::size_t said_kept = 16;
-  struct heard {
+  struct message {
     std::uint64_t version = 0;  // 0: none yet
     std::string text;
   };
   struct entry {
     std::uint64_t version = 0;
     std::list<boost::asio::steady_timer*> waiters;
-    std::array<heard, said_kept> last;  // the message of version v at [v % said_kept]
+    std::array<message, said_kept> last;  // the message of version v at [v % said_kept]
   };
   void wake_locked(entry& e);
 
