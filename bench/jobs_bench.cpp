@@ -14,7 +14,7 @@
 //     claim.
 //   jobrt_bench_jobs URL wait N GROUPED [GAP_US=1000] [SHARDS=1]
 //     as pickup, and taking turns with it (after the same gap) the round trip of `jobrt enqueue
-//     --wait`: a kept job enqueued, run and its end back to the producer (enqueue_and_wait); prints
+//     --wait`: a kept job enqueued, run and its end back to the producer (producer::wait); prints
 //     its p50/p99 too, and its p50 over the pickup's.
 //   jobrt_bench_jobs URL fill N GROUPS
 //     flushes the server and enqueues N no-op jobs in batches of 1000 on queue "bench"; prints
@@ -346,9 +346,10 @@ awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool gro
     if (grouped) k.group = "w" + std::to_string(i);
     k.keep = std::chrono::seconds(60);
     sent = clock_type::now();
-    auto waited = co_await p.enqueue_and_wait(std::move(k), std::chrono::seconds(10));
-    if (!waited.end || waited.end->status != job_status::state::done)
-      throw std::runtime_error(fmt::format("pickup: kept job {} did not end within 10 s", waited.enqueued.id));
+    auto id = (co_await p.enqueue(std::move(k))).id;
+    auto end = co_await p.wait(id, std::chrono::seconds(10));
+    if (!end || end->status != job_status::state::done)
+      throw std::runtime_error(fmt::format("pickup: kept job {} did not end within 10 s", id));
     round_trip.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - sent).count());
   }
   co_await w.stop(std::chrono::seconds(5));

@@ -659,10 +659,6 @@ int run_enqueue(enqueue_args& a) {
     producer p(sharded, queue, po);
     // One bulk call per step, and on a terminal a redrawn progress bar after each: about 1% a
     // step, in batches that still cost few round trips.
-    // (--wait: read before the job is stored, so that a job of a new id needs no look before its end.)
-    auto since = sharded.ended_version(queue);
-    bool fresh =
-        a.wait_s > 0 && specs.size() == 1 && specs[0].id.empty() && specs[0].keep.value_or(po.keep).count() > 0;
     auto step = std::clamp<std::size_t>(specs.size() / 100, 1000, 10000);
     auto began = std::chrono::steady_clock::now();
     for (std::size_t first = 0; first < specs.size(); first += step) {
@@ -693,9 +689,7 @@ int run_enqueue(enqueue_args& a) {
         fmt::print("{}{}\n", results.at(0).id, results.at(0).duplicate ? " (duplicate: already pending)" : "");
         std::fflush(stdout);
       }
-      std::optional<std::uint64_t> after;
-      if (fresh && !results.at(0).duplicate) after = since;
-      ended = co_await wait_job(sharded, queue, results.at(0).id, std::chrono::seconds(a.wait_s), after);
+      ended = co_await p.wait(results.at(0).id, std::chrono::seconds(a.wait_s));
     }
   });
   if (a.wait_s > 0) return print_end(queue, results.at(0), ended, a.wait_s, a.json);

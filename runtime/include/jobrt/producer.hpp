@@ -91,7 +91,8 @@ class producer {
   boost::asio::awaitable<std::optional<job_status>> wait(std::string id, std::chrono::milliseconds timeout);
   /// Enqueues one job and waits for its end, as enqueue then wait do, with one look fewer: the
   /// news of ends is listened for from before the job is stored, so a job with an id of jobrt's
-  /// making is not looked up before its end. Without a keep (its own, or options().keep) it is
+  /// making is not looked up before its end (once the backend listens to the queue's ends: on
+  /// Redis after the first wait on it). Without a keep (its own, or options().keep) it is
   /// not waited for, as wait says.
   boost::asio::awaitable<waited_job> enqueue_and_wait(job_spec spec, std::chrono::milliseconds timeout);
   /// Cancels job `id`, enqueued with a keep: see backend::cancel.
