@@ -1,6 +1,7 @@
 #include "schedule/due_firings.hpp"
 
 #include <jobrt/schedule.hpp>
+#include <jobrt/scheduler.hpp>
 
 #include <date/date.h>
 
@@ -202,4 +203,22 @@ TEST_CASE("every: fixed intervals from an anchor") {
   CHECK(schedule_timing::cron("0 3 * * *", "Europe/Paris").describe() == "cron '0 3 * * *' in Europe/Paris");
   CHECK_THROWS_WITH_AS(schedule_timing::every(0ms), "interval 0ms is not positive", std::invalid_argument);
   CHECK_THROWS_WITH_AS(schedule_timing::every(-5ms), "interval -5ms is not positive", std::invalid_argument);
+}
+
+TEST_CASE("scheduler: an unreadable stored form is quoted as one line, cut short between characters") {
+  auto why = [](const std::string& stored) {
+    try {
+      jobrt::schedule_from_stored("s", stored);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("read");
+  };
+  CHECK(why("{x\n\x7f}") == "schedule 's': its stored form is not a JSON object: {x  }");
+  // "\xc3\xa9" (an e with an acute accent) would be split by a cut at 80 bytes: cut before it.
+  CHECK(why(std::string(79, 'x') + "\xc3\xa9yz") ==
+        "schedule 's': its stored form is not a JSON object: " + std::string(79, 'x') + "...");
+  CHECK(why(std::string(80, 'x')) == "schedule 's': its stored form is not a JSON object: " + std::string(80, 'x'));
+  CHECK(why(R"({"every_ms":1000,"anchor_ms":0,"catch_up":0,"job":{"type":"t","colour":"red"}})")
+            .starts_with(R"(schedule 's': its job: unknown field "colour": {"every_ms")"));
 }

@@ -100,12 +100,17 @@ std::string to_stored(const schedule_spec& s) {
 
 namespace {
 
-// The start of a stored form as one line of at most 80 characters, for an error that quotes it.
+// The start of a stored form as one line of at most 80 bytes (cut between characters of UTF-8),
+// for an error that quotes it.
 std::string excerpt(std::string_view stored) {
-  constexpr std::size_t most = 80;
+  std::size_t end = std::min<std::size_t>(stored.size(), 80);
+  while (end < stored.size() && end > 0 && (static_cast<unsigned char>(stored[end]) & 0xC0) == 0x80) --end;
   std::string out;
-  for (char c : stored.substr(0, most)) out += static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
-  if (stored.size() > most) out += "...";
+  for (char c : stored.substr(0, end)) {
+    auto byte = static_cast<unsigned char>(c);
+    out += byte < 0x20 || byte == 0x7F ? ' ' : c;
+  }
+  if (end < stored.size()) out += "...";
   return out;
 }
 
