@@ -752,6 +752,7 @@ int schedule_add(const schedule_options& o) {
     po.rules = q->rules;
     po.max_group_size = q->max_group_size;
     po.group_rate = q->group_rate;
+    po.group_concurrency = q->group_concurrency;
   }
   with_store(
       o.c,

@@ -59,6 +59,7 @@ int run_bridge(bridge_args& a) {
       po.rules = q.rules;
       po.max_group_size = q.max_group_size;
       po.group_rate = q.group_rate;
+      po.group_concurrency = q.group_concurrency;
       how = q.bridge;
       if (q.shards != 0 && a.shards == 0) a.shards = q.shards;
     }

@@ -422,9 +422,10 @@ struct enqueue_args {
   std::string url = default_redis_url(), queue = "default", file, config_file, payload, on_failure;
   job_spec base;
   std::size_t count = 0, groups = 0, delay_ms = 0, timeout_ms = 0, max_attempts = 3, keep_ms = 0, wait_s = 0;
-  std::size_t max_group_size = 0;  // 0: none given
-  std::string group_rate;          // "MAX/MS", "" none given
-  std::size_t shards = 0;          // 0: as the queue is stored
+  std::size_t max_group_size = 0;     // 0: none given
+  std::string group_rate;             // "MAX/MS", "" none given
+  std::size_t group_concurrency = 0;  // 0: none given
+  std::size_t shards = 0;             // 0: as the queue is stored
   std::string group, durability = "primary";
   bool json = false;
   CLI::Option* url_option = nullptr;
@@ -470,6 +471,10 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
               "\"group_rate\" override it)",
               [](const std::string& t) { parse_rate(t, "group rate"); })
       ->option_text("MAX/MS");
+  number_option(*cmd, "--group-concurrency", a->group_concurrency, 1, max_group_concurrency,
+                "let up to N jobs of a group run at once, started in enqueue order (a rule's \"concurrency\" "
+                "and a line's \"group_concurrency\" override it)")
+      ->option_text("N");
   number_option(*cmd, "--wait", a->wait_s, 1, 86'400,
                 "wait up to S seconds for the job's end and print it (its result, or its error); --json: "
                 "{\"queue\", \"id\", \"duplicate\", \"status\"}")
@@ -502,12 +507,12 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
       "--type TYPE) and prints the job's id, or a count. The generated jobs' payload gets \"n\": the\n"
       "job's number. A JSON line: {\"type\", \"payload\", \"group\", \"id\", \"delay_ms\",\n"
       "\"max_attempts\", \"timeout_ms\", \"on_failure\", \"keep_ms\", \"max_group_size\",\n"
-      "\"group_rate\": {\"max\", \"window_ms\"}}. The whole file is checked before any job is\n"
-      "stored: an error names its line (FILE:LINE: ...) and nothing is enqueued. A job may be at\n"
-      "most 1 MiB (1048576 bytes) once encoded, payload included. With --wait S (one job; kept at\n"
-      "least 60 s), the exit code is 0 when it completed, 1 when it went to the dead letters, 3 when\n"
-      "it had not ended, 4 when it cannot be found (a pending duplicate enqueued without a keep), 5\n"
-      "when it was cancelled (jobrt cancel).");
+      "\"group_rate\": {\"max\", \"window_ms\"}, \"group_concurrency\"}. The whole file is checked\n"
+      "before any job is stored: an error names its line (FILE:LINE: ...) and nothing is enqueued.\n"
+      "A job may be at most 1 MiB (1048576 bytes) once encoded, payload included. With --wait S (one\n"
+      "job; kept at least 60 s), the exit code is 0 when it completed, 1 when it went to the dead\n"
+      "letters, 3 when it had not ended, 4 when it cannot be found (a pending duplicate enqueued\n"
+      "without a keep), 5 when it was cancelled (jobrt cancel).");
 }
 
 namespace {
@@ -592,6 +597,7 @@ int run_enqueue(enqueue_args& a) {
   po.keep = std::chrono::milliseconds(a.keep_ms);
   po.max_group_size = a.max_group_size;
   if (!a.group_rate.empty()) po.group_rate = parse_rate(a.group_rate, "group rate");
+  if (a.group_concurrency != 0) po.group_concurrency = a.group_concurrency;
   if (a.wait_s > 0)
     po.keep = std::max<std::chrono::milliseconds>(po.keep, std::chrono::seconds(60));  // (found once it ended)
   if (!config_file.empty()) {
@@ -609,6 +615,7 @@ int run_enqueue(enqueue_args& a) {
         if (q.shards != 0 && a.shards == 0) a.shards = q.shards;
         if (q.max_group_size != 0 && a.max_group_size == 0) po.max_group_size = q.max_group_size;
         if (q.group_rate && a.group_rate.empty()) po.group_rate = q.group_rate;
+        if (a.group_concurrency == 0) po.group_concurrency = q.group_concurrency;
         found = true;
       }
       names += (names.empty() ? "" : ", ") + q.worker.queue;

@@ -13,9 +13,10 @@
 --   count   ARGV[4] the groups the walk found; ARGV[5..] the stats hash as the walk saw it
 -- Returns {stuck (0|1), repairs made, problem...}, a problem being {code, values...}:
 --   {'stuck', jobs} {'lanes', where...} {'parked'} {'empty', where} {'unsure', ready's length}
---   {'copy'} {'worker', lanes} {'id'} {'count', counted, found}
+--   {'copy'} {'worker', lanes} {'id'} {'count', counted, found} {'runs', counted, leases}
 -- Invariants (see ARCHITECTURE): a group with jobs has exactly one of: its lane in ready, in a
--- worker's claimed list or in delayed, a lease, or a parked lane (paused); no lane or lease
+-- worker's claimed list or in delayed, a lease, a parked lane (paused), or a full one (its runs
+-- at its concurrency); no lane or lease
 -- names a group without jobs; a job is in one place; a taken id has its job; no lanes sit in the
 -- claimed list of a worker with no heartbeat.
 local ready, active, delayed, paused, parked, ids, workers, stats =
@@ -81,6 +82,42 @@ if what == 'group' then
   until cursor == '0'
   if redis.call('SISMEMBER', parked, group) == 1 then
     holders[#holders + 1] = {where = 'parked', remove = function() redis.call('SREM', parked, group) end}
+  end
+  -- The runs counted of a group that runs several jobs at once (claim.lua's conc_of), against
+  -- its leases ('<fence>|c:<length of group>:<group><record>'); <prefix>full holds the lane only
+  -- while such a run goes on, whose end puts it back.
+  local mark, leases, seen = 'c:' .. string.format('%d', #group) .. ':' .. group, 0, {}
+  cursor = '0'
+  repeat
+    local r = redis.call('ZSCAN', active, cursor, 'MATCH', '*|' .. glob(mark) .. '*', 'COUNT', 1000)
+    cursor = r[1]
+    for i = 1, #r[2], 2 do
+      local token = r[2][i]
+      local lane = string.sub(token, string.find(token, '|', 1, true) + 1)
+      if not seen[token] and string.sub(lane, 1, #mark) == mark then
+        seen[token] = true
+        leases = leases + 1
+      end
+    end
+  until cursor == '0'
+  local counted = tonumber(redis.call('HGET', prefix .. 'running', group) or '0')
+  if counted ~= leases then
+    problems[#problems + 1] = {'runs', counted, leases}
+    if repair then
+      if leases > 0 then
+        redis.call('HSET', prefix .. 'running', group, string.format('%d', leases))
+      else
+        redis.call('HDEL', prefix .. 'running', group)
+      end
+      repaired = repaired + 1
+    end
+  end
+  if redis.call('SISMEMBER', prefix .. 'full', group) == 1 then
+    if leases > 0 then
+      holders[#holders + 1] = {where = 'full', remove = function() redis.call('SREM', prefix .. 'full', group) end}
+    elseif repair then
+      redis.call('SREM', prefix .. 'full', group)
+    end
   end
   local jobs = redis.call('LLEN', prefix .. 'g:' .. group)
   local is_paused = redis.call('HEXISTS', paused, group) == 1

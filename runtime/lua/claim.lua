@@ -72,9 +72,19 @@ end
 -- The lanes this worker's blocking claim moved come first, then lanes from ready. A lane parked
 -- or dropped on the way is replaced by the next one, up to 100 of them a call (bounded work).
 local taken, records_of, fences = {}, {}, 0 -- records_of[i]: the records of a grouped taken[i]
-local any_paused = nil -- EXISTS paused, asked once, at the first grouped lane that has jobs
+-- Whether any group is paused, and whether any runs several jobs at once (<prefix>running, group
+-- -> its jobs leased now): one EXISTS of both, asked once, at the first grouped lane that has
+-- jobs; only when either exists, which one.
+local running = prefix .. 'running'
+local any_paused, any_running = nil, nil
+local function ask_flags()
+  local n = redis.call('EXISTS', paused, running)
+  any_paused = n > 0 and redis.call('EXISTS', paused) == 1
+  any_running = n > (any_paused and 1 or 0)
+end
 local lanes = redis.call('LPOP', claimed, string.format('%d', max)) or {}
 local passed, asked = 0, 0 -- asked: how many lanes the last LPOP of ready asked for
+local again = 0 -- lanes this round put back in ready with room for more (see conc_of): read on
 
 -- A kept job cancelled before it started (cancel.lua's entry 'n...') is dropped here, where it
 -- would be leased: its entry becomes 'k<ms>:...' and goes after its keep, as a completed job's.
@@ -113,6 +123,21 @@ local function rate_of(record) -- a record's rate limit: max, window (ms), from 
   if m then return tonumber(m), tonumber(w) end
 end
 local function limited(record) return find(record, rate_mark, 1, true) and rate_of(record) end
+
+-- A group may run up to N jobs at once when its head's body says so ("conc":N, after a keep and
+-- a rate limit). Such a head leaves the list when it starts and travels in its lease's lane,
+-- 'c:<length of group>:<group><record>'; the group's lane goes back to the tail of ready while
+-- fewer than N run, else waits in the set <prefix>full until one of them ends (finish.lua,
+-- reap.lua and release.lua put it back). A head of N = 1 behind such runs waits for all to end.
+local conc_mark = '"conc":'
+local function conc_of(record)
+  if not find(record, conc_mark, 1, true) then return 1 end
+  local n = string.match(record, '^%d+|[^|]*|{"conc":([1-9]%d*),') or
+    string.match(record, '^%d+|[^|]*|{"keep":%d+,"conc":([1-9]%d*),') or
+    string.match(record, '^%d+|[^|]*|{"rate":%[%d+,%d+%],"conc":([1-9]%d*),') or
+    string.match(record, '^%d+|[^|]*|{"keep":%d+,"rate":%[%d+,%d+%],"conc":([1-9]%d*),')
+  return tonumber(n) or 1
+end
 local function throttled_until(group) -- when its throttle ends, if later than now
   local till = redis.call('ZSCORE', prefix .. 'throttled', group)
   if not till then return nil end
@@ -141,10 +166,12 @@ while true do
         entry = records[1] and cancelled(records[1])
         if #records == 0 then redis.call('HINCRBY', stats, 'groups', '-1') end
       end
-      -- Followers go with the lease up to the first cancelled one (it is dropped as a head) or
-      -- the first limited one.
+      -- Followers go with the lease up to the first cancelled one (it is dropped as a head), the
+      -- first limited one or the first of a group that runs several at once (each starts as a
+      -- head, see conc_of).
       for j = 2, #records do
-        if (find(records[j], keep_mark, 1, true) and cancelled(records[j])) or limited(records[j]) then
+        if (find(records[j], keep_mark, 1, true) and cancelled(records[j])) or limited(records[j]) or
+            conc_of(records[j]) > 1 then
           for k = #records, j, -1 do records[k] = nil end
           break
         end
@@ -154,21 +181,44 @@ while true do
       elseif #records == 0 then
         passed = passed + 1 -- a stale lane of an emptied group is dropped
       else
-        if any_paused == nil then any_paused = redis.call('EXISTS', paused) == 1 end
+        if any_paused == nil then ask_flags() end
         local group, wait = string.sub(lane, 3), nil
         if any_paused and redis.call('HEXISTS', paused, group) == 1 then
           redis.call('SADD', parked, group)
           passed = passed + 1
         else
           if any_throttled then wait = throttled_until(group) end
-          if not wait and limited(records[1]) then
+          local conc, runs = conc_of(records[1]), 0
+          if any_running then runs = tonumber(redis.call('HGET', running, group) or '0') end
+          if not wait and runs >= conc then
+            redis.call('SADD', prefix .. 'full', group)
+            passed = passed + 1
+            wait = false
+          end
+          if wait == nil and limited(records[1]) then
             wait = rate_wait(group, records[1])
             for k = #records, 2, -1 do records[k] = nil end
           end
-          if wait then
+          if wait == false then
+            -- (full: its lane waits for a run to end)
+          elseif wait then
             later[#later + 1] = string.format('%d', wait)
             later[#later + 1] = lane
             passed = passed + 1
+          elseif conc > 1 then -- its head leaves the list; the lane goes on while there is room
+            local record = redis.call('LPOP', key)
+            redis.call('HINCRBY', running, group, '1')
+            any_running = true
+            if redis.call('EXISTS', key) == 0 then
+              redis.call('HINCRBY', stats, 'groups', '-1')
+            elseif runs + 1 < conc then
+              redis.call('RPUSH', ready, lane)
+              again = again + 1
+            else
+              redis.call('SADD', prefix .. 'full', group)
+            end
+            taken[#taken + 1] = 'c:' .. string.format('%d:', #group) .. group .. record
+            fences = fences + 1
           else
             taken[#taken + 1] = lane
             records_of[#taken] = records
@@ -190,7 +240,8 @@ while true do
     end
   end
   local need = max - #taken
-  if need <= 0 or passed >= 100 or #lanes < asked then break end
+  if need <= 0 or passed >= 100 or (#lanes < asked and again == 0) then break end
+  again = 0
   asked = need
   lanes = redis.call('LPOP', ready, string.format('%d', need))
   if not lanes then break end

@@ -152,7 +152,9 @@ if limited then
     local duplicate = id ~= '' and (seen[id] or redis.call('SISMEMBER', ids, id) == 1 or kept_holds(id))
     if id ~= '' then seen[id] = true end
     if group ~= '' and not duplicate then
-      held[group] = (held[group] or redis.call('LLEN', prefix .. 'g:' .. group)) + 1
+      -- (a group that runs several jobs at once holds those that run too: they left its list)
+      held[group] = (held[group] or redis.call('LLEN', prefix .. 'g:' .. group) +
+        tonumber(redis.call('HGET', prefix .. 'running', group) or '0')) + 1
       if max ~= '' and held[group] > tonumber(max) then
         -- (by '..': string.format's %s would cut a group name at a zero byte)
         return redis.error_reply("JOBRT:26 group '" .. group .. "' would hold " .. string.format('%d', held[group]) ..

@@ -294,6 +294,16 @@ local function limited(record)
     (string.find(record, '^%d+|[^|]*|{"rate":%[[1-9]%d*,%d+%]') or
      string.find(record, '^%d+|[^|]*|{"keep":%d+,"rate":%[[1-9]%d*,%d+%]'))
 end
+-- Nor a job of a group that runs several at once ("conc":N, N > 1, as claim.lua's conc_of reads
+-- it): claim.lua starts each as a head.
+local function runs_several(record)
+  if not string.find(record, '"conc":', 1, true) then return false end
+  local n = string.match(record, '^%d+|[^|]*|{"conc":([1-9]%d*),') or
+    string.match(record, '^%d+|[^|]*|{"keep":%d+,"conc":([1-9]%d*),') or
+    string.match(record, '^%d+|[^|]*|{"rate":%[%d+,%d+%],"conc":([1-9]%d*),') or
+    string.match(record, '^%d+|[^|]*|{"keep":%d+,"rate":%[%d+,%d+%],"conc":([1-9]%d*),')
+  return (tonumber(n) or 1) > 1
+end
 -- A handler that throttled its group (job_context::throttle_group): the group's lane waits in
 -- delayed that long; a group with no job left is noted in <prefix>throttled until then, where
 -- claim.lua finds it when a new job gives it a lane (throttles that ended leave the set here).
@@ -313,6 +323,83 @@ end
 local function unstarted_in_queue(token)
   redis.call('ZREM', prefix .. 'rate', string.match(token, '^(%d+)|'))
 end
+-- A grouped job that goes back ('r', 'd', 'u'; others count nothing): counted, and one never
+-- started (handed back, 'u') gives back its starts.
+local function count_back(kind, lane, token)
+  if kind == 'r' then retried = retried + 1 elseif kind == 'd' then deferred = deferred + 1 end
+  if kind == 'u' then
+    unhandled, started = unhandled + 1, started - 1
+    unstarted(lane)
+    unstarted_in_queue(token)
+  end
+end
+-- The end of a job whose group runs several at once (claim.lua's conc_of): its lease's lane is
+-- 'c:<length of group>:<group><record>', the job is out of its group's list, and <prefix>running
+-- counts it. An end ('a', 'f', 'g', 'c') puts back the group's lane if it waited in <prefix>full
+-- for one; a job that goes back ('r', 'd', 'u', 'h', 'b') goes to its group's head, before every
+-- job that has not started, and the group waits for it: its lane goes to delayed (the delay) or
+-- parked, or, when another holder has it, the group is throttled for the delay (claim.lua puts
+-- the lane in delayed when it meets it) or paused (claim.lua parks it).
+local running, full = prefix .. 'running', prefix .. 'full'
+local function conc_end(token, lane, kind, pause, base)
+  local n, at = string.match(lane, '^c:(%d+):()')
+  n = tonumber(n)
+  local group, record = string.sub(lane, at, at + n - 1), string.sub(lane, at + n)
+  local group_lane = 'g:' .. group
+  local key = prefix .. group_lane
+  if redis.call('HINCRBY', running, group, '-1') <= 0 then redis.call('HDEL', running, group) end
+  local was_full = redis.call('SREM', full, group) == 1
+  if kind == 'a' or kind == 'f' or kind == 'g' or kind == 'c' then
+    local unique_id, extra = ARGV[base + 2], ARGV[base + 3]
+    if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
+    if kind == 'c' then
+      note(record, group, 'k', 0)
+    elseif kind == 'a' then
+      completed = completed + 1
+      if kept(record) then note(record, group, 'c', 0, result_in(extra)) end
+    else
+      dead_letter(record, group, extra, token)
+    end
+    if kind ~= 'a' and kind ~= 'f' then pause = 0 end
+    if was_full and redis.call('EXISTS', key) == 1 then
+      if pause > 0 then
+        send_back(group_lane, pause)
+      elseif kind == 'g' and not is_paused(group) then
+        front[#front + 1] = group_lane
+      else
+        send_back(group_lane, 0)
+      end
+    elseif pause > 0 then
+      throttle(group, pause)
+    end
+    return
+  end
+  if kind == 'r' or kind == 'h' then record = counted(record) end
+  local lane_needed = redis.call('LPUSH', key, record) == 1 -- (nothing held a lane)
+  if lane_needed then emptied = emptied - 1 end
+  lane_needed = lane_needed or was_full
+  if kind == 'b' then
+    started = started - 1
+    unstarted(group_lane)
+    unstarted_in_queue(token)
+    if lane_needed then front[#front + 1] = group_lane end
+    return
+  end
+  local delay = 0
+  if kind ~= 'h' then delay = tonumber(ARGV[base + 3]) or 0 end
+  note(record, group, 'p', delay)
+  if kind == 'h' then
+    redis.call('HSET', paused, group, cjson.encode({state = 'halted', error = ARGV[base + 3], at = clock()}))
+    any_paused = true
+    if lane_needed then redis.call('SADD', parked, group) end
+    halted = halted + 1
+  elseif lane_needed then
+    send_back(group_lane, delay)
+  elseif delay > 0 then
+    throttle(group, delay)
+  end
+  count_back(kind, group_lane, token)
+end
 -- Items are taken in order: a token is held until an item that is not 'k' ends its lease (a
 -- token given twice that way is held once). Fields are read as each kind needs them.
 for i = 1, n do
@@ -324,14 +411,17 @@ for i = 1, n do
     local kind, pause = ARGV[base + 1], 0 -- an ack or a fail may carry a throttle: 'a<ms>', 'f<ms>'
     if #kind > 1 then pause, kind = tonumber(string.sub(kind, 2)) or 0, string.sub(kind, 1, 1) end
     local lane = string.sub(token, string.find(token, '|', 1, true) + 1)
-    local grouped = string.sub(lane, 1, 2) == 'g:'
-    if not grouped and (kind == 'k' or kind == 'h') then kind = kind == 'k' and 'a' or 'f' end
+    local grouped, concurrent = string.sub(lane, 1, 2) == 'g:', string.sub(lane, 1, 2) == 'c:'
+    if concurrent and kind == 'k' then kind = 'a' end
+    if not grouped and not concurrent and (kind == 'k' or kind == 'h') then kind = kind == 'k' and 'a' or 'f' end
     if kind ~= 'k' then -- the lease ends, and with it the burst: the next lease reads the list afresh
       gone[token] = true
       ended[#ended + 1] = token
       if grouped and jumped(lane) then redis.call('SREM', jumps, string.sub(lane, 3)) end
     end
-    if kind == 'k' then
+    if concurrent then
+      conc_end(token, lane, kind, pause, base)
+    elseif kind == 'k' then
       local key = prefix .. lane
       local head = redis.call('LPOP', key)
       local follower, result = ARGV[base + 3], ''
@@ -368,14 +458,15 @@ for i = 1, n do
         elseif following then
           if want == '2' and nobody_waits == nil then nobody_waits = redis.call('LLEN', ready) == 0 end
           if kind == 'a' and (want == '1' or (want == '2' and nobody_waits and #back == 0 and #front == 0)) and
-              not is_paused(string.sub(lane, 3)) and not cancel_waits(following) and not limited(following) then
+              not is_paused(string.sub(lane, 3)) and not cancel_waits(following) and not limited(following) and
+              not runs_several(following) then
             -- its token is made below, with its fence
             local x = {'', following, none, lane}
             local ahead = string.match(extra, '^.(%d+)') or '0'
             if ahead ~= '0' then
               x[3] = redis.call('LRANGE', key, '1', ahead)
               for j = 1, #x[3] do -- up to the first cancelled one (claim.lua drops it) or limited one
-                if cancel_waits(x[3][j]) or limited(x[3][j]) then
+                if cancel_waits(x[3][j]) or limited(x[3][j]) or runs_several(x[3][j]) then
                   for k = #x[3], j, -1 do x[3][k] = nil end
                   break
                 end
@@ -433,12 +524,7 @@ for i = 1, n do
           send_back(lane, delay)
         end
       end
-      if kind == 'r' then retried = retried + 1 elseif kind == 'd' then deferred = deferred + 1 end
-      if kind == 'u' then
-        unhandled, started = unhandled + 1, started - 1
-        unstarted(lane)
-        unstarted_in_queue(token)
-      end
+      count_back(kind, lane, token)
     else -- 'r', 'd' or 'u', ungrouped: the lane carries the record
       local record = string.sub(lane, 3)
       if kind == 'r' then

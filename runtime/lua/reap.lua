@@ -13,7 +13,8 @@
 --
 -- A lease past its deadline: its job goes back to the head of its group (it never left it) with
 -- its attempt counted in the record's header, its lane to the head of ready, and its group out
--- of jumped (the burst is over: see finish.lua). A worker whose
+-- of jumped (the burst is over: see finish.lua); a job of a group that runs several at once goes
+-- back to its group's head (finish.lua's conc_end). A worker whose
 -- heartbeat is past: the lanes its BLMOVE took and no claim turned into leases go back to ready.
 local ready, active, stats, workers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local paused, parked, dead, dead_info = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -32,7 +33,7 @@ local function counted(record)
 end
 
 local lanes, types = {}, {}
-local recovered = 0
+local recovered, regrouped = 0, 0
 local function type_of(record)
   types[#types + 1] = string.match(record, '"type":"([^"]*)"') or '(unknown)'
 end
@@ -56,6 +57,24 @@ for _, token in ipairs(redis.call('ZRANGEBYSCORE', active, '-inf', now, 'LIMIT',
           redis.call('SADD', parked, string.sub(lane, 3))
         else
           lanes[#lanes + 1] = lane
+        end
+      end
+    elseif string.sub(lane, 1, 2) == 'c:' then
+      -- A job of a group that runs several at once (claim.lua's conc_of): back to its group's
+      -- head, its attempt counted; the group's lane to the head of ready when nothing held it.
+      local n, at = string.match(lane, '^c:(%d+):()')
+      n = tonumber(n)
+      local group, record = string.sub(lane, at, at + n - 1), string.sub(lane, at + n)
+      type_of(record)
+      if redis.call('HINCRBY', prefix .. 'running', group, '-1') <= 0 then redis.call('HDEL', prefix .. 'running', group) end
+      local was_full = redis.call('SREM', prefix .. 'full', group) == 1
+      local fresh = redis.call('LPUSH', prefix .. 'g:' .. group, counted(record)) == 1
+      if fresh then regrouped = regrouped + 1 end
+      if fresh or was_full then
+        if redis.call('HEXISTS', paused, group) == 1 then
+          redis.call('SADD', parked, group)
+        else
+          lanes[#lanes + 1] = 'g:' .. group
         end
       end
     else
@@ -91,6 +110,7 @@ if ARGV[4] == '1' then
   if #gone_ids > 0 then redis.call('ZREM', prefix .. 'done', unpack(gone_ids)) end
 end
 if recovered > 0 then redis.call('HINCRBY', stats, 'recovered', recovered) end
+if regrouped > 0 then redis.call('HINCRBY', stats, 'groups', regrouped) end
 
 -- Dead-letter retention: the oldest go first, past the age limit or over the count.
 local expired = {}

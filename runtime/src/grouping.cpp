@@ -84,7 +84,7 @@ grouping_rules grouping_rules::from_json(const boost::json::value& config) {
   for (auto& r : rules->as_array()) {
     auto where = fmt::format("grouping rules[{}]", index++);
     if (!r.is_object()) throw std::invalid_argument(fmt::format("{} is not an object", where));
-    check_fields(r.as_object(), where, {"match", "key", "on_failure", "max_group_size", "rate"});
+    check_fields(r.as_object(), where, {"match", "key", "on_failure", "max_group_size", "rate", "concurrency"});
     grouping_rule rule;
     auto* key = r.as_object().if_contains("key");
     if (key == nullptr || !key->is_string())
@@ -115,6 +115,12 @@ grouping_rules grouping_rules::from_json(const boost::json::value& config) {
       rule.max_group_size = static_cast<std::size_t>(max->as_int64());
     }
     if (auto* rate = r.as_object().if_contains("rate")) rule.rate = rate_limit_from_json(*rate, where + ".rate");
+    if (auto* n = r.as_object().if_contains("concurrency")) {
+      if (!n->is_int64() || n->as_int64() < 1 || static_cast<std::uint64_t>(n->as_int64()) > max_group_concurrency)
+        throw std::invalid_argument(fmt::format("{}.concurrency is {}; it must be a whole number from 1 to {}", where,
+                                                boost::json::serialize(*n), max_group_concurrency));
+      rule.concurrency = static_cast<std::size_t>(n->as_int64());
+    }
     try {
       out.add(std::move(rule));
     } catch (const std::invalid_argument& e) {
@@ -159,7 +165,7 @@ std::optional<group_choice> grouping_rules::choose(std::string_view type, const 
     // "" would mean ungrouped: not what the rule asks for.
     if (key.empty())
       throw std::invalid_argument(fmt::format("grouping rule with key '{}' gives this job an empty group", rule.key));
-    return group_choice{std::move(key), rule.on_failure, rule.max_group_size, rule.rate};
+    return group_choice{std::move(key), rule.on_failure, rule.max_group_size, rule.rate, rule.concurrency};
   }
   return std::nullopt;
 }

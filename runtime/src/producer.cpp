@@ -35,7 +35,7 @@ job_spec job_spec_from_json(const boost::json::value& v) {
   for (auto& [key, value] : o) {
     static const std::set<std::string_view> known{"type",     "payload",        "group",      "id",
                                                   "delay_ms", "max_attempts",   "timeout_ms", "on_failure",
-                                                  "keep_ms",  "max_group_size", "group_rate"};
+                                                  "keep_ms",  "max_group_size", "group_rate", "group_concurrency"};
     if (!known.contains(key)) throw std::invalid_argument(fmt::format("unknown field \"{}\"", key));
   }
   s.type = text("type").value_or("");
@@ -48,6 +48,7 @@ job_spec job_spec_from_json(const boost::json::value& v) {
   if (auto keep = number_of("keep_ms")) s.keep = std::chrono::milliseconds(*keep);
   if (auto max = number_of("max_group_size")) s.max_group_size = static_cast<std::size_t>(*max);
   if (auto* rate = o.if_contains("group_rate")) s.group_rate = rate_limit_from_json(*rate, "\"group_rate\"");
+  if (auto n = number_of("group_concurrency")) s.group_concurrency = static_cast<std::size_t>(*n);
   if (auto p = text("on_failure")) s.on_failure = parse_failure_policy(*p);
   return s;
 }
@@ -65,6 +66,7 @@ boost::json::object to_json(const job_spec& s) {
   if (s.keep) o["keep_ms"] = s.keep->count();
   if (s.max_group_size) o["max_group_size"] = *s.max_group_size;
   if (s.group_rate) o["group_rate"] = {{"max", s.group_rate->max}, {"window_ms", s.group_rate->window.count()}};
+  if (s.group_concurrency) o["group_concurrency"] = *s.group_concurrency;
   return o;
 }
 
@@ -127,6 +129,7 @@ void producer::check(const job_spec& spec) {
         fmt::format("job max_group_size is {}; it must be from 1 to {} (leave it unset for none)", *spec.max_group_size,
                     max_group_size_limit));
   if (spec.group_rate) check_rate_limit(*spec.group_rate, "job group_rate");
+  if (spec.group_concurrency) check_group_concurrency(*spec.group_concurrency, "job group_concurrency");
 }
 
 void producer::check(const job_spec& spec, const producer_options& opts) {
@@ -155,13 +158,19 @@ encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms, const pr
   } else if (choice) {
     out.group = std::move(choice->group);
   }
-  // A group's rate limit travels with its jobs: a job applies it while it is its group's next.
+  // A group's rate limit and concurrency travel with its jobs: a job applies them while it is
+  // its group's next.
   std::optional<rate_limit> rate;
+  std::size_t concurrency = 1;
   if (!out.group.empty()) {
     rate = spec.group_rate ? spec.group_rate : choice && choice->rate ? choice->rate : opts.group_rate;
     if (rate && !spec.group_rate) check_rate_limit(*rate, "producer group_rate");
+    concurrency = spec.group_concurrency          ? *spec.group_concurrency
+                  : choice && choice->concurrency ? *choice->concurrency
+                                                  : opts.group_concurrency;
+    if (!spec.group_concurrency) check_group_concurrency(concurrency, "producer group_concurrency");
   }
-  out.body = detail::encode_body(spec, now_ms, policy, keep, rate);
+  out.body = detail::encode_body(spec, now_ms, policy, keep, rate, concurrency);
   if (out.body.size() > opts.max_body_bytes)
     throw std::invalid_argument(fmt::format("job of type '{}' is {} bytes encoded; the limit is {}", spec.type,
                                             out.body.size(), opts.max_body_bytes));

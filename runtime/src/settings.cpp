@@ -96,6 +96,7 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
                              "shards",
                              "max_group_size",
                              "group_rate",
+                             "group_concurrency",
                              "rate_limit",
                              "bridge",
                              "schedules"});
@@ -111,6 +112,9 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
     q.max_group_size = static_cast<std::size_t>(
         count_at(*f, field("max_group_size"), 1, static_cast<std::int64_t>(max_group_size_limit)));
   if (auto* f = o.if_contains("group_rate")) q.group_rate = rate_limit_from_json(*f, field("group_rate"));
+  if (auto* f = o.if_contains("group_concurrency"))
+    q.group_concurrency = static_cast<std::size_t>(
+        count_at(*f, field("group_concurrency"), 1, static_cast<std::int64_t>(max_group_concurrency)));
   if (auto* f = o.if_contains("rate_limit")) q.worker.rate_limit = rate_limit_from_json(*f, field("rate_limit"));
   if (auto* f = o.if_contains("bridge")) {
     try {

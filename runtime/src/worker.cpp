@@ -248,7 +248,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     std::shared_ptr<job_context> ctx;
     asio::cancellation_signal signal;
     asio::any_io_executor executor;  // where the handler runs (its group's strand)
-    asio::steady_timer deadline;     // the job's timeout, on the worker's strand
+    // Its group, when its handler runs on the group's strand: one job of the group at a time in
+    // this process. Empty for an ungrouped job and one whose group runs several at once.
+    std::string strand_group;
+    asio::steady_timer deadline;  // the job's timeout, on the worker's strand
     std::string unique_id;
     std::vector<job_record> ahead;  // its followers, run next under the same lease
     job_state state = job_state::running;
@@ -324,8 +327,10 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     r->valid_until = valid_until.value_or(clock::now() + opts_.lease_ttl);
     r->replayed = replayed || j.attempt > 1;
     // A strand even for an ungrouped job: its cancellation is emitted there, and that must not
-    // race with the handler on a multi-threaded io_context.
-    r->executor = j.group.empty() ? detail::make_strand(ex_) : acquire_strand(j.group);
+    // race with the handler on a multi-threaded io_context. A job whose group runs several at
+    // once (job::group_concurrency) gets one of its own too.
+    if (!j.group.empty() && j.group_concurrency <= 1) r->strand_group = j.group;
+    r->executor = r->strand_group.empty() ? detail::make_strand(ex_) : acquire_strand(j.group);
     r->ctx = std::make_shared<job_context>(std::move(j), c.fence, opts_.id);
     r->ctx->max_result_ = opts_.max_result_bytes;
     running_[token] = r;
@@ -426,14 +431,14 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       case job_state::lost:  // not ours any more: no ack
         running_.erase(it);
         free_slot(*r);
-        release_strand(r->ctx->group());
+        release_strand(r->strand_group);
         drop_held();
         return;
       case job_state::stopping:
         if (e) {  // interrupted by stop: hand it back, no attempt counted
           running_.erase(it);
           free_slot(*r);
-          release_strand(r->ctx->group());
+          release_strand(r->strand_group);
           hand_back(token);
           drop_held();
           return;
@@ -490,7 +495,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
         finisher_->add(std::move(item), {r->ctx->job().type, r->ctx->job().id, true});
         launch(follower_of(token, *r), r->valid_until, r->replayed);
         free_slot(*r);
-        release_strand(r->ctx->group());  // after launch took it: the strand lives on
+        release_strand(r->strand_group);  // after launch took it: the strand lives on
         return;
       }
       // Each starts when its predecessor's keep has landed: started sooner, it would run before
@@ -504,7 +509,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     // After a burst, the group's next job (and its followers) in the finish's answer, only when
     // nothing else was ready at the last claim (the script also checks that nobody waits).
     if (item.kind == finish_kind::ack && item.throttle.count() == 0 && !opts_.rate_limit && !stopping() &&
-        !r->ctx->group().empty() && claimer_->drained()) {
+        !r->strand_group.empty() && claimer_->drained()) {
       item.want_next = finish_item::next_policy::if_nobody_waits;
       item.ahead = opts_.burst - 1;
     }
@@ -581,7 +586,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
       fence = r->ctx->fence();
       running_.erase(it);  // first: a freed slot may launch a waiting job, which inserts here
       free_slot(*r);
-      release_strand(r->ctx->group());
+      release_strand(r->strand_group);
     }
     {
       std::lock_guard lock(counters_mutex_);
@@ -668,7 +673,7 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     } else {
       start_or_wait(follower_of(token, *r), r->valid_until, r->replayed);
     }
-    release_strand(r->ctx->group());  // after launch took it (if it started): the strand lives on
+    release_strand(r->strand_group);  // after launch took it (if it started): the strand lives on
   }
 
   // A pipelined keep landed (follow_policy::pipelined): its follower started when the job

@@ -60,6 +60,10 @@ constexpr bool doomed(int n) { return n % groups < doomed_groups && (n / groups)
 // A rate-limited group: "rated", its jobs r0, r1, ... in order, at most 5 starts in any 800 ms.
 constexpr int rated_jobs = 40;
 constexpr rate_limit rated_limit{5, milliseconds(800)};
+// A group that runs up to 4 jobs at once: "wide", its jobs w0, w1, ... in order (every tenth
+// fails its first run).
+constexpr int wide_jobs = 60;
+constexpr std::size_t wide_concurrency = 4;
 constexpr int worker_count = 4;
 constexpr milliseconds lease_ttl{1500};
 constexpr milliseconds watchdog_period = lease_ttl / 3;  // the worker's default
@@ -194,6 +198,7 @@ struct run_record {
   std::string id, group;
   std::int64_t seq = 0, fence = 0, start = 0, end = 0;
   long pid = 0;
+  int attempt = 0;
   char outcome = 0;  // E, F, C, or 0: no end line (its process was killed)
   // A run's key: its fence, unique in its shard, and its lane's owner (its group, or when it has
   // none its id), which is in one shard.
@@ -204,7 +209,8 @@ using run_key = std::pair<std::int64_t, std::string>;
 // The runs whose worker found the lease gone when it came to ack them (the ack could not reach
 // the server within the lease: a server restart, a dropped connection, a slot that moved), from
 // the workers' logs: "lease [<shard>/]<fence>|<lane> was lost before job <id> (fence <run's fence>)
-// finished; not acked", where the lane is "g:<group>" or "j:<attempts>|<id>|<body>". A burst's
+// finished; not acked", where the lane is "g:<group>", "c:<length of group>:<group><record>" or
+// "j:<attempts>|<id>|<body>". A burst's
 // follower runs under its lease's token with a fence of its own, which the parenthesis gives.
 std::set<run_key> unacked_runs(const std::string& dir) {
   std::set<run_key> out;
@@ -224,6 +230,10 @@ std::set<run_key> unacked_runs(const std::string& dir) {
       auto lane = token.substr(bar + 1);
       if (lane.starts_with("g:")) {
         out.emplace(fence, lane.substr(2));
+      } else if (lane.starts_with("c:")) {  // 'c:<length of group>:<group><record>'
+        auto colon = lane.find(':', 2);
+        if (colon != std::string::npos)
+          out.emplace(fence, lane.substr(colon + 1, static_cast<std::size_t>(std::atoll(lane.c_str() + 2))));
       } else if (lane.starts_with("j:")) {
         auto first = lane.find('|');
         auto second = lane.find('|', first + 1);
@@ -249,6 +259,7 @@ std::map<run_key, run_record> read_logs(const std::string& dir) {
       int attempt = 0;
       std::int64_t us = 0;
       if (!(fields >> kind >> r.id >> r.group >> r.seq >> r.fence >> r.pid >> attempt >> us)) continue;
+      r.attempt = attempt;
       auto& run = runs[r.key()];
       if (kind == 'S') {
         r.start = us;
@@ -359,8 +370,32 @@ verdict judge(const run_index& index, int group_count, const std::set<std::strin
         MESSAGE("unexplained re-run of " << id << " (fence " << list[i]->fence << " ended " << list[i]->outcome << ")");
     }
   }
-  // Exclusion and order per group.
+  // Exclusion and order per group; the wide group: at most wide_concurrency runs at once, and
+  // first leases in order (a run that goes back starts again after later jobs began).
   for (const auto& [group, list] : index.by_group) {
+    if (group == "wide") {
+      std::map<std::int64_t, std::int64_t> first_fence;  // by seq: its first lease's fence
+      for (std::size_t j = 0; j < list.size(); ++j) {
+        const auto& b = *list[j];
+        std::size_t live = 0;
+        for (std::size_t i = 0; i < j; ++i) {
+          const auto& a = *list[i];
+          if ((a.outcome == 0 ? !killed_before(a, b.start) : a.end > b.start) && a.outcome != 'C') ++live;
+        }
+        if (live >= wide_concurrency && ++v.overlaps <= 5)
+          MESSAGE("group wide: fence " << b.fence << " started while " << live << " of its runs went on");
+        if (b.attempt == 1) first_fence.emplace(b.seq, b.fence);
+      }
+      // First leased in enqueue order (the handlers, in several processes, start in any order; a
+      // job whose first lease a kill took before its run began is left out).
+      std::int64_t last = 0;
+      for (auto& [seq, fence] : first_fence) {
+        if (fence < last && ++v.order_breaks <= 5)
+          MESSAGE("group wide: seq " << seq << " was first leased (fence " << fence << ") after a later job");
+        last = std::max(last, fence);
+      }
+      continue;
+    }
     for (std::size_t i = 0; i < list.size(); ++i) {
       for (std::size_t j = i + 1; j < list.size(); ++j) {
         const auto& a = *list[i];
@@ -433,6 +468,19 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
           s.max_attempts = 10;
           all.push_back(std::move(s));
         }
+        for (int n = 0; n < wide_jobs; ++n) {
+          job_spec s;
+          s.type = "probe";
+          s.id = fmt::format("w{}", n);
+          s.group = "wide";
+          s.group_concurrency = wide_concurrency;
+          boost::json::object payload{{"s", n}, {"ms", 30}};
+          if (n % 10 == 3) payload["fail"] = true;
+          s.payload = std::move(payload);
+          s.max_attempts = 10;
+          s.retry_backoff = backoff{milliseconds(50), 2.0, milliseconds(400), 0.2};
+          all.push_back(std::move(s));
+        }
         for (int n = 0; n < delayed_jobs; ++n) {
           job_spec s;
           s.type = "probe";
@@ -443,7 +491,7 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
           all.push_back(std::move(s));
         }
         for (auto& s : all) ids.insert(s.id);
-        std::shuffle(all.begin() + grouped_jobs + rated_jobs, all.end(), random);
+        std::shuffle(all.begin() + grouped_jobs + rated_jobs + wide_jobs, all.end(), random);
 
         auto started = std::chrono::steady_clock::now();
         auto elapsed = [&] { return std::chrono::steady_clock::now() - started; };
@@ -542,6 +590,17 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
                               << span / 1000 << " ms");
   }
   CHECK(rated.size() >= static_cast<std::size_t>(rated_jobs));
+  // The wide group ran several at once (the judge checked it never ran more than its limit).
+  auto wide_runs = index.by_group.find("wide");
+  REQUIRE(wide_runs != index.by_group.end());
+  std::size_t most_at_once = 0;
+  for (std::size_t j = 0; j < wide_runs->second.size(); ++j) {
+    std::size_t live = 1;
+    for (std::size_t i = 0; i < j; ++i)
+      if (wide_runs->second[i]->end > wide_runs->second[j]->start) ++live;
+    most_at_once = std::max(most_at_once, live);
+  }
+  CHECK(most_at_once > 1);
   CHECK(rate_breaks == 0);
 
   // From a kill to the next start of each group the killed process was running. A kill whose
@@ -567,15 +626,16 @@ TEST_CASE("chaos: kill -9 and dropped connections and a redis-server restart los
   CHECK(final_check.problems.empty());
 
   auto summary = fmt::format(
-      "chaos: {} jobs ({} grouped over {} groups, {} in a group limited to {} starts in {} ms, {} delayed, {} failing "
-      "every run), {} runs, {} worker kills, {} "
+      "chaos: {} jobs ({} grouped over {} groups, {} in a group limited to {} starts in {} ms, {} in a group of up to "
+      "{} "
+      "at once (at most {} seen), {} delayed, {} failing every run), {} runs, {} worker kills, {} "
       "connection kills, redis-server restarted once ({} ms until it answered), {} leases recovered, {} re-runs, {} "
       "dead-lettered as intended ({} by their handler's error, {} given up after lost leases), longest kill to next "
       "start {} ms (lease TTL {} ms + watchdog {} ms = {} ms)",
-      ids.size(), grouped_jobs, groups, rated_jobs, rated_limit.max, rated_limit.window.count(), delayed_jobs,
-      doomed_jobs, runs.size(), kills, connection_kills, (restarted_at - restart_at) / 1000, recovered, v.reruns,
-      dead.size(), v.by_probe, v.given_up, longest / 1000, lease_ttl.count(), watchdog_period.count(),
-      (lease_ttl + watchdog_period).count());
+      ids.size(), grouped_jobs, groups, rated_jobs, rated_limit.max, rated_limit.window.count(), wide_jobs,
+      wide_concurrency, most_at_once, delayed_jobs, doomed_jobs, runs.size(), kills, connection_kills,
+      (restarted_at - restart_at) / 1000, recovered, v.reruns, dead.size(), v.by_probe, v.given_up, longest / 1000,
+      lease_ttl.count(), watchdog_period.count(), (lease_ttl + watchdog_period).count());
   MESSAGE(summary);
   if (const char* out = std::getenv("JOBRT_CHAOS_SUMMARY")) std::ofstream(out) << summary << "\n";
   CHECK(longest / 1000 <= (lease_ttl + watchdog_period + recovery_slack).count());

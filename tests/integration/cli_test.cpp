@@ -220,7 +220,7 @@ TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the 
   auto url = url_of(shared_redis());
   auto abi = jobrt_cli({"worker", "--redis", url, "--plugin", JOBRT_TEST_PLUGINS "/jobrt_test_bad_abi.so"});
   CHECK(abi.status == 1);
-  CHECK(abi.output.find("built for jobrt plugin ABI 999, but this jobrt has ABI 2") != std::string::npos);
+  CHECK(abi.output.find("built for jobrt plugin ABI 999, but this jobrt has ABI 3") != std::string::npos);
   auto none = jobrt_cli({"worker", "--redis", url, "--plugin", JOBRT_TEST_PLUGINS "/jobrt_test_not_a_plugin.so"});
   CHECK(none.status == 1);
   CHECK(none.output.find("not a jobrt plugin") != std::string::npos);
@@ -872,6 +872,41 @@ TEST_CASE("jobrt enqueue --group-rate stores each grouped job's limit, a line's 
   }
   auto stats = boost::json::parse(jobrt_cli({"stats", queue, "--redis", url, "--json"}).output).as_object();
   CHECK(stats.at("enqueued").as_int64() == 4);
+}
+
+TEST_CASE("jobrt enqueue --group-concurrency stores each grouped job's concurrency, a line's own wins, 0 is refused") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "conc";
+  auto prefix = redis_backend::key_prefix(queue);
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--count", "2", "--groups", "1",
+                   "--group-concurrency", "3", "--group-rate", "2/60000"})
+            .status == 0);
+  auto g0 = redis_cli(cfg, {"LRANGE", prefix + "g:g0", "0", "-1"});
+  CHECK(g0.find(R"(|{"rate":[2,60000],"conc":3,"type":"t")") != std::string::npos);
+  auto file = fmt::format("/tmp/jobrt-cli-conc-{}.jsonl", ::getpid());
+  std::ofstream(file) << R"({"type":"t","group":"h","group_concurrency":2})"
+                      << "\n"
+                      << R"({"type":"t","group":"i","group_concurrency":1})"
+                      << "\n"
+                      << R"({"type":"t"})"
+                      << "\n";
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file, "--group-concurrency", "5"}).status ==
+        0);
+  CHECK(redis_cli(cfg, {"LRANGE", prefix + "g:h", "0", "-1"}).find(R"(|{"conc":2,"type":"t")") != std::string::npos);
+  CHECK(redis_cli(cfg, {"LRANGE", prefix + "g:i", "0", "-1"}).find("conc") == std::string::npos);    // 1: as ever
+  CHECK(redis_cli(cfg, {"LRANGE", prefix + "ready", "0", "-1"}).find("conc") == std::string::npos);  // ungrouped
+  std::ofstream(file) << R"({"type":"t","group":"h","group_concurrency":0})"
+                      << "\n";
+  auto bad_line = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file});
+  CHECK(bad_line.status != 0);
+  CHECK(bad_line.output.find(":1: job group_concurrency is 0; it must be from 1 to 10000") != std::string::npos);
+  std::remove(file.c_str());
+  auto refused = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--group-concurrency", "0"});
+  CHECK(refused.status == 2);
+  CHECK(refused.output.find("--group-concurrency") != std::string::npos);
+  auto stats = boost::json::parse(jobrt_cli({"stats", queue, "--redis", url, "--json"}).output).as_object();
+  CHECK(stats.at("enqueued").as_int64() == 5);
 }
 
 TEST_CASE("jobrt cancel: pending kept jobs never start, a running one's handler is cancelled, its group goes on") {

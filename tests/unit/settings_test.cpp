@@ -39,9 +39,11 @@ TEST_CASE("settings - a full config file") {
     "queues": [
       {"name": "imports", "concurrency": 20, "lease_ttl_ms": 6000, "watchdog_ms": 1000, "burst": 2, "shards": 16,
        "max_result_bytes": 1000, "max_group_size": 500, "group_rate": {"max": 7, "window_ms": 2000},
+       "group_concurrency": 4,
        "follow": "pipelined", "claim_wait_ms": 2000, "on_failure": "halt", "retry": {"initial_ms": 100},
        "grouping": {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "skip",
-                               "max_group_size": 20, "rate": {"max": 3, "window_ms": 100}}]},
+                               "max_group_size": 20, "rate": {"max": 3, "window_ms": 100},
+                               "concurrency": 2}]},
        "dead_letters": {"max_count": 50, "max_age_ms": 60000}, "schedules": false},
       {"name": "mail", "rate_limit": {"max": 50, "window_ms": 1000}}
     ]})"));
@@ -73,6 +75,9 @@ TEST_CASE("settings - a full config file") {
   CHECK(choice->on_failure == failure_policy::skip);
   CHECK(choice->max_group_size == std::size_t{20});
   CHECK(choice->rate == rate_limit{3, std::chrono::milliseconds(100)});
+  CHECK(choice->concurrency == std::size_t{2});
+  CHECK(q.group_concurrency == 4);
+  CHECK(s.queues[1].group_concurrency == 1);
   CHECK(q.max_group_size == 500);
   CHECK(q.group_rate == rate_limit{7, std::chrono::milliseconds(2000)});
   CHECK_FALSE(s.queues[1].group_rate);
@@ -102,6 +107,10 @@ TEST_CASE("settings - a bad file is refused naming the field") {
         "config.queues[0].max_group_size: is not an integer from 1 to 1000000000");
   CHECK(refusal(R"({"queues": [{"name": "a", "grouping": {"rules": [{"key": "{t}", "max_group_size": -2}]}}]})") ==
         "config.queues[0].grouping: grouping rules[0].max_group_size is -2; it must be from 1 to 1000000000");
+  CHECK(refusal(R"({"queues": [{"name": "a", "group_concurrency": 0}]})") ==
+        "config.queues[0].group_concurrency: is not an integer from 1 to 10000");
+  CHECK(refusal(R"({"queues": [{"name": "a", "grouping": {"rules": [{"key": "{t}", "concurrency": 0}]}}]})") ==
+        "config.queues[0].grouping: grouping rules[0].concurrency is 0; it must be a whole number from 1 to 10000");
   CHECK(refusal(R"({"queues": [{"name": "a", "max_result_bytes": -1}]})") ==
         "config.queues[0].max_result_bytes: is not an integer from 0 to 16777216");
   CHECK(refusal(R"({"queues": [{"name": "a", "lease_ttl_ms": 99999999999999999999}]})") ==
@@ -124,7 +133,7 @@ TEST_CASE("settings - a bad file is refused naming the field") {
         "config.queues[0].grouping: grouping: unknown field \"rule\" (known: rules)");
   CHECK(refusal(R"({"queues": [{"name": "a", "grouping": {"rules": [{"key": "{t}", "on_faliure": "halt"}]}}]})") ==
         "config.queues[0].grouping: grouping rules[0]: unknown field \"on_faliure\" (known: match, key, on_failure, "
-        "max_group_size, rate)");
+        "max_group_size, rate, concurrency)");
   CHECK(refusal(R"({"queues": [{"name": "a", "group_rate": {"max": 0, "window_ms": 1000}}]})") ==
         "config.queues[0].group_rate.max is 0; it must be from 1 to 10000");
   CHECK(refusal(R"({"queues": [{"name": "a", "group_rate": {"max": 5}}]})") ==

@@ -3,7 +3,8 @@
 //
 // JSON form:
 //   {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "hold",
-//               "max_group_size": 10000, "rate": {"max": 10, "window_ms": 1000}}]}
+//               "max_group_size": 10000, "rate": {"max": 10, "window_ms": 1000},
+//               "concurrency": 2}]}
 // A rule matches a job when every "match" entry equals the job's field ("type" is the job's
 // type; other names are top-level payload fields; "*" means the field is present) and every
 // field the key names is present. The first matching rule gives the group; none: ungrouped.
@@ -30,6 +31,9 @@ struct grouping_rule {
   std::optional<std::size_t> max_group_size;
   /// For the jobs this rule groups: each of its groups' rate limit (job_spec::group_rate).
   std::optional<rate_limit> rate;
+  /// For the jobs this rule groups: how many of a group's jobs may run at once
+  /// (job_spec::group_concurrency).
+  std::optional<std::size_t> concurrency;
 };
 
 /// What the rules decide for a job.
@@ -38,6 +42,7 @@ struct group_choice {
   std::optional<failure_policy> on_failure;
   std::optional<std::size_t> max_group_size;
   std::optional<rate_limit> rate;
+  std::optional<std::size_t> concurrency;
 };
 
 /// A rate limit in JSON, {"max": 10, "window_ms": 1000}; throws std::invalid_argument naming

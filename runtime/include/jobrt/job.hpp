@@ -59,6 +59,11 @@ inline constexpr std::chrono::milliseconds max_job_timeout = std::chrono::hours(
 inline constexpr std::chrono::milliseconds max_job_keep = std::chrono::hours(24 * 365);
 /// The largest job_spec::max_group_size.
 inline constexpr std::size_t max_group_size_limit = 1'000'000'000;
+/// The largest job_spec::group_concurrency.
+inline constexpr std::size_t max_group_concurrency = 10'000;
+/// Throws std::invalid_argument, naming `what` and the value, unless n is from 1 to
+/// max_group_concurrency.
+void check_group_concurrency(std::size_t n, std::string_view what);
 
 /// What a producer enqueues.
 struct job_spec {
@@ -66,7 +71,8 @@ struct job_spec {
   std::string type;
   /// Any JSON value.
   boost::json::value payload;
-  /// Jobs of one group run one at a time, in enqueue order. When absent, the producer's grouping
+  /// Jobs of one group run one at a time, in enqueue order (or up to group_concurrency at once,
+  /// started in enqueue order). When absent, the producer's grouping
   /// rules may give the job a group; when they do not, the job takes the ungrouped fast path.
   std::optional<std::string> group;
   /// Optional. Enqueueing the same id again does nothing while the job is pending or running,
@@ -99,6 +105,12 @@ struct job_spec {
   /// does, while other groups go on. When absent, the grouping rule's, else
   /// producer_options::group_rate. Ignored for an ungrouped job.
   std::optional<rate_limit> group_rate;
+  /// For a grouped job: while it is its group's next job, up to this many of the group's jobs
+  /// may run at once (1, the default: one at a time). They start in enqueue order; a job that
+  /// goes back (a retry, a lost lease) starts again before any job that has not started yet.
+  /// From 1 to max_group_concurrency. When absent, the grouping rule's, else
+  /// producer_options::group_concurrency. Ignored for an ungrouped job.
+  std::optional<std::size_t> group_concurrency;
 };
 
 /// A claimed job, as its handler sees it.
@@ -118,6 +130,8 @@ struct job {
   std::chrono::milliseconds keep{0};
   /// Its group's rate limit (job_spec::group_rate), when it has one.
   std::optional<rate_limit> group_rate;
+  /// How many of its group's jobs may run at once (job_spec::group_concurrency); 1: one at a time.
+  std::size_t group_concurrency = 1;
 };
 
 /// Decodes a job as it is stored, "<attempts before>|<id>|<body>" (dead_letter::record), in the

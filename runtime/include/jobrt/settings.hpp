@@ -33,6 +33,9 @@ struct queue_settings {
   std::size_t max_group_size = 0;
   /// "group_rate": producer_options::group_rate for `jobrt enqueue --config` and `jobrt bridge`.
   std::optional<rate_limit> group_rate;
+  /// "group_concurrency": producer_options::group_concurrency for `jobrt enqueue --config`,
+  /// `jobrt bridge` and `jobrt schedule add`.
+  std::size_t group_concurrency = 1;
   /// "bridge": how `jobrt bridge --config` turns messages into this queue's jobs.
   bridge_mapping bridge;
 };

@@ -56,6 +56,16 @@ std::string_view delayed_record(std::string_view member) {
   return colon + 1 + n <= member.size() ? member.substr(colon + 1 + n) : std::string_view{};
 }
 
+// The group and the record inside a lease's lane 'c:<n>:<group><record>'.
+std::pair<std::string_view, std::string_view> conc_parts(std::string_view lane) {
+  auto colon = lane.find(':', 2);
+  if (colon == std::string_view::npos) return {};
+  std::size_t n = 0;
+  std::from_chars(lane.data() + 2, lane.data() + colon, n);
+  if (colon + 1 + n > lane.size()) return {};
+  return {lane.substr(colon + 1, n), lane.substr(colon + 1 + n)};
+}
+
 }  // namespace
 
 check_suspects analyse(const queue_walk& walk, check_report& report) {
@@ -93,11 +103,31 @@ check_suspects analyse(const queue_walk& walk, check_report& report) {
     else
       lane(member, job_place::kind::delayed, {}, member);
   }
+  std::map<std::string, std::int64_t> runs;  // leases of jobs of groups that run several at once
   for (auto& token : walk.active) {
     auto bar = token.find('|');
-    if (bar != std::string::npos) lane(token.substr(bar + 1), job_place::kind::lease, {}, token);
+    if (bar == std::string::npos) continue;
+    if (token.compare(bar + 1, 2, "c:") == 0) {  // such a job: a job, and no lane
+      auto [group, record] = conc_parts(std::string_view(token).substr(bar + 1));
+      ++runs[std::string(group)];
+      job_at(std::string(record), job_place{job_place::kind::lease, {}, token});
+    } else {
+      lane(token.substr(bar + 1), job_place::kind::lease, {}, token);
+    }
   }
   for (auto& group : walk.parked) holders[group].push_back("parked");
+  // A lane in full waits for a run's end: with none counted, nothing would put it back.
+  for (auto& group : walk.full) {
+    if (auto r = walk.running.find(group); r != walk.running.end() && r->second > 0)
+      holders[group].push_back("full");
+    else
+      out.groups.push_back(group);
+  }
+  // The runs counted and the leases seen (confirmed one group at a time: leases come and go).
+  for (auto& [group, n] : walk.running)
+    if (runs[group] != n) out.groups.push_back(group);
+  for (auto& [group, n] : runs)
+    if (!walk.running.contains(group)) out.groups.push_back(group);
 
   std::int64_t with_jobs = 0;
   for (auto& [group, records] : walk.groups) {
@@ -111,6 +141,8 @@ check_suspects analyse(const queue_walk& walk, check_report& report) {
     if (h != holders.end()) holders.erase(h);
   }
   for (auto& [group, where] : holders) out.groups.push_back(group);  // lanes of groups without jobs
+  std::unordered_set<std::string> once;                              // (a group suspect twice is confirmed once)
+  std::erase_if(out.groups, [&](const std::string& g) { return !once.insert(g).second; });
   std::unordered_set<std::string_view> pending;
   for (auto& [id, place] : seen) pending.insert(id);
   for (auto& id : walk.ids)
@@ -147,6 +179,9 @@ std::string dead_worker_problem(const std::string& worker, std::size_t lanes) {
   return fmt::format("{} lanes held by worker {}, which has no heartbeat", lanes, worker);
 }
 std::string id_problem(const std::string& id) { return fmt::format("id {} is taken but no pending job has it", id); }
+std::string runs_problem(const std::string& group, std::int64_t counted, std::int64_t leases) {
+  return fmt::format("group {} counts {} jobs running at once; {} leases run them", group, counted, leases);
+}
 std::string count_problem(std::int64_t counted, std::int64_t seen) {
   return fmt::format("stats counts {} groups with jobs; there are {}", counted, seen);
 }

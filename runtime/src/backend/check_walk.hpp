@@ -9,6 +9,7 @@
 #include <jobrt/backend.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -40,6 +41,9 @@ struct queue_walk {
   std::vector<std::string> delayed;                                       ///< members
   std::vector<std::string> active;                                        ///< lease tokens
   std::vector<std::string> parked;
+  std::vector<std::string> full;  ///< groups whose lane waits for one of their several runs to end
+  /// The runs counted of groups that run several jobs at once (group -> count), as stored.
+  std::map<std::string, std::int64_t> running;
   std::unordered_set<std::string> paused;
   std::unordered_set<std::string> workers;
   std::vector<std::pair<std::string, std::vector<std::string>>> groups;  ///< group, records
@@ -89,5 +93,6 @@ std::string copy_problem(const std::string& id, const job_place& first, const jo
 std::string dead_worker_problem(const std::string& worker, std::size_t lanes);
 std::string id_problem(const std::string& id);
 std::string count_problem(std::int64_t counted, std::int64_t seen);
+std::string runs_problem(const std::string& group, std::int64_t counted, std::int64_t leases);
 
 }  // namespace jobrt::detail

@@ -33,6 +33,19 @@ namespace {
 
 bool is_group_lane(std::string_view lane) { return lane.starts_with("g:"); }
 
+// A lease's lane for a job of a group that runs several at once (claim.lua's conc_lane): the job
+// leaves its group's list and travels in the lane, 'c:<length of group>:<group><record>'.
+std::string conc_lane(const std::string& group, const std::string& record) {
+  return fmt::format("c:{}:{}{}", group.size(), group, record);
+}
+// Its group and record.
+std::pair<std::string, std::string> conc_parts(std::string_view lane) {
+  auto colon = lane.find(':', 2);
+  std::size_t n = 0;
+  std::from_chars(lane.data() + 2, lane.data() + colon, n);
+  return {std::string(lane.substr(colon + 1, n)), std::string(lane.substr(colon + 1 + n))};
+}
+
 // A lease token is '<fence>|<lane>'. Only tokens found in `active` are parsed, and those were
 // all made by claim or finish, so the separator is there.
 std::string lane_of(const std::string& token) { return token.substr(token.find('|') + 1); }
@@ -133,6 +146,10 @@ struct queue_model::queue_state {
   std::set<std::pair<std::int64_t, std::string>> delayed;
   std::map<std::string, paused_group> paused;
   std::unordered_set<std::string> parked;  // paused groups whose lane is nowhere else
+  // Groups whose jobs run several at once (job_spec::group_concurrency): running, group -> jobs
+  // of it leased now (lanes 'c:...'); full, groups whose lane waits for one of them to end.
+  std::unordered_map<std::string, std::int64_t> running;
+  std::unordered_set<std::string> full;
   std::int64_t seq = 0;
   std::int64_t recovered = 0;
   std::int64_t fence = 0;
@@ -305,9 +322,11 @@ std::vector<enqueue_result> queue_model::enqueue(std::vector<encoded_job> jobs) 
       if (!job.id.empty()) seen.insert(job.id);
       if (job.group.empty() || duplicate) continue;
       auto [it, added] = held.try_emplace(job.group, 0);
-      if (added)
+      if (added) {
         if (auto list = q.groups.find(job.group); list != q.groups.end())
           it->second = static_cast<std::int64_t>(list->second.size());
+        if (auto r = q.running.find(std::string(job.group)); r != q.running.end()) it->second += r->second;
+      }
       ++it->second;
       if (job.max_group_size > 0 && it->second > job.max_group_size)
         refuse(errc::group_full, group_full_message(job.group, it->second, job.max_group_size, i, jobs.size()));
@@ -426,7 +445,8 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
   // Which lanes are live and how many fences they take, then one INCRBY, as in claim.lua.
   std::vector<std::tuple<std::string, std::deque<std::string>*, std::size_t>> taken;  // lane, group, followers
   std::int64_t fences = 0;
-  std::size_t passed = 0, asked = 0;                        // asked: how many lanes the last pop from ready asked for
+  std::size_t passed = 0, asked = 0;  // asked: how many lanes the last pop from ready asked for
+  std::size_t again = 0;              // lanes this round put back in ready with room for more: read on
   std::vector<std::pair<std::int64_t, std::string>> later;  // lanes that may not start yet
   for (;;) {
     for (auto& lane : batch) {
@@ -473,21 +493,49 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
       auto& list = group->second;
       auto head_rate = rate_in(list.front());
       auto wait = q.throttled_until(group->first, now);
+      // A group that runs several jobs at once (or whose exclusive head waits for such runs to
+      // end) at its limit: the lane waits in full for an end (claim.lua).
+      auto conc = static_cast<std::int64_t>(conc_in(list.front()));
+      auto runs = q.running.contains(group->first) ? q.running[group->first] : 0;
+      if (!wait && runs >= conc) {
+        q.full.insert(group->first);
+        ++passed;
+        continue;
+      }
       if (!wait && head_rate) wait = q.rate_wait(group->first, *head_rate, now);
       if (wait) {
         later.emplace_back(*wait, std::move(lane));
         ++passed;
         continue;
       }
+      if (conc > 1) {  // its head leaves the list; the lane goes on while there is room
+        auto record = std::move(list.front());
+        list.pop_front();
+        std::string name = group->first;
+        ++q.running[name];
+        if (list.empty()) {
+          q.groups.erase(group);
+        } else if (runs + 1 < conc) {
+          q.ready.push_back(lane);
+          ++effects_.made_ready;
+          ++again;
+        } else {
+          q.full.insert(name);
+        }
+        taken.emplace_back(conc_lane(name, record), nullptr, 0);
+        ++fences;
+        continue;
+      }
       std::size_t followers = 0;
       while (!head_rate && followers < std::min(list.size() - 1, ahead) && !q.cancel_waits(list[followers + 1]) &&
-             !rate_in(list[followers + 1]))
+             !rate_in(list[followers + 1]) && conc_in(list[followers + 1]) == 1)
         ++followers;
       fences += static_cast<std::int64_t>(followers + 1);
       taken.emplace_back(std::move(lane), &list, followers);
     }
     auto need = max - taken.size();
-    if (need == 0 || passed >= claim_passes || batch.size() < asked) break;
+    if (need == 0 || passed >= claim_passes || (batch.size() < asked && again == 0)) break;
+    again = 0;
     batch.clear();
     asked = need;
     while (batch.size() < need && !q.ready.empty()) {  // LPOP ready need
@@ -511,6 +559,10 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
       job.job = split_record(list->front());
       job.ahead = split_all(*list, followers);
       fence += static_cast<std::int64_t>(followers);
+    } else if (lane.starts_with("c:")) {
+      auto [group, record] = conc_parts(lane);
+      job.group = std::move(group);
+      job.job = split_record(record);
     } else {
       job.job = split_record(std::string_view(lane).substr(2));
     }
@@ -624,8 +676,72 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
     std::string lane = lane_of(item.token);
     bool grouped = is_group_lane(lane);
     finish_kind kind = item.kind;
-    if (kind == finish_kind::halt && !grouped) kind = finish_kind::fail;
     if (kind == finish_kind::keep && !grouped) kind = finish_kind::ack;
+    if (lane.starts_with("c:")) {  // a job of a group that runs several at once (finish.lua's conc_end)
+      auto [name, record] = conc_parts(lane);
+      std::string group_lane = "g:" + name;
+      if (auto r = q.running.find(name); r != q.running.end() && --r->second <= 0) q.running.erase(r);
+      bool was_full = q.full.erase(name) > 0;
+      bool ends = kind == finish_kind::ack || kind == finish_kind::fail || kind == finish_kind::give_up ||
+                  kind == finish_kind::cancel;
+      if (ends) {
+        if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
+        if (kind == finish_kind::cancel) {
+          note(record, name, 'k', {});
+        } else if (kind == finish_kind::ack) {
+          ++completed;
+          note(record, name, 'c', {}, item.result);
+        } else {
+          dead_letter_of(record, name, item.error, item.token);
+        }
+        auto pause =
+            (kind == finish_kind::ack || kind == finish_kind::fail) ? item.throttle : std::chrono::milliseconds(0);
+        if (was_full && q.groups.contains(name)) {  // its lane waited for this end
+          if (pause.count() > 0)
+            send_back(group_lane, pause);
+          else if (kind == finish_kind::give_up && !q.paused.contains(name))
+            front.push_back(group_lane);
+          else
+            send_back(group_lane, std::chrono::milliseconds(0));
+        } else if (pause.count() > 0) {
+          q.throttle(name, now, pause.count());
+        }
+        continue;
+      }
+      // Back to its group's head, before every job that has not started (a release: with no
+      // attempt counted, its lane to the head of ready).
+      if (kind == finish_kind::retry || kind == finish_kind::halt) record = counted(record);
+      auto& list = q.groups[name];
+      bool lane_needed = list.empty() || was_full;  // (LPUSH returned 1: nothing held a lane)
+      list.push_front(record);
+      if (kind == finish_kind::release) {
+        q.unstart(name);
+        q.unstart_in_queue(item.token);
+        --started;
+        if (lane_needed) front.push_back(group_lane);
+        continue;
+      }
+      note(record, name, 'p', kind == finish_kind::halt ? std::chrono::milliseconds(0) : item.delay);
+      if (kind == finish_kind::halt) {
+        q.paused[name] = paused_group{name, true, item.error, now};
+        if (lane_needed) q.parked.insert(name);  // (else claim or promote parks the lane it meets)
+        ++halted;
+      } else if (lane_needed) {
+        send_back(group_lane, item.delay);
+      } else if (item.delay.count() > 0) {
+        q.throttle(name, now, item.delay.count());  // the group waits for its head
+      }
+      if (kind == finish_kind::retry) ++retried;
+      if (kind == finish_kind::defer) ++deferred;
+      if (kind == finish_kind::hand_back) {
+        ++unhandled;
+        --started;
+        q.unstart(name);
+        q.unstart_in_queue(item.token);
+      }
+      continue;
+    }
+    if (kind == finish_kind::halt && !grouped) kind = finish_kind::fail;
     if (kind == finish_kind::keep) {
       if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
       if (auto group = q.groups.find(lane.substr(2)); group != q.groups.end()) {
@@ -659,7 +775,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
           } else if (item.throttle.count() > 0 && (ack || kind == finish_kind::fail)) {
             send_back(lane, item.throttle);
           } else if (ack && !q.paused.contains(group->first) && !q.cancel_waits(list.front()) &&
-                     !rate_in(list.front()) &&
+                     !rate_in(list.front()) && conc_in(list.front()) == 1 &&
                      (item.want_next == finish_item::next_policy::yes ||
                       (item.want_next == finish_item::next_policy::if_nobody_waits && q.ready.empty() && back.empty() &&
                        front.empty()))) {
@@ -668,7 +784,8 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
             next.job = split_record(list.front());
             std::size_t followers = 0;  // up to the first cancelled one (claim drops it)
             while (followers < std::min({list.size() - 1, item.ahead, max_ahead}) &&
-                   !q.cancel_waits(list[followers + 1]) && !rate_in(list[followers + 1]))
+                   !q.cancel_waits(list[followers + 1]) && !rate_in(list[followers + 1]) &&
+                   conc_in(list[followers + 1]) == 1)
               ++followers;
             next.ahead = split_all(list, followers);
             nexts.emplace_back(i, lane);
@@ -810,10 +927,22 @@ void queue_model::release(const std::string& worker, std::vector<std::string> to
   std::int64_t released = 0;
   for (auto& token : tokens) {
     if (q.active.erase(token) == 0) continue;
-    lanes.push_back(lane_of(token));
-    if (is_group_lane(lanes.back())) q.unstart(lanes.back().substr(2));
     q.unstart_in_queue(token);
     ++released;
+    auto lane = lane_of(token);
+    if (lane.starts_with("c:")) {  // back to its group's head (release.lua)
+      auto [name, record] = conc_parts(lane);
+      q.unstart(name);
+      if (auto r = q.running.find(name); r != q.running.end() && --r->second <= 0) q.running.erase(r);
+      bool was_full = q.full.erase(name) > 0;
+      auto& list = q.groups[name];
+      bool lane_needed = list.empty() || was_full;
+      list.push_front(std::move(record));
+      if (lane_needed) lanes.push_back("g:" + name);
+      continue;
+    }
+    if (is_group_lane(lane)) q.unstart(lane.substr(2));
+    lanes.push_back(std::move(lane));
   }
   if (auto mine = q.claimed.find(worker); mine != q.claimed.end()) {
     std::move(mine->second.begin(), mine->second.end(), std::back_inserter(lanes));
@@ -853,6 +982,19 @@ reap_result queue_model::reap(reap_options opts) {
         q.parked.insert(group->first);
       else
         lanes.push_back(std::move(lane));
+    } else if (lane.starts_with("c:")) {  // back to its group's head, its attempt counted
+      auto [name, record] = conc_parts(lane);
+      result.recovered_types.push_back(type_in(record));
+      if (auto r = q.running.find(name); r != q.running.end() && --r->second <= 0) q.running.erase(r);
+      bool was_full = q.full.erase(name) > 0;
+      auto& list = q.groups[name];
+      bool lane_needed = list.empty() || was_full;
+      list.push_front(counted(record));
+      if (!lane_needed) continue;
+      if (q.paused.contains(name))
+        q.parked.insert(name);
+      else
+        lanes.push_back("g:" + name);
     } else {
       result.recovered_types.push_back(type_in(lane));
       lanes.push_back("j:" + counted(lane.substr(2)));
@@ -1201,7 +1343,9 @@ void queue_model::purge_queue() {
 
 std::int64_t queue_model::group_size(const std::string& group) const {
   auto g = s_->groups.find(group);
-  return g == s_->groups.end() ? 0 : static_cast<std::int64_t>(g->second.size());
+  auto r = s_->running.find(group);
+  return (g == s_->groups.end() ? 0 : static_cast<std::int64_t>(g->second.size())) +
+         (r == s_->running.end() ? 0 : r->second);
 }
 
 check_report queue_model::check(bool repair) {
@@ -1214,6 +1358,8 @@ check_report queue_model::check(bool repair) {
   for (auto& [due, member] : q.delayed) walk.delayed.push_back(member);
   for (auto& [token, deadline] : q.active) walk.active.push_back(token);
   walk.parked.assign(q.parked.begin(), q.parked.end());
+  walk.full.assign(q.full.begin(), q.full.end());
+  walk.running.insert(q.running.begin(), q.running.end());
   for (auto& [group, state] : q.paused) walk.paused.insert(group);
   for (auto& [worker, deadline] : q.workers) walk.workers.insert(worker);
   for (auto& [group, records] : q.groups)
@@ -1245,6 +1391,28 @@ check_report queue_model::check(bool repair) {
     for (auto& [token, deadline] : q.active)
       if (lane_of(token) == lane) holders.push_back({"a lease", [&q, t = token] { q.active.erase(t); }, true});
     if (q.parked.contains(group)) holders.push_back({"parked", [&] { q.parked.erase(group); }});
+    // The runs counted of a group that runs several jobs at once, against its leases; full
+    // holds the lane only while such a run goes on, whose end puts it back.
+    std::int64_t leases = 0;
+    for (auto& [token, deadline] : q.active)
+      if (auto l = lane_of(token); l.starts_with("c:") && conc_parts(l).first == group) ++leases;
+    auto counted = q.running.find(group);
+    if (auto n = counted == q.running.end() ? 0 : counted->second; n != leases) {
+      out.problems.push_back(runs_problem(group, n, leases));
+      if (repair) {
+        if (leases > 0)
+          q.running[group] = leases;
+        else
+          q.running.erase(group);
+        ++out.repaired;
+      }
+    }
+    if (q.full.contains(group)) {
+      if (leases > 0)
+        holders.push_back({"full", [&] { q.full.erase(group); }});
+      else if (repair)
+        q.full.erase(group);
+    }
     auto records = q.groups.find(group);
     bool is_paused = q.paused.contains(group);
     if (records != q.groups.end() && !records->second.empty()) {

@@ -36,7 +36,8 @@ namespace asio = boost::asio;
 using redis::reply;
 using redis::request;
 
-// A token is '<fence>|<lane>'; an ungrouped lane carries the record: 'j:<record>'. Then, from
+// A token is '<fence>|<lane>'; an ungrouped lane carries the record: 'j:<record>', and so does
+// the lane of a job whose group runs several at once. Then, from
 // e[at]: the number of the job's followers and their records.
 claimed_job from_token(std::string token, const reply& record, const std::vector<reply>& e, std::size_t& at) {
   claimed_job out;
@@ -46,6 +47,12 @@ claimed_job from_token(std::string token, const reply& record, const std::vector
   if (lane.starts_with("g:")) {
     out.group = std::string(lane.substr(2));
     out.job = detail::split_record(record.as_string());
+  } else if (lane.starts_with("c:")) {  // a job of a group that runs several at once: 'c:<n>:<group><record>'
+    auto colon = lane.find(':', 2);
+    std::size_t n = 0;
+    std::from_chars(lane.data() + 2, lane.data() + colon, n);
+    out.group = std::string(lane.substr(colon + 1, n));
+    out.job = detail::split_record(lane.substr(colon + 1 + n));
   } else {
     out.job = detail::split_record(lane.substr(2));
   }
@@ -1077,9 +1084,18 @@ asio::awaitable<std::vector<paused_group>> redis_backend::paused_groups(std::str
 
 asio::awaitable<std::int64_t> redis_backend::group_size(std::string queue, std::string group) {
   auto p = key_prefix(queue);
-  request req("LLEN", p + "g:" + group);
+  // Its pending jobs, and those running while it runs several at once (which left its list).
+  request req;
+  req.push("LLEN", p + "g:" + group).push("HGET", p + "running", group);
   req.options.resend_safe = true;
-  co_return (co_await link_->exec(std::move(req), p)).as_integer();
+  reply r = co_await link_->exec(std::move(req), p);
+  const auto& e = r.as_array();
+  std::int64_t running = 0;
+  if (!e.at(1).is_nil()) {
+    auto text = e.at(1).as_string();
+    std::from_chars(text.data(), text.data() + text.size(), running);
+  }
+  co_return e.at(0).as_integer() + running;
 }
 
 namespace {
@@ -1168,6 +1184,19 @@ asio::awaitable<detail::queue_walk> walk(detail::redis_link& link, std::string p
   w.delayed = co_await read_scan(link, "ZSCAN", p + "delayed", 2, w.calls);
   w.active = co_await read_scan(link, "ZSCAN", p + "active", 2, w.calls);
   w.parked = co_await read_scan(link, "SSCAN", p + "parked", 1, w.calls);
+  w.full = co_await read_scan(link, "SSCAN", p + "full", 1, w.calls);
+  std::string cursor_of_running = "0";  // (a hash's fields with their values)
+  do {
+    reply r = co_await read(link, request("HSCAN", p + "running", cursor_of_running, "COUNT", walk_page), p, w.calls);
+    cursor_of_running = r.as_array().at(0).as_string();
+    const auto& items = r.as_array().at(1).as_array();
+    for (std::size_t i = 0; i + 1 < items.size(); i += 2) {
+      std::int64_t n = 0;
+      auto text = items[i + 1].as_string();
+      std::from_chars(text.data(), text.data() + text.size(), n);
+      w.running[items[i].as_string()] = n;
+    }
+  } while (cursor_of_running != "0");
   for (auto& g : co_await read_scan(link, "HSCAN", p + "paused", 2, w.calls)) w.paused.insert(std::move(g));
   for (auto& worker : co_await read_scan(link, "ZSCAN", p + "workers", 2, w.calls)) w.workers.insert(std::move(worker));
   // Groups in pipelines of up to 100 first pages of 100 records; a longer group reads on alone.
@@ -1257,6 +1286,8 @@ asio::awaitable<check_report> redis_backend::check(std::string queue, bool repai
         out.problems.push_back(detail::parked_problem(group));
       } else if (code == "empty") {
         out.problems.push_back(detail::empty_group_problem(group, r.at(1).as_string()));
+      } else if (code == "runs") {
+        out.problems.push_back(detail::runs_problem(group, r.at(1).as_integer(), r.at(2).as_integer()));
       } else if (code == "unsure") {
         out.problems.push_back(
             fmt::format("group {} has jobs and no lane, lease or parked lane in what one call searches (ready holds {} "

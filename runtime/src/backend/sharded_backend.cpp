@@ -595,7 +595,10 @@ awaitable<std::vector<finish_result>> sharded_backend::finish(std::string queue,
     std::vector<bool> may_ready;
     bool handed_back = false;
     for (const auto& item : split.items[k]) {
-      bool grouped = item.token.find("|g:") != std::string::npos;
+      // (a group's lane, 'g:', or a job of a group that runs several at once, 'c:', whose end may
+      // put the group's lane back)
+      auto lane = item.token.find('|') + 1;
+      bool grouped = item.token.compare(lane, 2, "g:") == 0 || item.token.compare(lane, 2, "c:") == 0;
       bool again = item.kind == finish_kind::retry || item.kind == finish_kind::defer ||
                    item.kind == finish_kind::hand_back;  // (after a delay: the promoter marks it)
       bool now = item.kind == finish_kind::release || (again && item.delay.count() <= 0);

@@ -282,6 +282,39 @@ std::optional<rate_limit> rate_in_body(std::string_view body) noexcept {
   return rate_limit{static_cast<std::size_t>(*max), std::chrono::milliseconds(*window)};
 }
 
+std::size_t conc_in_body(std::string_view body) noexcept {
+  constexpr std::string_view keep = "{\"keep\":", rate = "\"rate\":[", conc = "\"conc\":";
+  if (body.find(conc) == std::string_view::npos) return 1;  // (a plain find first, as claim.lua)
+  if (body.starts_with(keep)) {
+    body.remove_prefix(keep.size());
+    if (!take_number(body) || !body.starts_with(',')) return 1;
+    body.remove_prefix(1);
+  } else if (body.starts_with('{')) {
+    body.remove_prefix(1);
+  } else {
+    return 1;
+  }
+  if (body.starts_with(rate)) {  // '[%d+,%d+],'
+    body.remove_prefix(rate.size());
+    if (!take_number(body) || !body.starts_with(',')) return 1;
+    body.remove_prefix(1);
+    if (!take_number(body) || !body.starts_with("],")) return 1;
+    body.remove_prefix(2);
+  }
+  if (!body.starts_with(conc)) return 1;
+  body.remove_prefix(conc.size());
+  if (body.starts_with('0')) return 1;  // '[1-9]%d*,'
+  auto n = take_number(body);
+  if (!n || *n < 1 || !body.starts_with(',')) return 1;
+  return static_cast<std::size_t>(*n);
+}
+
+std::size_t conc_in(std::string_view record) noexcept {
+  auto id = script_id(record);
+  if (id.data() == nullptr) return 1;
+  return conc_in_body(record.substr(static_cast<std::size_t>(id.data() + id.size() - record.data()) + 1));
+}
+
 std::optional<rate_limit> rate_in(std::string_view record) noexcept {
   auto id = script_id(record);
   if (id.data() == nullptr) return std::nullopt;

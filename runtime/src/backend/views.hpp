@@ -70,6 +70,12 @@ std::optional<kept_record> kept_in(std::string_view record) noexcept;
 std::optional<rate_limit> rate_in_body(std::string_view body) noexcept;
 /// As rate_in_body, for a record ('<attempts>|<id>|<body>').
 std::optional<rate_limit> rate_in(std::string_view record) noexcept;
+/// The group concurrency of a job's body: N when it starts '{' then, each optional,
+/// '"keep":<digits>,' and '"rate":[<digits>,<digits>],', then '"conc":N,' with N at least 1
+/// (claim.lua's conc_of); else 1.
+std::size_t conc_in_body(std::string_view body) noexcept;
+/// As conc_in_body, for a record ('<attempts>|<id>|<body>').
+std::size_t conc_in(std::string_view record) noexcept;
 /// A kept job's entry in the queue's index: '<state><ms>:<length of group>:<group><record>',
 /// state 'p' (pending), 'd' (due at ms), 'c' (completed at ms: then, when its handler gave a
 /// result, '<length of result>:<result>' before the record), 'n' (cancelled at ms, not dropped
