@@ -401,7 +401,10 @@ local function conc_end(token, lane, kind, pause, base)
   count_back(kind, group_lane, token)
 end
 -- Items are taken in order: a token is held until an item that is not 'k' ends its lease (a
--- token given twice that way is held once). Fields are read as each kind needs them.
+-- token given twice that way is held once). Fields are read as each kind needs them. Jobs of
+-- groups that run several at once are taken after the others, from the last leased to the first,
+-- so that those going back to one group's head stand there in the order they were leased.
+local conc_items = {}
 for i = 1, n do
   local base = 5 + (i - 1) * W
   local token = tokens[i]
@@ -419,8 +422,9 @@ for i = 1, n do
       ended[#ended + 1] = token
       if grouped and jumped(lane) then redis.call('SREM', jumps, string.sub(lane, 3)) end
     end
-    if concurrent then
-      conc_end(token, lane, kind, pause, base)
+    if concurrent then -- (after the others: see below)
+      conc_items[#conc_items + 1] = {fence = tonumber(string.match(token, '^(%d+)|')), token = token, lane = lane,
+                                     kind = kind, pause = pause, base = base}
     elseif kind == 'k' then
       local key = prefix .. lane
       local head = redis.call('LPOP', key)
@@ -542,6 +546,8 @@ for i = 1, n do
     end
   end
 end
+table.sort(conc_items, function(x, y) return x.fence > y.fence end)
+for _, c in ipairs(conc_items) do conc_end(c.token, c.lane, c.kind, c.pause, c.base) end
 if #ended > 0 then redis.call('ZREM', active, unpack(ended)) end
 if #back > 0 then redis.call('RPUSH', ready, unpack(back)) end
 for i = #front, 1, -1 do redis.call('LPUSH', ready, front[i]) end

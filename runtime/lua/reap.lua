@@ -34,6 +34,7 @@ end
 
 local lanes, types = {}, {}
 local recovered, regrouped = 0, 0
+local conc_back = {} -- leases of jobs of groups that run several at once: {fence, lane}
 local function type_of(record)
   types[#types + 1] = string.match(record, '"type":"([^"]*)"') or '(unknown)'
 end
@@ -60,26 +61,32 @@ for _, token in ipairs(redis.call('ZRANGEBYSCORE', active, '-inf', now, 'LIMIT',
         end
       end
     elseif string.sub(lane, 1, 2) == 'c:' then
-      -- A job of a group that runs several at once (claim.lua's conc_of): back to its group's
-      -- head, its attempt counted; the group's lane to the head of ready when nothing held it.
-      local n, at = string.match(lane, '^c:(%d+):()')
-      n = tonumber(n)
-      local group, record = string.sub(lane, at, at + n - 1), string.sub(lane, at + n)
-      type_of(record)
-      if redis.call('HINCRBY', prefix .. 'running', group, '-1') <= 0 then redis.call('HDEL', prefix .. 'running', group) end
-      local was_full = redis.call('SREM', prefix .. 'full', group) == 1
-      local fresh = redis.call('LPUSH', prefix .. 'g:' .. group, counted(record)) == 1
-      if fresh then regrouped = regrouped + 1 end
-      if fresh or was_full then
-        if redis.call('HEXISTS', paused, group) == 1 then
-          redis.call('SADD', parked, group)
-        else
-          lanes[#lanes + 1] = 'g:' .. group
-        end
-      end
+      conc_back[#conc_back + 1] = {fence = tonumber(string.sub(token, 1, bar - 1)), lane = lane}
     else
       type_of(lane)
       lanes[#lanes + 1] = 'j:' .. counted(string.sub(lane, 3))
+    end
+  end
+end
+
+-- A job of a group that runs several at once (claim.lua's conc_of): back to its group's head,
+-- its attempt counted, from the last leased to the first (so they stand in lease order); the
+-- group's lane to the head of ready when nothing held it.
+table.sort(conc_back, function(x, y) return x.fence > y.fence end)
+for _, c in ipairs(conc_back) do
+  local n, at = string.match(c.lane, '^c:(%d+):()')
+  n = tonumber(n)
+  local group, record = string.sub(c.lane, at, at + n - 1), string.sub(c.lane, at + n)
+  type_of(record)
+  if redis.call('HINCRBY', prefix .. 'running', group, '-1') <= 0 then redis.call('HDEL', prefix .. 'running', group) end
+  local was_full = redis.call('SREM', prefix .. 'full', group) == 1
+  local fresh = redis.call('LPUSH', prefix .. 'g:' .. group, counted(record)) == 1
+  if fresh then regrouped = regrouped + 1 end
+  if fresh or was_full then
+    if redis.call('HEXISTS', paused, group) == 1 then
+      redis.call('SADD', parked, group)
+    else
+      lanes[#lanes + 1] = 'g:' .. group
     end
   end
 end

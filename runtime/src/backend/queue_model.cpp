@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <charconv>
 #include <deque>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <set>
@@ -669,6 +670,72 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
     else
       back.push_back(std::move(lane));
   };
+  // finish.lua's conc_end: the end of a job whose group runs several at once (its record in its
+  // lane). Taken after the other items, from the last leased to the first (see below).
+  auto conc_end = [&](const finish_item& item, finish_kind kind, const std::string& lane) {
+    auto [name, record] = conc_parts(lane);
+    std::string group_lane = "g:" + name;
+    if (auto r = q.running.find(name); r != q.running.end() && --r->second <= 0) q.running.erase(r);
+    bool was_full = q.full.erase(name) > 0;
+    bool ends = kind == finish_kind::ack || kind == finish_kind::fail || kind == finish_kind::give_up ||
+                kind == finish_kind::cancel;
+    if (ends) {
+      if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
+      if (kind == finish_kind::cancel) {
+        note(record, name, 'k', {});
+      } else if (kind == finish_kind::ack) {
+        ++completed;
+        note(record, name, 'c', {}, item.result);
+      } else {
+        dead_letter_of(record, name, item.error, item.token);
+      }
+      auto pause =
+          (kind == finish_kind::ack || kind == finish_kind::fail) ? item.throttle : std::chrono::milliseconds(0);
+      if (was_full && q.groups.contains(name)) {  // its lane waited for this end
+        if (pause.count() > 0)
+          send_back(group_lane, pause);
+        else if (kind == finish_kind::give_up && !q.paused.contains(name))
+          front.push_back(group_lane);
+        else
+          send_back(group_lane, std::chrono::milliseconds(0));
+      } else if (pause.count() > 0) {
+        q.throttle(name, now, pause.count());
+      }
+      return;
+    }
+    // Back to its group's head, before every job that has not started (a release: with no
+    // attempt counted, its lane to the head of ready).
+    if (kind == finish_kind::retry || kind == finish_kind::halt) record = counted(record);
+    auto& list = q.groups[name];
+    bool lane_needed = list.empty() || was_full;  // (LPUSH returned 1: nothing held a lane)
+    list.push_front(record);
+    if (kind == finish_kind::release) {
+      q.unstart(name);
+      q.unstart_in_queue(item.token);
+      --started;
+      if (lane_needed) front.push_back(group_lane);
+      return;
+    }
+    note(record, name, 'p', kind == finish_kind::halt ? std::chrono::milliseconds(0) : item.delay);
+    if (kind == finish_kind::halt) {
+      q.paused[name] = paused_group{name, true, item.error, now};
+      if (lane_needed) q.parked.insert(name);  // (else claim or promote parks the lane it meets)
+      ++halted;
+    } else if (lane_needed) {
+      send_back(group_lane, item.delay);
+    } else if (item.delay.count() > 0) {
+      q.throttle(name, now, item.delay.count());  // the group waits for its head
+    }
+    if (kind == finish_kind::retry) ++retried;
+    if (kind == finish_kind::defer) ++deferred;
+    if (kind == finish_kind::hand_back) {
+      ++unhandled;
+      --started;
+      q.unstart(name);
+      q.unstart_in_queue(item.token);
+    }
+  };
+  std::vector<std::pair<std::int64_t, std::size_t>> conc_items;  // (fence, item)
   for (std::size_t i = 0; i < items.size(); ++i) {
     if (!held[i]) continue;
     const finish_item& item = items[i];
@@ -677,68 +744,10 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
     bool grouped = is_group_lane(lane);
     finish_kind kind = item.kind;
     if (kind == finish_kind::keep && !grouped) kind = finish_kind::ack;
-    if (lane.starts_with("c:")) {  // a job of a group that runs several at once (finish.lua's conc_end)
-      auto [name, record] = conc_parts(lane);
-      std::string group_lane = "g:" + name;
-      if (auto r = q.running.find(name); r != q.running.end() && --r->second <= 0) q.running.erase(r);
-      bool was_full = q.full.erase(name) > 0;
-      bool ends = kind == finish_kind::ack || kind == finish_kind::fail || kind == finish_kind::give_up ||
-                  kind == finish_kind::cancel;
-      if (ends) {
-        if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
-        if (kind == finish_kind::cancel) {
-          note(record, name, 'k', {});
-        } else if (kind == finish_kind::ack) {
-          ++completed;
-          note(record, name, 'c', {}, item.result);
-        } else {
-          dead_letter_of(record, name, item.error, item.token);
-        }
-        auto pause =
-            (kind == finish_kind::ack || kind == finish_kind::fail) ? item.throttle : std::chrono::milliseconds(0);
-        if (was_full && q.groups.contains(name)) {  // its lane waited for this end
-          if (pause.count() > 0)
-            send_back(group_lane, pause);
-          else if (kind == finish_kind::give_up && !q.paused.contains(name))
-            front.push_back(group_lane);
-          else
-            send_back(group_lane, std::chrono::milliseconds(0));
-        } else if (pause.count() > 0) {
-          q.throttle(name, now, pause.count());
-        }
-        continue;
-      }
-      // Back to its group's head, before every job that has not started (a release: with no
-      // attempt counted, its lane to the head of ready).
-      if (kind == finish_kind::retry || kind == finish_kind::halt) record = counted(record);
-      auto& list = q.groups[name];
-      bool lane_needed = list.empty() || was_full;  // (LPUSH returned 1: nothing held a lane)
-      list.push_front(record);
-      if (kind == finish_kind::release) {
-        q.unstart(name);
-        q.unstart_in_queue(item.token);
-        --started;
-        if (lane_needed) front.push_back(group_lane);
-        continue;
-      }
-      note(record, name, 'p', kind == finish_kind::halt ? std::chrono::milliseconds(0) : item.delay);
-      if (kind == finish_kind::halt) {
-        q.paused[name] = paused_group{name, true, item.error, now};
-        if (lane_needed) q.parked.insert(name);  // (else claim or promote parks the lane it meets)
-        ++halted;
-      } else if (lane_needed) {
-        send_back(group_lane, item.delay);
-      } else if (item.delay.count() > 0) {
-        q.throttle(name, now, item.delay.count());  // the group waits for its head
-      }
-      if (kind == finish_kind::retry) ++retried;
-      if (kind == finish_kind::defer) ++deferred;
-      if (kind == finish_kind::hand_back) {
-        ++unhandled;
-        --started;
-        q.unstart(name);
-        q.unstart_in_queue(item.token);
-      }
+    if (lane.starts_with("c:")) {  // (after the others: see conc_end)
+      std::int64_t fence = 0;
+      std::from_chars(item.token.data(), item.token.data() + item.token.size(), fence);
+      conc_items.emplace_back(fence, i);
       continue;
     }
     if (kind == finish_kind::halt && !grouped) kind = finish_kind::fail;
@@ -845,6 +854,13 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
       send_back("j:" + record, item.delay);
     }
   }
+  // Jobs of groups that run several at once go back to their group's head from the last leased to
+  // the first, so that they stand there in the order they were leased (finish.lua).
+  std::sort(conc_items.begin(), conc_items.end(), std::greater<>());
+  for (auto& [fence, i] : conc_items) {
+    finish_kind kind = items[i].kind == finish_kind::keep ? finish_kind::ack : items[i].kind;
+    conc_end(items[i], kind, lane_of(items[i].token));
+  }
   for (auto& lane : back) q.ready.push_back(std::move(lane));
   q.ready.insert(q.ready.begin(), std::make_move_iterator(front.begin()), std::make_move_iterator(front.end()));
   // Fences and leases after the loop, in item order (one INCRBY in finish.lua); a lease given
@@ -924,25 +940,34 @@ std::int64_t queue_model::expire_own(const std::string& worker) {
 void queue_model::release(const std::string& worker, std::vector<std::string> tokens) {
   auto& q = *s_;
   std::vector<std::string> lanes;
+  std::vector<std::pair<std::int64_t, std::string>> conc_back;  // (fence, lane) of 'c:' leases
   std::int64_t released = 0;
   for (auto& token : tokens) {
     if (q.active.erase(token) == 0) continue;
     q.unstart_in_queue(token);
     ++released;
     auto lane = lane_of(token);
-    if (lane.starts_with("c:")) {  // back to its group's head (release.lua)
-      auto [name, record] = conc_parts(lane);
-      q.unstart(name);
-      if (auto r = q.running.find(name); r != q.running.end() && --r->second <= 0) q.running.erase(r);
-      bool was_full = q.full.erase(name) > 0;
-      auto& list = q.groups[name];
-      bool lane_needed = list.empty() || was_full;
-      list.push_front(std::move(record));
-      if (lane_needed) lanes.push_back("g:" + name);
+    if (lane.starts_with("c:")) {  // (below)
+      std::int64_t fence = 0;
+      std::from_chars(token.data(), token.data() + token.size(), fence);
+      conc_back.emplace_back(fence, std::move(lane));
       continue;
     }
     if (is_group_lane(lane)) q.unstart(lane.substr(2));
     lanes.push_back(std::move(lane));
+  }
+  // A job of a group that runs several at once: back to its group's head, from the last leased to
+  // the first (release.lua).
+  std::sort(conc_back.begin(), conc_back.end(), std::greater<>());
+  for (auto& [fence, lane] : conc_back) {
+    auto [name, record] = conc_parts(lane);
+    q.unstart(name);
+    if (auto r = q.running.find(name); r != q.running.end() && --r->second <= 0) q.running.erase(r);
+    bool was_full = q.full.erase(name) > 0;
+    auto& list = q.groups[name];
+    bool lane_needed = list.empty() || was_full;
+    list.push_front(std::move(record));
+    if (lane_needed) lanes.push_back("g:" + name);
   }
   if (auto mine = q.claimed.find(worker); mine != q.claimed.end()) {
     std::move(mine->second.begin(), mine->second.end(), std::back_inserter(lanes));
@@ -969,6 +994,7 @@ reap_result queue_model::reap(reap_options opts) {
     return out;
   };
   std::vector<std::string> lanes;
+  std::vector<std::pair<std::int64_t, std::string>> conc_back;  // (fence, lane) of 'c:' leases
   for (auto& [deadline, token] : due(q.active)) {
     q.active.erase(token);
     ++result.leases;
@@ -982,23 +1008,31 @@ reap_result queue_model::reap(reap_options opts) {
         q.parked.insert(group->first);
       else
         lanes.push_back(std::move(lane));
-    } else if (lane.starts_with("c:")) {  // back to its group's head, its attempt counted
-      auto [name, record] = conc_parts(lane);
-      result.recovered_types.push_back(type_in(record));
-      if (auto r = q.running.find(name); r != q.running.end() && --r->second <= 0) q.running.erase(r);
-      bool was_full = q.full.erase(name) > 0;
-      auto& list = q.groups[name];
-      bool lane_needed = list.empty() || was_full;
-      list.push_front(counted(record));
-      if (!lane_needed) continue;
-      if (q.paused.contains(name))
-        q.parked.insert(name);
-      else
-        lanes.push_back("g:" + name);
+    } else if (lane.starts_with("c:")) {  // (below)
+      std::int64_t fence = 0;
+      std::from_chars(token.data(), token.data() + token.size(), fence);
+      conc_back.emplace_back(fence, std::move(lane));
     } else {
       result.recovered_types.push_back(type_in(lane));
       lanes.push_back("j:" + counted(lane.substr(2)));
     }
+  }
+  // A job of a group that runs several at once: back to its group's head, its attempt counted,
+  // from the last leased to the first (reap.lua).
+  std::sort(conc_back.begin(), conc_back.end(), std::greater<>());
+  for (auto& [fence, lane] : conc_back) {
+    auto [name, record] = conc_parts(lane);
+    result.recovered_types.push_back(type_in(record));
+    if (auto r = q.running.find(name); r != q.running.end() && --r->second <= 0) q.running.erase(r);
+    bool was_full = q.full.erase(name) > 0;
+    auto& list = q.groups[name];
+    bool lane_needed = list.empty() || was_full;
+    list.push_front(counted(record));
+    if (!lane_needed) continue;
+    if (q.paused.contains(name))
+      q.parked.insert(name);
+    else
+      lanes.push_back("g:" + name);
   }
   for (auto& [deadline, worker] : due(q.workers)) {
     if (auto mine = q.claimed.find(worker); mine != q.claimed.end()) {
