@@ -1,6 +1,7 @@
 #include "backend/check_walk.hpp"
 
 #include "backend/job_codec.hpp"
+#include "backend/views.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -54,16 +55,6 @@ std::string_view delayed_record(std::string_view member) {
   std::size_t n = 0;
   std::from_chars(member.data() + start + 1, member.data() + colon, n);
   return colon + 1 + n <= member.size() ? member.substr(colon + 1 + n) : std::string_view{};
-}
-
-// The group and the record inside a lease's lane 'c:<n>:<group><record>'.
-std::pair<std::string_view, std::string_view> conc_parts(std::string_view lane) {
-  auto colon = lane.find(':', 2);
-  if (colon == std::string_view::npos) return {};
-  std::size_t n = 0;
-  std::from_chars(lane.data() + 2, lane.data() + colon, n);
-  if (colon + 1 + n > lane.size()) return {};
-  return {lane.substr(colon + 1, n), lane.substr(colon + 1 + n)};
 }
 
 }  // namespace

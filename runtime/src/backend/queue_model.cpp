@@ -39,13 +39,6 @@ bool is_group_lane(std::string_view lane) { return lane.starts_with("g:"); }
 std::string conc_lane(const std::string& group, const std::string& record) {
   return fmt::format("c:{}:{}{}", group.size(), group, record);
 }
-// Its group and record.
-std::pair<std::string, std::string> conc_parts(std::string_view lane) {
-  auto colon = lane.find(':', 2);
-  std::size_t n = 0;
-  std::from_chars(lane.data() + 2, lane.data() + colon, n);
-  return {std::string(lane.substr(colon + 1, n)), std::string(lane.substr(colon + 1 + n))};
-}
 
 // A lease token is '<fence>|<lane>'. Only tokens found in `active` are parsed, and those were
 // all made by claim or finish, so the separator is there.
@@ -226,6 +219,21 @@ struct queue_model::queue_state {
     if (r.times.size() > limit.max) r.times.resize(limit.max);
     r.until = now + limit.window.count();
     return std::nullopt;
+  }
+
+  // The end of a run of a group that runs several at once: one run less. Returns whether the
+  // group's lane waited for it (in full).
+  bool run_ended(const std::string& group) {
+    if (auto r = running.find(group); r != running.end() && --r->second <= 0) running.erase(r);
+    return full.erase(group) > 0;
+  }
+  // Such a run going back to its group's head, before every job that has not started. Returns
+  // whether the group needs a lane now: nothing held one (LPUSH returned 1), or it waited in full.
+  bool run_back(const std::string& group, std::string record) {
+    bool was_full = run_ended(group);
+    auto& list = groups[group];
+    list.push_front(std::move(record));
+    return list.size() == 1 || was_full;
   }
 
   // finish.lua's unstarted: a group's job that never started gives back its counted start.
@@ -562,7 +570,7 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
       fence += static_cast<std::int64_t>(followers);
     } else if (lane.starts_with("c:")) {
       auto [group, record] = conc_parts(lane);
-      job.group = std::move(group);
+      job.group = std::string(group);
       job.job = split_record(record);
     } else {
       job.job = split_record(std::string_view(lane).substr(2));
@@ -673,13 +681,14 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
   // finish.lua's conc_end: the end of a job whose group runs several at once (its record in its
   // lane). Taken after the other items, from the last leased to the first (see below).
   auto conc_end = [&](const finish_item& item, finish_kind kind, const std::string& lane) {
-    auto [name, record] = conc_parts(lane);
+    auto [group, rec] = conc_parts(lane);
+    std::string name(group);
+    std::string record(rec);
     std::string group_lane = "g:" + name;
-    if (auto r = q.running.find(name); r != q.running.end() && --r->second <= 0) q.running.erase(r);
-    bool was_full = q.full.erase(name) > 0;
     bool ends = kind == finish_kind::ack || kind == finish_kind::fail || kind == finish_kind::give_up ||
                 kind == finish_kind::cancel;
     if (ends) {
+      bool was_full = q.run_ended(name);
       if (!item.unique_id.empty()) q.ids.erase(item.unique_id);
       if (kind == finish_kind::cancel) {
         note(record, name, 'k', {});
@@ -706,9 +715,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
     // Back to its group's head, before every job that has not started (a release: with no
     // attempt counted, its lane to the head of ready).
     if (kind == finish_kind::retry || kind == finish_kind::halt) record = counted(record);
-    auto& list = q.groups[name];
-    bool lane_needed = list.empty() || was_full;  // (LPUSH returned 1: nothing held a lane)
-    list.push_front(record);
+    bool lane_needed = q.run_back(name, record);
     if (kind == finish_kind::release) {
       q.unstart(name);
       q.unstart_in_queue(item.token);
@@ -960,14 +967,10 @@ void queue_model::release(const std::string& worker, std::vector<std::string> to
   // the first (release.lua).
   std::sort(conc_back.begin(), conc_back.end(), std::greater<>());
   for (auto& [fence, lane] : conc_back) {
-    auto [name, record] = conc_parts(lane);
+    auto [group, record] = conc_parts(lane);
+    std::string name(group);
     q.unstart(name);
-    if (auto r = q.running.find(name); r != q.running.end() && --r->second <= 0) q.running.erase(r);
-    bool was_full = q.full.erase(name) > 0;
-    auto& list = q.groups[name];
-    bool lane_needed = list.empty() || was_full;
-    list.push_front(std::move(record));
-    if (lane_needed) lanes.push_back("g:" + name);
+    if (q.run_back(name, std::string(record))) lanes.push_back("g:" + name);
   }
   if (auto mine = q.claimed.find(worker); mine != q.claimed.end()) {
     std::move(mine->second.begin(), mine->second.end(), std::back_inserter(lanes));
@@ -1021,14 +1024,10 @@ reap_result queue_model::reap(reap_options opts) {
   // from the last leased to the first (reap.lua).
   std::sort(conc_back.begin(), conc_back.end(), std::greater<>());
   for (auto& [fence, lane] : conc_back) {
-    auto [name, record] = conc_parts(lane);
+    auto [group, record] = conc_parts(lane);
+    std::string name(group);
     result.recovered_types.push_back(type_in(record));
-    if (auto r = q.running.find(name); r != q.running.end() && --r->second <= 0) q.running.erase(r);
-    bool was_full = q.full.erase(name) > 0;
-    auto& list = q.groups[name];
-    bool lane_needed = list.empty() || was_full;
-    list.push_front(counted(record));
-    if (!lane_needed) continue;
+    if (!q.run_back(name, counted(std::string(record)))) continue;
     if (q.paused.contains(name))
       q.parked.insert(name);
     else

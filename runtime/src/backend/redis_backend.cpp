@@ -47,12 +47,10 @@ claimed_job from_token(std::string token, const reply& record, const std::vector
   if (lane.starts_with("g:")) {
     out.group = std::string(lane.substr(2));
     out.job = detail::split_record(record.as_string());
-  } else if (lane.starts_with("c:")) {  // a job of a group that runs several at once: 'c:<n>:<group><record>'
-    auto colon = lane.find(':', 2);
-    std::size_t n = 0;
-    std::from_chars(lane.data() + 2, lane.data() + colon, n);
-    out.group = std::string(lane.substr(colon + 1, n));
-    out.job = detail::split_record(lane.substr(colon + 1 + n));
+  } else if (lane.starts_with("c:")) {  // a job of a group that runs several at once
+    auto [group, rec] = detail::conc_parts(lane);
+    out.group = std::string(group);
+    out.job = detail::split_record(rec);
   } else {
     out.job = detail::split_record(lane.substr(2));
   }

@@ -202,6 +202,7 @@ json::object group_object(const group_status& s) {
   json::object o;
   o["group"] = s.group;
   o["depth"] = s.depth;
+  o["runs"] = s.running;
   o["head"] = s.head ? json::value(record_object(*s.head, s.group)) : json::value(nullptr);
   if (s.paused) {
     json::object p;
@@ -313,6 +314,15 @@ std::size_t conc_in(std::string_view record) noexcept {
   auto id = script_id(record);
   if (id.data() == nullptr) return 1;
   return conc_in_body(record.substr(static_cast<std::size_t>(id.data() + id.size() - record.data()) + 1));
+}
+
+std::pair<std::string_view, std::string_view> conc_parts(std::string_view lane) noexcept {
+  auto colon = lane.find(':', 2);
+  if (!lane.starts_with("c:") || colon == std::string_view::npos) return {};
+  std::size_t n = 0;
+  auto [end, ec] = std::from_chars(lane.data() + 2, lane.data() + colon, n);
+  if (ec != std::errc() || end != lane.data() + colon || n > lane.size() - colon - 1) return {};
+  return {lane.substr(colon + 1, n), lane.substr(colon + 1 + n)};
 }
 
 std::optional<rate_limit> rate_in(std::string_view record) noexcept {

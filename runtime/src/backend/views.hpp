@@ -76,6 +76,9 @@ std::optional<rate_limit> rate_in(std::string_view record) noexcept;
 std::size_t conc_in_body(std::string_view body) noexcept;
 /// As conc_in_body, for a record ('<attempts>|<id>|<body>').
 std::size_t conc_in(std::string_view record) noexcept;
+/// The group and the record in the lease lane of a job whose group runs several at once,
+/// 'c:<length of group>:<group><record>' (claim.lua's conc_lane); both empty when malformed.
+std::pair<std::string_view, std::string_view> conc_parts(std::string_view lane) noexcept;
 /// A kept job's entry in the queue's index: '<state><ms>:<length of group>:<group><record>',
 /// state 'p' (pending), 'd' (due at ms), 'c' (completed at ms: then, when its handler gave a
 /// result, '<length of result>:<result>' before the record), 'n' (cancelled at ms, not dropped
