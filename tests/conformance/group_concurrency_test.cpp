@@ -3,6 +3,8 @@
 // run, also across retries, lost leases and releases.
 #include "conformance/conformance.hpp"
 
+#include <sstream>
+
 namespace {
 
 using std::chrono::milliseconds;
@@ -59,6 +61,15 @@ const claimed_job& named(const std::vector<claimed_job>& claimed, const std::str
   for (auto& c : claimed)
     if (name_of(c.job) == name) return c;
   throw std::runtime_error("no claimed job " + name);
+}
+
+// The names of claim_names, sorted (a sharded queue claims its shards' jobs in no set order).
+std::string sorted(const std::string& names) {
+  std::vector<std::string> words;
+  std::istringstream in(names);
+  for (std::string w; in >> w;) words.push_back(w);
+  std::sort(words.begin(), words.end());
+  return fmt::format("{}", fmt::join(words, " "));
 }
 
 awaitable<void> pause_for(milliseconds d) {
@@ -315,6 +326,83 @@ CONFORMANCE(
     for (auto it = again.rbegin(); it != again.rend(); ++it) tokens.push_back(it->token);
     co_await store.release(b.queue(), "w", std::move(tokens));
     CHECK(co_await claim_names(store, b.queue(), last) == "a1 a2 a3");
+    CHECK((co_await store.check(b.queue(), false)).problems.empty());
+  });
+}
+
+CONFORMANCE("group concurrency: a group's view and the group listing count its runs, also when all its jobs run") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    co_await enqueue_wide(store, b.queue(), 3, 2);
+    // Every page of the listing, as name -> times listed.
+    auto listed = [&]() -> awaitable<std::map<std::string, int>> {
+      std::map<std::string, int> out;
+      std::string cursor;
+      for (int pages = 0; pages < 100; ++pages) {
+        auto page = co_await store.groups(b.queue(), "", cursor, 1);
+        for (auto& g : page.items) ++out[g];
+        cursor = page.cursor;
+        if (cursor.empty()) break;
+      }
+      co_return out;
+    };
+
+    std::vector<claimed_job> first, second;
+    CHECK(co_await claim_names(store, b.queue(), first) == "a1 a2");
+    auto a = co_await store.group_of(b.queue(), "a");
+    CHECK(a.depth == 3);
+    CHECK(a.running == 2);
+    REQUIRE(a.head);
+    CHECK(name_of(*a.head) == "a3");
+    auto seen = co_await listed();
+    CHECK(seen.size() == 1);
+    CHECK(seen["a"] == 1);
+
+    co_await end(store, b.queue(), named(first, "a1"), finish_kind::ack);
+    CHECK(co_await claim_names(store, b.queue(), second) == "a3");
+    a = co_await store.group_of(b.queue(), "a");  // both run, none waits: no list
+    CHECK(a.depth == 2);
+    CHECK(a.running == 2);
+    CHECK_FALSE(a.head);
+    seen = co_await listed();
+    CHECK(seen.size() == 1);
+    CHECK(seen["a"] == 1);
+
+    co_await end(store, b.queue(), named(first, "a2"), finish_kind::ack);
+    co_await end(store, b.queue(), named(second, "a3"), finish_kind::ack);
+    a = co_await store.group_of(b.queue(), "a");
+    CHECK(a.depth == 0);
+    CHECK(a.running == 0);
+    CHECK((co_await listed()).empty());
+  });
+}
+
+CONFORMANCE("group concurrency: a head that may not start, held by its rate limit or by N, counts no run") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    std::vector<job_spec> specs;
+    for (int i = 1; i <= 4; ++i) {
+      specs.push_back(wide(fmt::format("a{}", i), "a", 3));
+      specs.back().group_rate = rate_limit{2, std::chrono::hours(1)};
+    }
+    for (int i = 1; i <= 3; ++i) specs.push_back(wide(fmt::format("b{}", i), "b", 2));
+    co_await p.enqueue_bulk(std::move(specs));
+    std::vector<claimed_job> first, none;
+    CHECK(sorted(co_await claim_names(store, b.queue(), first)) == "a1 a2 b1 b2");
+    // a3 waits for a start of its window, b3 for a run of its group to end: neither counts.
+    CHECK(co_await claim_names(store, b.queue(), none) == "");
+    CHECK((co_await store.group_of(b.queue(), "a")).running == 2);
+    CHECK((co_await store.group_of(b.queue(), "b")).running == 2);
+    co_await end(store, b.queue(), named(first, "a1"), finish_kind::ack);
+    co_await end(store, b.queue(), named(first, "b1"), finish_kind::ack);
+    CHECK((co_await store.group_of(b.queue(), "a")).running == 1);
+    CHECK((co_await store.group_of(b.queue(), "b")).running == 1);
+    CHECK(co_await claim_names(store, b.queue(), none) == "b3");  // (a's window is an hour)
+    CHECK((co_await store.group_of(b.queue(), "a")).running == 1);
+    CHECK((co_await store.group_of(b.queue(), "b")).running == 2);
     CHECK((co_await store.check(b.queue(), false)).problems.empty());
   });
 }

@@ -286,6 +286,9 @@ struct group_status {
   std::string group;
   std::int64_t depth = 0;          ///< jobs, pending or running (0: the group has none)
   std::optional<job_record> head;  ///< the job at its head: running, or the next to run
+  /// Of a group whose jobs run several at once (job_spec::group_concurrency): how many run now,
+  /// out of its list (depth counts them; head is the next to run).
+  std::int64_t running = 0;
   std::optional<paused_group> paused;
   bool parked = false;                ///< paused, and its lane out of circulation
   std::int64_t waiting_until_ms = 0;  ///< waiting for a retry's backoff until then; 0: not
@@ -519,7 +522,8 @@ class backend {
   /// The history points of the last `span` (at most a day), oldest first.
   virtual boost::asio::awaitable<std::vector<history_point>> history(std::string queue, std::chrono::minutes span) = 0;
   /// About `limit` groups with jobs whose key starts with `prefix`, from `cursor` ("" to start),
-  /// in no particular order (on Redis, SCAN steps: the last may bring a few more). A call reads
+  /// in no particular order (on Redis, SCAN steps: the last may bring a few more; groups whose
+  /// jobs all run, several at once, come after those with jobs waiting). A call reads
   /// a bounded part of the queue, so a page may hold fewer than `limit` groups and still have a
   /// cursor. A group with jobs throughout a walk of every
   /// page is listed at least once.

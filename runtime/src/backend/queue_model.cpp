@@ -1597,29 +1597,41 @@ std::vector<history_point> queue_model::history(std::chrono::minutes span) const
 }
 
 page<std::string> queue_model::groups(const std::string& prefix, const std::string& cursor, std::size_t limit) const {
-  // In name order from the cursor ('g:' and the last name of the page before): a group with
-  // jobs throughout is listed once, whatever else comes and goes.
+  // In name order from the cursor ('g:' and the last name of the page before), groups with a
+  // list and those whose jobs all run (several at once, out of their lists): a group with jobs
+  // throughout is listed once, whatever else comes and goes.
   auto after = parse_group_cursor(cursor);
   const auto& all = s_->groups;
   auto it = after ? all.upper_bound(std::max(*after, prefix)) : all.lower_bound(prefix);
+  std::vector<std::string_view> only_running;  // (few: at most one per run)
+  for (const auto& [name, n] : s_->running)
+    if (name.starts_with(prefix) && (!after || name > *after) && !all.contains(name)) only_running.push_back(name);
+  std::sort(only_running.begin(), only_running.end());
+  auto r = only_running.begin();
   page<std::string> out;
   limit = std::max<std::size_t>(limit, 1);
-  for (; it != all.end() && it->first.starts_with(prefix); ++it) {
+  for (;;) {
+    bool list = it != all.end() && it->first.starts_with(prefix);
+    if (!list && r == only_running.end()) return out;
     if (out.items.size() == limit) {
       out.cursor = "g:" + out.items.back();
       return out;
     }
-    out.items.push_back(it->first);
+    if (list && (r == only_running.end() || it->first < *r))
+      out.items.push_back((it++)->first);
+    else
+      out.items.emplace_back(*r++);
   }
-  return out;
 }
 
 group_status queue_model::group_of(const std::string& group) const {
   const auto& q = *s_;
   group_status out;
   out.group = group;
+  if (auto r = q.running.find(group); r != q.running.end()) out.running = r->second;
+  out.depth = out.running;
   if (auto g = q.groups.find(group); g != q.groups.end()) {
-    out.depth = static_cast<std::int64_t>(g->second.size());
+    out.depth += static_cast<std::int64_t>(g->second.size());
     out.head = split_record(g->second.front());
   }
   if (auto p = q.paused.find(group); p != q.paused.end()) out.paused = p->second;

@@ -1540,28 +1540,49 @@ asio::awaitable<std::vector<history_point>> redis_backend::history(std::string q
 asio::awaitable<page<std::string>> redis_backend::groups(std::string queue, std::string prefix, std::string cursor,
                                                          std::size_t limit) {
   auto p = key_prefix(queue);
-  if (cursor.empty()) cursor = "0";
-  if (cursor.size() > 20 || cursor.find_first_not_of("0123456789") != std::string::npos)
+  // Two walks in SCAN steps (each bounded), at most ten steps a page (about 5,000 keys or fields
+  // of the server's looked at): the queue's group lists (SCAN), then the groups whose jobs all
+  // run, several at once, out of their lists (HSCAN of `running`, cursor 'r<n>'; a group with a
+  // list by then is left out, the first walk gave it). A prefix few groups have ends a page with
+  // fewer than asked and a cursor. The first step's COUNT is the limit, and each next one's four
+  // times the last's (up to 1,000), so that a page holds about `limit` groups (a step returns
+  // what it found: a page may hold some more).
+  bool runs = cursor.starts_with('r');
+  std::string at = runs ? cursor.substr(1) : cursor.empty() ? "0" : cursor;
+  if (at.empty() || at.size() > 20 || at.find_first_not_of("0123456789") != std::string::npos)
     throw std::invalid_argument("group cursor '" + cursor + "' is not one that a listing gave");
   limit = std::max<std::size_t>(limit, 1);
-  // SCAN steps of the queue's group lists (each bounded), at most ten a page (about 5,000 keys
-  // of the server's looked at): a prefix few groups have ends a page with fewer than asked and
-  // a cursor. The first step's COUNT is the limit, and each next one's four times the last's
-  // (up to 1,000), so that a page holds about `limit` groups (a step returns what it found: a
-  // page may hold some more).
-  auto pattern = glob_literal(p + "g:" + prefix) + "*";
+  auto lists = glob_literal(p + "g:" + prefix) + "*";
+  auto names = glob_literal(prefix) + "*";
   page<std::string> out;
   std::size_t count = std::clamp<std::size_t>(limit, 10, 1000);
   for (int step = 0; step < 10 && out.items.size() < limit; ++step, count = std::min<std::size_t>(count * 4, 1000)) {
-    request req("SCAN", cursor, "MATCH", pattern, "COUNT", count);
+    request req;
+    if (runs)
+      req.push("HSCAN", p + "running", at, "MATCH", names, "COUNT", count);
+    else
+      req.push("SCAN", at, "MATCH", lists, "COUNT", count);
     req.options.resend_safe = true;
     reply r = co_await link_->exec(std::move(req), p);
-    cursor = r.as_array().at(0).as_string();
-    for (const auto& k : r.as_array().at(1).as_array())
-      out.items.emplace_back(std::string_view(k.as_string()).substr(p.size() + 2));
-    if (cursor == "0") break;
+    at = r.as_array().at(0).as_string();
+    const auto& found = r.as_array().at(1).as_array();
+    if (!runs) {
+      for (const auto& k : found) out.items.emplace_back(std::string_view(k.as_string()).substr(p.size() + 2));
+    } else if (!found.empty()) {
+      request has;  // (field, count) pairs: whether each group has a list
+      for (std::size_t i = 0; i < found.size(); i += 2) has.push("EXISTS", p + "g:" + found[i].as_string());
+      has.options.resend_safe = true;
+      reply h = co_await link_->exec(std::move(has), p);
+      for (std::size_t i = 0; i < found.size(); i += 2) {
+        const reply& e = found.size() == 2 ? h : h.as_array().at(i / 2);
+        if (e.as_integer() == 0) out.items.emplace_back(found[i].as_string());
+      }
+    }
+    if (at != "0") continue;
+    if (runs) co_return out;
+    runs = true;
   }
-  if (cursor != "0") out.cursor = cursor;
+  out.cursor = (runs ? "r" : "") + at;
   co_return out;
 }
 
@@ -1614,12 +1635,14 @@ asio::awaitable<group_status> redis_backend::group_of(std::string queue, std::st
       .push("LINDEX", list, 0)
       .push("HGET", p + "paused", group)
       .push("SISMEMBER", p + "parked", group)
-      .push("ZSCORE", p + "delayed", "g:" + group);
+      .push("ZSCORE", p + "delayed", "g:" + group)
+      .push("HGET", p + "running", group);
   req.options.resend_safe = true;
   reply r = co_await link_->exec(std::move(req), p);
   const auto& e = r.as_array();
   group_status out;
-  out.depth = e.at(0).as_integer();
+  if (!e.at(5).is_nil()) out.running = std::stoll(e.at(5).as_string());
+  out.depth = e.at(0).as_integer() + out.running;
   if (!e.at(1).is_nil()) out.head = detail::split_record(e.at(1).as_string());
   if (!e.at(2).is_nil()) out.paused = paused_of(group, e.at(2).as_string());
   out.parked = e.at(3).as_integer() == 1;

@@ -155,7 +155,7 @@ function drawChart(points) {
 
 function groupState(g) {
   if (g.paused) return g.paused.halted ? 'halted' : 'paused';
-  if (g.running) return 'running';
+  if (g.running || g.runs > 0) return 'running';
   if (g.waiting_until > 0) return 'delayed';
   return g.depth > 0 ? 'pending' : 'empty';
 }
@@ -242,6 +242,7 @@ async function groupPage() {
       g.paused && [el('dt', {}, g.paused.halted ? 'halted' : 'paused'),
         el('dd', {}, when(g.paused.at), g.paused.error ? [' — ', el('span', { class: 'mono', id: 'halt-error' }, g.paused.error)] : '')],
       g.waiting_until > 0 && [el('dt', {}, 'retry at'), el('dd', {}, when(g.waiting_until))],
+      g.runs > 0 && [el('dt', {}, 'running now'), el('dd', { id: 'group-runs' }, g.runs + ' of its jobs, at once')],
       g.running && [el('dt', {}, 'lease holder'),
         el('dd', { id: 'holder' }, g.running.worker + ' (' + g.running.host + ', pid ' + g.running.pid + '), running since ' + ago(g.running.since))],
       g.head && [el('dt', {}, 'next job'), el('dd', {}, el('pre', { id: 'head' }, json(g.head)))]),
