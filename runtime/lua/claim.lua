@@ -169,6 +169,7 @@ while true do
       -- Followers go with the lease up to the first cancelled one (it is dropped as a head), the
       -- first limited one or the first of a group that runs several at once (each starts as a
       -- head, see conc_of).
+      local listed = #records -- (before the followers are cut)
       for j = 2, #records do
         if (find(records[j], keep_mark, 1, true) and cancelled(records[j])) or limited(records[j]) or
             conc_of(records[j]) > 1 then
@@ -188,8 +189,16 @@ while true do
           passed = passed + 1
         else
           if any_throttled then wait = throttled_until(group) end
+          -- A head of N > 1 counts its run at once (one command where asking first would take
+          -- two), and takes it back when it does not start.
           local conc, runs = conc_of(records[1]), 0
-          if any_running then runs = tonumber(redis.call('HGET', running, group) or '0') end
+          local counted_run = conc > 1 and not wait
+          if counted_run then
+            runs = redis.call('HINCRBY', running, group, '1') - 1
+            any_running = true
+          elseif any_running then
+            runs = tonumber(redis.call('HGET', running, group) or '0')
+          end
           if not wait and runs >= conc then
             redis.call('SADD', prefix .. 'full', group)
             passed = passed + 1
@@ -199,6 +208,9 @@ while true do
             wait = rate_wait(group, records[1])
             for k = #records, 2, -1 do records[k] = nil end
           end
+          if counted_run and wait ~= nil and redis.call('HINCRBY', running, group, '-1') <= 0 then
+            redis.call('HDEL', running, group)
+          end
           if wait == false then
             -- (full: its lane waits for a run to end)
           elseif wait then
@@ -207,9 +219,11 @@ while true do
             passed = passed + 1
           elseif conc > 1 then -- its head leaves the list; the lane goes on while there is room
             local record = redis.call('LPOP', key)
-            redis.call('HINCRBY', running, group, '1')
-            any_running = true
-            if redis.call('EXISTS', key) == 0 then
+            -- (whether it was the last: the records read say so, unless none were asked for
+            -- after the head)
+            local last = listed == 1
+            if listed == 1 and tonumber(ahead) < 1 then last = redis.call('EXISTS', key) == 0 end
+            if last then
               redis.call('HINCRBY', stats, 'groups', '-1')
             elseif runs + 1 < conc then
               redis.call('RPUSH', ready, lane)

@@ -341,6 +341,7 @@ end
 -- parked, or, when another holder has it, the group is throttled for the delay (claim.lua puts
 -- the lane in delayed when it meets it) or paused (claim.lua parks it).
 local running, full = prefix .. 'running', prefix .. 'full'
+local any_full = nil -- whether a group waits in <prefix>full: asked once a call (none adds one)
 local function conc_end(token, lane, kind, pause, base)
   local n, at = string.match(lane, '^c:(%d+):()')
   n = tonumber(n)
@@ -348,7 +349,8 @@ local function conc_end(token, lane, kind, pause, base)
   local group_lane = 'g:' .. group
   local key = prefix .. group_lane
   if redis.call('HINCRBY', running, group, '-1') <= 0 then redis.call('HDEL', running, group) end
-  local was_full = redis.call('SREM', full, group) == 1
+  if any_full == nil then any_full = redis.call('EXISTS', full) == 1 end
+  local was_full = any_full and redis.call('SREM', full, group) == 1
   if kind == 'a' or kind == 'f' or kind == 'g' or kind == 'c' then
     local unique_id, extra = ARGV[base + 2], ARGV[base + 3]
     if unique_id ~= '' then redis.call('SREM', ids, unique_id) end
