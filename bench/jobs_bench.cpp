@@ -1,7 +1,8 @@
 // The job runtime on Redis, measured from the server's own counters.
 //
-//   jobrt_bench_jobs URL throughput N CONCURRENCY GROUPS [BURST=4] [FOLLOW=after-commit]
-//     (GROUPS 0: ungrouped; FOLLOW: after-commit or pipelined, see worker_options::follow)
+//   jobrt_bench_jobs URL throughput N CONCURRENCY GROUPS [BURST=4] [FOLLOW=after-commit] [GROUP_CONC=1]
+//     (GROUPS 0: ungrouped; FOLLOW: after-commit or pipelined, see worker_options::follow;
+//     GROUP_CONC: up to that many jobs of a group run at once, job_spec::group_concurrency)
 //     enqueue N no-op jobs in batches of 1000, then one worker runs them; prints jobs/s,
 //     enqueue jobs/s, Redis commands per job (INFO commandstats: commands inside scripts count),
 //     Redis CPU per job (INFO cpu), Redis memory per queued job (INFO memory).
@@ -117,26 +118,27 @@ double percentile(std::vector<double> v, double p) {
 }
 
 // n no-op jobs, spread over `groups` groups (0: ungrouped).
-std::vector<job_spec> noop_jobs(long n, long groups) {
+std::vector<job_spec> noop_jobs(long n, long groups, std::size_t group_concurrency = 1) {
   std::vector<job_spec> specs;
   specs.reserve(static_cast<std::size_t>(n));
   for (long i = 0; i < n; ++i) {
     job_spec s;
     s.type = "noop";
     if (groups > 0) s.group = std::to_string(i % groups);
+    s.group_concurrency = group_concurrency;
     specs.push_back(std::move(s));
   }
   return specs;
 }
 
 awaitable<void> throughput(asio::io_context& ctx, redis::config cfg, long n, std::size_t concurrency, long groups,
-                           std::size_t burst, follow_policy follow) {
+                           std::size_t burst, follow_policy follow, std::size_t group_concurrency) {
   redis_backend store(ctx.get_executor(), cfg);
   auto& conn = store.connection();
   co_await redis::exec(conn, redis::request("FLUSHALL"));
   co_await redis::exec(conn, redis::request("CONFIG", "RESETSTAT"));
   producer p(store, "bench", bulk);
-  auto specs = noop_jobs(n, groups);
+  auto specs = noop_jobs(n, groups, group_concurrency);
   auto s0 = co_await read_stats(conn);
   auto t0 = clock_type::now();
   co_await p.enqueue_bulk(std::move(specs));
@@ -165,16 +167,18 @@ awaitable<void> throughput(asio::io_context& ctx, redis::config cfg, long n, std
   auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
   auto per_job = [&](double x) { return x / static_cast<double>(n); };
   fmt::print(
-      "throughput groups={} n={} concurrency={} burst={} follow={} jobs_per_sec={:.0f} enqueue_per_sec={:.0f} "
+      "throughput groups={} group_concurrency={} n={} concurrency={} burst={} follow={} jobs_per_sec={:.0f} "
+      "enqueue_per_sec={:.0f} "
       "cmds_per_job={:.2f} enqueue_cmds_per_job={:.2f} process_cmds_per_job={:.2f} "
       "redis_cpu_us_per_job={:.2f} enqueue_cpu_us_per_job={:.2f} process_cpu_us_per_job={:.2f} "
       "mem_bytes_per_job={:.1f} worker_cpu_us_per_job={:.2f}\n",
-      groups, n, concurrency, burst, follow == follow_policy::pipelined ? "pipelined" : "after-commit",
-      static_cast<double>(n) / secs(t3 - t2), static_cast<double>(n) / secs(t1 - t0),
-      per_job(static_cast<double>(s2.commands - s0.commands)), per_job(static_cast<double>(s1.commands - s0.commands)),
-      per_job(static_cast<double>(s2.commands - s1.commands)), per_job((s2.cpu_seconds - s0.cpu_seconds) * 1e6),
-      per_job((s1.cpu_seconds - s0.cpu_seconds) * 1e6), per_job((s2.cpu_seconds - s1.cpu_seconds) * 1e6),
-      per_job(static_cast<double>(s1.used_memory - s0.used_memory)), per_job((c3 - c2) * 1e6));
+      groups, group_concurrency, n, concurrency, burst,
+      follow == follow_policy::pipelined ? "pipelined" : "after-commit", static_cast<double>(n) / secs(t3 - t2),
+      static_cast<double>(n) / secs(t1 - t0), per_job(static_cast<double>(s2.commands - s0.commands)),
+      per_job(static_cast<double>(s1.commands - s0.commands)), per_job(static_cast<double>(s2.commands - s1.commands)),
+      per_job((s2.cpu_seconds - s0.cpu_seconds) * 1e6), per_job((s1.cpu_seconds - s0.cpu_seconds) * 1e6),
+      per_job((s2.cpu_seconds - s1.cpu_seconds) * 1e6), per_job(static_cast<double>(s1.used_memory - s0.used_memory)),
+      per_job((c3 - c2) * 1e6));
   if (std::getenv("JOBRT_BENCH_VERBOSE"))
     for (auto& [k, v] : s2.commandstats) fmt::print("  {} {}\n", k, v);
 }
@@ -486,7 +490,8 @@ awaitable<void> queue_rate(asio::io_context& ctx, redis::config cfg, long worker
 int main(int argc, char** argv) {
   if (argc < 3) {
     fmt::print(stderr,
-               "usage: {} URL throughput N C GROUPS [BURST] [FOLLOW] | fill N GROUPS | work N C [BURST] | pickup N "
+               "usage: {} URL throughput N C GROUPS [BURST] [FOLLOW] [GROUP_CONC] | fill N GROUPS | work N C [BURST] | "
+               "pickup N "
                "GROUPED [GAP_US] [SHARDS] | wait N GROUPED [GAP_US] [SHARDS] | "
                "scale N C GROUPS SHARDS NODE_URL... | rate GROUPS MAX WINDOW_MS SECONDS | queue-rate WORKERS MAX "
                "WINDOW_MS SECONDS | depth DEPTH\n",
@@ -510,10 +515,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (mode == "throughput")
-    asio::co_spawn(ctx,
-                   throughput(ctx, cfg, arg(3, 100000), static_cast<std::size_t>(arg(4, 100)), arg(5, 0),
-                              static_cast<std::size_t>(arg(6, 4)), follow),
-                   done);
+    asio::co_spawn(
+        ctx,
+        throughput(ctx, cfg, arg(3, 100000), static_cast<std::size_t>(arg(4, 100)), arg(5, 0),
+                   static_cast<std::size_t>(arg(6, 4)), follow, static_cast<std::size_t>(std::max(1L, arg(8, 1)))),
+        done);
   else if (mode == "pickup" || mode == "wait")
     asio::co_spawn(
         ctx,

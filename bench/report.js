@@ -166,7 +166,7 @@ for (const s of scenarios) {
   for (const r of Object.values(s.byRun)) for (const k of Object.keys(r)) keys.add(k);
   for (const k of keys) {
     const m = metric(s.id, k);
-    if (m && !['run', 'n', 'groups', 'concurrency', 'depth', 'queued', 'threads'].includes(k)) summaries[s.id].metrics[k] = m;
+    if (m && !['run', 'n', 'groups', 'group_concurrency', 'concurrency', 'depth', 'queued', 'threads'].includes(k)) summaries[s.id].metrics[k] = m;
   }
 }
 
