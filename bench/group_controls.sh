@@ -10,6 +10,9 @@
 # MAX WINDOW_MS SECONDS): workers sharing one limit, the starts over what it allows and the
 # shortest time any max + 1 of them took.
 #   settings: 2 workers at 100 a second, 4 workers at 1,000 a second, 2 workers at 50 in 100 ms
+# Then fairness (jobrt_bench_jobs ... fairness SECONDS NOISY_CONC): 100 quiet groups' waits alone
+# and beside a noisy group holding 90% of the backlog, the noisy group running up to 1, 4 or 16
+# jobs at once (the worker has 16 slots); prints the p99s' ratio.
 # Usage: bench/group_controls.sh [SECONDS=10] [RUNS=3]   (BUILD=0 to use build/release as is)
 # Server on core 0, client on core 1.
 set -euo pipefail
@@ -37,5 +40,8 @@ for run in $(seq "$runs"); do
   for setting in "2 100 1000" "4 1000 1000" "2 50 100"; do
     # shellcheck disable=SC2086
     echo "run=$run $(taskset -c 1 "$bin" "$url" queue-rate $setting "$seconds")"
+  done
+  for noisy in 1 4 16; do
+    echo "run=$run $(taskset -c 1 "$bin" "$url" fairness "$seconds" "$noisy")"
   done
 done

@@ -17,6 +17,13 @@
 //     as pickup, and taking turns with it (after the same gap) the round trip of `jobrt enqueue
 //     --wait`: a kept job enqueued, run and its end back to the producer (producer::wait); prints
 //     its p50/p99 too, and its p50 over the pickup's.
+//   jobrt_bench_jobs URL fairness SECONDS [NOISY_CONC=1]
+//     one worker of concurrency 16, handlers that take 1 ms (a timer). 100 quiet groups get a job
+//     every 2 ms in turn for SECONDS, twice: alone, then beside a noisy group (up to NOISY_CONC of
+//     its jobs at once) whose backlog, enqueued before, is more than 16 slots can run in the
+//     phase (16,000 jobs a second of it): it holds over 90% of the queue's jobs throughout.
+//     Prints the quiet jobs' waits (enqueue to handler start), p50/p99 of each phase, the p99s'
+//     ratio, and the noisy jobs started and left (some are left when the backlog lasted).
 //   jobrt_bench_jobs URL fill N GROUPS
 //     flushes the server and enqueues N no-op jobs in batches of 1000 on queue "bench"; prints
 //     enqueue jobs/s and Redis memory per queued job. For runs with several worker processes.
@@ -60,6 +67,7 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/json/object.hpp>
 
 #include <sys/resource.h>
 
@@ -369,6 +377,72 @@ awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool gro
                   : std::string());
 }
 
+awaitable<void> fairness(asio::io_context& ctx, redis::config cfg, long seconds, std::size_t noisy_concurrency) {
+  redis_backend store(ctx.get_executor(), cfg);
+  co_await redis::exec(store.connection(), redis::request("FLUSHALL"));
+  constexpr long quiet_groups = 100;
+  constexpr auto every = std::chrono::microseconds(2000);
+  const long per_phase = seconds * 1'000'000 / every.count();
+  const long noisy_backlog = 16'000 * seconds;
+  worker_options o;
+  o.queue = "fair";
+  o.concurrency = 16;
+  worker w(ctx.get_executor(), store, o);
+  auto t0 = clock_type::now();
+  auto since = [&] { return std::chrono::duration<double, std::micro>(clock_type::now() - t0).count(); };
+  std::vector<double> waits;  // of the quiet jobs of the phase
+  long noisy_started = 0;
+  w.add_handler("quiet", [&](job_context& c) -> awaitable<void> {
+    waits.push_back(since() - c.payload().at("sent_us").to_number<double>());
+    co_await sleep_for(std::chrono::milliseconds(1));
+  });
+  w.add_handler("noisy", [&](job_context&) -> awaitable<void> {
+    ++noisy_started;
+    co_await sleep_for(std::chrono::milliseconds(1));
+  });
+  w.start();
+  producer p(store, "fair");
+  auto phase = [&](bool noisy) -> awaitable<std::vector<double>> {
+    noisy_started = 0;
+    if (noisy) {
+      producer filler(store, "fair", bulk);
+      std::vector<job_spec> specs;
+      for (long i = 0; i < noisy_backlog; ++i) {
+        job_spec s;
+        s.type = "noisy";
+        s.group = "noisy";
+        s.group_concurrency = noisy_concurrency;
+        specs.push_back(std::move(s));
+      }
+      co_await filler.enqueue_bulk(std::move(specs));
+    }
+    waits.clear();
+    auto next = clock_type::now();
+    for (long i = 0; i < per_phase; ++i) {  // on a steady beat, whatever each enqueue took
+      next += every;
+      job_spec s;
+      s.type = "quiet";
+      s.group = fmt::format("q{}", i % quiet_groups);
+      s.payload = boost::json::object{{"sent_us", since()}};
+      co_await p.enqueue(std::move(s));
+      if (auto left = next - clock_type::now(); left > clock_type::duration::zero())
+        co_await sleep_for(std::chrono::duration_cast<std::chrono::microseconds>(left));
+    }
+    co_await sleep_for(std::chrono::milliseconds(200));  // the last ones start
+    co_return std::move(waits);
+  };
+  auto alone = co_await phase(false);
+  auto beside = co_await phase(true);
+  auto noisy_left = noisy_backlog - noisy_started;  // (read before the worker stops)
+  co_await w.stop(std::chrono::seconds(5));
+  fmt::print(
+      "fairness seconds={} noisy_concurrency={} quiet_jobs={} alone_p50_us={:.0f} alone_p99_us={:.0f} "
+      "beside_p50_us={:.0f} beside_p99_us={:.0f} p99_ratio={:.2f} noisy_started={} noisy_left={}\n",
+      seconds, noisy_concurrency, per_phase, percentile(alone, 0.5), percentile(alone, 0.99), percentile(beside, 0.5),
+      percentile(beside, 0.99), percentile(beside, 0.99) / percentile(alone, 0.99), noisy_backlog - noisy_left,
+      noisy_left);
+}
+
 awaitable<void> depth(asio::io_context& ctx, redis::config cfg, long queued) {
   redis_backend store(ctx.get_executor(), cfg);
   auto& conn = store.connection();
@@ -494,7 +568,7 @@ int main(int argc, char** argv) {
                "pickup N "
                "GROUPED [GAP_US] [SHARDS] | wait N GROUPED [GAP_US] [SHARDS] | "
                "scale N C GROUPS SHARDS NODE_URL... | rate GROUPS MAX WINDOW_MS SECONDS | queue-rate WORKERS MAX "
-               "WINDOW_MS SECONDS | depth DEPTH\n",
+               "WINDOW_MS SECONDS | depth DEPTH | fairness SECONDS [NOISY_CONC]\n",
                argv[0]);
     return 2;
   }
@@ -543,6 +617,8 @@ int main(int argc, char** argv) {
     asio::co_spawn(ctx, rate(ctx, cfg, arg(3, 0), arg(4, 0), arg(5, 0), arg(6, 0)), done);
   else if (mode == "queue-rate" && argc > 6 && arg(3, 0) > 0 && arg(4, 0) > 0 && arg(5, 0) > 0 && arg(6, 0) > 0)
     asio::co_spawn(ctx, queue_rate(ctx, cfg, arg(3, 0), arg(4, 0), arg(5, 0), arg(6, 0)), done);
+  else if (mode == "fairness" && arg(3, 0) > 0)
+    asio::co_spawn(ctx, fairness(ctx, cfg, arg(3, 0), static_cast<std::size_t>(std::max(1L, arg(4, 1)))), done);
   else if (mode == "depth")
     asio::co_spawn(ctx, depth(ctx, cfg, arg(3, 1000)), done);
   else {
