@@ -522,8 +522,9 @@ class backend {
   /// The history points of the last `span` (at most a day), oldest first.
   virtual boost::asio::awaitable<std::vector<history_point>> history(std::string queue, std::chrono::minutes span) = 0;
   /// About `limit` groups with jobs whose key starts with `prefix`, from `cursor` ("" to start),
-  /// in no particular order (on Redis, SCAN steps: the last may bring a few more; groups whose
-  /// jobs all run, several at once, come after those with jobs waiting). A call reads
+  /// in no particular order (on Redis, SCAN steps: the last may bring a few more, up to about
+  /// 128 more while few groups run several jobs at once; such groups come after those with jobs
+  /// waiting, and one that has both is listed twice). A call reads
   /// a bounded part of the queue, so a page may hold fewer than `limit` groups and still have a
   /// cursor. A group with jobs throughout a walk of every
   /// page is listed at least once.

@@ -1541,12 +1541,14 @@ asio::awaitable<page<std::string>> redis_backend::groups(std::string queue, std:
                                                          std::size_t limit) {
   auto p = key_prefix(queue);
   // Two walks in SCAN steps (each bounded), at most ten steps a page (about 5,000 keys or fields
-  // of the server's looked at): the queue's group lists (SCAN), then the groups whose jobs all
-  // run, several at once, out of their lists (HSCAN of `running`, cursor 'r<n>'; a group with a
-  // list by then is left out, the first walk gave it). A prefix few groups have ends a page with
-  // fewer than asked and a cursor. The first step's COUNT is the limit, and each next one's four
-  // times the last's (up to 1,000), so that a page holds about `limit` groups (a step returns
-  // what it found: a page may hold some more).
+  // of the server's looked at): the queue's group lists (SCAN), then the groups that run several
+  // jobs at once (HSCAN of `running`, cursor 'r<n>'), for those whose jobs all run have no list.
+  // A group in both is listed twice: leaving out those with a list when the second walk meets
+  // them would miss one whose list came after the first walk passed it. A prefix few groups
+  // have ends a page with fewer than asked and a cursor. The first step's COUNT is the limit,
+  // and each next one's four times the last's (up to 1,000), so that a page holds about `limit`
+  // groups (a step returns what it found: a page may hold some more, and a small `running`,
+  // stored compactly, comes whole in one step).
   bool runs = cursor.starts_with('r');
   std::string at = runs ? cursor.substr(1) : cursor.empty() ? "0" : cursor;
   if (at.empty() || at.size() > 20 || at.find_first_not_of("0123456789") != std::string::npos)
@@ -1568,15 +1570,8 @@ asio::awaitable<page<std::string>> redis_backend::groups(std::string queue, std:
     const auto& found = r.as_array().at(1).as_array();
     if (!runs) {
       for (const auto& k : found) out.items.emplace_back(std::string_view(k.as_string()).substr(p.size() + 2));
-    } else if (!found.empty()) {
-      request has;  // (field, count) pairs: whether each group has a list
-      for (std::size_t i = 0; i < found.size(); i += 2) has.push("EXISTS", p + "g:" + found[i].as_string());
-      has.options.resend_safe = true;
-      reply h = co_await link_->exec(std::move(has), p);
-      for (std::size_t i = 0; i < found.size(); i += 2) {
-        const reply& e = found.size() == 2 ? h : h.as_array().at(i / 2);
-        if (e.as_integer() == 0) out.items.emplace_back(found[i].as_string());
-      }
+    } else {
+      for (std::size_t i = 0; i < found.size(); i += 2) out.items.emplace_back(found[i].as_string());  // (field, count)
     }
     if (at != "0") continue;
     if (runs) co_return out;

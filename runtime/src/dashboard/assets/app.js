@@ -177,10 +177,11 @@ async function groupsPage() {
     if (g.depth > 0 || g.paused) rows.append(groupRow(g));
   }
   let cursor = '';
+  const shown = new Set([prefix]);  // (a listing may give a group twice)
   const load = () => fill(50, async () => {
     const page = await api(q() + 'groups?limit=50&prefix=' + enc(prefix) + '&cursor=' + enc(cursor));
     let added = 0;
-    for (const g of page.groups) if (g.group !== prefix) { rows.append(groupRow(g)); added++; }
+    for (const g of page.groups) if (!shown.has(g.group)) { shown.add(g.group); rows.append(groupRow(g)); added++; }
     cursor = page.cursor;
     more.hidden = !cursor;
     return { added, more: !!cursor };
