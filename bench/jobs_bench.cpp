@@ -23,7 +23,8 @@
 //     its jobs at once) whose backlog, enqueued before, is more than 16 slots can run in the
 //     phase (16,000 jobs a second of it): it holds over 90% of the queue's jobs throughout.
 //     Prints the quiet jobs' waits (enqueue to handler start), p50/p99 of each phase, the p99s'
-//     ratio, and the noisy jobs started and left (some are left when the backlog lasted).
+//     ratio (every quiet job measured: their counts, alone + beside), and the noisy jobs started
+//     and left (some are left when the backlog lasted).
 //   jobrt_bench_jobs URL fill N GROUPS
 //     flushes the server and enqueues N no-op jobs in batches of 1000 on queue "bench"; prints
 //     enqueue jobs/s and Redis memory per queued job. For runs with several worker processes.
@@ -428,7 +429,11 @@ awaitable<void> fairness(asio::io_context& ctx, redis::config cfg, long seconds,
       if (auto left = next - clock_type::now(); left > clock_type::duration::zero())
         co_await sleep_for(std::chrono::duration_cast<std::chrono::microseconds>(left));
     }
-    co_await sleep_for(std::chrono::milliseconds(200));  // the last ones start
+    for (auto until = clock_type::now() + std::chrono::seconds(10); std::ssize(waits) < per_phase;) {
+      if (clock_type::now() > until)
+        throw std::runtime_error(fmt::format("fairness: {} of {} quiet jobs started", waits.size(), per_phase));
+      co_await sleep_for(std::chrono::microseconds(500));  // (every quiet job is measured)
+    }
     co_return std::move(waits);
   };
   auto alone = co_await phase(false);
@@ -436,11 +441,11 @@ awaitable<void> fairness(asio::io_context& ctx, redis::config cfg, long seconds,
   auto noisy_left = noisy_backlog - noisy_started;  // (read before the worker stops)
   co_await w.stop(std::chrono::seconds(5));
   fmt::print(
-      "fairness seconds={} noisy_concurrency={} quiet_jobs={} alone_p50_us={:.0f} alone_p99_us={:.0f} "
+      "fairness seconds={} noisy_concurrency={} quiet_jobs={}+{} alone_p50_us={:.0f} alone_p99_us={:.0f} "
       "beside_p50_us={:.0f} beside_p99_us={:.0f} p99_ratio={:.2f} noisy_started={} noisy_left={}\n",
-      seconds, noisy_concurrency, per_phase, percentile(alone, 0.5), percentile(alone, 0.99), percentile(beside, 0.5),
-      percentile(beside, 0.99), percentile(beside, 0.99) / percentile(alone, 0.99), noisy_backlog - noisy_left,
-      noisy_left);
+      seconds, noisy_concurrency, alone.size(), beside.size(), percentile(alone, 0.5), percentile(alone, 0.99),
+      percentile(beside, 0.5), percentile(beside, 0.99), percentile(beside, 0.99) / percentile(alone, 0.99),
+      noisy_backlog - noisy_left, noisy_left);
 }
 
 awaitable<void> depth(asio::io_context& ctx, redis::config cfg, long queued) {
