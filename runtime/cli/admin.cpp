@@ -753,6 +753,7 @@ int schedule_add(const schedule_options& o) {
     po.max_group_size = q->max_group_size;
     po.group_rate = q->group_rate;
     po.group_concurrency = q->group_concurrency;
+    po.group_weight = q->group_weight;
   }
   with_store(
       o.c,

@@ -60,6 +60,7 @@ int run_bridge(bridge_args& a) {
       po.max_group_size = q.max_group_size;
       po.group_rate = q.group_rate;
       po.group_concurrency = q.group_concurrency;
+      po.group_weight = q.group_weight;
       how = q.bridge;
       if (q.shards != 0 && a.shards == 0) a.shards = q.shards;
     }

@@ -425,6 +425,7 @@ struct enqueue_args {
   std::size_t max_group_size = 0;     // 0: none given
   std::string group_rate;             // "MAX/MS", "" none given
   std::size_t group_concurrency = 0;  // 0: none given
+  std::size_t group_weight = 0;       // 0: none given
   std::size_t shards = 0;             // 0: as the queue is stored
   std::string group, durability = "primary";
   bool json = false;
@@ -475,6 +476,10 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
                 "let up to N jobs of a group run at once, started in enqueue order (a rule's \"concurrency\" "
                 "and a line's \"group_concurrency\" override it)")
       ->option_text("N");
+  number_option(*cmd, "--group-weight", a->group_weight, 1, max_group_weight,
+                "give each group W times an unweighted group's share of the workers when groups wait for them "
+                "(a rule's \"weight\" and a line's \"group_weight\" override it)")
+      ->option_text("W");
   number_option(*cmd, "--wait", a->wait_s, 1, 86'400,
                 "wait up to S seconds for the job's end and print it (its result, or its error); --json: "
                 "{\"queue\", \"id\", \"duplicate\", \"status\"}")
@@ -507,12 +512,12 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
       "--type TYPE) and prints the job's id, or a count. The generated jobs' payload gets \"n\": the\n"
       "job's number. A JSON line: {\"type\", \"payload\", \"group\", \"id\", \"delay_ms\",\n"
       "\"max_attempts\", \"timeout_ms\", \"on_failure\", \"keep_ms\", \"max_group_size\",\n"
-      "\"group_rate\": {\"max\", \"window_ms\"}, \"group_concurrency\"}. The whole file is checked\n"
-      "before any job is stored: an error names its line (FILE:LINE: ...) and nothing is enqueued.\n"
-      "A job may be at most 1 MiB (1048576 bytes) once encoded, payload included. With --wait S (one\n"
-      "job; kept at least 60 s), the exit code is 0 when it completed, 1 when it went to the dead\n"
-      "letters, 3 when it had not ended, 4 when it cannot be found (a pending duplicate enqueued\n"
-      "without a keep), 5 when it was cancelled (jobrt cancel).");
+      "\"group_rate\": {\"max\", \"window_ms\"}, \"group_concurrency\", \"group_weight\"}. The whole\n"
+      "file is checked before any job is stored: an error names its line (FILE:LINE: ...) and\n"
+      "nothing is enqueued. A job may be at most 1 MiB (1048576 bytes) once encoded, payload\n"
+      "included. With --wait S (one job; kept at least 60 s), the exit code is 0 when it completed,\n"
+      "1 when it went to the dead letters, 3 when it had not ended, 4 when it cannot be found (a\n"
+      "pending duplicate enqueued without a keep), 5 when it was cancelled (jobrt cancel).");
 }
 
 namespace {
@@ -598,6 +603,7 @@ int run_enqueue(enqueue_args& a) {
   po.max_group_size = a.max_group_size;
   if (!a.group_rate.empty()) po.group_rate = parse_rate(a.group_rate, "group rate");
   if (a.group_concurrency != 0) po.group_concurrency = a.group_concurrency;
+  if (a.group_weight != 0) po.group_weight = a.group_weight;
   if (a.wait_s > 0)
     po.keep = std::max<std::chrono::milliseconds>(po.keep, std::chrono::seconds(60));  // (found once it ended)
   if (!config_file.empty()) {
@@ -616,6 +622,7 @@ int run_enqueue(enqueue_args& a) {
         if (q.max_group_size != 0 && a.max_group_size == 0) po.max_group_size = q.max_group_size;
         if (q.group_rate && a.group_rate.empty()) po.group_rate = q.group_rate;
         if (a.group_concurrency == 0) po.group_concurrency = q.group_concurrency;
+        if (a.group_weight == 0) po.group_weight = q.group_weight;
         found = true;
       }
       names += (names.empty() ? "" : ", ") + q.worker.queue;

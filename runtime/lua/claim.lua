@@ -138,6 +138,26 @@ local function conc_of(record)
     string.match(record, '^%d+|[^|]*|{"keep":%d+,"rate":%[%d+,%d+%],"conc":([1-9]%d*),')
   return tonumber(n) or 1
 end
+-- A weighted group ("weight":W after a concurrency, in its head's body) gets W times the
+-- followers of an unweighted one each time its lane is claimed: W × (ahead + 1) jobs a lease,
+-- at most 1,000. Its lane goes back to the tail of ready after them, as any lane, so when more
+-- lanes are ready than slots are free, its starts over a cycle of ready are W times as many. A
+-- group that runs several at once starts W heads a turn: the hash <prefix>turns counts the
+-- starts of its turn, and until W have started its lane is met again: next in this call, or,
+-- when the call has no room left, first in the next (at the head of ready, before the lanes
+-- this call read after it); then it goes to the tail.
+local weight_mark = '"weight":'
+local function weight_of(record)
+  if not find(record, weight_mark, 1, true) then return 1 end
+  local at = select(2, find(record, '^%d+|[^|]*|{'))
+  if not at then return 1 end
+  at = at + 1
+  for _, field in ipairs({'^"keep":%d+,', '^"rate":%[%d+,%d+%],', '^"conc":%d+,'}) do
+    local _, e = find(record, field, at)
+    if e then at = e + 1 end
+  end
+  return tonumber(string.match(record, '^"weight":([1-9]%d*),', at)) or 1
+end
 local function throttled_until(group) -- when its throttle ends, if later than now
   local till = redis.call('ZSCORE', prefix .. 'throttled', group)
   if not till then return nil end
@@ -155,7 +175,11 @@ local function rate_wait(group, record) -- when the group may start its head, if
 end
 
 while true do
-  for _, lane in ipairs(lanes) do
+  for i, lane in ipairs(lanes) do
+    if #taken >= max then -- (a weighted group's turn took the room: the rest, it first, wait at the head)
+      for k = #lanes, i, -1 do redis.call('LPUSH', ready, lanes[k]) end
+      break
+    end
     if string.sub(lane, 1, 2) == 'g:' then
       local key = prefix .. lane
       local records = redis.call('LRANGE', key, '0', ahead)
@@ -165,6 +189,14 @@ while true do
         records = redis.call('LRANGE', key, '0', ahead)
         entry = records[1] and cancelled(records[1])
         if #records == 0 then redis.call('HINCRBY', stats, 'groups', '-1') end
+      end
+      if not entry and records[1] and not queue_rate and find(records[1], weight_mark, 1, true) and
+          conc_of(records[1]) == 1 and not limited(records[1]) then
+        local want = math.min(weight_of(records[1]) * (tonumber(ahead) + 1), 1000) - 1
+        if #records == tonumber(ahead) + 1 and want > #records - 1 then -- (the list may hold more)
+          local more = redis.call('LRANGE', key, string.format('%d', #records), string.format('%d', want))
+          for _, record in ipairs(more) do records[#records + 1] = record end
+        end
       end
       -- Followers go with the lease up to the first cancelled one (it is dropped as a head), the
       -- first limited one or the first of a group that runs several at once (each starts as a
@@ -180,7 +212,8 @@ while true do
       if entry then
         redis.call('LPUSH', ready, lane) -- more to drop than this call may: the next one goes on
       elseif #records == 0 then
-        passed = passed + 1 -- a stale lane of an emptied group is dropped
+        passed = passed + 1 -- a stale lane of an emptied group is dropped (with its turn: weight_of)
+        redis.call('HDEL', prefix .. 'turns', string.sub(lane, 3))
       else
         if any_paused == nil then ask_flags() end
         local group, wait = string.sub(lane, 3), nil
@@ -223,8 +256,14 @@ while true do
             -- after the head)
             local last = listed == 1
             if listed == 1 and tonumber(ahead) < 1 then last = redis.call('EXISTS', key) == 0 end
+            local weight = find(record, weight_mark, 1, true) and weight_of(record) or 1
+            local turn_on = weight > 1 and not last and runs + 1 < conc and
+              redis.call('HINCRBY', prefix .. 'turns', group, '1') < weight
+            if weight > 1 and not turn_on then redis.call('HDEL', prefix .. 'turns', group) end
             if last then
               redis.call('HINCRBY', stats, 'groups', '-1')
+            elseif turn_on then
+              table.insert(lanes, i + 1, lane) -- (met next, or first in the next claim)
             elseif runs + 1 < conc then
               redis.call('RPUSH', ready, lane)
               again = again + 1

@@ -21,6 +21,11 @@ std::optional<std::string> field_text(std::string_view name, std::string_view ty
   return boost::json::serialize(*v);
 }
 
+// A number as an error shows it: as written (Boost.JSON writes 2.5 as 2.5E0).
+std::string shown(const boost::json::value& v) {
+  return v.is_double() ? fmt::format("{}", v.as_double()) : boost::json::serialize(v);
+}
+
 void check_template(const std::string& key) {
   if (key.empty()) throw std::invalid_argument("grouping rule 'key' is empty");
   for (std::size_t i = 0; i < key.size(); ++i) {
@@ -53,8 +58,7 @@ rate_limit rate_limit_from_json(const boost::json::value& v, std::string_view wh
     auto* f = v.as_object().if_contains(name);
     if (f == nullptr) throw std::invalid_argument(fmt::format("{}.{} is missing", where, name));
     if (!f->is_int64())
-      throw std::invalid_argument(
-          fmt::format("{}.{} is {}, not a whole number", where, name, boost::json::serialize(*f)));
+      throw std::invalid_argument(fmt::format("{}.{} is {}, not a whole number", where, name, shown(*f)));
     return f->as_int64();
   };
   auto max = number("max"), window = number("window_ms");
@@ -84,7 +88,8 @@ grouping_rules grouping_rules::from_json(const boost::json::value& config) {
   for (auto& r : rules->as_array()) {
     auto where = fmt::format("grouping rules[{}]", index++);
     if (!r.is_object()) throw std::invalid_argument(fmt::format("{} is not an object", where));
-    check_fields(r.as_object(), where, {"match", "key", "on_failure", "max_group_size", "rate", "concurrency"});
+    check_fields(r.as_object(), where,
+                 {"match", "key", "on_failure", "max_group_size", "rate", "concurrency", "weight"});
     grouping_rule rule;
     auto* key = r.as_object().if_contains("key");
     if (key == nullptr || !key->is_string())
@@ -110,16 +115,22 @@ grouping_rules grouping_rules::from_json(const boost::json::value& config) {
       if (!max->is_int64() && !max->is_uint64())
         throw std::invalid_argument(fmt::format("{}.max_group_size is not a whole number", where));
       if (!max->is_int64() || max->as_int64() < 1 || static_cast<std::uint64_t>(max->as_int64()) > max_group_size_limit)
-        throw std::invalid_argument(fmt::format("{}.max_group_size is {}; it must be from 1 to {}", where,
-                                                boost::json::serialize(*max), max_group_size_limit));
+        throw std::invalid_argument(
+            fmt::format("{}.max_group_size is {}; it must be from 1 to {}", where, shown(*max), max_group_size_limit));
       rule.max_group_size = static_cast<std::size_t>(max->as_int64());
     }
     if (auto* rate = r.as_object().if_contains("rate")) rule.rate = rate_limit_from_json(*rate, where + ".rate");
     if (auto* n = r.as_object().if_contains("concurrency")) {
       if (!n->is_int64() || n->as_int64() < 1 || static_cast<std::uint64_t>(n->as_int64()) > max_group_concurrency)
         throw std::invalid_argument(fmt::format("{}.concurrency is {}; it must be a whole number from 1 to {}", where,
-                                                boost::json::serialize(*n), max_group_concurrency));
+                                                shown(*n), max_group_concurrency));
       rule.concurrency = static_cast<std::size_t>(n->as_int64());
+    }
+    if (auto* w = r.as_object().if_contains("weight")) {
+      if (!w->is_int64() || w->as_int64() < 1 || static_cast<std::uint64_t>(w->as_int64()) > max_group_weight)
+        throw std::invalid_argument(
+            fmt::format("{}.weight is {}; it must be a whole number from 1 to {}", where, shown(*w), max_group_weight));
+      rule.weight = static_cast<std::size_t>(w->as_int64());
     }
     try {
       out.add(std::move(rule));
@@ -165,7 +176,7 @@ std::optional<group_choice> grouping_rules::choose(std::string_view type, const 
     // "" would mean ungrouped: not what the rule asks for.
     if (key.empty())
       throw std::invalid_argument(fmt::format("grouping rule with key '{}' gives this job an empty group", rule.key));
-    return group_choice{std::move(key), rule.on_failure, rule.max_group_size, rule.rate, rule.concurrency};
+    return group_choice{std::move(key), rule.on_failure, rule.max_group_size, rule.rate, rule.concurrency, rule.weight};
   }
   return std::nullopt;
 }

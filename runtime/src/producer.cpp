@@ -33,9 +33,9 @@ job_spec job_spec_from_json(const boost::json::value& v) {
     return f->as_int64();
   };
   for (auto& [key, value] : o) {
-    static const std::set<std::string_view> known{"type",     "payload",        "group",      "id",
-                                                  "delay_ms", "max_attempts",   "timeout_ms", "on_failure",
-                                                  "keep_ms",  "max_group_size", "group_rate", "group_concurrency"};
+    static const std::set<std::string_view> known{
+        "type",       "payload", "group",          "id",         "delay_ms",          "max_attempts", "timeout_ms",
+        "on_failure", "keep_ms", "max_group_size", "group_rate", "group_concurrency", "group_weight"};
     if (!known.contains(key)) throw std::invalid_argument(fmt::format("unknown field \"{}\"", key));
   }
   s.type = text("type").value_or("");
@@ -49,6 +49,7 @@ job_spec job_spec_from_json(const boost::json::value& v) {
   if (auto max = number_of("max_group_size")) s.max_group_size = static_cast<std::size_t>(*max);
   if (auto* rate = o.if_contains("group_rate")) s.group_rate = rate_limit_from_json(*rate, "\"group_rate\"");
   if (auto n = number_of("group_concurrency")) s.group_concurrency = static_cast<std::size_t>(*n);
+  if (auto w = number_of("group_weight")) s.group_weight = static_cast<std::size_t>(*w);
   if (auto p = text("on_failure")) s.on_failure = parse_failure_policy(*p);
   return s;
 }
@@ -67,6 +68,7 @@ boost::json::object to_json(const job_spec& s) {
   if (s.max_group_size) o["max_group_size"] = *s.max_group_size;
   if (s.group_rate) o["group_rate"] = {{"max", s.group_rate->max}, {"window_ms", s.group_rate->window.count()}};
   if (s.group_concurrency) o["group_concurrency"] = *s.group_concurrency;
+  if (s.group_weight) o["group_weight"] = *s.group_weight;
   return o;
 }
 
@@ -130,6 +132,7 @@ void producer::check(const job_spec& spec) {
                     max_group_size_limit));
   if (spec.group_rate) check_rate_limit(*spec.group_rate, "job group_rate");
   if (spec.group_concurrency) check_group_concurrency(*spec.group_concurrency, "job group_concurrency");
+  if (spec.group_weight) check_group_weight(*spec.group_weight, "job group_weight");
 }
 
 void producer::check(const job_spec& spec, const producer_options& opts) {
@@ -161,7 +164,7 @@ encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms, const pr
   // A group's rate limit and concurrency travel with its jobs: a job applies them while it is
   // its group's next.
   std::optional<rate_limit> rate;
-  std::size_t concurrency = 1;
+  std::size_t concurrency = 1, weight = 1;
   if (!out.group.empty()) {
     rate = spec.group_rate ? spec.group_rate : choice && choice->rate ? choice->rate : opts.group_rate;
     if (rate && !spec.group_rate) check_rate_limit(*rate, "producer group_rate");
@@ -169,8 +172,10 @@ encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms, const pr
                   : choice && choice->concurrency ? *choice->concurrency
                                                   : opts.group_concurrency;
     if (!spec.group_concurrency) check_group_concurrency(concurrency, "producer group_concurrency");
+    weight = spec.group_weight ? *spec.group_weight : choice && choice->weight ? *choice->weight : opts.group_weight;
+    if (!spec.group_weight) check_group_weight(weight, "producer group_weight");
   }
-  out.body = detail::encode_body(spec, now_ms, policy, keep, rate, concurrency);
+  out.body = detail::encode_body(spec, now_ms, policy, keep, rate, concurrency, weight);
   if (out.body.size() > opts.max_body_bytes)
     throw std::invalid_argument(fmt::format("job of type '{}' is {} bytes encoded; the limit is {}", spec.type,
                                             out.body.size(), opts.max_body_bytes));

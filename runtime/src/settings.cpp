@@ -97,6 +97,7 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
                              "max_group_size",
                              "group_rate",
                              "group_concurrency",
+                             "group_weight",
                              "rate_limit",
                              "bridge",
                              "schedules"});
@@ -115,6 +116,9 @@ queue_settings queue_at(const json::value& v, const std::string& where) {
   if (auto* f = o.if_contains("group_concurrency"))
     q.group_concurrency = static_cast<std::size_t>(
         count_at(*f, field("group_concurrency"), 1, static_cast<std::int64_t>(max_group_concurrency)));
+  if (auto* f = o.if_contains("group_weight"))
+    q.group_weight =
+        static_cast<std::size_t>(count_at(*f, field("group_weight"), 1, static_cast<std::int64_t>(max_group_weight)));
   if (auto* f = o.if_contains("rate_limit")) q.worker.rate_limit = rate_limit_from_json(*f, field("rate_limit"));
   if (auto* f = o.if_contains("bridge")) {
     try {

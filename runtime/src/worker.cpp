@@ -511,7 +511,8 @@ class worker::impl : public std::enable_shared_from_this<impl> {
     if (item.kind == finish_kind::ack && item.throttle.count() == 0 && !opts_.rate_limit && !stopping() &&
         !r->strand_group.empty() && claimer_->drained()) {
       item.want_next = finish_item::next_policy::if_nobody_waits;
-      item.ahead = opts_.burst - 1;
+      // (as many as a claim's lease of the group brings: claim.lua's weight_of)
+      item.ahead = std::min(r->ctx->job().group_weight * opts_.burst, std::size_t{1000}) - 1;
     }
     // The slot is free for a claim while the finish is on its way, unless the answer may bring
     // a job to run in it.

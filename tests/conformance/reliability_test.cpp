@@ -123,7 +123,8 @@ CONFORMANCE("skip: a failed grouped job goes to the dead letters at once and the
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);
     producer_options po;
-    po.rules.add({{{"type", "t"}}, "{name}", failure_policy::skip, std::nullopt, std::nullopt, std::nullopt});
+    po.rules.add(
+        {{{"type", "t"}}, "{name}", failure_policy::skip, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
     producer p(b.make(), b.queue(), po);
     // Grouped by the rule: the group is the job's name; both in one group "x".
     auto first = make_job("t", {{"name", "x"}, {"n", 1}});

@@ -220,7 +220,7 @@ TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the 
   auto url = url_of(shared_redis());
   auto abi = jobrt_cli({"worker", "--redis", url, "--plugin", JOBRT_TEST_PLUGINS "/jobrt_test_bad_abi.so"});
   CHECK(abi.status == 1);
-  CHECK(abi.output.find("built for jobrt plugin ABI 999, but this jobrt has ABI 3") != std::string::npos);
+  CHECK(abi.output.find("built for jobrt plugin ABI 999, but this jobrt has ABI 4") != std::string::npos);
   auto none = jobrt_cli({"worker", "--redis", url, "--plugin", JOBRT_TEST_PLUGINS "/jobrt_test_not_a_plugin.so"});
   CHECK(none.status == 1);
   CHECK(none.output.find("not a jobrt plugin") != std::string::npos);
@@ -907,6 +907,37 @@ TEST_CASE("jobrt enqueue --group-concurrency stores each grouped job's concurren
   CHECK(refused.output.find("--group-concurrency") != std::string::npos);
   auto stats = boost::json::parse(jobrt_cli({"stats", queue, "--redis", url, "--json"}).output).as_object();
   CHECK(stats.at("enqueued").as_int64() == 5);
+}
+
+TEST_CASE("jobrt enqueue --group-weight stores each grouped job's weight, a line's own wins, 0 is refused") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "weight";
+  auto prefix = redis_backend::key_prefix(queue);
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--count", "2", "--groups", "1",
+                   "--group-weight", "3", "--group-concurrency", "2"})
+            .status == 0);
+  CHECK(redis_cli(cfg, {"LRANGE", prefix + "g:g0", "0", "-1"}).find(R"(|{"conc":2,"weight":3,"type":"t")") !=
+        std::string::npos);
+  auto file = fmt::format("/tmp/jobrt-cli-weight-{}.jsonl", ::getpid());
+  std::ofstream(file) << R"({"type":"t","group":"h","group_weight":2})"
+                      << "\n"
+                      << R"({"type":"t","group":"i","group_weight":1})"
+                      << "\n";
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file, "--group-weight", "5"}).status == 0);
+  CHECK(redis_cli(cfg, {"LRANGE", prefix + "g:h", "0", "-1"}).find(R"(|{"weight":2,"type":"t")") != std::string::npos);
+  CHECK(redis_cli(cfg, {"LRANGE", prefix + "g:i", "0", "-1"}).find("weight") == std::string::npos);  // 1: as ever
+  std::ofstream(file) << R"({"type":"t","group":"h","group_weight":0})"
+                      << "\n";
+  auto bad_line = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file});
+  CHECK(bad_line.status != 0);
+  CHECK(bad_line.output.find(":1: job group_weight is 0; it must be from 1 to 100") != std::string::npos);
+  std::remove(file.c_str());
+  auto refused = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--group-weight", "101"});
+  CHECK(refused.status == 2);
+  CHECK(refused.output.find("--group-weight") != std::string::npos);
+  auto stats = boost::json::parse(jobrt_cli({"stats", queue, "--redis", url, "--json"}).output).as_object();
+  CHECK(stats.at("enqueued").as_int64() == 4);
 }
 
 TEST_CASE("jobrt cancel: pending kept jobs never start, a running one's handler is cancelled, its group goes on") {

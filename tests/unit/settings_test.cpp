@@ -39,11 +39,11 @@ TEST_CASE("settings - a full config file") {
     "queues": [
       {"name": "imports", "concurrency": 20, "lease_ttl_ms": 6000, "watchdog_ms": 1000, "burst": 2, "shards": 16,
        "max_result_bytes": 1000, "max_group_size": 500, "group_rate": {"max": 7, "window_ms": 2000},
-       "group_concurrency": 4,
+       "group_concurrency": 4, "group_weight": 3,
        "follow": "pipelined", "claim_wait_ms": 2000, "on_failure": "halt", "retry": {"initial_ms": 100},
        "grouping": {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "skip",
                                "max_group_size": 20, "rate": {"max": 3, "window_ms": 100},
-                               "concurrency": 2}]},
+                               "concurrency": 2, "weight": 5}]},
        "dead_letters": {"max_count": 50, "max_age_ms": 60000}, "schedules": false},
       {"name": "mail", "rate_limit": {"max": 50, "window_ms": 1000}}
     ]})"));
@@ -78,6 +78,8 @@ TEST_CASE("settings - a full config file") {
   CHECK(choice->concurrency == std::size_t{2});
   CHECK(q.group_concurrency == 4);
   CHECK(s.queues[1].group_concurrency == 1);
+  CHECK(q.group_weight == 3);
+  CHECK(s.queues[1].group_weight == 1);
   CHECK(q.max_group_size == 500);
   CHECK(q.group_rate == rate_limit{7, std::chrono::milliseconds(2000)});
   CHECK_FALSE(s.queues[1].group_rate);
@@ -109,6 +111,10 @@ TEST_CASE("settings - a bad file is refused naming the field") {
         "config.queues[0].grouping: grouping rules[0].max_group_size is -2; it must be from 1 to 1000000000");
   CHECK(refusal(R"({"queues": [{"name": "a", "group_concurrency": 0}]})") ==
         "config.queues[0].group_concurrency: is not an integer from 1 to 10000");
+  CHECK(refusal(R"({"queues": [{"name": "a", "group_weight": 101}]})") ==
+        "config.queues[0].group_weight: is not an integer from 1 to 100");
+  CHECK(refusal(R"({"queues": [{"name": "a", "grouping": {"rules": [{"key": "{t}", "weight": 0}]}}]})") ==
+        "config.queues[0].grouping: grouping rules[0].weight is 0; it must be a whole number from 1 to 100");
   CHECK(refusal(R"({"queues": [{"name": "a", "grouping": {"rules": [{"key": "{t}", "concurrency": 0}]}}]})") ==
         "config.queues[0].grouping: grouping rules[0].concurrency is 0; it must be a whole number from 1 to 10000");
   CHECK(refusal(R"({"queues": [{"name": "a", "max_result_bytes": -1}]})") ==
@@ -133,7 +139,7 @@ TEST_CASE("settings - a bad file is refused naming the field") {
         "config.queues[0].grouping: grouping: unknown field \"rule\" (known: rules)");
   CHECK(refusal(R"({"queues": [{"name": "a", "grouping": {"rules": [{"key": "{t}", "on_faliure": "halt"}]}}]})") ==
         "config.queues[0].grouping: grouping rules[0]: unknown field \"on_faliure\" (known: match, key, on_failure, "
-        "max_group_size, rate, concurrency)");
+        "max_group_size, rate, concurrency, weight)");
   CHECK(refusal(R"({"queues": [{"name": "a", "group_rate": {"max": 0, "window_ms": 1000}}]})") ==
         "config.queues[0].group_rate.max is 0; it must be from 1 to 10000");
   CHECK(refusal(R"({"queues": [{"name": "a", "group_rate": {"max": 5}}]})") ==

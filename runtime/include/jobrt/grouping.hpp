@@ -4,7 +4,7 @@
 // JSON form:
 //   {"rules": [{"match": {"app": "crm"}, "key": "{entity}:{tenant}", "on_failure": "hold",
 //               "max_group_size": 10000, "rate": {"max": 10, "window_ms": 1000},
-//               "concurrency": 2}]}
+//               "concurrency": 2, "weight": 4}]}
 // A rule matches a job when every "match" entry equals the job's field ("type" is the job's
 // type; other names are top-level payload fields; "*" means the field is present) and every
 // field the key names is present. The first matching rule gives the group; none: ungrouped.
@@ -34,6 +34,8 @@ struct grouping_rule {
   /// For the jobs this rule groups: how many of a group's jobs may run at once
   /// (job_spec::group_concurrency).
   std::optional<std::size_t> concurrency;
+  /// For the jobs this rule groups: each of its groups' weight (job_spec::group_weight).
+  std::optional<std::size_t> weight;
 };
 
 /// What the rules decide for a job.
@@ -43,6 +45,7 @@ struct group_choice {
   std::optional<std::size_t> max_group_size;
   std::optional<rate_limit> rate;
   std::optional<std::size_t> concurrency;
+  std::optional<std::size_t> weight;
 };
 
 /// A rate limit in JSON, {"max": 10, "window_ms": 1000}; throws std::invalid_argument naming

@@ -64,6 +64,11 @@ inline constexpr std::size_t max_group_concurrency = 10'000;
 /// Throws std::invalid_argument, naming `what` and the value, unless n is from 1 to
 /// max_group_concurrency.
 void check_group_concurrency(std::size_t n, std::string_view what);
+/// The largest job_spec::group_weight.
+inline constexpr std::size_t max_group_weight = 100;
+/// Throws std::invalid_argument, naming `what` and the value, unless w is from 1 to
+/// max_group_weight.
+void check_group_weight(std::size_t w, std::string_view what);
 
 /// What a producer enqueues.
 struct job_spec {
@@ -111,6 +116,12 @@ struct job_spec {
   /// From 1 to max_group_concurrency. When absent, the grouping rule's, else
   /// producer_options::group_concurrency. Ignored for an ungrouped job.
   std::optional<std::size_t> group_concurrency;
+  /// For a grouped job: while it is its group's next job, the group's share of the workers when
+  /// more groups are ready than slots are free: each turn the group gets, it runs up to this
+  /// many times as many of its jobs as an unweighted group (1, the default), so over time its
+  /// starts are in proportion to its weight. From 1 to max_group_weight. When absent, the
+  /// grouping rule's, else producer_options::group_weight. Ignored for an ungrouped job.
+  std::optional<std::size_t> group_weight;
 };
 
 /// A claimed job, as its handler sees it.
@@ -132,6 +143,8 @@ struct job {
   std::optional<rate_limit> group_rate;
   /// How many of its group's jobs may run at once (job_spec::group_concurrency); 1: one at a time.
   std::size_t group_concurrency = 1;
+  /// Its group's weight (job_spec::group_weight); 1: unweighted.
+  std::size_t group_weight = 1;
 };
 
 /// Decodes a job as it is stored, "<attempts before>|<id>|<body>" (dead_letter::record), in the

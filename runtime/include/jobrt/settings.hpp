@@ -36,6 +36,9 @@ struct queue_settings {
   /// "group_concurrency": producer_options::group_concurrency for `jobrt enqueue --config`,
   /// `jobrt bridge` and `jobrt schedule add`.
   std::size_t group_concurrency = 1;
+  /// "group_weight": producer_options::group_weight for `jobrt enqueue --config`, `jobrt bridge`
+  /// and `jobrt schedule add`.
+  std::size_t group_weight = 1;
   /// "bridge": how `jobrt bridge --config` turns messages into this queue's jobs.
   bridge_mapping bridge;
 };

@@ -57,6 +57,11 @@ void check_group_concurrency(std::size_t n, std::string_view what) {
     throw std::invalid_argument(fmt::format("{} is {}; it must be from 1 to {}", what, n, max_group_concurrency));
 }
 
+void check_group_weight(std::size_t w, std::string_view what) {
+  if (w < 1 || w > max_group_weight)
+    throw std::invalid_argument(fmt::format("{} is {}; it must be from 1 to {}", what, w, max_group_weight));
+}
+
 job decode_job(std::string_view record, std::string_view group) {
   return detail::decode(detail::split_record(record), group);
 }
@@ -67,12 +72,14 @@ namespace jobrt::detail {
 
 // Written field by field: an object built first would copy the payload, however big.
 std::string encode_body(const job_spec& spec, std::int64_t now_ms, std::optional<failure_policy> policy,
-                        std::chrono::milliseconds keep, std::optional<rate_limit> rate, std::size_t concurrency) {
-  // A keep goes first, then a rate limit, then a concurrency above 1: the scripts find them
-  // there without decoding the body (enqueue.lua, claim.lua).
+                        std::chrono::milliseconds keep, std::optional<rate_limit> rate, std::size_t concurrency,
+                        std::size_t weight) {
+  // A keep goes first, then a rate limit, then a concurrency and a weight above 1: the scripts
+  // find them there without decoding the body (enqueue.lua, claim.lua).
   std::string body = keep.count() > 0 ? fmt::format(R"({{"keep":{},)", keep.count()) : std::string("{");
   if (rate) fmt::format_to(std::back_inserter(body), R"("rate":[{},{}],)", rate->max, rate->window.count());
   if (concurrency > 1) fmt::format_to(std::back_inserter(body), R"("conc":{},)", concurrency);
+  if (weight > 1) fmt::format_to(std::back_inserter(body), R"("weight":{},)", weight);
   body += R"("type":)";
   body += boost::json::serialize(boost::json::string_view(spec.type));
   body += R"(,"payload":)";
@@ -225,6 +232,7 @@ job decode(const job_record& r, std::string_view group) {
   if (auto keep = keep_in_body(r.body)) j.keep = std::chrono::milliseconds(*keep);  // (as the scripts see it)
   j.group_rate = rate_in_body(r.body);
   j.group_concurrency = conc_in_body(r.body);
+  j.group_weight = weight_in_body(r.body);
   const auto* u = obj.if_contains("u");  // as the scripts read it: anything but false (and 0)
   bool flagged = u && !(u->is_bool() && !u->as_bool()) && !(u->is_int64() && u->as_int64() == 0);
   j.unique_id = flagged || (!j.id.empty() && !assigned_id(j.id));

@@ -1,6 +1,6 @@
 // How a job is stored, known to the backends only: the record '<attempts before>|<id>|<body>',
 // split into a job_record when a backend hands a job out. The body is a JSON object: first
-// "keep" (ms), "rate" ([max, window ms]) and "conc" (above 1) when set, then "type", "payload", and when not
+// "keep" (ms), "rate" ([max, window ms]), "conc" and "weight" (above 1) when set, then "type", "payload", and when not
 // default "max" (3), "timeout", "u" (the producer gave the id), "backoff" ([initial ms, factor,
 // max ms, jitter]), "policy" ("hold", "skip", "halt"); last "at" (enqueue time, ms since the
 // epoch). docs/PROTOCOL.md describes it for other languages.
@@ -25,10 +25,11 @@ class bad_record : public std::runtime_error {
 /// The body of a job (without the record's header); `policy` is the failure policy it carries,
 /// `keep` how long its status is kept after it completes (0: not kept, no "keep" field), `rate`
 /// its group's rate limit (a "rate" field, after the keep), `concurrency` how many of its
-/// group's jobs may run at once (a "conc" field after those, only when above 1).
+/// group's jobs may run at once (a "conc" field after those, only when above 1), `weight` its
+/// group's weight (a "weight" field after the concurrency, only when above 1).
 std::string encode_body(const job_spec& spec, std::int64_t now_ms, std::optional<failure_policy> policy,
                         std::chrono::milliseconds keep = {}, std::optional<rate_limit> rate = {},
-                        std::size_t concurrency = 1);
+                        std::size_t concurrency = 1, std::size_t weight = 1);
 
 /// A record split into its parts; a record without a readable header says why in `malformed`.
 job_record split_record(std::string_view record);

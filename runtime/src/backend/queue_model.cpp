@@ -144,6 +144,8 @@ struct queue_model::queue_state {
   // of it leased now (lanes 'c:...'); full, groups whose lane waits for one of them to end.
   std::unordered_map<std::string, std::int64_t> running;
   std::unordered_set<std::string> full;
+  // Weighted groups of those: the starts of the turn going on (claim.lua's turns).
+  std::unordered_map<std::string, std::int64_t> turns;
   std::int64_t seq = 0;
   std::int64_t recovered = 0;
   std::int64_t fence = 0;
@@ -458,7 +460,14 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
   std::size_t again = 0;              // lanes this round put back in ready with room for more: read on
   std::vector<std::pair<std::int64_t, std::string>> later;  // lanes that may not start yet
   for (;;) {
-    for (auto& lane : batch) {
+    for (std::size_t at = 0; at < batch.size(); ++at) {
+      if (taken.size() >= max) {  // (a weighted group's turn took the room: the rest, it first, wait at the head)
+        effects_.made_ready += batch.size() - at;
+        q.ready.insert(q.ready.begin(), std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(at)),
+                       std::make_move_iterator(batch.end()));
+        break;
+      }
+      auto& lane = batch[at];
       if (!is_group_lane(lane)) {
         if (q.cancel_waits(std::string_view(lane).substr(2))) {  // dropped (claim.lua's drop)
           q.drop_cancelled(std::string_view(lane).substr(2), now);
@@ -487,7 +496,8 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
         q.ready.push_front(std::move(lane));  // the next claim goes on
         continue;
       }
-      if (group == q.groups.end()) {  // a stale lane of an emptied group is dropped
+      if (group == q.groups.end()) {  // a stale lane of an emptied group is dropped, with its turn
+        q.turns.erase(lane.substr(2));
         ++passed;
         continue;
       }
@@ -522,8 +532,15 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
         list.pop_front();
         std::string name = group->first;
         ++q.running[name];
+        // A weighted group's turn goes on until its weight of heads started: its lane is met
+        // next in this call, or first in the next when this one has no room left.
+        auto weight = static_cast<std::int64_t>(weight_in(record));
+        bool turn_on = weight > 1 && !list.empty() && runs + 1 < conc && ++q.turns[name] < weight;
+        if (weight > 1 && !turn_on) q.turns.erase(name);
         if (list.empty()) {
           q.groups.erase(group);
+        } else if (turn_on) {
+          // (met again below)
         } else if (runs + 1 < conc) {
           q.ready.push_back(lane);
           ++effects_.made_ready;
@@ -533,10 +550,15 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
         }
         taken.emplace_back(conc_lane(name, record), nullptr, 0);
         ++fences;
+        if (turn_on) batch.insert(batch.begin() + static_cast<std::ptrdiff_t>(at) + 1, std::string(lane));
         continue;
       }
+      // A weighted head takes its weight times the followers (claim.lua's weight_of), at most
+      // 1,000 jobs a lease; not under the queue's rate limit (no followers there).
+      auto reach = ahead;
+      if (!opts.rate) reach = std::min(weight_in(list.front()) * (ahead + 1), max_ahead + 1) - 1;
       std::size_t followers = 0;
-      while (!head_rate && followers < std::min(list.size() - 1, ahead) && !q.cancel_waits(list[followers + 1]) &&
+      while (!head_rate && followers < std::min(list.size() - 1, reach) && !q.cancel_waits(list[followers + 1]) &&
              !rate_in(list[followers + 1]) && conc_in(list[followers + 1]) == 1)
         ++followers;
       fences += static_cast<std::int64_t>(followers + 1);

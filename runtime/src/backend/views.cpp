@@ -283,38 +283,65 @@ std::optional<rate_limit> rate_in_body(std::string_view body) noexcept {
   return rate_limit{static_cast<std::size_t>(*max), std::chrono::milliseconds(*window)};
 }
 
-std::size_t conc_in_body(std::string_view body) noexcept {
-  constexpr std::string_view keep = "{\"keep\":", rate = "\"rate\":[", conc = "\"conc\":";
-  if (body.find(conc) == std::string_view::npos) return 1;  // (a plain find first, as claim.lua)
+namespace {
+// `body` past its '{' and, each optional, '"keep":<digits>,' and '"rate":[<digits>,<digits>],'
+// (then, with `conc`, '"conc":<digits>,'); false when what is there is none of those.
+bool skip_header(std::string_view& body, bool conc) noexcept {
+  constexpr std::string_view keep = "\"keep\":", rate = "\"rate\":[", conc_field = "\"conc\":";
+  if (!body.starts_with('{')) return false;
+  body.remove_prefix(1);
   if (body.starts_with(keep)) {
     body.remove_prefix(keep.size());
-    if (!take_number(body) || !body.starts_with(',')) return 1;
+    if (!take_number(body) || !body.starts_with(',')) return false;
     body.remove_prefix(1);
-  } else if (body.starts_with('{')) {
-    body.remove_prefix(1);
-  } else {
-    return 1;
   }
   if (body.starts_with(rate)) {  // '[%d+,%d+],'
     body.remove_prefix(rate.size());
-    if (!take_number(body) || !body.starts_with(',')) return 1;
+    if (!take_number(body) || !body.starts_with(',')) return false;
     body.remove_prefix(1);
-    if (!take_number(body) || !body.starts_with("],")) return 1;
+    if (!take_number(body) || !body.starts_with("],")) return false;
     body.remove_prefix(2);
   }
-  if (!body.starts_with(conc)) return 1;
-  body.remove_prefix(conc.size());
-  if (body.starts_with('0')) return 1;  // '[1-9]%d*,'
+  if (conc && body.starts_with(conc_field)) {
+    body.remove_prefix(conc_field.size());
+    if (!take_number(body) || !body.starts_with(',')) return false;
+    body.remove_prefix(1);
+  }
+  return true;
+}
+
+// The number N of '"<field>":N,' at the start of `body`, N at least 1 ('[1-9]%d*,'); else 1.
+std::size_t count_field(std::string_view body, std::string_view field) noexcept {
+  if (!body.starts_with(field)) return 1;
+  body.remove_prefix(field.size());
+  if (body.starts_with('0')) return 1;
   auto n = take_number(body);
   if (!n || *n < 1 || !body.starts_with(',')) return 1;
   return static_cast<std::size_t>(*n);
 }
 
-std::size_t conc_in(std::string_view record) noexcept {
+std::string_view body_of(std::string_view record) noexcept {
   auto id = script_id(record);
-  if (id.data() == nullptr) return 1;
-  return conc_in_body(record.substr(static_cast<std::size_t>(id.data() + id.size() - record.data()) + 1));
+  if (id.data() == nullptr) return {};
+  return record.substr(static_cast<std::size_t>(id.data() + id.size() - record.data()) + 1);
 }
+}  // namespace
+
+std::size_t conc_in_body(std::string_view body) noexcept {
+  constexpr std::string_view conc = "\"conc\":";
+  if (body.find(conc) == std::string_view::npos) return 1;  // (a plain find first, as claim.lua)
+  return skip_header(body, false) ? count_field(body, conc) : 1;
+}
+
+std::size_t conc_in(std::string_view record) noexcept { return conc_in_body(body_of(record)); }
+
+std::size_t weight_in_body(std::string_view body) noexcept {
+  constexpr std::string_view weight = "\"weight\":";
+  if (body.find(weight) == std::string_view::npos) return 1;  // (a plain find first, as claim.lua)
+  return skip_header(body, true) ? count_field(body, weight) : 1;
+}
+
+std::size_t weight_in(std::string_view record) noexcept { return weight_in_body(body_of(record)); }
 
 std::pair<std::string_view, std::string_view> conc_parts(std::string_view lane) noexcept {
   auto colon = lane.find(':', 2);

@@ -76,6 +76,12 @@ std::optional<rate_limit> rate_in(std::string_view record) noexcept;
 std::size_t conc_in_body(std::string_view body) noexcept;
 /// As conc_in_body, for a record ('<attempts>|<id>|<body>').
 std::size_t conc_in(std::string_view record) noexcept;
+/// The group weight of a job's body: W when, after what conc_in_body reads there and, when
+/// present, '"conc":<digits>,', the body goes on '"weight":W,' with W at least 1 (claim.lua's
+/// weight_of); else 1.
+std::size_t weight_in_body(std::string_view body) noexcept;
+/// As weight_in_body, for a record ('<attempts>|<id>|<body>').
+std::size_t weight_in(std::string_view record) noexcept;
 /// The group and the record in the lease lane of a job whose group runs several at once,
 /// 'c:<length of group>:<group><record>' (claim.lua's conc_lane); both empty when malformed.
 std::pair<std::string_view, std::string_view> conc_parts(std::string_view lane) noexcept;

@@ -169,11 +169,16 @@ boost::asio::awaitable<schedule_info> schedule_book::add(schedule_spec s) {
       if (!job.on_failure) job.on_failure = choice->on_failure;
       if (!job.max_group_size) job.max_group_size = choice->max_group_size;
       if (!job.group_rate) job.group_rate = choice->rate;
+      if (!job.group_concurrency) job.group_concurrency = choice->concurrency;
+      if (!job.group_weight) job.group_weight = choice->weight;
     }
   }
   if (!job.keep && opts_.keep.count() > 0) job.keep = opts_.keep;
   if (job.group && !job.max_group_size && opts_.max_group_size > 0) job.max_group_size = opts_.max_group_size;
   if (job.group && !job.group_rate && opts_.group_rate) job.group_rate = opts_.group_rate;
+  if (job.group && !job.group_concurrency && opts_.group_concurrency > 1)
+    job.group_concurrency = opts_.group_concurrency;
+  if (job.group && !job.group_weight && opts_.group_weight > 1) job.group_weight = opts_.group_weight;
   auto now = detail::unix_ms();
   auto encoded = producer::encode(firing_job(job), now, opts_);  // (throws what is wrong with the job)
   auto next = s.timing.next_after(sys_ms(milliseconds(now)));
