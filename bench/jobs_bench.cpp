@@ -25,6 +25,13 @@
 //     Prints the quiet jobs' waits (enqueue to handler start), p50/p99 of each phase, the p99s'
 //     ratio (every quiet job measured: their counts, alone + beside), and the noisy jobs started
 //     and left (some are left when the backlog lasted).
+//   jobrt_bench_jobs URL weights SECONDS GROUPS [GROUP_CONC=1]
+//     one worker of concurrency 16 (burst 4), handlers that take 1 ms (a timer). GROUPS groups of
+//     each weight 1, 2 and 4 (job_spec::group_weight; up to GROUP_CONC of a group's jobs at once),
+//     each with a backlog more than its share of 16 slots can run in SECONDS. Counts each
+//     group's starts over SECONDS; prints, per weight, the mean starts of its groups divided by
+//     the weight, over the same of weight 1 (1.00: starts exactly in proportion), and the least
+//     and most of a group of weight 1, 2 and 4 over their class's mean.
 //   jobrt_bench_jobs URL fill N GROUPS
 //     flushes the server and enqueues N no-op jobs in batches of 1000 on queue "bench"; prints
 //     enqueue jobs/s and Redis memory per queued job. For runs with several worker processes.
@@ -73,6 +80,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -448,6 +456,71 @@ awaitable<void> fairness(asio::io_context& ctx, redis::config cfg, long seconds,
       noisy_backlog - noisy_left, noisy_left);
 }
 
+awaitable<void> weights(asio::io_context& ctx, redis::config cfg, long seconds, long groups,
+                        std::size_t group_concurrency) {
+  redis_backend store(ctx.get_executor(), cfg);
+  co_await redis::exec(store.connection(), redis::request("FLUSHALL"));
+  constexpr std::array<std::size_t, 3> classes{1, 2, 4};
+  constexpr long slots = 16, per_second = slots * 1000;  // (1 ms handlers)
+  // Each group's backlog: half again its share of the slots for the whole run, so that every
+  // group stays backlogged (the share of weight w: w / 7 of them, over `groups` groups).
+  auto backlog = [&](std::size_t w) {
+    return per_second * seconds * static_cast<long>(w) * 3 / (2 * 7 * groups) + 100;
+  };
+  {
+    producer filler(store, "weights", bulk);
+    std::vector<job_spec> specs;
+    for (long i = 0; i < groups; ++i)  // interleaved, so that no weight's lanes come first
+      for (auto w : classes)
+        for (long k = 0; k < backlog(w); ++k) {
+          job_spec s;
+          s.type = "t";
+          s.group = fmt::format("w{}-{}", w, i);
+          s.group_weight = w;
+          s.group_concurrency = group_concurrency;
+          specs.push_back(std::move(s));
+          if (specs.size() < 100'000) continue;
+          std::vector<job_spec> batch;
+          batch.swap(specs);
+          co_await filler.enqueue_bulk(std::move(batch));
+        }
+    co_await filler.enqueue_bulk(std::move(specs));
+  }
+  std::map<std::string, long> starts;
+  bool counting = true;
+  worker_options o;
+  o.queue = "weights";
+  o.concurrency = static_cast<std::size_t>(slots);
+  worker w(ctx.get_executor(), store, o);
+  w.add_handler("t", [&](job_context& c) -> awaitable<void> {
+    if (counting) ++starts[c.group()];
+    co_await sleep_for(std::chrono::milliseconds(1));
+  });
+  w.start();
+  co_await sleep_for(std::chrono::seconds(seconds));
+  counting = false;
+  auto counted = starts;
+  co_await w.stop(std::chrono::seconds(5));
+  // Per weight: the mean of its groups' starts, and the least and most of a group over it.
+  std::array<double, 3> mean{}, least{}, most{};
+  for (std::size_t c = 0; c < classes.size(); ++c) {
+    std::vector<double> of;
+    for (long i = 0; i < groups; ++i) of.push_back(static_cast<double>(counted[fmt::format("w{}-{}", classes[c], i)]));
+    for (auto n : of) mean[c] += n / static_cast<double>(of.size());
+    least[c] = *std::min_element(of.begin(), of.end()) / mean[c];
+    most[c] = *std::max_element(of.begin(), of.end()) / mean[c];
+    if (counted[fmt::format("w{}-0", classes[c])] >= backlog(classes[c]))
+      throw std::runtime_error(fmt::format("weights: a group of weight {} ran out of jobs", classes[c]));
+  }
+  long total = 0;
+  for (auto& [group, n] : counted) total += n;
+  fmt::print(
+      "weights seconds={} groups={}x3 group_concurrency={} jobs_per_sec={:.0f} per_weight_over_w1_w2={:.3f} "
+      "per_weight_over_w1_w4={:.3f} spread_w1={:.2f}-{:.2f} spread_w2={:.2f}-{:.2f} spread_w4={:.2f}-{:.2f}\n",
+      seconds, groups, group_concurrency, static_cast<double>(total) / static_cast<double>(seconds),
+      mean[1] / 2 / mean[0], mean[2] / 4 / mean[0], least[0], most[0], least[1], most[1], least[2], most[2]);
+}
+
 awaitable<void> depth(asio::io_context& ctx, redis::config cfg, long queued) {
   redis_backend store(ctx.get_executor(), cfg);
   auto& conn = store.connection();
@@ -568,13 +641,14 @@ awaitable<void> queue_rate(asio::io_context& ctx, redis::config cfg, long worker
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fmt::print(stderr,
-               "usage: {} URL throughput N C GROUPS [BURST] [FOLLOW] [GROUP_CONC] | fill N GROUPS | work N C [BURST] | "
-               "pickup N "
-               "GROUPED [GAP_US] [SHARDS] | wait N GROUPED [GAP_US] [SHARDS] | "
-               "scale N C GROUPS SHARDS NODE_URL... | rate GROUPS MAX WINDOW_MS SECONDS | queue-rate WORKERS MAX "
-               "WINDOW_MS SECONDS | depth DEPTH | fairness SECONDS [NOISY_CONC]\n",
-               argv[0]);
+    fmt::print(
+        stderr,
+        "usage: {} URL throughput N C GROUPS [BURST] [FOLLOW] [GROUP_CONC] | fill N GROUPS | work N C [BURST] | "
+        "pickup N "
+        "GROUPED [GAP_US] [SHARDS] | wait N GROUPED [GAP_US] [SHARDS] | "
+        "scale N C GROUPS SHARDS NODE_URL... | rate GROUPS MAX WINDOW_MS SECONDS | queue-rate WORKERS MAX "
+        "WINDOW_MS SECONDS | depth DEPTH | fairness SECONDS [NOISY_CONC] | weights SECONDS GROUPS [GROUP_CONC]\n",
+        argv[0]);
     return 2;
   }
   auto cfg = redis::config::from_url(argv[1]);
@@ -624,6 +698,9 @@ int main(int argc, char** argv) {
     asio::co_spawn(ctx, queue_rate(ctx, cfg, arg(3, 0), arg(4, 0), arg(5, 0), arg(6, 0)), done);
   else if (mode == "fairness" && arg(3, 0) > 0)
     asio::co_spawn(ctx, fairness(ctx, cfg, arg(3, 0), static_cast<std::size_t>(std::max(1L, arg(4, 1)))), done);
+  else if (mode == "weights" && arg(3, 0) > 0 && arg(4, 0) > 0)
+    asio::co_spawn(ctx, weights(ctx, cfg, arg(3, 0), arg(4, 0), static_cast<std::size_t>(std::max(1L, arg(5, 1)))),
+                   done);
   else if (mode == "depth")
     asio::co_spawn(ctx, depth(ctx, cfg, arg(3, 1000)), done);
   else {
