@@ -142,10 +142,12 @@ end
 -- followers of an unweighted one each time its lane is claimed: W × (ahead + 1) jobs a lease,
 -- at most 1,000. Its lane goes back to the tail of ready after them, as any lane, so when more
 -- lanes are ready than slots are free, its starts over a cycle of ready are W times as many. A
--- group that runs several at once starts W heads a turn: the hash <prefix>turns counts the
--- starts of its turn, and until W have started its lane is met again: next in this call, or,
--- when the call has no room left, first in the next (at the head of ready, before the lanes
--- this call read after it); then it goes to the tail.
+-- group that runs several at once starts up to W heads a turn (fewer when N would be passed):
+-- <prefix>turn, '<starts>:<group>', counts the starts of the turn going on, and until W have
+-- started its lane is met again: next in this call, or, when the call has no room left, first
+-- in the next (at the head of ready, before the lanes this call read after it); then it goes
+-- to the tail. One key for the queue, so nothing is left behind: a turn that another weighted
+-- group's start interrupts (rare: its lane waits at the head) starts again.
 local weight_mark = '"weight":'
 local function weight_of(record)
   if not find(record, weight_mark, 1, true) then return 1 end
@@ -156,7 +158,19 @@ local function weight_of(record)
     local _, e = find(record, field, at)
     if e then at = e + 1 end
   end
-  return tonumber(string.match(record, '^"weight":([1-9]%d*),', at)) or 1
+  return math.min(tonumber(string.match(record, '^"weight":([1-9]%d?%d?),', at)) or 1, 100)
+end
+-- Cuts a lease's followers, from records[from] on, at the first cancelled one (it is dropped as
+-- a head), the first limited one or the first of a group that runs several at once (each
+-- starts as a head).
+local function cut_followers(records, from)
+  for j = from, #records do
+    if (find(records[j], keep_mark, 1, true) and cancelled(records[j])) or limited(records[j]) or
+        conc_of(records[j]) > 1 then
+      for k = #records, j, -1 do records[k] = nil end
+      return
+    end
+  end
 end
 local function throttled_until(group) -- when its throttle ends, if later than now
   local till = redis.call('ZSCORE', prefix .. 'throttled', group)
@@ -177,7 +191,9 @@ end
 while true do
   for i, lane in ipairs(lanes) do
     if #taken >= max then -- (a weighted group's turn took the room: the rest, it first, wait at the head)
-      for k = #lanes, i, -1 do redis.call('LPUSH', ready, lanes[k]) end
+      local back = {}
+      for k = #lanes, i, -1 do back[#back + 1] = lanes[k] end
+      redis.call('LPUSH', ready, unpack(back))
       break
     end
     if string.sub(lane, 1, 2) == 'g:' then
@@ -190,30 +206,15 @@ while true do
         entry = records[1] and cancelled(records[1])
         if #records == 0 then redis.call('HINCRBY', stats, 'groups', '-1') end
       end
-      if not entry and records[1] and not queue_rate and find(records[1], weight_mark, 1, true) and
-          conc_of(records[1]) == 1 and not limited(records[1]) then
-        local want = math.min(weight_of(records[1]) * (tonumber(ahead) + 1), 1000) - 1
-        if #records == tonumber(ahead) + 1 and want > #records - 1 then -- (the list may hold more)
-          local more = redis.call('LRANGE', key, string.format('%d', #records), string.format('%d', want))
-          for _, record in ipairs(more) do records[#records + 1] = record end
-        end
-      end
       -- Followers go with the lease up to the first cancelled one (it is dropped as a head), the
       -- first limited one or the first of a group that runs several at once (each starts as a
       -- head, see conc_of).
       local listed = #records -- (before the followers are cut)
-      for j = 2, #records do
-        if (find(records[j], keep_mark, 1, true) and cancelled(records[j])) or limited(records[j]) or
-            conc_of(records[j]) > 1 then
-          for k = #records, j, -1 do records[k] = nil end
-          break
-        end
-      end
+      cut_followers(records, 2)
       if entry then
         redis.call('LPUSH', ready, lane) -- more to drop than this call may: the next one goes on
       elseif #records == 0 then
-        passed = passed + 1 -- a stale lane of an emptied group is dropped (with its turn: weight_of)
-        redis.call('HDEL', prefix .. 'turns', string.sub(lane, 3))
+        passed = passed + 1 -- a stale lane of an emptied group is dropped
       else
         if any_paused == nil then ask_flags() end
         local group, wait = string.sub(lane, 3), nil
@@ -257,9 +258,18 @@ while true do
             local last = listed == 1
             if listed == 1 and tonumber(ahead) < 1 then last = redis.call('EXISTS', key) == 0 end
             local weight = find(record, weight_mark, 1, true) and weight_of(record) or 1
-            local turn_on = weight > 1 and not last and runs + 1 < conc and
-              redis.call('HINCRBY', prefix .. 'turns', group, '1') < weight
-            if weight > 1 and not turn_on then redis.call('HDEL', prefix .. 'turns', group) end
+            local turn_on = false
+            if weight > 1 then
+              local turn = prefix .. 'turn'
+              local starts, of = string.match(redis.call('GET', turn) or '', '^(%d+):(.*)$')
+              starts = of == group and tonumber(starts) + 1 or 1
+              turn_on = not last and runs + 1 < conc and starts < weight
+              if turn_on then
+                redis.call('SET', turn, string.format('%d:', starts) .. group)
+              elseif of then
+                redis.call('DEL', turn)
+              end
+            end
             if last then
               redis.call('HINCRBY', stats, 'groups', '-1')
             elseif turn_on then
@@ -273,6 +283,18 @@ while true do
             taken[#taken + 1] = 'c:' .. string.format('%d:', #group) .. group .. record
             fences = fences + 1
           else
+            -- A weighted head takes W times the followers (read now that it starts, past those
+            -- read already when the list may hold more), up to where they are cut.
+            if #records == tonumber(ahead) + 1 and not queue_rate and find(records[1], weight_mark, 1, true) and
+                not limited(records[1]) then
+              local want = math.min(weight_of(records[1]) * (tonumber(ahead) + 1), 1000) - 1
+              if want > #records - 1 then
+                local from = #records + 1
+                local more = redis.call('LRANGE', key, string.format('%d', #records), string.format('%d', want))
+                for _, record in ipairs(more) do records[#records + 1] = record end
+                cut_followers(records, from)
+              end
+            end
             taken[#taken + 1] = lane
             records_of[#taken] = records
             fences = fences + #records

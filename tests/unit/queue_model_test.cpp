@@ -1,6 +1,7 @@
 // The queue model without I/O: time is a variable the test moves, so leases expire and delayed
 // jobs come due exactly when the test says.
 #include "backend/queue_model.hpp"
+#include "backend/views.hpp"
 
 #include <jobrt/error.hpp>
 
@@ -71,4 +72,18 @@ TEST_CASE("queue model: a refusal changes nothing and names its errc") {
   CHECK(m.counts().enqueued == 0);
   CHECK_FALSE(m.has_ready());
   CHECK(m.take_effects().made_ready == 0);
+}
+
+TEST_CASE("a body's group weight is read where claim.lua reads it: after the header's fields, at most 100") {
+  using jobrt::detail::weight_in_body;
+  CHECK(weight_in_body(R"({"type":"t","payload":{}})") == 1);
+  CHECK(weight_in_body(R"({"weight":4,"type":"t"})") == 4);
+  CHECK(weight_in_body(R"({"keep":60000,"rate":[3,1000],"conc":2,"weight":7,"type":"t"})") == 7);
+  CHECK(weight_in_body(R"({"keep":123456789012345678901234,"weight":3,"type":"t"})") == 3);  // (any digits, as '%d+')
+  CHECK(weight_in_body(R"({"weight":250,"type":"t"})") == 100);                              // at most 100
+  CHECK(weight_in_body(R"({"weight":1000,"type":"t"})") == 1);  // more than 3 digits: not seen
+  CHECK(weight_in_body(R"({"weight":04,"type":"t"})") == 1);    // '[1-9]'
+  CHECK(weight_in_body(R"({"type":"t","weight":4})") == 1);     // not in the header
+  CHECK(weight_in_body(R"({"type":"t","payload":{"weight":4,"x":1}})") == 1);
+  CHECK(weight_in_body(R"({"conc":2,"keep":5,"weight":4,"type":"t"})") == 1);  // fields out of order
 }

@@ -144,8 +144,9 @@ struct queue_model::queue_state {
   // of it leased now (lanes 'c:...'); full, groups whose lane waits for one of them to end.
   std::unordered_map<std::string, std::int64_t> running;
   std::unordered_set<std::string> full;
-  // Weighted groups of those: the starts of the turn going on (claim.lua's turns).
-  std::unordered_map<std::string, std::int64_t> turns;
+  // A weighted one of those whose turn goes on: its starts in the turn, and its name (claim.lua's
+  // turn, '<starts>:<group>').
+  std::optional<std::pair<std::int64_t, std::string>> turn;
   std::int64_t seq = 0;
   std::int64_t recovered = 0;
   std::int64_t fence = 0;
@@ -496,8 +497,7 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
         q.ready.push_front(std::move(lane));  // the next claim goes on
         continue;
       }
-      if (group == q.groups.end()) {  // a stale lane of an emptied group is dropped, with its turn
-        q.turns.erase(lane.substr(2));
+      if (group == q.groups.end()) {  // a stale lane of an emptied group is dropped
         ++passed;
         continue;
       }
@@ -535,8 +535,15 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
         // A weighted group's turn goes on until its weight of heads started: its lane is met
         // next in this call, or first in the next when this one has no room left.
         auto weight = static_cast<std::int64_t>(weight_in(record));
-        bool turn_on = weight > 1 && !list.empty() && runs + 1 < conc && ++q.turns[name] < weight;
-        if (weight > 1 && !turn_on) q.turns.erase(name);
+        bool turn_on = false;
+        if (weight > 1) {
+          auto starts = q.turn && q.turn->second == name ? q.turn->first + 1 : 1;
+          turn_on = !list.empty() && runs + 1 < conc && starts < weight;
+          if (turn_on)
+            q.turn.emplace(starts, name);
+          else
+            q.turn.reset();
+        }
         if (list.empty()) {
           q.groups.erase(group);
         } else if (turn_on) {

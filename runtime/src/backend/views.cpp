@@ -284,6 +284,13 @@ std::optional<rate_limit> rate_in_body(std::string_view body) noexcept {
 }
 
 namespace {
+// `text` past the digits at its start (as many as there are, as '%d+'); false without any.
+bool skip_digits(std::string_view& text) noexcept {
+  auto n = std::min(text.find_first_not_of("0123456789"), text.size());
+  text.remove_prefix(n);
+  return n > 0;
+}
+
 // `body` past its '{' and, each optional, '"keep":<digits>,' and '"rate":[<digits>,<digits>],'
 // (then, with `conc`, '"conc":<digits>,'); false when what is there is none of those.
 bool skip_header(std::string_view& body, bool conc) noexcept {
@@ -292,19 +299,19 @@ bool skip_header(std::string_view& body, bool conc) noexcept {
   body.remove_prefix(1);
   if (body.starts_with(keep)) {
     body.remove_prefix(keep.size());
-    if (!take_number(body) || !body.starts_with(',')) return false;
+    if (!skip_digits(body) || !body.starts_with(',')) return false;
     body.remove_prefix(1);
   }
   if (body.starts_with(rate)) {  // '[%d+,%d+],'
     body.remove_prefix(rate.size());
-    if (!take_number(body) || !body.starts_with(',')) return false;
+    if (!skip_digits(body) || !body.starts_with(',')) return false;
     body.remove_prefix(1);
-    if (!take_number(body) || !body.starts_with("],")) return false;
+    if (!skip_digits(body) || !body.starts_with("],")) return false;
     body.remove_prefix(2);
   }
   if (conc && body.starts_with(conc_field)) {
     body.remove_prefix(conc_field.size());
-    if (!take_number(body) || !body.starts_with(',')) return false;
+    if (!skip_digits(body) || !body.starts_with(',')) return false;
     body.remove_prefix(1);
   }
   return true;
@@ -338,7 +345,12 @@ std::size_t conc_in(std::string_view record) noexcept { return conc_in_body(body
 std::size_t weight_in_body(std::string_view body) noexcept {
   constexpr std::string_view weight = "\"weight\":";
   if (body.find(weight) == std::string_view::npos) return 1;  // (a plain find first, as claim.lua)
-  return skip_header(body, true) ? count_field(body, weight) : 1;
+  if (!skip_header(body, true) || !body.starts_with(weight)) return 1;
+  // (as '[1-9]%d?%d?,', at most 100)
+  auto digits = body.substr(weight.size());
+  auto n = std::min(digits.find_first_not_of("0123456789"), digits.size());
+  if (n == 0 || n > 3 || digits.front() == '0' || !digits.substr(n).starts_with(',')) return 1;
+  return std::min<std::size_t>(count_field(body, weight), max_group_weight);
 }
 
 std::size_t weight_in(std::string_view record) noexcept { return weight_in_body(body_of(record)); }
