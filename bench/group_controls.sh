@@ -13,6 +13,9 @@
 # Then fairness (jobrt_bench_jobs ... fairness SECONDS NOISY_CONC): 100 quiet groups' waits alone
 # and beside a noisy group holding 90% of the backlog, the noisy group running up to 1, 4 or 16
 # jobs at once (the worker has 16 slots); prints the p99s' ratio.
+# Then weights (jobrt_bench_jobs ... weights SECONDS GROUPS N): 16 or 160 groups of each weight
+# 1, 2 and 4, all backlogged, N = 1 or 4 of a group's jobs at once; prints each weight's starts
+# per group over its weight, against weight 1's (1.00: in proportion; the goal is within ±10%).
 # Usage: bench/group_controls.sh [SECONDS=10] [RUNS=3]   (BUILD=0 to use build/release as is)
 # Server on core 0, client on core 1.
 set -euo pipefail
@@ -43,5 +46,10 @@ for run in $(seq "$runs"); do
   done
   for noisy in 1 4 16; do
     echo "run=$run $(taskset -c 1 "$bin" "$url" fairness "$seconds" "$noisy")"
+  done
+  for groups in 160 16; do
+    for n in 1 4; do
+      echo "run=$run $(taskset -c 1 "$bin" "$url" weights "$seconds" "$groups" "$n")"
+    done
   done
 done
