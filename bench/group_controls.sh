@@ -38,18 +38,22 @@ url=redis://127.0.0.1:$port
 for run in $(seq "$runs"); do
   for setting in "100 10 1000" "10 100 1000" "1 50 100"; do
     # shellcheck disable=SC2086 # (the setting is three words)
-    echo "run=$run $(taskset -c 1 "$bin" "$url" rate $setting "$seconds")"
+    line=$(taskset -c 1 "$bin" "$url" rate $setting "$seconds") # (a failure stops the script)
+    echo "run=$run $line"
   done
   for setting in "2 100 1000" "4 1000 1000" "2 50 100"; do
     # shellcheck disable=SC2086
-    echo "run=$run $(taskset -c 1 "$bin" "$url" queue-rate $setting "$seconds")"
+    line=$(taskset -c 1 "$bin" "$url" queue-rate $setting "$seconds")
+    echo "run=$run $line"
   done
   for noisy in 1 4 16; do
-    echo "run=$run $(taskset -c 1 "$bin" "$url" fairness "$seconds" "$noisy")"
+    line=$(taskset -c 1 "$bin" "$url" fairness "$seconds" "$noisy")
+    echo "run=$run $line"
   done
   for groups in 160 16; do
     for n in 1 4; do
-      echo "run=$run $(taskset -c 1 "$bin" "$url" weights "$seconds" "$groups" "$n")"
+      line=$(taskset -c 1 "$bin" "$url" weights "$seconds" "$groups" "$n")
+      echo "run=$run $line"
     done
   done
 done

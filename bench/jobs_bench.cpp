@@ -28,7 +28,7 @@
 //   jobrt_bench_jobs URL weights SECONDS GROUPS [GROUP_CONC=1]
 //     one worker of concurrency 16 (burst 4), handlers that take 1 ms (a timer). GROUPS groups of
 //     each weight 1, 2 and 4 (job_spec::group_weight; up to GROUP_CONC of a group's jobs at once),
-//     each with a backlog more than its share of 16 slots can run in SECONDS. Counts each
+//     each with a backlog of three times its share of 16 slots in SECONDS. Counts each
 //     group's starts over SECONDS; prints, per weight, the mean starts of its groups divided by
 //     the weight, over the same of weight 1 (1.00: starts exactly in proportion), and the least
 //     and most of a group of weight 1, 2 and 4 over their class's mean.
@@ -462,11 +462,10 @@ awaitable<void> weights(asio::io_context& ctx, redis::config cfg, long seconds, 
   co_await redis::exec(store.connection(), redis::request("FLUSHALL"));
   constexpr std::array<std::size_t, 3> classes{1, 2, 4};
   constexpr long slots = 16, per_second = slots * 1000;  // (1 ms handlers)
-  // Each group's backlog: half again its share of the slots for the whole run, so that every
-  // group stays backlogged (the share of weight w: w / 7 of them, over `groups` groups).
-  auto backlog = [&](std::size_t w) {
-    return per_second * seconds * static_cast<long>(w) * 3 / (2 * 7 * groups) + 100;
-  };
+  // Each group's backlog: three times its share of the slots for the whole run (the share of
+  // weight w: w / 7 of them, over `groups` groups), so that every group stays backlogged even
+  // when the weights are far from met (a group that ran out fails the run).
+  auto backlog = [&](std::size_t w) { return per_second * seconds * static_cast<long>(w) * 3 / (7 * groups) + 100; };
   {
     producer filler(store, "weights", bulk);
     std::vector<job_spec> specs;
@@ -505,12 +504,15 @@ awaitable<void> weights(asio::io_context& ctx, redis::config cfg, long seconds, 
   std::array<double, 3> mean{}, least{}, most{};
   for (std::size_t c = 0; c < classes.size(); ++c) {
     std::vector<double> of;
-    for (long i = 0; i < groups; ++i) of.push_back(static_cast<double>(counted[fmt::format("w{}-{}", classes[c], i)]));
+    for (long i = 0; i < groups; ++i) {
+      auto n = counted[fmt::format("w{}-{}", classes[c], i)];
+      if (n >= backlog(classes[c]))
+        throw std::runtime_error(fmt::format("weights: group w{}-{} ran out of jobs", classes[c], i));
+      of.push_back(static_cast<double>(n));
+    }
     for (auto n : of) mean[c] += n / static_cast<double>(of.size());
     least[c] = *std::min_element(of.begin(), of.end()) / mean[c];
     most[c] = *std::max_element(of.begin(), of.end()) / mean[c];
-    if (counted[fmt::format("w{}-0", classes[c])] >= backlog(classes[c]))
-      throw std::runtime_error(fmt::format("weights: a group of weight {} ran out of jobs", classes[c]));
   }
   long total = 0;
   for (auto& [group, n] : counted) total += n;

@@ -146,8 +146,9 @@ end
 -- <prefix>turn, '<starts>:<group>', counts the starts of the turn going on, and until W have
 -- started its lane is met again: next in this call, or, when the call has no room left, first
 -- in the next (at the head of ready, before the lanes this call read after it); then it goes
--- to the tail. One key for the queue, so nothing is left behind: a turn that another weighted
--- group's start interrupts (rare: its lane waits at the head) starts again.
+-- to the tail. One key for the queue, so no key is left behind. A turn that stops early (its
+-- next head may not start yet) keeps its count, and goes on at that group's next start of such
+-- a head; another such group's weighted start ends it (rare: the lane waits at the head).
 local weight_mark = '"weight":'
 local function weight_of(record)
   if not find(record, weight_mark, 1, true) then return 1 end
