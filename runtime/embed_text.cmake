@@ -1,6 +1,7 @@
 # Writes OUT: a C++ file with text files as string constants, so that they ship in the library and
 # stay plain files: the Lua scripts of runtime/lua (which producers in other languages load too),
-# and the dashboard's pages.
+# and the dashboard's pages. A script's line '--@levels' becomes the block of DIR/enqueue.lua from
+# its line '--[levels' to its line '--levels]' (the priorities' helpers: one text for every script).
 #   NAMES      entries "<constant>" (the file <constant>.lua) or "<constant>:<file>", in DIR
 #   HEADER     the header that declares the constants (they need external linkage)
 #   NAMESPACE  theirs (default jobrt::lua)
@@ -22,6 +23,18 @@ foreach(entry IN LISTS NAMES)
     set(file ${entry}.lua)
   endif()
   file(READ "${DIR}/${file}" text)
+  string(FIND "${text}" "\n--@levels\n" at)
+  if(NOT at EQUAL -1)
+    file(READ "${DIR}/enqueue.lua" enqueue)
+    string(FIND "${enqueue}" "\n--[levels" from)
+    string(FIND "${enqueue}" "\n--levels]\n" to)
+    if(from EQUAL -1 OR to EQUAL -1)
+      message(FATAL_ERROR "enqueue.lua lacks its block from '--[levels' to '--levels]'")
+    endif()
+    math(EXPR length "${to} + 11 - ${from}")
+    string(SUBSTRING "${enqueue}" ${from} ${length} block)
+    string(REPLACE "\n--@levels\n" "${block}" text "${text}")
+  endif()
   if(text MATCHES "\\)embed\"")
     message(FATAL_ERROR "${file} holds )embed\", which would end its string early")
   endif()

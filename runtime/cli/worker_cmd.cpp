@@ -504,6 +504,10 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
   job_option(
       number_option(*cmd, "--timeout", a->timeout_ms, 0, 999'999'999'999'999, "cancel a run after MS (default 0: none)")
           ->option_text("MS"));
+  job_option(cmd->add_option("--priority", a->base.priority,
+                             "an ungrouped job's priority, -2 to 2 (default 0): workers take higher ones first")
+                 ->check(CLI::Range(-max_priority, max_priority))
+                 ->option_text("P"));
   job_option(word_option(*cmd, "--on-failure", a->on_failure, "hold, skip or halt: what its failure does",
                          [](const std::string& t) { parse_failure_policy(t); })
                  ->option_text("POLICY"));
@@ -512,9 +516,9 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
       "--type TYPE) and prints the job's id, or a count. The generated jobs' payload gets \"n\": the\n"
       "job's number. A JSON line: {\"type\", \"payload\", \"group\", \"id\", \"delay_ms\",\n"
       "\"max_attempts\", \"timeout_ms\", \"on_failure\", \"keep_ms\", \"max_group_size\",\n"
-      "\"group_rate\": {\"max\", \"window_ms\"}, \"group_concurrency\", \"group_weight\"}. The whole\n"
-      "file is checked before any job is stored: an error names its line (FILE:LINE: ...) and\n"
-      "nothing is enqueued. A job may be at most 1 MiB (1048576 bytes) once encoded, payload\n"
+      "\"group_rate\": {\"max\", \"window_ms\"}, \"group_concurrency\", \"group_weight\", \"priority\"}. The\n"
+      "whole file is checked before any job is stored: an error names its line (FILE:LINE: ...)\n"
+      "and nothing is enqueued. A job may be at most 1 MiB (1048576 bytes) once encoded, payload\n"
       "included. With --wait S (one job; kept at least 60 s), the exit code is 0 when it completed,\n"
       "1 when it went to the dead letters, 3 when it had not ended, 4 when it cannot be found (a\n"
       "pending duplicate enqueued without a keep), 5 when it was cancelled (jobrt cancel).");

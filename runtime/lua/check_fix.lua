@@ -22,6 +22,7 @@
 local ready, active, delayed, paused, parked, ids, workers, stats =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local prefix = string.sub(ready, 1, -6)
+--@levels
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
 local probe = redis.pcall('EXISTS', prefix .. 'probe')
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
@@ -165,7 +166,9 @@ elseif what == 'copy' then
   -- the copy is the same entry as the first one (one list, one text: a walk that read an entry
   -- twice as the list moved): then it is there only when the list holds it twice.
   local function place(kind, key, member, nth)
-    local list = kind == 'ready' and ready or kind == 'claimed' and prefix .. 'claimed:' .. key or
+    -- (ready's key: '' for ready itself, else a level: ready:<level>)
+    local list = kind == 'ready' and (key == '' and ready or prefix .. 'ready:' .. key) or
+                   kind == 'claimed' and prefix .. 'claimed:' .. key or
                    kind == 'group' and prefix .. 'g:' .. key
     if list then
       local found, unsure = find_in(list, member)
@@ -226,6 +229,7 @@ elseif what == 'count' then
 else
   return redis.error_reply('check_fix: unknown ' .. tostring(what))
 end
+if repaired > 0 then wake_levels() end -- (what was removed may have been ready's last lane)
 local out = {stuck, repaired}
 for _, p in ipairs(problems) do out[#out + 1] = p end
 return out

@@ -1,5 +1,6 @@
 -- Leases up to max jobs to a worker: lanes its blocking claim moved to <prefix>claimed:<worker>
--- first, then lanes from the head of ready.
+-- first, then lanes from the head of ready (with priorities: after ready:2 and ready:1, before
+-- ready:-1 and ready:-2; see levels below).
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>active  KEYS[3] <prefix>fence  KEYS[4] <prefix>stats
 -- KEYS[5] <prefix>claimed:<worker>  KEYS[6] <prefix>paused  KEYS[7] <prefix>parked
 -- ARGV[1] max  ARGV[2] lease TTL (ms)  ARGV[3] ahead: followers of a grouped job to hand over
@@ -20,11 +21,15 @@
 local ready, active, fence_key, stats, claimed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local paused, parked = KEYS[6], KEYS[7]
 local prefix = string.sub(ready, 1, -6)
+--@levels
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
--- (One call also asks whether any group is throttled: the probe key itself never exists.)
-local probe = redis.pcall('EXISTS', prefix .. 'probe', prefix .. 'throttled')
+-- (One call also asks whether any group is throttled and whether any level's list holds lanes:
+-- the probe key itself never exists, and EXISTS counts a key named five times five times.)
+local throttled = prefix .. 'throttled'
+local probe = redis.pcall('EXISTS', prefix .. 'probe', throttled, throttled, throttled, throttled, throttled,
+                          unpack(level_keys))
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
-local any_throttled = probe > 0
+local any_throttled, any_levels = probe >= 5, probe % 5 > 0
 local max, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- Numbers go to Redis as strings ('%d' or as given): Lua's own conversion of a number (and
 -- Redis's of a number argument) prints it as a float, which costs microseconds.
@@ -69,8 +74,10 @@ if ARGV[4] and ARGV[4] ~= '' and max > 0 then
   ahead = '0'
 end
 
--- The lanes this worker's blocking claim moved come first, then lanes from ready. A lane parked
--- or dropped on the way is replaced by the next one, up to 100 of them a call (bounded work).
+-- The lanes this worker's blocking claim moved come first, then lanes from ready; with
+-- priorities (levels, above), ready:2 and ready:1 before them, ready:-1 and ready:-2 after. A
+-- lane parked or dropped on the way is replaced by the next one, up to 100 of them a call
+-- (bounded work). A wake entry ('w:') is dropped where it is met.
 local taken, records_of, fences = {}, {}, 0 -- records_of[i]: the records of a grouped taken[i]
 -- Whether any group is paused, and whether any runs several jobs at once (<prefix>running, group
 -- -> its jobs leased now): one EXISTS of both, asked once, at the first grouped lane that has
@@ -82,8 +89,11 @@ local function ask_flags()
   any_paused = n > 0 and redis.call('EXISTS', paused) == 1
   any_running = n > (any_paused and 1 or 0)
 end
-local lanes = redis.call('LPOP', claimed, string.format('%d', max)) or {}
-local passed, asked = 0, 0 -- asked: how many lanes the last LPOP of ready asked for
+local moved = redis.call('LPOP', claimed, string.format('%d', max)) or {}
+local sources = {claimed, ready}
+if any_levels then sources = {level_keys[1], level_keys[2], claimed, ready, level_keys[3], level_keys[4]} end
+local source, lanes, home, moved_read = 0, {}, ready, false -- home: where lanes of sources[source] go back
+local passed, asked = 0, 0 -- asked: how many lanes the last LPOP of a list asked for
 local again = 0 -- lanes this round put back in ready with room for more (see conc_of): read on
 
 -- A kept job cancelled before it started (cancel.lua's entry 'n...') is dropped here, where it
@@ -192,12 +202,12 @@ end
 while true do
   for i, lane in ipairs(lanes) do
     if #taken >= max then -- (a weighted group's turn took the room: the rest, it first, wait at the head)
-      local back = {}
-      for k = #lanes, i, -1 do back[#back + 1] = lanes[k] end
-      redis.call('LPUSH', ready, unpack(back))
+      push_list(home, {unpack(lanes, i)}, true)
       break
     end
-    if string.sub(lane, 1, 2) == 'g:' then
+    if lane == 'w:' then
+      -- (a wake entry: see levels)
+    elseif string.sub(lane, 1, 2) == 'g:' then
       local key = prefix .. lane
       local records = redis.call('LRANGE', key, '0', ahead)
       local entry = records[1] and find(records[1], keep_mark, 1, true) and cancelled(records[1])
@@ -316,12 +326,20 @@ while true do
     end
   end
   local need = max - #taken
-  if need <= 0 or passed >= 100 or (#lanes < asked and again == 0) then break end
+  if need <= 0 or passed >= 100 then break end
+  -- (the next list, unless this one may hold more: it gave all that was asked, or lanes went back to it)
+  if source == 0 or sources[source] == claimed or (#lanes < asked and again == 0) then source = source + 1 end
+  if not sources[source] then break end
   again = 0
-  asked = need
-  lanes = redis.call('LPOP', ready, string.format('%d', need))
-  if not lanes then break end
+  if sources[source] == claimed then
+    lanes, home, asked, moved_read = moved, ready, 0, true
+  else
+    asked, home = need, sources[source]
+    lanes = redis.call('LPOP', home, string.format('%d', need)) or {}
+  end
 end
+if not moved_read then push_list(ready, moved, true) end -- (the room ran out before them: back at ready's head)
+if any_levels then wake_levels() end
 if #later > 0 then -- (as finish.lua: the promoters hear of a new earliest due time)
   local delayed = prefix .. 'delayed'
   local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')

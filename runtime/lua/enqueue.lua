@@ -18,8 +18,9 @@
 -- <record>', state 'p' (pending, ms 0) or 'd' (due at ms). Other jobs cost the index nothing.
 --
 -- A job is stored as the record '<attempts before>|<id>|<body>': ungrouped, as the lane
--- 'j:<record>' in ready; grouped, at the tail of <prefix>g:<group>, and the lane 'g:<group>'
--- goes to ready only when that list was empty (the group had no pending or running job).
+-- 'j:<record>' in ready (or in its level's list: see levels below); grouped, at the tail of
+-- <prefix>g:<group>, and the lane 'g:<group>' goes to ready only when that list was empty (the
+-- group had no pending or running job).
 -- A job due later waits in delayed, scored by its due time: ungrouped as 'j:<record>', grouped as
 -- 'd:<order>:<length of group>:<group><record>' (it joins its group when it is due). <order> is
 -- a number from seq, 16 digits wide: members with one score sort by it, so grouped jobs due at
@@ -27,6 +28,71 @@
 -- there, SPUBLISH <prefix>delayed wakes the workers' promoters.
 local ready, seq, ids, stats, delayed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = string.sub(ready, 1, -6)
+--[levels: the priorities (the other scripts get this block in place of their line '--@levels')
+-- A lane waits in the list of its level. An ungrouped job whose body holds "prio":P among its
+-- leading fields (after a keep, rate, conc and weight, each optional, in that order), P one of
+-- 2, 1, -1, -2, waits in <prefix>ready:<P>; every other lane is of level 0: ready. Claims read
+-- ready:2, ready:1, ready, ready:-1, ready:-2, in that order (claim.lua). Workers block on ready
+-- alone, so while a level's list holds lanes, ready is not empty: a push to such a list that
+-- finds ready empty puts the wake entry 'w:' there (claims drop it).
+local level_keys = {prefix .. 'ready:2', prefix .. 'ready:1', prefix .. 'ready:-1', prefix .. 'ready:-2'}
+local level_fields = {'^"keep":%d+,', '^"rate":%[%d+,%d+%],', '^"conc":%d+,', '^"weight":%d+,'}
+local function level_of(lane)
+  if not string.find(lane, '"prio":', 1, true) or string.sub(lane, 1, 2) ~= 'j:' then return 0 end
+  local at = select(2, string.find(lane, '^j:%d+|[^|]*|{'))
+  if not at then return 0 end
+  at = at + 1
+  for _, field in ipairs(level_fields) do
+    local _, e = string.find(lane, field, at)
+    if e then at = e + 1 end
+  end
+  return tonumber(string.match(lane, '^"prio":(%-?[12]),', at)) or 0
+end
+-- Pushes lanes to a list, in their order: at its tail, or (at_head) at its head. Returns its length.
+local function push_list(key, lanes, at_head)
+  local len = 0
+  if at_head then
+    for last = #lanes, 1, -4000 do
+      local part = {}
+      for i = last, math.max(last - 3999, 1), -1 do part[#part + 1] = lanes[i] end
+      len = redis.call('LPUSH', key, unpack(part))
+    end
+  else
+    for first = 1, #lanes, 4000 do len = redis.call('RPUSH', key, unpack(lanes, first, math.min(first + 3999, #lanes))) end
+  end
+  return len
+end
+-- Pushes lanes to their levels' lists, in their order: at the tails, or (at_head) at the heads.
+local function push_lanes(lanes, at_head)
+  local leveled = false
+  for _, lane in ipairs(lanes) do
+    if string.find(lane, '"prio":', 1, true) and level_of(lane) ~= 0 then
+      leveled = true
+      break
+    end
+  end
+  if not leveled then
+    if #lanes > 0 then push_list(ready, lanes, at_head) end
+    return
+  end
+  local by = {[2] = {}, [1] = {}, [0] = {}, [-1] = {}, [-2] = {}}
+  for _, lane in ipairs(lanes) do
+    local list = by[level_of(lane)]
+    list[#list + 1] = lane
+  end
+  local in_ready = #by[0] > 0 and push_list(ready, by[0], at_head) or redis.call('LLEN', ready)
+  for i, level in ipairs({2, 1, -1, -2}) do
+    if #by[level] > 0 then push_list(level_keys[i], by[level], at_head) end
+  end
+  if in_ready == 0 then redis.call('RPUSH', ready, 'w:') end
+end
+-- After lanes left ready: the wake entry, when ready is empty and a level's list is not.
+local function wake_levels()
+  if redis.call('LLEN', ready) == 0 and redis.call('EXISTS', unpack(level_keys)) > 0 then
+    redis.call('RPUSH', ready, 'w:')
+  end
+end
+--levels]
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
 local probe = redis.pcall('EXISTS', prefix .. 'probe')
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
@@ -69,7 +135,7 @@ if n == 1 and not limited and ARGV[5] == '' and not string.find(ARGV[4], '"max"'
   end
   local record = '0|' .. id .. '|' .. ARGV[4]
   if group == '' then
-    redis.call('RPUSH', ready, 'j:' .. record)
+    if string.find(ARGV[4], '"prio":', 1, true) then push_lanes({'j:' .. record}) else redis.call('RPUSH', ready, 'j:' .. record) end
   elseif redis.call('RPUSH', prefix .. 'g:' .. group, record) == 1 then
     redis.call('RPUSH', ready, 'g:' .. group)
     redis.call('HINCRBY', stats, 'groups', '1')
@@ -80,14 +146,6 @@ if n == 1 and not limited and ARGV[5] == '' and not string.find(ARGV[4], '"max"'
   redis.call('HINCRBY', stats, 'enqueued', '1')
   if marks then redis.call('ZADD', marks, 'NX', ms(redis.call('TIME')), string.format('%d', offset)) end
   return {id, 0}
-end
-
-local function push_all(key, values)
-  local len = 0
-  for first = 1, #values, 4000 do
-    len = redis.call('RPUSH', key, unpack(values, first, math.min(first + 3999, #values)))
-  end
-  return len
 end
 
 -- Everything is checked before anything is written: a script that fails halfway keeps what it
@@ -228,7 +286,7 @@ end
 local new_groups = 0 -- groups that had no jobs: stats.groups counts groups with jobs
 for _, group in ipairs(order) do
   local list = groups[group]
-  if push_all(prefix .. 'g:' .. group, list) == #list then
+  if push_list(prefix .. 'g:' .. group, list) == #list then
     lanes[slot[group]] = 'g:' .. group
     new_groups = new_groups + 1
   end
@@ -237,7 +295,7 @@ local final = {}
 for i = 1, #lanes do
   if lanes[i] then final[#final + 1] = lanes[i] end
 end
-push_all(ready, final)
+push_lanes(final)
 for i = 1, #kept, 4000 do redis.call('HSET', prefix .. 'jobs', unpack(kept, i, math.min(i + 3999, #kept))) end
 if #later > 0 then
   local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')

@@ -60,6 +60,7 @@ local ready, active, fence_key, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ids, dead, dead_info, answers = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local delayed, paused, parked, jumps = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local prefix = string.sub(ready, 1, -6)
+--@levels
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
 local probe = redis.pcall('EXISTS', prefix .. 'probe')
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
@@ -551,8 +552,8 @@ end
 table.sort(conc_items, function(x, y) return x.fence > y.fence end)
 for _, c in ipairs(conc_items) do conc_end(c.token, c.lane, c.kind, c.pause, c.base) end
 if #ended > 0 then redis.call('ZREM', active, unpack(ended)) end
-if #back > 0 then redis.call('RPUSH', ready, unpack(back)) end
-for i = #front, 1, -1 do redis.call('LPUSH', ready, front[i]) end
+push_lanes(back)
+push_lanes(front, true)
 if #nexts > 0 then -- one INCRBY for every fence, given out in item order
   local fences = 0
   for _, x in ipairs(nexts) do fences = fences + 1 + #x[3] end

@@ -7,6 +7,8 @@
 -- ARGV[1] group  ARGV[2] why (JSON: {"state":"paused",...})
 -- Returns: 1 when paused now, 0 when it already was (a halted group stays halted).
 local ready, paused, parked = KEYS[1], KEYS[2], KEYS[3]
+local prefix = string.sub(ready, 1, -6)
+--@levels
 local group = ARGV[1]
 local lane, bound = 'g:' .. group, 200000
 if redis.call('HSETNX', paused, group, ARGV[2]) == 0 then return 0 end
@@ -19,5 +21,6 @@ end
 if at then
   redis.call('LREM', ready, from, lane) -- from the end it was found near: bounded too
   redis.call('SADD', parked, group)
+  wake_levels() -- (ready may be empty now)
 end
 return 1

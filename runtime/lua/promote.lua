@@ -11,6 +11,7 @@
 -- group was idle.
 local ready, delayed, paused, parked = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix = string.sub(ready, 1, -6)
+--@levels
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
 local probe = redis.pcall('EXISTS', prefix .. 'probe')
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
@@ -44,7 +45,7 @@ for _, member in ipairs(due) do
   end
 end
 if #due > 0 then redis.call('ZREM', delayed, unpack(due)) end
-if #lanes > 0 then redis.call('RPUSH', ready, unpack(lanes)) end
+push_lanes(lanes)
 local next_due = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
 local wait = -1
 if #next_due > 0 then wait = math.max(0, tonumber(next_due[2]) - now) end

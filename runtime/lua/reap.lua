@@ -19,6 +19,7 @@
 local ready, active, stats, workers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local paused, parked, dead, dead_info = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local prefix = string.sub(ready, 1, -6)
+--@levels
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
 local probe = redis.pcall('EXISTS', prefix .. 'probe')
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
@@ -103,7 +104,7 @@ for _, worker in ipairs(redis.call('ZRANGEBYSCORE', workers, '-inf', now, 'LIMIT
   reaped = reaped + 1
 end
 
-for i = #lanes, 1, -1 do redis.call('LPUSH', ready, lanes[i]) end
+push_lanes(lanes, true)
 -- When asked (ARGV[4] '1'), entries of completed kept jobs that ran out (see finish.lua), and
 -- throttles that ended of groups no job came back to (claim.lua takes the others): up to max each.
 if ARGV[4] == '1' then

@@ -10,6 +10,7 @@
 -- Returns: how many jobs went back.
 local ready, active, stats, claimed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix = string.sub(ready, 1, -6)
+--@levels
 local lanes = {}
 local released, regrouped = 0, 0
 local conc_back = {} -- leases of jobs of groups that run several at once: {fence, lane}
@@ -45,7 +46,7 @@ for _, c in ipairs(conc_back) do
 end
 for _, lane in ipairs(redis.call('LRANGE', claimed, 0, -1)) do lanes[#lanes + 1] = lane end
 redis.call('DEL', claimed)
-for i = #lanes, 1, -1 do redis.call('LPUSH', ready, lanes[i]) end
+push_lanes(lanes, true)
 if released > 0 then redis.call('HINCRBY', stats, 'started', -released) end
 if regrouped > 0 then redis.call('HINCRBY', stats, 'groups', regrouped) end
 return #lanes

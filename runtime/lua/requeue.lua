@@ -11,6 +11,7 @@
 -- job has taken meanwhile, is left where it is).
 local ready, dead, dead_info, ids, paused, parked = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local prefix = string.sub(ready, 1, -6)
+--@levels
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
 local probe = redis.pcall('EXISTS', prefix .. 'probe')
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
@@ -49,7 +50,7 @@ for i = 2, #ARGV do
     if free then
       local group = letter.group or ''
       if group == '' then
-        if at_head then front[#front + 1] = 'j:' .. record else redis.call('RPUSH', ready, 'j:' .. record) end
+        if at_head then front[#front + 1] = 'j:' .. record else push_lanes({'j:' .. record}) end
       elseif at_head then
         local list = heads[group]
         if not list then
@@ -70,7 +71,7 @@ for i = 2, #ARGV do
     end
   end
 end
-for i = #front, 1, -1 do redis.call('LPUSH', ready, front[i]) end
+push_lanes(front, true)
 -- A group's records go behind its head as one block: the head comes off, the block goes on in
 -- front (the last first), the head goes back on top. One push per record, wherever they land.
 for _, group in ipairs(head_groups) do

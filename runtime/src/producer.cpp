@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 #include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
 
 #include <set>
 
@@ -35,7 +36,7 @@ job_spec job_spec_from_json(const boost::json::value& v) {
   for (auto& [key, value] : o) {
     static const std::set<std::string_view> known{
         "type",       "payload", "group",          "id",         "delay_ms",          "max_attempts", "timeout_ms",
-        "on_failure", "keep_ms", "max_group_size", "group_rate", "group_concurrency", "group_weight"};
+        "on_failure", "keep_ms", "max_group_size", "group_rate", "group_concurrency", "group_weight", "priority"};
     if (!known.contains(key)) throw std::invalid_argument(fmt::format("unknown field \"{}\"", key));
   }
   s.type = text("type").value_or("");
@@ -51,6 +52,12 @@ job_spec job_spec_from_json(const boost::json::value& v) {
   if (auto n = number_of("group_concurrency")) s.group_concurrency = static_cast<std::size_t>(*n);
   if (auto w = number_of("group_weight")) s.group_weight = static_cast<std::size_t>(*w);
   if (auto p = text("on_failure")) s.on_failure = parse_failure_policy(*p);
+  if (auto* p = o.if_contains("priority")) {
+    if (!p->is_int64() || p->as_int64() < -max_priority || p->as_int64() > max_priority)
+      throw std::invalid_argument(fmt::format("\"priority\" is {}; it must be a whole number from {} to {}",
+                                              boost::json::serialize(*p), -max_priority, max_priority));
+    s.priority = static_cast<int>(p->as_int64());
+  }
   return s;
 }
 
@@ -69,6 +76,7 @@ boost::json::object to_json(const job_spec& s) {
   if (s.group_rate) o["group_rate"] = {{"max", s.group_rate->max}, {"window_ms", s.group_rate->window.count()}};
   if (s.group_concurrency) o["group_concurrency"] = *s.group_concurrency;
   if (s.group_weight) o["group_weight"] = *s.group_weight;
+  if (s.priority != 0) o["priority"] = s.priority;
   return o;
 }
 
@@ -96,6 +104,17 @@ boost::json::value producer::parse_payload(std::string_view text) {
   if (ec) throw std::invalid_argument(fmt::format("payload is not JSON: {} (in '{:.60}')", ec.message(), text));
   return value;
 }
+
+namespace {
+
+std::string grouped_priority(int priority, std::string_view group) {
+  return fmt::format(
+      "job priority is {} and its group is '{}': only an ungrouped job may have a priority (a group's jobs keep their "
+      "enqueue order)",
+      priority, group);
+}
+
+}  // namespace
 
 void producer::check(const job_spec& spec) {
   if (spec.type.empty()) throw std::invalid_argument("job type is empty");
@@ -133,6 +152,10 @@ void producer::check(const job_spec& spec) {
   if (spec.group_rate) check_rate_limit(*spec.group_rate, "job group_rate");
   if (spec.group_concurrency) check_group_concurrency(*spec.group_concurrency, "job group_concurrency");
   if (spec.group_weight) check_group_weight(*spec.group_weight, "job group_weight");
+  if (spec.priority < -max_priority || spec.priority > max_priority)
+    throw std::invalid_argument(
+        fmt::format("job priority is {}; it must be from {} to {}", spec.priority, -max_priority, max_priority));
+  if (spec.priority != 0 && spec.group) throw std::invalid_argument(grouped_priority(spec.priority, *spec.group));
 }
 
 void producer::check(const job_spec& spec, const producer_options& opts) {
@@ -161,6 +184,8 @@ encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms, const pr
   } else if (choice) {
     out.group = std::move(choice->group);
   }
+  if (spec.priority != 0 && !out.group.empty())  // (a group its grouping rule gave)
+    throw std::invalid_argument(grouped_priority(spec.priority, out.group));
   // A group's rate limit and concurrency travel with its jobs: a job applies them while it is
   // its group's next.
   std::optional<rate_limit> rate;

@@ -220,7 +220,7 @@ TEST_CASE("jobrt refuses bad plugins and bad input with a clear message and the 
   auto url = url_of(shared_redis());
   auto abi = jobrt_cli({"worker", "--redis", url, "--plugin", JOBRT_TEST_PLUGINS "/jobrt_test_bad_abi.so"});
   CHECK(abi.status == 1);
-  CHECK(abi.output.find("built for jobrt plugin ABI 999, but this jobrt has ABI 4") != std::string::npos);
+  CHECK(abi.output.find("built for jobrt plugin ABI 999, but this jobrt has ABI 5") != std::string::npos);
   auto none = jobrt_cli({"worker", "--redis", url, "--plugin", JOBRT_TEST_PLUGINS "/jobrt_test_not_a_plugin.so"});
   CHECK(none.status == 1);
   CHECK(none.output.find("not a jobrt plugin") != std::string::npos);
@@ -938,6 +938,42 @@ TEST_CASE("jobrt enqueue --group-weight stores each grouped job's weight, a line
   CHECK(refused.output.find("--group-weight") != std::string::npos);
   auto stats = boost::json::parse(jobrt_cli({"stats", queue, "--redis", url, "--json"}).output).as_object();
   CHECK(stats.at("enqueued").as_int64() == 4);
+}
+
+TEST_CASE(
+    "jobrt enqueue --priority puts an ungrouped job in its priority's list, a line's own too, and refuses others") {
+  auto cfg = shared_redis();
+  auto url = url_of(cfg);
+  std::string queue = key_prefix() + "priority";
+  auto prefix = redis_backend::key_prefix(queue);
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--priority", "2"}).status == 0);
+  CHECK(redis_cli(cfg, {"LRANGE", prefix + "ready:2", "0", "-1"}).find(R"(|{"prio":2,"type":"t")") !=
+        std::string::npos);
+  auto file = fmt::format("/tmp/jobrt-cli-priority-{}.jsonl", ::getpid());
+  std::ofstream(file) << R"({"type":"t","priority":-1})"
+                      << "\n"
+                      << R"({"type":"t","priority":0})"
+                      << "\n";
+  CHECK(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file}).status == 0);
+  CHECK(redis_cli(cfg, {"LRANGE", prefix + "ready:-1", "0", "-1"}).find(R"(|{"prio":-1,"type":"t")") !=
+        std::string::npos);
+  CHECK(redis_cli(cfg, {"LRANGE", prefix + "ready", "0", "-1"}).find(R"(|{"type":"t")") != std::string::npos);
+  std::ofstream(file) << R"({"type":"t","priority":5})"
+                      << "\n";
+  auto bad_line = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file});
+  CHECK(bad_line.status != 0);
+  CHECK(bad_line.output.find(":1: \"priority\" is 5; it must be a whole number from -2 to 2") != std::string::npos);
+  std::remove(file.c_str());
+  auto refused = jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--priority", "3"});
+  CHECK(refused.status == 2);
+  CHECK(refused.output.find("--priority") != std::string::npos);
+  auto grouped =
+      jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--group", "g", "--priority", "1"});
+  CHECK(grouped.status != 0);
+  CHECK(grouped.output.find("only an ungrouped job may have a priority") != std::string::npos);
+  auto stats = boost::json::parse(jobrt_cli({"stats", queue, "--redis", url, "--json"}).output).as_object();
+  CHECK(stats.at("enqueued").as_int64() == 3);
+  CHECK(stats.at("ready_lanes").as_int64() == 3);
 }
 
 TEST_CASE("jobrt cancel: pending kept jobs never start, a running one's handler is cancelled, its group goes on") {

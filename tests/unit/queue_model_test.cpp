@@ -87,3 +87,20 @@ TEST_CASE("a body's group weight is read where claim.lua reads it: after the hea
   CHECK(weight_in_body(R"({"type":"t","payload":{"weight":4,"x":1}})") == 1);
   CHECK(weight_in_body(R"({"conc":2,"keep":5,"weight":4,"type":"t"})") == 1);  // fields out of order
 }
+
+TEST_CASE("a body's priority is read where enqueue.lua's level_of reads it: after the header's fields, -2 to 2") {
+  using jobrt::detail::prio_in_body;
+  CHECK(prio_in_body(R"({"type":"t","payload":{}})") == 0);
+  CHECK(prio_in_body(R"({"prio":2,"type":"t"})") == 2);
+  CHECK(prio_in_body(R"({"prio":-1,"type":"t"})") == -1);
+  CHECK(prio_in_body(R"({"keep":60000,"rate":[3,1000],"conc":2,"weight":7,"prio":-2,"type":"t"})") == -2);
+  CHECK(prio_in_body(R"({"keep":5,"prio":1,"type":"t"})") == 1);
+  CHECK(prio_in_body(R"({"prio":3,"type":"t"})") == 0);  // out of range: not seen
+  CHECK(prio_in_body(R"({"prio":0,"type":"t"})") == 0);
+  CHECK(prio_in_body(R"({"prio":12,"type":"t"})") == 0);  // '%-?[12],'
+  CHECK(prio_in_body(R"({"prio":+1,"type":"t"})") == 0);
+  CHECK(prio_in_body(R"({"type":"t","prio":2})") == 0);  // not in the header
+  CHECK(prio_in_body(R"({"type":"t","payload":{"prio":2,"x":1}})") == 0);
+  CHECK(prio_in_body(R"({"prio":2,"weight":4,"type":"t"})") == 2);           // (what follows it is not read)
+  CHECK(prio_in_body(R"({"weight":4,"keep":5,"prio":2,"type":"t"})") == 0);  // fields out of order
+}

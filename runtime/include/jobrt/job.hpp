@@ -70,6 +70,9 @@ inline constexpr std::size_t max_group_weight = 100;
 /// max_group_weight.
 void check_group_weight(std::size_t w, std::string_view what);
 
+/// The highest job_spec::priority; the lowest is its negation.
+inline constexpr int max_priority = 2;
+
 /// What a producer enqueues.
 struct job_spec {
   /// The handler's name. Required.
@@ -122,6 +125,11 @@ struct job_spec {
   /// starts are in proportion to its weight. From 1 to max_group_weight. When absent, the
   /// grouping rule's, else producer_options::group_weight. Ignored for an ungrouped job.
   std::optional<std::size_t> group_weight;
+  /// For an ungrouped job: workers take jobs of a higher priority first, from -max_priority to
+  /// max_priority (0, the default); jobs of one priority start in enqueue order. A job that goes
+  /// back (a retry, a lost lease) keeps its priority. A grouped job may not have one (0 only):
+  /// its group's jobs keep their enqueue order.
+  int priority = 0;
 };
 
 /// A claimed job, as its handler sees it.
@@ -145,6 +153,8 @@ struct job {
   std::size_t group_concurrency = 1;
   /// Its group's weight (job_spec::group_weight); 1: unweighted.
   std::size_t group_weight = 1;
+  /// Its priority (job_spec::priority); 0: the default.
+  int priority = 0;
 };
 
 /// Decodes a job as it is stored, "<attempts before>|<id>|<body>" (dead_letter::record), in the

@@ -22,7 +22,7 @@
 #include <vector>
 
 /// Changes whenever a change to jobrt's headers breaks plugins built before it.
-#define JOBRT_PLUGIN_ABI 4
+#define JOBRT_PLUGIN_ABI 5
 
 namespace jobrt {
 

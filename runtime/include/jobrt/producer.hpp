@@ -21,8 +21,8 @@ namespace jobrt {
 
 /// A job in JSON, as `jobrt enqueue --file` reads one per line and a schedule keeps its job:
 /// {"type", "payload", "group", "id", "delay_ms", "max_attempts", "timeout_ms", "on_failure",
-/// "keep_ms", "max_group_size", "group_rate", "group_concurrency", "group_weight"}, each optional ("type" is checked at
-/// enqueue). Throws std::invalid_argument naming a field that is unknown or of the wrong kind.
+/// "keep_ms", "max_group_size", "group_rate", "group_concurrency", "group_weight", "priority"}, each optional ("type"
+/// is checked at enqueue). Throws std::invalid_argument naming a field that is unknown or of the wrong kind.
 job_spec job_spec_from_json(const boost::json::value& v);
 /// `s` in that JSON: the fields it sets (not run_at nor retry_backoff, which it has no field for).
 boost::json::object to_json(const job_spec& s);

@@ -15,7 +15,7 @@ namespace jobrt::detail {
 
 std::string job_place::describe() const {
   switch (where) {
-    case kind::ready: return "ready";
+    case kind::ready: return key.empty() ? "ready" : "ready:" + key;
     case kind::claimed: return "claimed:" + key;
     case kind::delayed: return "delayed";
     case kind::lease: return "a lease";
@@ -77,6 +77,7 @@ check_suspects analyse(const queue_walk& walk, check_report& report) {
   };
   // A lane: a group's goes to its holders, an ungrouped job's record is a job.
   auto lane = [&](const std::string& l, job_place::kind where, const std::string& key, const std::string& member) {
+    if (l == "w:") return;  // (a wake entry: see enqueue.lua's levels)
     if (l.starts_with("g:"))
       holders[l.substr(2)].push_back(job_place{where, key, {}}.describe());
     else
@@ -84,6 +85,8 @@ check_suspects analyse(const queue_walk& walk, check_report& report) {
   };
 
   for (auto& l : walk.ready) lane(l, job_place::kind::ready, {}, l);
+  for (auto& [level, lanes] : walk.levels)
+    for (auto& l : lanes) lane(l, job_place::kind::ready, level, l);
   for (auto& [worker, lanes] : walk.claimed) {
     for (auto& l : lanes) lane(l, job_place::kind::claimed, worker, l);
     if (!lanes.empty() && !walk.workers.contains(worker)) out.dead_workers.push_back(worker);

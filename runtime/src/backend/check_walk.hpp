@@ -22,10 +22,10 @@ namespace jobrt::detail {
 struct job_place {
   enum class kind { ready, claimed, delayed, lease, group };
   kind where = kind::ready;
-  std::string key;     ///< the worker (claimed) or the group (group); else empty
+  std::string key;     ///< the worker (claimed), the group (group) or a priority's level (ready); else empty
   std::string member;  ///< the lane, delayed member, lease token or record, as read
 
-  /// As problems name it: "ready", "claimed:<worker>", "delayed", "a lease", "group <group>".
+  /// As problems name it: "ready", "ready:<level>", "claimed:<worker>", "delayed", "a lease", "group <group>".
   std::string describe() const;
   /// A lane's copy (ready, a claimed list, delayed) may be dropped; a group's record or a lease
   /// may not (a running job stays at its group's head).
@@ -37,6 +37,7 @@ struct job_place {
 /// What a walk read.
 struct queue_walk {
   std::vector<std::string> ready;
+  std::vector<std::pair<std::string, std::vector<std::string>>> levels;   ///< a priority's level ("2"), its lanes
   std::vector<std::pair<std::string, std::vector<std::string>>> claimed;  ///< worker, lanes
   std::vector<std::string> delayed;                                       ///< members
   std::vector<std::string> active;                                        ///< lease tokens

@@ -74,12 +74,14 @@ namespace jobrt::detail {
 std::string encode_body(const job_spec& spec, std::int64_t now_ms, std::optional<failure_policy> policy,
                         std::chrono::milliseconds keep, std::optional<rate_limit> rate, std::size_t concurrency,
                         std::size_t weight) {
-  // A keep goes first, then a rate limit, then a concurrency and a weight above 1: the scripts
-  // find them there without decoding the body (enqueue.lua, claim.lua).
+  // A keep goes first, then a rate limit, then a concurrency and a weight above 1, then a
+  // priority other than 0: the scripts find them there without decoding the body (enqueue.lua,
+  // claim.lua).
   std::string body = keep.count() > 0 ? fmt::format(R"({{"keep":{},)", keep.count()) : std::string("{");
   if (rate) fmt::format_to(std::back_inserter(body), R"("rate":[{},{}],)", rate->max, rate->window.count());
   if (concurrency > 1) fmt::format_to(std::back_inserter(body), R"("conc":{},)", concurrency);
   if (weight > 1) fmt::format_to(std::back_inserter(body), R"("weight":{},)", weight);
+  if (spec.priority != 0) fmt::format_to(std::back_inserter(body), R"("prio":{},)", spec.priority);
   body += R"("type":)";
   body += boost::json::serialize(boost::json::string_view(spec.type));
   body += R"(,"payload":)";
@@ -233,6 +235,7 @@ job decode(const job_record& r, std::string_view group) {
   j.group_rate = rate_in_body(r.body);
   j.group_concurrency = conc_in_body(r.body);
   j.group_weight = weight_in_body(r.body);
+  j.priority = prio_in_body(r.body);
   const auto* u = obj.if_contains("u");  // as the scripts read it: anything but false (and 0)
   bool flagged = u && !(u->is_bool() && !u->as_bool()) && !(u->is_int64() && u->as_int64() == 0);
   j.unique_id = flagged || (!j.id.empty() && !assigned_id(j.id));

@@ -16,6 +16,7 @@
 #include <boost/system/system_error.hpp>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <deque>
 #include <functional>
@@ -122,7 +123,10 @@ bool unique_of(std::string_view record) {
 
 // One queue: what the Redis backend keeps under jobrt:{<queue>}:.
 struct queue_model::queue_state {
-  std::deque<std::string> ready;  // lanes: 'j:<record>' or 'g:<group>'
+  std::deque<std::string> ready;  // lanes: 'j:<record>' or 'g:<group>' (or 'w:', a wake entry)
+  // ready:2, ready:1, ready:-1, ready:-2 (priority_levels' order): the lanes of jobs with a
+  // priority (enqueue.lua's levels). While one holds lanes, ready is not empty.
+  std::array<std::deque<std::string>, 4> levels;
   // g:<group>: pending records; the running job stays at the head. Erased when empty, as Redis
   // deletes an empty list, so that "no entry" and "empty" mean the same thing. Ordered, so that
   // a listing by prefix goes on from the last name it gave.
@@ -222,6 +226,43 @@ struct queue_model::queue_state {
     if (r.times.size() > limit.max) r.times.resize(limit.max);
     r.until = now + limit.window.count();
     return std::nullopt;
+  }
+
+  const std::deque<std::string>& level_list(int level) const {
+    if (level == 0) return ready;
+    auto at = std::find(priority_levels.begin(), priority_levels.end(), level) - priority_levels.begin();
+    return levels.at(static_cast<std::size_t>(at));
+  }
+  std::deque<std::string>& level_list(int level) {
+    return const_cast<std::deque<std::string>&>(std::as_const(*this).level_list(level));
+  }
+  static int level_of(std::string_view lane) { return lane.starts_with("j:") ? prio_in(lane.substr(2)) : 0; }
+  bool any_levels() const {
+    return std::any_of(levels.begin(), levels.end(), [](const auto& l) { return !l.empty(); });
+  }
+  // enqueue.lua's push_lanes: lanes to their levels' lists, in their order, at the tails or (at_head)
+  // the heads; the wake entry when a level's list got lanes and ready has none.
+  void push_lanes(std::vector<std::string> lanes, bool at_head) {
+    auto push = [&](std::deque<std::string>& list, auto first, auto last) {
+      list.insert(at_head ? list.begin() : list.end(), std::make_move_iterator(first), std::make_move_iterator(last));
+    };
+    std::vector<int> of(lanes.size());
+    std::transform(lanes.begin(), lanes.end(), of.begin(), [](const std::string& l) { return level_of(l); });
+    if (std::all_of(of.begin(), of.end(), [](int level) { return level == 0; })) {
+      push(ready, lanes.begin(), lanes.end());
+      return;
+    }
+    for (int level : {2, 1, 0, -1, -2}) {
+      std::vector<std::string> mine;
+      for (std::size_t i = 0; i < lanes.size(); ++i)
+        if (of[i] == level) mine.push_back(std::move(lanes[i]));
+      push(level_list(level), mine.begin(), mine.end());
+    }
+    if (ready.empty()) ready.push_back("w:");
+  }
+  // enqueue.lua's wake_levels: after lanes left ready.
+  void wake_levels() {
+    if (ready.empty() && any_levels()) ready.push_back("w:");
   }
 
   // The end of a run of a group that runs several at once: one run less. Returns whether the
@@ -404,14 +445,12 @@ std::vector<enqueue_result> queue_model::enqueue(std::vector<encoded_job> jobs) 
     std::move(g.records.begin(), g.records.end(), std::back_inserter(list));
     if (idle) lanes[g.slot] = "g:" + g.name;
   }
-  std::size_t made_ready = 0;
-  for (auto& lane : lanes) {
-    if (!lane) continue;
-    q.ready.push_back(std::move(*lane));
-    ++made_ready;
-  }
+  std::vector<std::string> final;
+  for (auto& lane : lanes)
+    if (lane) final.push_back(std::move(*lane));
+  effects_.made_ready += final.size();
+  q.push_lanes(std::move(final), false);
   q.enqueued += stored;
-  effects_.made_ready += made_ready;
   delay(std::move(later));
   return out;
 }
@@ -443,17 +482,24 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
     max = std::min(max, opts.rate->max - st.at.size());
     ahead = 0;
   }
-  // The lanes the worker's blocking claim moved first (LPOP claimed max), then from ready. A lane
-  // parked or dropped on the way is replaced by the next, up to claim_passes of them (claim.lua).
-  std::vector<std::string> batch;
+  // The lanes the worker's blocking claim moved first (LPOP claimed max), then from ready; with
+  // priorities, ready:2 and ready:1 before them, ready:-1 and ready:-2 after. A lane parked or
+  // dropped on the way is replaced by the next, up to claim_passes of them; a wake entry is
+  // dropped (claim.lua).
+  std::vector<std::string> moved, batch;
   if (auto mine = q.claimed.find(opts.worker); mine != q.claimed.end()) {
     auto& list = mine->second;
-    while (batch.size() < max && !list.empty()) {
-      batch.push_back(std::move(list.front()));
+    while (moved.size() < max && !list.empty()) {
+      moved.push_back(std::move(list.front()));
       list.pop_front();
     }
     if (list.empty()) q.claimed.erase(mine);
   }
+  bool any_levels = q.any_levels(), moved_read = false;
+  std::vector<std::deque<std::string>*> sources{nullptr, &q.ready};  // nullptr: the lanes moved
+  if (any_levels) sources = {&q.levels[0], &q.levels[1], nullptr, &q.ready, &q.levels[2], &q.levels[3]};
+  std::size_t source = 0;                    // sources[source - 1] gave the batch
+  std::deque<std::string>* home = &q.ready;  // where the batch's lanes go back
   // Which lanes are live and how many fences they take, then one INCRBY, as in claim.lua.
   std::vector<std::tuple<std::string, std::deque<std::string>*, std::size_t>> taken;  // lane, group, followers
   std::int64_t fences = 0;
@@ -464,11 +510,12 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
     for (std::size_t at = 0; at < batch.size(); ++at) {
       if (taken.size() >= max) {  // (a weighted group's turn took the room: the rest, it first, wait at the head)
         effects_.made_ready += batch.size() - at;
-        q.ready.insert(q.ready.begin(), std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(at)),
-                       std::make_move_iterator(batch.end()));
+        home->insert(home->begin(), std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(at)),
+                     std::make_move_iterator(batch.end()));
         break;
       }
       auto& lane = batch[at];
+      if (lane == "w:") continue;  // (a wake entry)
       if (!is_group_lane(lane)) {
         if (q.cancel_waits(std::string_view(lane).substr(2))) {  // dropped (claim.lua's drop)
           q.drop_cancelled(std::string_view(lane).substr(2), now);
@@ -572,16 +619,31 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
       taken.emplace_back(std::move(lane), &list, followers);
     }
     auto need = max - taken.size();
-    if (need == 0 || passed >= claim_passes || (batch.size() < asked && again == 0)) break;
+    if (need == 0 || passed >= claim_passes) break;
+    // (the next list, unless this one may hold more: it gave all that was asked, or lanes went back to it)
+    if (source == 0 || !sources[source - 1] || (batch.size() < asked && again == 0)) ++source;
+    if (source > sources.size()) break;
     again = 0;
     batch.clear();
-    asked = need;
-    while (batch.size() < need && !q.ready.empty()) {  // LPOP ready need
-      batch.push_back(std::move(q.ready.front()));
-      q.ready.pop_front();
+    if (!sources[source - 1]) {
+      batch = std::move(moved);
+      home = &q.ready;
+      asked = 0;
+      moved_read = true;
+      continue;
     }
-    if (batch.empty()) break;
+    home = sources[source - 1];
+    asked = need;
+    while (batch.size() < need && !home->empty()) {  // LPOP <list> need
+      batch.push_back(std::move(home->front()));
+      home->pop_front();
+    }
   }
+  if (!moved_read) {  // (the claim's room ran out before them: back at the head of ready)
+    effects_.made_ready += moved.size();
+    q.ready.insert(q.ready.begin(), std::make_move_iterator(moved.begin()), std::make_move_iterator(moved.end()));
+  }
+  if (any_levels) q.wake_levels();
   delay(std::move(later));
   if (taken.empty()) return out;
   std::int64_t deadline = now + opts.lease_ttl.count();
@@ -897,8 +959,9 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
     finish_kind kind = items[i].kind == finish_kind::keep ? finish_kind::ack : items[i].kind;
     conc_end(items[i], kind, lane_of(items[i].token));
   }
-  for (auto& lane : back) q.ready.push_back(std::move(lane));
-  q.ready.insert(q.ready.begin(), std::make_move_iterator(front.begin()), std::make_move_iterator(front.end()));
+  auto made_ready = back.size() + front.size();
+  q.push_lanes(std::move(back), false);
+  q.push_lanes(std::move(front), true);
   // Fences and leases after the loop, in item order (one INCRBY in finish.lua); a lease given
   // here replaces nothing that the loop looked at.
   for (auto& [i, lane] : nexts) {
@@ -916,7 +979,7 @@ std::vector<finish_result> queue_model::finish(std::vector<finish_item> items, s
   q.deferred += deferred;
   q.unhandled += unhandled;
   q.halted += halted;
-  effects_.made_ready += back.size() + front.size();
+  effects_.made_ready += made_ready;
   delay(std::move(later));
   if (kept_done > 0) drop_done(now, kept_done + 10);
   return out;
@@ -1005,9 +1068,9 @@ void queue_model::release(const std::string& worker, std::vector<std::string> to
     std::move(mine->second.begin(), mine->second.end(), std::back_inserter(lanes));
     q.claimed.erase(mine);
   }
-  q.ready.insert(q.ready.begin(), std::make_move_iterator(lanes.begin()), std::make_move_iterator(lanes.end()));
-  q.started -= released;
   effects_.made_ready += lanes.size();
+  q.push_lanes(std::move(lanes), true);
+  q.started -= released;
   return;
 }
 
@@ -1071,9 +1134,9 @@ reap_result queue_model::reap(reap_options opts) {
     q.workers.erase(worker);
     ++result.workers;
   }
-  q.ready.insert(q.ready.begin(), std::make_move_iterator(lanes.begin()), std::make_move_iterator(lanes.end()));
-  q.recovered += result.leases;
   effects_.made_ready += lanes.size();
+  q.push_lanes(std::move(lanes), true);
+  q.recovered += result.leases;
 
   // Dead-letter retention: the oldest go first (by time, then id, as the zset orders them).
   std::vector<std::pair<std::int64_t, std::string>> dead;
@@ -1097,7 +1160,18 @@ reap_result queue_model::reap(reap_options opts) {
 queue_counts queue_model::counts() const {
   queue_counts c;
   const auto& q = *s_;
-  c.ready_lanes = static_cast<std::int64_t>(q.ready.size());
+  // (every level's lanes; a wake entry at a list's head is no lane, as redis_backend counts)
+  const std::string* next = nullptr;  // the next lane a claim takes
+  for (int level : {2, 1, 0, -1, -2}) {
+    const auto& list = q.level_list(level);
+    c.ready_lanes += static_cast<std::int64_t>(list.size());
+    std::size_t at = 0;
+    if (!list.empty() && list.front() == "w:") {
+      --c.ready_lanes;
+      ++at;
+    }
+    if (!next && at < list.size()) next = &list[at];
+  }
   c.running = static_cast<std::int64_t>(q.active.size());
   c.delayed = static_cast<std::int64_t>(q.delayed.size());
   c.paused = static_cast<std::int64_t>(q.paused.size());
@@ -1112,8 +1186,8 @@ queue_counts queue_model::counts() const {
   c.unhandled = q.unhandled;
   c.halted = q.halted;
   c.recovered = q.recovered;
-  if (!q.ready.empty()) {  // (the head's record: inline, or its group's head)
-    const auto& head = q.ready.front();
+  if (next) {  // (the head's record: inline, or its group's head)
+    const auto& head = *next;
     auto group = is_group_lane(head) ? q.groups.find(head.substr(2)) : q.groups.end();
     if (!is_group_lane(head))
       c.next_enqueued_ms = enqueued_at(head);
@@ -1150,8 +1224,8 @@ promote_result queue_model::promote(std::size_t max) {
       lanes.push_back(std::move(member));
     }
   }
-  for (auto& lane : lanes) q.ready.push_back(std::move(lane));
   effects_.made_ready += lanes.size();
+  q.push_lanes(std::move(lanes), false);
   if (!q.delayed.empty())
     result.next_due = std::chrono::milliseconds(std::max<std::int64_t>(0, q.delayed.begin()->first - now));
   return result;
@@ -1179,8 +1253,23 @@ std::vector<std::string> queue_model::requeue(std::vector<std::string> ids, bool
   auto& q = *s_;
   std::size_t made_ready = 0;
   // Several jobs to a head go there in the order given (as requeue.lua): behind the ones before.
-  std::size_t in_front = 0;
+  std::vector<std::string> front;
   std::map<std::string, std::size_t, std::less<>> behind_head;
+  // A record joins its group's tail; a group that had no jobs gets its lane (or is parked).
+  auto join = [&](const std::string& group, std::string record) {
+    auto& list = q.groups[group];
+    list.push_back(std::move(record));
+    if (list.size() > 1) return;
+    if (q.paused.contains(group)) {
+      q.parked.insert(group);
+    } else {
+      q.ready.push_back("g:" + group);
+      ++made_ready;
+    }
+  };
+  // Records to the head of a group with no jobs join it after the ungrouped ones went to the
+  // head of ready (as requeue.lua does it).
+  std::vector<std::pair<std::string, std::string>> joins;
   for (auto& id : ids) {
     auto found = q.dead.find(id);
     if (found == q.dead.end()) continue;
@@ -1190,31 +1279,24 @@ std::vector<std::string> queue_model::requeue(std::vector<std::string> ids, bool
     if (auto k = kept_in(record)) q.kept[std::string(k->id)] = kept_entry('p', 0, group, record);
     if (group.empty()) {
       if (at_head)
-        q.ready.insert(q.ready.begin() + static_cast<std::ptrdiff_t>(in_front++), "j:" + record);
+        front.push_back("j:" + record);
       else
-        q.ready.push_back("j:" + record);
+        q.push_lanes({"j:" + record}, false);
       ++made_ready;
+    } else if (!at_head) {
+      join(group, std::move(record));
+    } else if (auto list = q.groups.find(group); list == q.groups.end() || list->second.empty()) {
+      joins.emplace_back(group, std::move(record));
     } else {
-      auto& list = q.groups[group];
-      bool had_jobs = !list.empty();
-      auto& behind = behind_head[group];  // (0 for a group that had none: its first is the head)
-      if (had_jobs && at_head) {
-        list.insert(list.begin() + 1 + static_cast<std::ptrdiff_t>(behind++), std::move(record));  // LINSERT AFTER
-      } else {
-        list.push_back(std::move(record));
-        if (list.size() == 1) {
-          if (q.paused.contains(group)) {
-            q.parked.insert(group);
-          } else {
-            q.ready.push_back("g:" + group);
-            ++made_ready;
-          }
-        }
-      }
+      auto& behind = behind_head[group];
+      list->second.insert(list->second.begin() + 1 + static_cast<std::ptrdiff_t>(behind++),
+                          std::move(record));  // LINSERT AFTER
     }
     q.dead.erase(found);
     out.push_back(id);
   }
+  q.push_lanes(std::move(front), true);
+  for (auto& [group, record] : joins) join(group, std::move(record));
   effects_.made_ready += made_ready;
   return out;
 }
@@ -1239,6 +1321,7 @@ bool queue_model::pause(const std::string& group) {
   if (in_ready != q.ready.end()) {
     q.ready.erase(in_ready);
     q.parked.insert(group);
+    q.wake_levels();  // (ready may be empty now)
   }
   return true;
 }
@@ -1415,6 +1498,10 @@ check_report queue_model::check(bool repair) {
   auto& q = *s_;
   queue_walk walk;
   walk.ready.assign(q.ready.begin(), q.ready.end());
+  for (int level : priority_levels) {
+    const auto& list = q.level_list(level);
+    walk.levels.emplace_back(std::to_string(level), std::vector<std::string>(list.begin(), list.end()));
+  }
   for (auto& [worker, lanes] : q.claimed)
     walk.claimed.emplace_back(worker, std::vector<std::string>(lanes.begin(), lanes.end()));
   for (auto& [due, member] : q.delayed) walk.delayed.push_back(member);
@@ -1435,7 +1522,13 @@ check_report queue_model::check(bool repair) {
   auto erase_first = [](auto& list, const std::string& value) {
     if (auto it = std::find(list.begin(), list.end(), value); it != list.end()) list.erase(it);
   };
+  // (check_fix.lua wakes the levels after each call that repaired: what it removed may have been
+  // ready's last lane)
+  auto woken = [&](std::int64_t before) {
+    if (out.repaired > before) q.wake_levels();
+  };
   for (auto& group : suspects.groups) {
+    auto before = out.repaired;
     std::string lane = "g:" + group;
     struct holder {
       std::string where;
@@ -1518,6 +1611,7 @@ check_report queue_model::check(bool repair) {
         }
       }
     }
+    woken(before);
   }
   for (auto& c : suspects.copies) {
     // Whether a copy is where the walk saw it, and what drops it. `nth` 2: the second copy is
@@ -1530,7 +1624,7 @@ check_report queue_model::check(bool repair) {
         return [&list, &erase_first, m = p.member] { erase_first(list, m); };
       };
       switch (p.where) {
-        case kind::ready: return in(q.ready);
+        case kind::ready: return in(p.key.empty() ? q.ready : q.level_list(std::stoi(p.key)));
         case kind::claimed: return q.claimed.contains(p.key) ? in(q.claimed[p.key]) : nullptr;
         case kind::group: return q.groups.contains(p.key) ? in(q.groups[p.key]) : nullptr;
         case kind::lease: return nth == 1 && q.active.contains(p.member) ? [] {} : std::function<void()>{};
@@ -1550,6 +1644,7 @@ check_report queue_model::check(bool repair) {
     if (repair && (c.second.droppable() || c.first.droppable())) {
       (c.second.droppable() ? second : first)();
       ++out.repaired;
+      q.wake_levels();
     }
   }
   for (auto& worker : suspects.dead_workers) {
@@ -1560,6 +1655,7 @@ check_report queue_model::check(bool repair) {
       q.ready.insert(q.ready.begin(), found->second.begin(), found->second.end());
       q.claimed.erase(found);
       ++out.repaired;
+      q.wake_levels();
     }
   }
   // (No second walk for ids, as Redis has: this one was at one instant.)
@@ -1569,6 +1665,7 @@ check_report queue_model::check(bool repair) {
     if (repair) {
       q.ids.erase(id);
       ++out.repaired;
+      q.wake_levels();
     }
   }
   if (out.repaired > 0) effects_.made_ready += q.ready.size();  // lanes made ready: waiting claims take them

@@ -714,26 +714,38 @@ asio::awaitable<queue_counts> redis_backend::counters(std::string queue) {
 asio::awaitable<queue_counts> redis_backend::counts(std::string queue) {
   auto p = key_prefix(queue);
   request req;
-  req.push("LLEN", p + "ready")
-      .push("ZCOUNT", p + "active", "-inf", "(+inf")  // (the member at +inf is no lease: claim.lua)
+  req.push("ZCOUNT", p + "active", "-inf", "(+inf")  // (the member at +inf is no lease: claim.lua)
       .push("ZCARD", p + "dead")
       .push("HGETALL", p + "stats")
       .push("ZCARD", p + "delayed")
-      .push("HLEN", p + "paused")
-      .push("LINDEX", p + "ready", 0);
+      .push("HLEN", p + "paused");
+  // Each priority's list, in the order claims read them (ready is level 0): its length and head.
+  constexpr std::array<int, 5> order{2, 1, 0, -1, -2};
+  for (int level : order)
+    req.push("LLEN", detail::level_key(p, level)).push("LRANGE", detail::level_key(p, level), 0, 1);
   req.options.resend_safe = true;
   reply r = co_await link_->exec(std::move(req), p);
   const auto& e = r.as_array();
   queue_counts c;
-  c.ready_lanes = e.at(0).as_integer();
-  c.running = e.at(1).as_integer();
-  c.dead = e.at(2).as_integer();
-  c.delayed = e.at(4).as_integer();
-  c.paused = e.at(5).as_integer();
-  read_stats(e.at(3), c);
+  c.running = e.at(0).as_integer();
+  c.dead = e.at(1).as_integer();
+  c.delayed = e.at(3).as_integer();
+  c.paused = e.at(4).as_integer();
+  read_stats(e.at(2), c);
+  const reply* head = nullptr;  // the next lane a claim takes (a wake entry is none)
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    c.ready_lanes += e.at(5 + 2 * i).as_integer();
+    const auto& first = e.at(6 + 2 * i).as_array();
+    std::size_t at = 0;
+    if (!first.empty() && first[0].as_string() == "w:") {  // (a wake entry is no lane)
+      --c.ready_lanes;
+      ++at;
+    }
+    if (!head && at < first.size()) head = &first[at];
+  }
   // The next job to start: inline in an ungrouped lane, else its group's head (one more read).
-  if (const auto& head = e.at(6); !head.is_nil()) {
-    std::string_view lane = head.as_string();
+  if (head) {
+    std::string_view lane = head->as_string();
     if (!lane.starts_with("g:")) {
       c.next_enqueued_ms = detail::enqueued_at(lane);
     } else {
@@ -1162,6 +1174,8 @@ asio::awaitable<detail::queue_walk> walk(detail::redis_link& link, std::string p
   detail::queue_walk w;
   stats = co_await read_stats(link, p + "stats", w.calls);
   w.ready = co_await read_list(link, p + "ready", w.calls);
+  for (int level : detail::priority_levels)
+    w.levels.emplace_back(std::to_string(level), co_await read_list(link, detail::level_key(p, level), w.calls));
   // The queue's group lists and claimed lists: one SCAN of its keys, a page at a time.
   std::vector<std::string> groups, claimed;
   std::unordered_set<std::string> keys;

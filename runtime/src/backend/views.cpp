@@ -355,6 +355,32 @@ std::size_t weight_in_body(std::string_view body) noexcept {
 
 std::size_t weight_in(std::string_view record) noexcept { return weight_in_body(body_of(record)); }
 
+int prio_in_body(std::string_view body) noexcept {
+  constexpr std::string_view prio = "\"prio\":", weight = "\"weight\":";
+  if (body.find(prio) == std::string_view::npos) return 0;  // (a plain find first, as enqueue.lua)
+  if (!skip_header(body, true)) return 0;
+  if (body.starts_with(weight)) {
+    body.remove_prefix(weight.size());
+    if (!skip_digits(body) || !body.starts_with(',')) return 0;
+    body.remove_prefix(1);
+  }
+  if (!body.starts_with(prio)) return 0;
+  body.remove_prefix(prio.size());
+  bool below = body.starts_with('-');  // ('%-?[12],')
+  if (below) body.remove_prefix(1);
+  if (body.size() < 2 || (body[0] != '1' && body[0] != '2') || body[1] != ',') return 0;
+  return (below ? -1 : 1) * (body[0] - '0');
+}
+
+int prio_in(std::string_view record) noexcept { return prio_in_body(body_of(record)); }
+
+std::string level_key(std::string_view prefix, int level) {
+  std::string key(prefix);
+  key += "ready";
+  if (level != 0) key += ":" + std::to_string(level);
+  return key;
+}
+
 std::pair<std::string_view, std::string_view> conc_parts(std::string_view lane) noexcept {
   auto colon = lane.find(':', 2);
   if (!lane.starts_with("c:") || colon == std::string_view::npos) return {};

@@ -8,6 +8,7 @@
 
 #include <boost/json/object.hpp>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -82,6 +83,16 @@ std::size_t conc_in(std::string_view record) noexcept;
 std::size_t weight_in_body(std::string_view body) noexcept;
 /// As weight_in_body, for a record ('<attempts>|<id>|<body>').
 std::size_t weight_in(std::string_view record) noexcept;
+/// A job's priority (job_spec::priority): P when, after what weight_in_body reads there and,
+/// when present, '"weight":<digits>,', the body goes on '"prio":P,' with P one of 2, 1, -1, -2
+/// (enqueue.lua's level_of); else 0.
+int prio_in_body(std::string_view body) noexcept;
+/// As prio_in_body, for a record ('<attempts>|<id>|<body>').
+int prio_in(std::string_view record) noexcept;
+/// The priorities' levels other than 0, in the order claims read them around ready (level 0).
+inline constexpr std::array<int, 4> priority_levels{2, 1, -1, -2};
+/// The list of a level's lanes: '<prefix>ready' for 0, else '<prefix>ready:<level>'.
+std::string level_key(std::string_view prefix, int level);
 /// The group and the record in the lease lane of a job whose group runs several at once,
 /// 'c:<length of group>:<group><record>' (claim.lua's conc_lane); both empty when malformed.
 std::pair<std::string_view, std::string_view> conc_parts(std::string_view lane) noexcept;
