@@ -93,6 +93,11 @@ local function wake_levels()
   end
 end
 --levels]
+-- Whether a body may have a priority: most start '{"type"' (no leading field at all), and then
+-- the search of the whole body is skipped.
+local function may_have_level(body)
+  return string.byte(body, 3) ~= 116 and string.find(body, '"prio":', 1, true) ~= nil
+end
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
 local probe = redis.pcall('EXISTS', prefix .. 'probe')
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
@@ -135,7 +140,7 @@ if n == 1 and not limited and ARGV[5] == '' and not string.find(ARGV[4], '"max"'
   end
   local record = '0|' .. id .. '|' .. ARGV[4]
   if group == '' then
-    if string.find(ARGV[4], '"prio":', 1, true) then push_lanes({'j:' .. record}) else redis.call('RPUSH', ready, 'j:' .. record) end
+    if may_have_level(ARGV[4]) then push_lanes({'j:' .. record}) else redis.call('RPUSH', ready, 'j:' .. record) end
   elseif redis.call('RPUSH', prefix .. 'g:' .. group, record) == 1 then
     redis.call('RPUSH', ready, 'g:' .. group)
     redis.call('HINCRBY', stats, 'groups', '1')
@@ -231,6 +236,7 @@ local now = 0
 if timed then now = ms(redis.call('TIME')) end
 
 local out, lanes, groups, order, slot, later, kept = {}, {}, {}, {}, {}, {}, {}
+local leveled = false -- whether a job due now may have a priority
 local stored, earliest, duplicates, due_now = 0, nil, 0, 0
 for i = 0, n - 1 do
   local id, group, body, due = ARGV[2 + i * 4], ARGV[3 + i * 4], ARGV[4 + i * 4], ARGV[5 + i * 4]
@@ -268,6 +274,7 @@ for i = 0, n - 1 do
     elseif group == '' then
       due_now = due_now + 1
       lanes[#lanes + 1] = 'j:' .. record
+      leveled = leveled or may_have_level(body)
     else
       due_now = due_now + 1
       local list = groups[group]
@@ -295,7 +302,7 @@ local final = {}
 for i = 1, #lanes do
   if lanes[i] then final[#final + 1] = lanes[i] end
 end
-push_lanes(final)
+if leveled then push_lanes(final) else push_list(ready, final) end
 for i = 1, #kept, 4000 do redis.call('HSET', prefix .. 'jobs', unpack(kept, i, math.min(i + 3999, #kept))) end
 if #later > 0 then
   local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
