@@ -25,6 +25,10 @@
 //     Prints the quiet jobs' waits (enqueue to handler start), p50/p99 of each phase, the p99s'
 //     ratio (every quiet job measured: their counts, alone + beside), and the noisy jobs started
 //     and left (some are left when the backlog lasted).
+//   jobrt_bench_jobs URL priorities SECONDS
+//     as fairness, with ungrouped jobs: urgent ones (job_spec::priority 2) every 2 ms, alone, then
+//     beside a backlog of jobs of priority 0 enqueued first. Prints the urgent jobs' waits, p50/p99
+//     of each phase and the p99s' ratio, and the backlog's jobs started and left.
 //   jobrt_bench_jobs URL weights SECONDS GROUPS [GROUP_CONC=1]
 //     one worker of concurrency 16 (burst 4), handlers that take 1 ms (a timer). GROUPS groups of
 //     each weight 1, 2 and 4 (job_spec::group_weight; up to GROUP_CONC of a group's jobs at once),
@@ -82,6 +86,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -386,52 +391,53 @@ awaitable<void> pickup(asio::io_context& ctx, redis::config cfg, int n, bool gro
                   : std::string());
 }
 
-awaitable<void> fairness(asio::io_context& ctx, redis::config cfg, long seconds, std::size_t noisy_concurrency) {
+// Quiet jobs on a steady beat (one every 2 ms), twice: alone, then beside a noisy backlog,
+// enqueued first, that holds more than one worker of concurrency 16 with 1 ms handlers can start
+// in the phase (16,000 jobs a second of it). `quiet(i)` and `noisy()` make the jobs.
+struct contention_result {
+  std::vector<double> alone, beside;  // the quiet jobs' waits (enqueue to handler start), µs
+  long noisy_backlog = 0, noisy_started = 0;
+};
+
+awaitable<contention_result> contention(asio::io_context& ctx, redis::config cfg, long seconds,
+                                        std::function<job_spec(long)> quiet, std::function<job_spec()> noisy) {
   redis_backend store(ctx.get_executor(), cfg);
   co_await redis::exec(store.connection(), redis::request("FLUSHALL"));
-  constexpr long quiet_groups = 100;
   constexpr auto every = std::chrono::microseconds(2000);
   const long per_phase = seconds * 1'000'000 / every.count();
-  const long noisy_backlog = 16'000 * seconds;
+  contention_result out;
+  out.noisy_backlog = 16'000 * seconds;
   worker_options o;
-  o.queue = "fair";
+  o.queue = "contention";
   o.concurrency = 16;
   worker w(ctx.get_executor(), store, o);
   auto t0 = clock_type::now();
   auto since = [&] { return std::chrono::duration<double, std::micro>(clock_type::now() - t0).count(); };
   std::vector<double> waits;  // of the quiet jobs of the phase
-  long noisy_started = 0;
   w.add_handler("quiet", [&](job_context& c) -> awaitable<void> {
     waits.push_back(since() - c.payload().at("sent_us").to_number<double>());
     co_await sleep_for(std::chrono::milliseconds(1));
   });
   w.add_handler("noisy", [&](job_context&) -> awaitable<void> {
-    ++noisy_started;
+    ++out.noisy_started;
     co_await sleep_for(std::chrono::milliseconds(1));
   });
   w.start();
-  producer p(store, "fair");
-  auto phase = [&](bool noisy) -> awaitable<std::vector<double>> {
-    noisy_started = 0;
-    if (noisy) {
-      producer filler(store, "fair", bulk);
+  producer p(store, o.queue);
+  auto phase = [&](bool beside) -> awaitable<std::vector<double>> {
+    out.noisy_started = 0;
+    if (beside) {
+      producer filler(store, o.queue, bulk);
       std::vector<job_spec> specs;
-      for (long i = 0; i < noisy_backlog; ++i) {
-        job_spec s;
-        s.type = "noisy";
-        s.group = "noisy";
-        s.group_concurrency = noisy_concurrency;
-        specs.push_back(std::move(s));
-      }
+      for (long i = 0; i < out.noisy_backlog; ++i) specs.push_back(noisy());
       co_await filler.enqueue_bulk(std::move(specs));
     }
     waits.clear();
     auto next = clock_type::now();
     for (long i = 0; i < per_phase; ++i) {  // on a steady beat, whatever each enqueue took
       next += every;
-      job_spec s;
+      auto s = quiet(i);
       s.type = "quiet";
-      s.group = fmt::format("q{}", i % quiet_groups);
       s.payload = boost::json::object{{"sent_us", since()}};
       co_await p.enqueue(std::move(s));
       if (auto left = next - clock_type::now(); left > clock_type::duration::zero())
@@ -439,21 +445,61 @@ awaitable<void> fairness(asio::io_context& ctx, redis::config cfg, long seconds,
     }
     for (auto until = clock_type::now() + std::chrono::seconds(10); std::ssize(waits) < per_phase;) {
       if (clock_type::now() > until)
-        throw std::runtime_error(fmt::format("fairness: {} of {} quiet jobs started", waits.size(), per_phase));
+        throw std::runtime_error(fmt::format("contention: {} of {} quiet jobs started", waits.size(), per_phase));
       co_await sleep_for(std::chrono::microseconds(500));  // (every quiet job is measured)
     }
     co_return std::move(waits);
   };
-  auto alone = co_await phase(false);
-  auto beside = co_await phase(true);
-  auto noisy_left = noisy_backlog - noisy_started;  // (read before the worker stops)
+  out.alone = co_await phase(false);
+  out.beside = co_await phase(true);
+  auto started = out.noisy_started;  // (read before the worker stops)
   co_await w.stop(std::chrono::seconds(5));
+  out.noisy_started = started;
+  co_return out;
+}
+
+awaitable<void> fairness(asio::io_context& ctx, redis::config cfg, long seconds, std::size_t noisy_concurrency) {
+  auto r = co_await contention(
+      ctx, std::move(cfg), seconds,
+      [](long i) {
+        job_spec s;
+        s.group = fmt::format("q{}", i % 100);  // 100 quiet groups, in turn
+        return s;
+      },
+      [noisy_concurrency] {
+        job_spec s;
+        s.type = "noisy";
+        s.group = "noisy";
+        s.group_concurrency = noisy_concurrency;
+        return s;
+      });
   fmt::print(
       "fairness seconds={} noisy_concurrency={} quiet_jobs={}+{} alone_p50_us={:.0f} alone_p99_us={:.0f} "
       "beside_p50_us={:.0f} beside_p99_us={:.0f} p99_ratio={:.2f} noisy_started={} noisy_left={}\n",
-      seconds, noisy_concurrency, alone.size(), beside.size(), percentile(alone, 0.5), percentile(alone, 0.99),
-      percentile(beside, 0.5), percentile(beside, 0.99), percentile(beside, 0.99) / percentile(alone, 0.99),
-      noisy_backlog - noisy_left, noisy_left);
+      seconds, noisy_concurrency, r.alone.size(), r.beside.size(), percentile(r.alone, 0.5), percentile(r.alone, 0.99),
+      percentile(r.beside, 0.5), percentile(r.beside, 0.99), percentile(r.beside, 0.99) / percentile(r.alone, 0.99),
+      r.noisy_started, r.noisy_backlog - r.noisy_started);
+}
+
+awaitable<void> priorities(asio::io_context& ctx, redis::config cfg, long seconds) {
+  auto r = co_await contention(
+      ctx, std::move(cfg), seconds,
+      [](long) {
+        job_spec s;
+        s.priority = 2;
+        return s;
+      },
+      [] {
+        job_spec s;
+        s.type = "noisy";
+        return s;
+      });
+  fmt::print(
+      "priorities seconds={} urgent_jobs={}+{} alone_p50_us={:.0f} alone_p99_us={:.0f} beside_p50_us={:.0f} "
+      "beside_p99_us={:.0f} p99_ratio={:.2f} backlog_started={} backlog_left={}\n",
+      seconds, r.alone.size(), r.beside.size(), percentile(r.alone, 0.5), percentile(r.alone, 0.99),
+      percentile(r.beside, 0.5), percentile(r.beside, 0.99), percentile(r.beside, 0.99) / percentile(r.alone, 0.99),
+      r.noisy_started, r.noisy_backlog - r.noisy_started);
 }
 
 awaitable<void> weights(asio::io_context& ctx, redis::config cfg, long seconds, long groups,
@@ -649,7 +695,8 @@ int main(int argc, char** argv) {
         "pickup N "
         "GROUPED [GAP_US] [SHARDS] | wait N GROUPED [GAP_US] [SHARDS] | "
         "scale N C GROUPS SHARDS NODE_URL... | rate GROUPS MAX WINDOW_MS SECONDS | queue-rate WORKERS MAX "
-        "WINDOW_MS SECONDS | depth DEPTH | fairness SECONDS [NOISY_CONC] | weights SECONDS GROUPS [GROUP_CONC]\n",
+        "WINDOW_MS SECONDS | depth DEPTH | fairness SECONDS [NOISY_CONC] | priorities SECONDS | weights SECONDS GROUPS "
+        "[GROUP_CONC]\n",
         argv[0]);
     return 2;
   }
@@ -700,6 +747,8 @@ int main(int argc, char** argv) {
     asio::co_spawn(ctx, queue_rate(ctx, cfg, arg(3, 0), arg(4, 0), arg(5, 0), arg(6, 0)), done);
   else if (mode == "fairness" && arg(3, 0) > 0)
     asio::co_spawn(ctx, fairness(ctx, cfg, arg(3, 0), static_cast<std::size_t>(std::max(1L, arg(4, 1)))), done);
+  else if (mode == "priorities" && arg(3, 0) > 0)
+    asio::co_spawn(ctx, priorities(ctx, cfg, arg(3, 0)), done);
   else if (mode == "weights" && arg(3, 0) > 0 && arg(4, 0) > 0)
     asio::co_spawn(ctx, weights(ctx, cfg, arg(3, 0), arg(4, 0), static_cast<std::size_t>(std::max(1L, arg(5, 1)))),
                    done);
