@@ -274,7 +274,7 @@ for i = 0, n - 1 do
     elseif group == '' then
       due_now = due_now + 1
       lanes[#lanes + 1] = 'j:' .. record
-      leveled = leveled or may_have_level(body)
+      if not leveled and byte(body, 3) ~= 116 and find(body, '"prio":', 1, true) then leveled = true end -- (may_have_level)
     else
       due_now = due_now + 1
       local list = groups[group]
