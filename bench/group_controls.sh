@@ -16,6 +16,8 @@
 # Then weights (jobrt_bench_jobs ... weights SECONDS GROUPS N): 16 or 160 groups of each weight
 # 1, 2 and 4, all backlogged, N = 1 or 4 of a group's jobs at once; prints each weight's starts
 # per group over its weight, against weight 1's (1.00: in proportion; the goal is within ±10%).
+# Then priorities (jobrt_bench_jobs ... priorities SECONDS): urgent ungrouped jobs' waits alone
+# and beside a backlog of jobs of priority 0; prints the p99s' ratio.
 # Usage: bench/group_controls.sh [SECONDS=10] [RUNS=3]   (BUILD=0 to use build/release as is)
 # Server on core 0, client on core 1.
 set -euo pipefail
@@ -56,4 +58,6 @@ for run in $(seq "$runs"); do
       echo "run=$run $line"
     done
   done
+  line=$(taskset -c 1 "$bin" "$url" priorities "$seconds")
+  echo "run=$run $line"
 done
