@@ -23,6 +23,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -133,6 +134,16 @@ job_spec make_job(std::string type, boost::json::value payload, std::optional<st
   s.payload = std::move(payload);
   s.group = std::move(group);
   return s;
+}
+
+// What `f` refuses: the text of the std::invalid_argument it throws ("" when it throws none).
+inline std::string refusal(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // A job enqueued with a keep of an hour (job_spec::keep): found by id, and cancellable.

@@ -3,8 +3,6 @@
 // 1,000 jobs a lease, and stops where any lease's followers stop.
 #include "conformance/conformance.hpp"
 
-#include <functional>
-
 namespace {
 
 job_spec weighted(int n, std::string group, std::optional<std::size_t> weight) {
@@ -26,15 +24,6 @@ const claimed_job& of_group(const std::vector<claimed_job>& claimed, const std::
   for (auto& c : claimed)
     if (c.group == group) return c;
   throw std::runtime_error("no lease of group " + group);
-}
-
-std::string refusal(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

@@ -6,8 +6,6 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 
-#include <functional>
-
 namespace {
 
 // An ungrouped job named `name`; its id puts it on one shard of a sharded queue (priorities
@@ -35,15 +33,6 @@ finish_item ended(const claimed_job& c, finish_kind kind) {
   i.kind = kind;
   i.unique_id = c.job.id;
   return i;
-}
-
-std::string refusal(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
 }
 
 const std::array<int, 4> other_levels{-2, -1, 1, 2};
