@@ -504,10 +504,12 @@ void add_enqueue(CLI::App& jobrt, action& chosen) {
   job_option(
       number_option(*cmd, "--timeout", a->timeout_ms, 0, 999'999'999'999'999, "cancel a run after MS (default 0: none)")
           ->option_text("MS"));
-  job_option(cmd->add_option("--priority", a->base.priority,
-                             "an ungrouped job's priority, -2 to 2 (default 0): workers take higher ones first")
-                 ->check(CLI::Range(-max_priority, max_priority))
-                 ->option_text("P"));
+  job_option(
+      cmd->add_option(
+             "--priority", a->base.priority,
+             "-2 to 2 (default 0): workers take higher ones first (a grouped job's orders its group while it is next)")
+          ->check(CLI::Range(-max_priority, max_priority))
+          ->option_text("P"));
   job_option(word_option(*cmd, "--on-failure", a->on_failure, "hold, skip or halt: what its failure does",
                          [](const std::string& t) { parse_failure_policy(t); })
                  ->option_text("POLICY"));

@@ -12,7 +12,7 @@
 --   id      ARGV[4] the id
 --   count   ARGV[4] the groups the walk found; ARGV[5..] the stats hash as the walk saw it
 -- Returns {stuck (0|1), repairs made, problem...}, a problem being {code, values...}:
---   {'stuck', jobs} {'lanes', where...} {'parked'} {'empty', where} {'unsure', ready's length}
+--   {'stuck', jobs} {'lanes', where...} {'parked'} {'empty', where} {'unsure', the list's length}
 --   {'copy'} {'worker', lanes} {'id'} {'count', counted, found} {'runs', counted, leases}
 -- Invariants (see ARCHITECTURE): a group with jobs has exactly one of: its lane in ready, in a
 -- worker's claimed list or in delayed, a lease, a parked lane (paused), or a full one (its runs
@@ -24,8 +24,10 @@ local ready, active, delayed, paused, parked, ids, workers, stats =
 local prefix = string.sub(ready, 1, -6)
 --@levels
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
-local probe = redis.pcall('EXISTS', prefix .. 'probe')
+-- (The probe key never exists: the call also asks for the levels' mark.)
+local probe = redis.pcall('EXISTS', prefix .. 'probe', levels_mark)
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
+grouped_levels = probe > 0
 local repair, what, bound = ARGV[1] == '1', ARGV[2], tonumber(ARGV[3])
 local problems, repaired, stuck = {}, 0, 0
 
@@ -54,6 +56,14 @@ if what == 'group' then
   local found, unsure, len = find_in(ready, lane)
   for _, f in ipairs(found) do
     holders[#holders + 1] = {where = 'ready', remove = function() remove_found(ready, lane, f) end}
+  end
+  for i, level in ipairs({2, 1, -1, -2}) do -- (a group's lane waits in its head's level: see levels)
+    local key = level_keys[i]
+    local in_level, unsure_there, there = find_in(key, lane)
+    for _, f in ipairs(in_level) do
+      holders[#holders + 1] = {where = 'ready:' .. level, remove = function() remove_found(key, lane, f) end}
+    end
+    if unsure_there and not unsure then unsure, len = true, there end
   end
   local names, listed = redis.call('ZRANGE', workers, 0, -1), {}
   for i = 5, #ARGV do names[#names + 1] = ARGV[i] end
@@ -129,7 +139,7 @@ if what == 'group' then
       stuck = 1
       problems[#problems + 1] = {'stuck', jobs}
       if repair then
-        if is_paused then redis.call('SADD', parked, group) else redis.call('RPUSH', ready, lane) end
+        if is_paused then redis.call('SADD', parked, group) else push_lanes({lane}) end
         repaired = repaired + 1
       end
     elseif #holders > 1 then
@@ -147,7 +157,7 @@ if what == 'group' then
       problems[#problems + 1] = {'parked'}
       if repair then
         redis.call('SREM', parked, group)
-        redis.call('RPUSH', ready, lane)
+        push_lanes({lane})
         repaired = repaired + 1
       end
     end

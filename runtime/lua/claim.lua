@@ -23,13 +23,15 @@ local paused, parked = KEYS[6], KEYS[7]
 local prefix = string.sub(ready, 1, -6)
 --@levels
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
--- (One call also asks whether any group is throttled and whether any level's list holds lanes:
--- the probe key itself never exists, and EXISTS counts a key named five times five times.)
-local throttled = prefix .. 'throttled'
+-- (One call also asks whether any group is throttled, whether any level's list holds lanes and
+-- for the levels' mark: the probe key itself never exists, and EXISTS counts a key named five
+-- times five times; the mark is named ten times, the four lists once each.)
+local throttled, mark = prefix .. 'throttled', levels_mark
 local probe = redis.pcall('EXISTS', prefix .. 'probe', throttled, throttled, throttled, throttled, throttled,
-                          unpack(level_keys))
+                          mark, mark, mark, mark, mark, mark, mark, mark, mark, mark, unpack(level_keys))
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
-local any_throttled, any_levels = probe >= 5, probe % 5 > 0
+local any_throttled, any_levels = probe % 10 >= 5, probe % 5 > 0
+grouped_levels = probe >= 10
 local max, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- Numbers go to Redis as strings ('%d' or as given): Lua's own conversion of a number (and
 -- Redis's of a number argument) prints it as a float, which costs microseconds.
@@ -90,9 +92,15 @@ local function ask_flags()
   any_running = n > (any_paused and 1 or 0)
 end
 local moved = redis.call('LPOP', claimed, string.format('%d', max)) or {}
+-- (Every level's list when one holds lanes or the queue is marked. When a group's lane went back
+-- to a list read already in this call, the lists are read again from that one as soon as the
+-- list being read is done (rewind): no lane of a lower level starts before it, and a claim that
+-- leaves room leaves no lane it could take. The lanes a blocking claim moved and ready count as
+-- one list there: a claim reads the same lanes in the same order as one that moved none.)
 local sources = {claimed, ready}
-if any_levels then sources = {level_keys[1], level_keys[2], claimed, ready, level_keys[3], level_keys[4]} end
+if any_levels or grouped_levels then sources = {level_keys[1], level_keys[2], claimed, ready, level_keys[3], level_keys[4]} end
 local source, lanes, home, moved_read = 0, {}, ready, false -- home: where lanes of sources[source] go back
+local rewind = nil -- the first source read already that a lane went back to
 local passed, asked = 0, 0 -- asked: how many lanes the last LPOP of a list asked for
 local again = 0 -- lanes this round put back in ready with room for more (see conc_of): read on
 
@@ -136,8 +144,8 @@ local function limited(record) return find(record, rate_mark, 1, true) and rate_
 
 -- A group may run up to N jobs at once when its head's body says so ("conc":N, after a keep and
 -- a rate limit). Such a head leaves the list when it starts and travels in its lease's lane,
--- 'c:<length of group>:<group><record>'; the group's lane goes back to the tail of ready while
--- fewer than N run, else waits in the set <prefix>full until one of them ends (finish.lua,
+-- 'c:<length of group>:<group><record>'; the group's lane goes back to the tail of ready (or of
+-- its next head's level's list, see levels) while fewer than N run, else waits in the set <prefix>full until one of them ends (finish.lua,
 -- reap.lua and release.lua put it back). A head of N = 1 behind such runs waits for all to end.
 local conc_mark = '"conc":'
 local function conc_of(record)
@@ -223,7 +231,8 @@ while true do
       local listed = #records -- (before the followers are cut)
       cut_followers(records, 2)
       if entry then
-        redis.call('LPUSH', ready, lane) -- more to drop than this call may: the next one goes on
+        -- (more to drop than this call may: the next one goes on)
+        if push_lanes({lane}, true) then any_levels = true end
       elseif #records == 0 then
         passed = passed + 1 -- a stale lane of an emptied group is dropped
       else
@@ -286,8 +295,15 @@ while true do
             elseif turn_on then
               table.insert(lanes, i + 1, lane) -- (met next, or first in the next claim)
             elseif runs + 1 < conc then
-              redis.call('RPUSH', ready, lane)
-              again = again + 1
+              local leveled, list = push_lanes({lane})
+              if leveled then any_levels = true end
+              if list == home then
+                again = again + 1
+              else
+                for k = 1, source - 1 do
+                  if sources[k] == list and not (rewind and rewind < k) then rewind = k end
+                end
+              end
             else
               redis.call('SADD', prefix .. 'full', group)
             end
@@ -328,11 +344,14 @@ while true do
   local need = max - #taken
   if need <= 0 or passed >= 100 then break end
   -- (the next list, unless this one may hold more: it gave all that was asked, or lanes went back to it)
-  if source == 0 or sources[source] == claimed or (#lanes < asked and again == 0) then source = source + 1 end
+  if source == 0 or sources[source] == claimed or (#lanes < asked and again == 0) then
+    if rewind and sources[source] ~= claimed then source, rewind = rewind, nil else source = source + 1 end
+  end
   if not sources[source] then break end
   again = 0
   if sources[source] == claimed then
-    lanes, home, asked, moved_read = moved, ready, 0, true
+    lanes, home, asked = moved_read and {} or moved, ready, 0
+    moved_read = true
   else
     asked, home = need, sources[source]
     lanes = redis.call('LPOP', home, string.format('%d', need)) or {}

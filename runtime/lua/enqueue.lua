@@ -19,8 +19,8 @@
 --
 -- A job is stored as the record '<attempts before>|<id>|<body>': ungrouped, as the lane
 -- 'j:<record>' in ready (or in its level's list: see levels below); grouped, at the tail of
--- <prefix>g:<group>, and the lane 'g:<group>' goes to ready only when that list was empty (the
--- group had no pending or running job).
+-- <prefix>g:<group>, and the lane 'g:<group>' goes to ready (or its level's list) only when that
+-- list was empty (the group had no pending or running job).
 -- A job due later waits in delayed, scored by its due time: ungrouped as 'j:<record>', grouped as
 -- 'd:<order>:<length of group>:<group><record>' (it joins its group when it is due). <order> is
 -- a number from seq, 16 digits wide: members with one score sort by it, so grouped jobs due at
@@ -29,24 +29,48 @@
 local ready, seq, ids, stats, delayed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = string.sub(ready, 1, -6)
 --[levels: the priorities (the other scripts get this block in place of their line '--@levels')
--- A lane waits in the list of its level. An ungrouped job whose body holds "prio":P among its
--- leading fields (after a keep, rate, conc and weight, each optional, in that order), P one of
--- 2, 1, -1, -2, waits in <prefix>ready:<P>; every other lane is of level 0: ready. Claims read
--- ready:2, ready:1, ready, ready:-1, ready:-2, in that order (claim.lua). Workers block on ready
--- alone, so while a level's list holds lanes, ready is not empty: a push to such a list that
--- finds ready empty puts the wake entry 'w:' there (claims drop it).
+-- A lane waits in the list of its level. A job's priority is "prio":P among its body's leading
+-- fields (after a keep, rate, conc and weight, each optional, in that order), P one of 2, 1, -1,
+-- -2; a lane of level P waits in <prefix>ready:<P>, every other lane (level 0) in ready. An
+-- ungrouped job's lane 'j:<record>' is of its job's level; a group's lane 'g:<group>' of its
+-- head job's when the lane is pushed (it stays in that list while it waits, whatever goes to its
+-- group's head meanwhile). Claims read ready:2, ready:1, ready, ready:-1, ready:-2, in that
+-- order (claim.lua). Workers block on ready alone, so while a level's list holds lanes, ready
+-- is not empty: a push to such a list that finds ready empty puts the wake entry 'w:' there
+-- (claims drop it).
+-- A group's head is read (LINDEX) only in a queue that marks it stored grouped jobs with a
+-- priority (<prefix>levels, set by enqueue.lua; it goes only with the whole queue): the
+-- scripts that push lanes ask for the mark in the EXISTS each makes anyway (grouped_levels),
+-- the others when they first push a group's lane.
 local level_keys = {prefix .. 'ready:2', prefix .. 'ready:1', prefix .. 'ready:-1', prefix .. 'ready:-2'}
+local levels_mark = prefix .. 'levels'
+local grouped_levels = nil -- whether the queue holds the mark (nil: not asked yet)
 local level_fields = {'^"keep":%d+,', '^"rate":%[%d+,%d+%],', '^"conc":%d+,', '^"weight":%d+,'}
-local function level_of(lane)
-  if not string.find(lane, '"prio":', 1, true) or string.sub(lane, 1, 2) ~= 'j:' then return 0 end
-  local at = select(2, string.find(lane, '^j:%d+|[^|]*|{'))
+-- The level of a record ('<attempts>|<id>|<body>') starting at s[from].
+local function record_level(s, from)
+  if not string.find(s, '"prio":', from, true) then return 0 end
+  local at = select(2, string.find(s, '^%d+|[^|]*|{', from))
   if not at then return 0 end
   at = at + 1
   for _, field in ipairs(level_fields) do
-    local _, e = string.find(lane, field, at)
+    local _, e = string.find(s, field, at)
     if e then at = e + 1 end
   end
-  return tonumber(string.match(lane, '^"prio":(%-?[12]),', at)) or 0
+  return tonumber(string.match(s, '^"prio":(%-?[12]),', at)) or 0
+end
+local function level_of(lane)
+  local kind = string.sub(lane, 1, 2)
+  if kind == 'j:' then return record_level(lane, 3) end
+  if kind ~= 'g:' then return 0 end
+  if grouped_levels == nil then grouped_levels = redis.call('EXISTS', levels_mark) == 1 end
+  if not grouped_levels then return 0 end
+  local head = redis.call('LINDEX', prefix .. lane, 0)
+  return head and record_level(head, 1) or 0
+end
+-- The list of a level's lanes.
+local function level_list(level)
+  if level == 0 then return ready end
+  return level_keys[level > 0 and 3 - level or 2 - level]
 end
 -- Pushes lanes to a list, in their order: at its tail, or (at_head) at its head. Returns its length.
 local function push_list(key, lanes, at_head)
@@ -63,28 +87,28 @@ local function push_list(key, lanes, at_head)
   return len
 end
 -- Pushes lanes to their levels' lists, in their order: at the tails, or (at_head) at the heads.
+-- Returns whether any went to a level's list, and the list of the last lane.
 local function push_lanes(lanes, at_head)
-  local leveled = false
-  for _, lane in ipairs(lanes) do
-    if string.find(lane, '"prio":', 1, true) and level_of(lane) ~= 0 then
-      leveled = true
-      break
-    end
+  local of, leveled = {}, false
+  for i, lane in ipairs(lanes) do
+    of[i] = level_of(lane)
+    if of[i] ~= 0 then leveled = true end
   end
   if not leveled then
     if #lanes > 0 then push_list(ready, lanes, at_head) end
-    return
+    return false, ready
   end
   local by = {[2] = {}, [1] = {}, [0] = {}, [-1] = {}, [-2] = {}}
-  for _, lane in ipairs(lanes) do
-    local list = by[level_of(lane)]
+  for i, lane in ipairs(lanes) do
+    local list = by[of[i]]
     list[#list + 1] = lane
   end
   local in_ready = #by[0] > 0 and push_list(ready, by[0], at_head) or redis.call('LLEN', ready)
-  for i, level in ipairs({2, 1, -1, -2}) do
-    if #by[level] > 0 then push_list(level_keys[i], by[level], at_head) end
+  for _, level in ipairs({2, 1, -1, -2}) do
+    if #by[level] > 0 then push_list(level_list(level), by[level], at_head) end
   end
   if in_ready == 0 then redis.call('RPUSH', ready, 'w:') end
+  return true, level_list(of[#of])
 end
 -- After lanes left ready: the wake entry, when ready is empty and a level's list is not.
 local function wake_levels()
@@ -99,8 +123,17 @@ local function may_have_level(body)
   return string.byte(body, 3) ~= 116 and string.find(body, '"prio":', 1, true) ~= nil
 end
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
-local probe = redis.pcall('EXISTS', prefix .. 'probe')
+-- (The probe key never exists: the call also asks for the levels' mark.)
+local probe = redis.pcall('EXISTS', prefix .. 'probe', levels_mark)
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
+grouped_levels = probe > 0
+-- A grouped job with a priority: the queue is marked, before its group's lane is pushed.
+local function mark_levels()
+  if not grouped_levels then
+    redis.call('SET', levels_mark, '1')
+    grouped_levels = true
+  end
+end
 local n = tonumber(ARGV[1])
 -- Shard k of a queue of S shards ('<n>:<S>:<k>') assigns the ids m * S + k (see PROTOCOL.md).
 local stride, offset, marks = 1, 0, nil
@@ -139,11 +172,15 @@ if n == 1 and not limited and ARGV[5] == '' and not string.find(ARGV[4], '"max"'
     return {id, 1}
   end
   local record = '0|' .. id .. '|' .. ARGV[4]
+  local level = may_have_level(ARGV[4]) and record_level(record, 1) or 0
   if group == '' then
-    if may_have_level(ARGV[4]) then push_lanes({'j:' .. record}) else redis.call('RPUSH', ready, 'j:' .. record) end
-  elseif redis.call('RPUSH', prefix .. 'g:' .. group, record) == 1 then
-    redis.call('RPUSH', ready, 'g:' .. group)
-    redis.call('HINCRBY', stats, 'groups', '1')
+    if level ~= 0 then push_lanes({'j:' .. record}) else redis.call('RPUSH', ready, 'j:' .. record) end
+  else
+    if level ~= 0 then mark_levels() end
+    if redis.call('RPUSH', prefix .. 'g:' .. group, record) == 1 then
+      if level ~= 0 then push_lanes({'g:' .. group}) else redis.call('RPUSH', ready, 'g:' .. group) end
+      redis.call('HINCRBY', stats, 'groups', '1')
+    end
   end
   if string.find(ARGV[4], '^{"keep":%d') then
     redis.call('HSET', prefix .. 'jobs', id, string.format('p0:%d:', #group) .. group .. record)
@@ -261,6 +298,10 @@ for i = 0, n - 1 do
     if find(body, '^{"keep":%d') then
       kept[#kept + 1] = id
       kept[#kept + 1] = string.format('%s%d:%d:', at and 'd' or 'p', at or 0, #group) .. group .. record
+    end
+    if group ~= '' and byte(body, 3) ~= 116 and find(body, '"prio":', 1, true) and record_level(record, 1) ~= 0 then
+      mark_levels() -- (may_have_level)
+      if not at then leveled = true end
     end
     if at then
       local member = 'j:' .. record

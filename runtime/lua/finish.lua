@@ -62,8 +62,10 @@ local delayed, paused, parked, jumps = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local prefix = string.sub(ready, 1, -6)
 --@levels
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
-local probe = redis.pcall('EXISTS', prefix .. 'probe')
+-- (The probe key never exists: the call also asks for the levels' mark.)
+local probe = redis.pcall('EXISTS', prefix .. 'probe', levels_mark)
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
+grouped_levels = probe > 0
 local ttl, n, call = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 
 if ARGV[4] ~= '' then

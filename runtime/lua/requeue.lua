@@ -13,8 +13,10 @@ local ready, dead, dead_info, ids, paused, parked = KEYS[1], KEYS[2], KEYS[3], K
 local prefix = string.sub(ready, 1, -6)
 --@levels
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
-local probe = redis.pcall('EXISTS', prefix .. 'probe')
+-- (The probe key never exists: the call also asks for the levels' mark.)
+local probe = redis.pcall('EXISTS', prefix .. 'probe', levels_mark)
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
+grouped_levels = probe > 0
 local at_head = ARGV[1] == 'head'
 
 -- A record joins its group at the tail; a group that had no jobs gets its lane (or is parked).
@@ -24,7 +26,7 @@ local function join(group, record)
     if redis.call('HEXISTS', paused, group) == 1 then
       redis.call('SADD', parked, group)
     else
-      redis.call('RPUSH', ready, 'g:' .. group)
+      push_lanes({'g:' .. group})
     end
   end
 end

@@ -7,9 +7,12 @@
 -- Returns: 1 resumed; 0 the group was not paused; error when skip finds the group's head running.
 local ready, paused, parked, dead, dead_info, ids, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local prefix = string.sub(ready, 1, -6)
+--@levels
 -- (On a cluster, while the queue's slot migrates: wait, before any write. See PROTOCOL.md.)
-local probe = redis.pcall('EXISTS', prefix .. 'probe')
+-- (The probe key never exists: the call also asks for the levels' mark.)
+local probe = redis.pcall('EXISTS', prefix .. 'probe', levels_mark)
 if type(probe) == 'table' then return redis.error_reply(string.find(probe.err, 'non local', 1, true) and 'TRYAGAIN slot migrating' or probe.err) end
+grouped_levels = probe > 0
 local group, mode = ARGV[1], ARGV[2]
 local state = redis.call('HGET', paused, group)
 if not state then return 0 end
@@ -64,5 +67,5 @@ elseif head and halted then
   local rest = string.match(head, '^%d+(|.*)$')
   if rest then redis.call('LSET', key, 0, '0' .. rest) end
 end
-if redis.call('EXISTS', key) == 1 then redis.call('RPUSH', ready, 'g:' .. group) end
+if redis.call('EXISTS', key) == 1 then push_lanes({'g:' .. group}) end
 return 1

@@ -105,17 +105,6 @@ boost::json::value producer::parse_payload(std::string_view text) {
   return value;
 }
 
-namespace {
-
-std::string grouped_priority(int priority, std::string_view group) {
-  return fmt::format(
-      "job priority is {} and its group is '{}': only an ungrouped job may have a priority (a group's jobs keep their "
-      "enqueue order)",
-      priority, group);
-}
-
-}  // namespace
-
 void producer::check(const job_spec& spec) {
   if (spec.type.empty()) throw std::invalid_argument("job type is empty");
   if (auto problem = detail::id_refusal(spec.id); !problem.empty()) throw std::invalid_argument(problem);
@@ -155,7 +144,6 @@ void producer::check(const job_spec& spec) {
   if (spec.priority < -max_priority || spec.priority > max_priority)
     throw std::invalid_argument(
         fmt::format("job priority is {}; it must be from {} to {}", spec.priority, -max_priority, max_priority));
-  if (spec.priority != 0 && spec.group) throw std::invalid_argument(grouped_priority(spec.priority, *spec.group));
 }
 
 void producer::check(const job_spec& spec, const producer_options& opts) {
@@ -184,8 +172,6 @@ encoded_job producer::encode(const job_spec& spec, std::int64_t now_ms, const pr
   } else if (choice) {
     out.group = std::move(choice->group);
   }
-  if (spec.priority != 0 && !out.group.empty())  // (a group its grouping rule gave)
-    throw std::invalid_argument(grouped_priority(spec.priority, out.group));
   // A group's rate limit and concurrency travel with its jobs: a job applies them while it is
   // its group's next.
   std::optional<rate_limit> rate;

@@ -409,9 +409,9 @@ class differential {
     const char* type = rng_.chance(80) ? "t" : "x";
     std::string head = rng_.chance(33) ? R"({"keep":10800000,)" : "{";
     if (rng_.chance(8)) head += fmt::format(R"("rate":[{},10800000],)", 1 + rng_.below(3));
-    if (rng_.chance(15)) head += fmt::format(R"("conc":{},)", 2 + rng_.below(3));           // group concurrency
-    if (rng_.chance(15)) head += fmt::format(R"("weight":{},)", 2 + rng_.below(3));         // group weight
-    if (rng_.chance(20)) head += fmt::format(R"("prio":{},)", priority_of[rng_.below(4)]);  // (ungrouped jobs)
+    if (rng_.chance(15)) head += fmt::format(R"("conc":{},)", 2 + rng_.below(3));    // group concurrency
+    if (rng_.chance(15)) head += fmt::format(R"("weight":{},)", 2 + rng_.below(3));  // group weight
+    if (rng_.chance(20)) head += fmt::format(R"("prio":{},)", priority_of[rng_.below(4)]);
     return fmt::format(R"({}"type":"{}","payload":{{"n":{}}},{}"at":{}}})", head, type, n,
                        flagged ? R"("u":true,)" : "", 1'700'000'000'000LL + n);
   }
@@ -604,8 +604,9 @@ class differential {
       if (c.token.find("|c:") != std::string::npos) ++tally_["concurrent leases"];
     for (auto& c : *m.value)  // (leases of a weighted group: more followers than asked for)
       if (c.ahead.size() > o.ahead) ++tally_["weighted leases"];
-    for (auto& c : *m.value)  // (leases of ungrouped jobs with a priority)
-      if (c.group.empty() && c.job.body.find("\"prio\":") != std::string::npos) ++tally_["prioritised leases"];
+    for (auto& c : *m.value)  // (leases of jobs with a priority: ungrouped, and groups' next jobs)
+      if (c.job.body.find("\"prio\":") != std::string::npos)
+        ++tally_[c.group.empty() ? "prioritised leases" : "prioritised group leases"];
     std::string got;
     for (std::size_t i = 0; i < m.value->size(); ++i) {
       int h = add_lease(o.worker, (*m.value)[i], (*r.value)[i]);

@@ -1,6 +1,7 @@
 // Priorities on every backend (job_spec::priority): ungrouped jobs of a higher priority start
-// first, those of one priority in enqueue order; a job that goes back keeps its priority; an idle
-// blocking claim wakes for a job of any priority.
+// first, those of one priority in enqueue order; groups by their next job's priority, each
+// keeping its own order; a job that goes back keeps its priority; an idle blocking claim wakes
+// for a job of any priority.
 #include "conformance/conformance.hpp"
 
 #include <boost/asio/co_spawn.hpp>
@@ -13,6 +14,16 @@ namespace {
 job_spec prioritised(backend_kind kind, const std::string& name, int priority) {
   auto s = make_job("t", boost::json::object{{"name", name}});
   s.id = beside(kind, "p-" + name, "p-a");
+  s.priority = priority;
+  return s;
+}
+
+// A job named `name` of group `group` (on a sharded queue, a group on the shard of the ungrouped
+// jobs above).
+job_spec grouped(backend_kind kind, const std::string& group, const std::string& name, int priority) {
+  auto s = make_job("t", boost::json::object{{"name", name}});
+  s.id = "p-" + name;
+  s.group = beside(kind, group, "p-a");
   s.priority = priority;
   return s;
 }
@@ -182,33 +193,140 @@ CONFORMANCE("priority: a blocking claim on an empty queue wakes for a job of any
   });
 }
 
-CONFORMANCE("priority: one out of range, or on a grouped job, is refused with its value") {
+CONFORMANCE("priority: one out of range is refused with its value, grouped or not") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);
     auto& store = b.make();
     CHECK(refusal([&] { producer::check(prioritised(kind, "a", 3)); }) == "job priority is 3; it must be from -2 to 2");
     CHECK(refusal([&] { producer::check(prioritised(kind, "a", -3)); }) ==
           "job priority is -3; it must be from -2 to 2");
-    auto grouped = prioritised(kind, "a", 1);
-    grouped.group = "acme";
-    CHECK(refusal([&] { producer::check(grouped); }) ==
-          "job priority is 1 and its group is 'acme': only an ungrouped job may have a priority (a group's jobs keep "
-          "their enqueue order)");
-    producer_options po;  // a rule that groups the job
-    grouping_rule rule;
-    rule.key = "tenant-{tenant}";
-    po.rules.add(std::move(rule));
-    auto ruled = tenant_job(-1);
-    CHECK(refusal([&] { producer::check(ruled, po); }).find("its group is 'tenant-acme'") != std::string::npos);
-    producer p(store, b.queue(), po);
+    CHECK(refusal([&] { producer::check(grouped(kind, "acme", "a", 3)); }) ==
+          "job priority is 3; it must be from -2 to 2");
+    producer p(store, b.queue());
     std::string said;
     try {
-      co_await p.enqueue(ruled);
+      co_await p.enqueue(grouped(kind, "acme", "a", -3));
     } catch (const std::invalid_argument& e) {
       said = e.what();
     }
-    CHECK(said.find("only an ungrouped job may have a priority") != std::string::npos);
+    CHECK(said == "job priority is -3; it must be from -2 to 2");
     CHECK((co_await store.counts(b.queue())).enqueued == 0);
+    // A group a rule gives: the job's priority orders it.
+    producer_options po;
+    grouping_rule rule;
+    rule.key = "tenant-{tenant}";
+    po.rules.add(std::move(rule));
+    producer ruled(store, b.queue(), po);
+    co_await ruled.enqueue(tenant_job(-1));
+    co_await p.enqueue(prioritised(kind, "b", 0));
+    claim_options all{"w", 10, std::chrono::seconds(30)};
+    auto got = co_await store.claim(b.queue(), all);
+    REQUIRE(got.size() == 2);
+    if (!sharded(kind)) CHECK(name_of(got[0]) == "b");  // (on a sharded queue, the shards' order is none)
+    auto& tenant = got[0].group.empty() ? got[1] : got[0];
+    CHECK(tenant.group == "tenant-acme");
+    CHECK(decode_job(jobrt::test::text(tenant.job), "").priority == -1);
+  });
+}
+
+CONFORMANCE("priority: groups start by their next job's priority, and each keeps its jobs' order") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    std::vector<job_spec> specs;
+    specs.push_back(grouped(kind, "A", "a1", 0));
+    specs.push_back(grouped(kind, "B", "b1", 2));
+    specs.push_back(grouped(kind, "A", "a2", 2));  // behind a1: it waits its turn
+    specs.push_back(grouped(kind, "B", "b2", 0));
+    specs.push_back(grouped(kind, "C", "c1", -1));
+    specs.push_back(prioritised(kind, "u", 1));
+    specs.push_back(prioritised(kind, "v", 0));
+    co_await p.enqueue_bulk(std::move(specs));
+    CHECK((co_await store.counts(b.queue())).ready_lanes == 5);
+    CHECK((co_await store.check(b.queue(), false)).problems.empty());
+    claim_options one{"w", 1, std::chrono::seconds(30)};
+    std::vector<claimed_job> leased;
+    std::string order;
+    for (int i = 0; i < 5; ++i) {
+      auto got = co_await store.claim(b.queue(), one);
+      REQUIRE(got.size() == 1);
+      order += name_of(got[0]) + " ";
+      leased.push_back(std::move(got[0]));
+    }
+    CHECK(order == "b1 u a1 v c1 ");
+    CHECK((co_await store.claim(b.queue(), one)).empty());
+    // b1 ends: B goes on at b2's priority (0); a1 ends: A goes on at a2's (2), first.
+    co_await store.finish(b.queue(), "w", one_item(leased[0], finish_kind::ack), std::chrono::seconds(30));
+    co_await store.finish(b.queue(), "w", one_item(leased[2], finish_kind::ack), std::chrono::seconds(30));
+    CHECK((co_await store.counts(b.queue())).ready_lanes == 2);
+    CHECK((co_await store.check(b.queue(), false)).problems.empty());
+    claim_options all{"w", 10, std::chrono::seconds(30)};
+    auto rest = co_await store.claim(b.queue(), all);
+    CHECK(names(rest) == "a2 b2");
+    REQUIRE(rest.size() == 2);
+    CHECK(decode_job(jobrt::test::text(rest[0].job), "").priority == 2);
+    CHECK(rest[0].group == beside(kind, "A", "p-a"));
+    CHECK((co_await store.check(b.queue(), false)).problems.empty());
+  });
+}
+
+CONFORMANCE(
+    "priority: a group is paused and resumed at its next job's, and a released job takes its group back there") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    std::vector<job_spec> specs;
+    specs.push_back(grouped(kind, "P", "x1", 2));
+    specs.push_back(grouped(kind, "P", "x2", 0));
+    co_await p.enqueue_bulk(std::move(specs));
+    auto group = beside(kind, "P", "p-a");
+    CHECK(co_await store.pause(b.queue(), group));
+    CHECK((co_await store.counts(b.queue())).ready_lanes == 0);
+    CHECK((co_await store.check(b.queue(), false)).problems.empty());
+    co_await p.enqueue(prioritised(kind, "z", 1));
+    CHECK(co_await store.resume(b.queue(), group, resume_mode::retry));
+    CHECK((co_await store.check(b.queue(), false)).problems.empty());
+    claim_options one{"w", 1, std::chrono::seconds(30)};
+    auto x1 = co_await store.claim(b.queue(), one);
+    REQUIRE(x1.size() == 1);
+    CHECK(name_of(x1[0]) == "x1");
+    std::vector<std::string> tokens(1, x1[0].token);
+    co_await store.release(b.queue(), "w", std::move(tokens));  // back at its group's head, and at 2
+    x1 = co_await store.claim(b.queue(), one);
+    REQUIRE(x1.size() == 1);
+    CHECK(name_of(x1[0]) == "x1");
+    co_await store.finish(b.queue(), "w", one_item(x1[0], finish_kind::ack), std::chrono::seconds(30));
+    claim_options all{"w", 10, std::chrono::seconds(30)};
+    CHECK(names(co_await store.claim(b.queue(), all)) == "z x2");
+    CHECK((co_await store.check(b.queue(), false)).problems.empty());
+  });
+}
+
+CONFORMANCE(
+    "priority: a group that runs several at once goes on at its next job's, in the same claim when there is room") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    std::vector<job_spec> specs;
+    for (auto [name, priority] : {std::pair<const char*, int>{"k1", -1}, {"k2", 2}, {"k3", 0}}) {
+      auto s = grouped(kind, "K", name, priority);
+      s.group_concurrency = 3;
+      specs.push_back(std::move(s));
+    }
+    specs.push_back(prioritised(kind, "u", 1));
+    specs.push_back(prioritised(kind, "y", -2));
+    co_await p.enqueue_bulk(std::move(specs));
+    // K waits at -1 (k1's): after u. As k1 starts, K goes on at 2 (k2's), read again before y's
+    // level, then at 0 (k3's).
+    claim_options three{"w", 3, std::chrono::seconds(30)};
+    CHECK(names(co_await store.claim(b.queue(), three)) == "u k1 k2");
+    CHECK((co_await store.counts(b.queue())).ready_lanes == 2);
+    CHECK(names(co_await store.claim(b.queue(), three)) == "k3 y");
+    CHECK((co_await store.counts(b.queue())).ready_lanes == 0);
+    CHECK((co_await store.check(b.queue(), false)).problems.empty());
   });
 }
 

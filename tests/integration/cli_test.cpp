@@ -940,8 +940,7 @@ TEST_CASE("jobrt enqueue --group-weight stores each grouped job's weight, a line
   CHECK(stats.at("enqueued").as_int64() == 4);
 }
 
-TEST_CASE(
-    "jobrt enqueue --priority puts an ungrouped job in its priority's list, a line's own too, and refuses others") {
+TEST_CASE("jobrt enqueue --priority puts a job's lane in its priority's list, a line's own too, and refuses others") {
   auto cfg = shared_redis();
   auto url = url_of(cfg);
   std::string queue = key_prefix() + "priority";
@@ -969,11 +968,11 @@ TEST_CASE(
   CHECK(refused.output.find("--priority") != std::string::npos);
   auto grouped =
       jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--type", "t", "--group", "g", "--priority", "1"});
-  CHECK(grouped.status != 0);
-  CHECK(grouped.output.find("only an ungrouped job may have a priority") != std::string::npos);
+  CHECK(grouped.status == 0);
+  CHECK(redis_cli(cfg, {"LRANGE", prefix + "ready:1", "0", "-1"}).find("g:g") != std::string::npos);
   auto stats = boost::json::parse(jobrt_cli({"stats", queue, "--redis", url, "--json"}).output).as_object();
-  CHECK(stats.at("enqueued").as_int64() == 3);
-  CHECK(stats.at("ready_lanes").as_int64() == 3);
+  CHECK(stats.at("enqueued").as_int64() == 4);
+  CHECK(stats.at("ready_lanes").as_int64() == 4);
 }
 
 TEST_CASE("jobrt cancel: pending kept jobs never start, a running one's handler is cancelled, its group goes on") {

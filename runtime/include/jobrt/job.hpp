@@ -125,10 +125,11 @@ struct job_spec {
   /// starts are in proportion to its weight. From 1 to max_group_weight. When absent, the
   /// grouping rule's, else producer_options::group_weight. Ignored for an ungrouped job.
   std::optional<std::size_t> group_weight;
-  /// For an ungrouped job: workers take jobs of a higher priority first, from -max_priority to
-  /// max_priority (0, the default); jobs of one priority start in enqueue order. A job that goes
-  /// back (a retry, a lost lease) keeps its priority. A grouped job may not have one (0 only):
-  /// its group's jobs keep their enqueue order.
+  /// Workers take jobs of a higher priority first, from -max_priority to max_priority (0, the
+  /// default); jobs of one priority start in enqueue order. A job that goes back (a retry, a lost
+  /// lease) keeps its priority. A grouped job's jobs keep their enqueue order: its priority
+  /// orders its group among the others while it is the group's next job (its group waits at
+  /// the priority of the job next when it became ready).
   int priority = 0;
 };
 

@@ -127,6 +127,8 @@ struct queue_model::queue_state {
   // ready:2, ready:1, ready:-1, ready:-2 (priority_levels' order): the lanes of jobs with a
   // priority (enqueue.lua's levels). While one holds lanes, ready is not empty.
   std::array<std::deque<std::string>, 4> levels;
+  // levels: whether grouped jobs with a priority were stored (enqueue.lua's mark).
+  bool grouped_levels = false;
   // g:<group>: pending records; the running job stays at the head. Erased when empty, as Redis
   // deletes an empty list, so that "no entry" and "empty" mean the same thing. Ordered, so that
   // a listing by prefix goes on from the last name it gave.
@@ -236,21 +238,28 @@ struct queue_model::queue_state {
   std::deque<std::string>& level_list(int level) {
     return const_cast<std::deque<std::string>&>(std::as_const(*this).level_list(level));
   }
-  static int level_of(std::string_view lane) { return lane.starts_with("j:") ? prio_in(lane.substr(2)) : 0; }
+  // enqueue.lua's level_of: an ungrouped job's priority; a group's lane, its head job's.
+  int level_of(std::string_view lane) const {
+    if (lane.starts_with("j:")) return prio_in(lane.substr(2));
+    if (!lane.starts_with("g:") || !grouped_levels) return 0;
+    auto g = groups.find(std::string(lane.substr(2)));
+    return g == groups.end() || g->second.empty() ? 0 : prio_in(g->second.front());
+  }
   bool any_levels() const {
     return std::any_of(levels.begin(), levels.end(), [](const auto& l) { return !l.empty(); });
   }
   // enqueue.lua's push_lanes: lanes to their levels' lists, in their order, at the tails or (at_head)
-  // the heads; the wake entry when a level's list got lanes and ready has none.
-  void push_lanes(std::vector<std::string> lanes, bool at_head) {
+  // the heads; the wake entry when a level's list got lanes and ready has none. Returns whether
+  // any went to a level's list, and the list of the last lane.
+  std::pair<bool, const std::deque<std::string>*> push_lanes(std::vector<std::string> lanes, bool at_head) {
     auto push = [&](std::deque<std::string>& list, auto first, auto last) {
       list.insert(at_head ? list.begin() : list.end(), std::make_move_iterator(first), std::make_move_iterator(last));
     };
     std::vector<int> of(lanes.size());
-    std::transform(lanes.begin(), lanes.end(), of.begin(), [](const std::string& l) { return level_of(l); });
+    std::transform(lanes.begin(), lanes.end(), of.begin(), [this](const std::string& l) { return level_of(l); });
     if (std::all_of(of.begin(), of.end(), [](int level) { return level == 0; })) {
       push(ready, lanes.begin(), lanes.end());
-      return;
+      return {false, &ready};
     }
     for (int level : {2, 1, 0, -1, -2}) {
       std::vector<std::string> mine;
@@ -259,6 +268,7 @@ struct queue_model::queue_state {
       push(level_list(level), mine.begin(), mine.end());
     }
     if (ready.empty()) ready.push_back("w:");
+    return {true, &level_list(of.back())};
   }
   // enqueue.lua's wake_levels: after lanes left ready.
   void wake_levels() {
@@ -415,6 +425,7 @@ std::vector<enqueue_result> queue_model::enqueue(std::vector<encoded_job> jobs) 
     }
     out.push_back({id, duplicate});
     if (duplicate) continue;
+    if (!job.group.empty() && prio_in_body(job.body) != 0) q.grouped_levels = true;
     ++stored;
     std::string record = "0|" + id + '|' + job.body;
     std::int64_t due = job.run_at_ms > 0 ? job.run_at_ms : job.delay_ms > 0 ? now + job.delay_ms : 0;
@@ -497,8 +508,13 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
   }
   bool any_levels = q.any_levels(), moved_read = false;
   std::vector<std::deque<std::string>*> sources{nullptr, &q.ready};  // nullptr: the lanes moved
-  if (any_levels) sources = {&q.levels[0], &q.levels[1], nullptr, &q.ready, &q.levels[2], &q.levels[3]};
-  std::size_t source = 0;                    // sources[source - 1] gave the batch
+  // (every level's list when one holds lanes or the queue is marked: when a group's lane went back
+  // to a list read already, the lists are read again from that one as soon as the list being read
+  // is done)
+  if (any_levels || q.grouped_levels)
+    sources = {&q.levels[0], &q.levels[1], nullptr, &q.ready, &q.levels[2], &q.levels[3]};
+  std::size_t rewind = 0;  // the first source read already that a lane went back to (1-based; 0: none)
+  std::size_t source = 0;  // sources[source - 1] gave the batch
   std::deque<std::string>* home = &q.ready;  // where the batch's lanes go back
   // Which lanes are live and how many fences they take, then one INCRBY, as in claim.lua.
   std::vector<std::tuple<std::string, std::deque<std::string>*, std::size_t>> taken;  // lane, group, followers
@@ -540,8 +556,8 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
         if (list.empty()) q.groups.erase(group);
         group = q.groups.find(lane.substr(2));
       }
-      if (more) {
-        q.ready.push_front(std::move(lane));  // the next claim goes on
+      if (more) {  // (the next claim goes on)
+        if (q.push_lanes({std::move(lane)}, true).first) any_levels = true;
         continue;
       }
       if (group == q.groups.end()) {  // a stale lane of an emptied group is dropped
@@ -596,9 +612,15 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
         } else if (turn_on) {
           // (met again below)
         } else if (runs + 1 < conc) {
-          q.ready.push_back(lane);
+          auto [leveled, to] = q.push_lanes({lane}, false);
+          if (leveled) any_levels = true;
           ++effects_.made_ready;
-          ++again;
+          if (to == home) {
+            ++again;
+          } else {
+            for (std::size_t k = 1; k < source; ++k)
+              if (sources[k - 1] == to && (rewind == 0 || k <= rewind)) rewind = k;
+          }
         } else {
           q.full.insert(name);
         }
@@ -621,12 +643,17 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
     auto need = max - taken.size();
     if (need == 0 || passed >= claim_passes) break;
     // (the next list, unless this one may hold more: it gave all that was asked, or lanes went back to it)
-    if (source == 0 || !sources[source - 1] || (batch.size() < asked && again == 0)) ++source;
+    if (source == 0 || !sources[source - 1] || (batch.size() < asked && again == 0)) {
+      if (rewind != 0 && sources[source - 1])  // (the lanes moved and ready count as one list)
+        source = std::exchange(rewind, 0);
+      else
+        ++source;
+    }
     if (source > sources.size()) break;
     again = 0;
     batch.clear();
     if (!sources[source - 1]) {
-      batch = std::move(moved);
+      if (!moved_read) batch = std::move(moved);
       home = &q.ready;
       asked = 0;
       moved_read = true;
@@ -1263,7 +1290,7 @@ std::vector<std::string> queue_model::requeue(std::vector<std::string> ids, bool
     if (q.paused.contains(group)) {
       q.parked.insert(group);
     } else {
-      q.ready.push_back("g:" + group);
+      q.push_lanes({"g:" + group}, false);
       ++made_ready;
     }
   };
@@ -1316,12 +1343,17 @@ std::int64_t queue_model::purge(std::vector<std::string> ids) {
 bool queue_model::pause(const std::string& group) {
   auto& q = *s_;
   if (!q.paused.try_emplace(group, paused_group{group, false, {}, now_()}).second) return false;
-  // As pause.lua: a lane in ready is parked now; one waiting in delayed, as it comes due.
-  auto in_ready = std::find(q.ready.begin(), q.ready.end(), "g:" + group);  // LREM ready 1 lane
-  if (in_ready != q.ready.end()) {
-    q.ready.erase(in_ready);
-    q.parked.insert(group);
-    q.wake_levels();  // (ready may be empty now)
+  // As pause.lua: a lane in ready or a level's list is parked now; one waiting in delayed, as it
+  // comes due.
+  const std::string lane = "g:" + group;
+  for (int level : {0, 2, 1, -1, -2}) {
+    auto& list = q.level_list(level);
+    if (auto at = std::find(list.begin(), list.end(), lane); at != list.end()) {  // LREM <list> 1 lane
+      list.erase(at);
+      q.parked.insert(group);
+      q.wake_levels();  // (ready may be empty now)
+      break;
+    }
   }
   return true;
 }
@@ -1363,7 +1395,7 @@ bool queue_model::resume(const std::string& group, resume_mode mode) {
     list->second.front() = reset(list->second.front());
   }
   if (q.groups.contains(group)) {
-    q.ready.push_back("g:" + group);
+    q.push_lanes({"g:" + group}, false);
     effects_.made_ready += 1;
   }
   return true;
@@ -1536,8 +1568,12 @@ check_report queue_model::check(bool repair) {
       bool lease = false;
     };
     std::vector<holder> holders;
-    for (auto& l : q.ready)
-      if (l == lane) holders.push_back({"ready", [&] { erase_first(q.ready, lane); }});
+    for (int level : {0, 2, 1, -1, -2}) {  // (a group's lane waits in its head's level)
+      auto& list = q.level_list(level);
+      auto where = level == 0 ? std::string("ready") : "ready:" + std::to_string(level);
+      for (auto& l : list)
+        if (l == lane) holders.push_back({where, [&erase_first, &lane, at = &list] { erase_first(*at, lane); }});
+    }
     for (auto& [worker, lanes] : q.claimed)
       for (auto& l : lanes)
         if (l == lane) holders.push_back({"claimed:" + worker, [&, w = worker] { erase_first(q.claimed[w], lane); }});
@@ -1578,7 +1614,7 @@ check_report queue_model::check(bool repair) {
           if (is_paused)
             q.parked.insert(group);
           else
-            q.ready.push_back(lane);
+            q.push_lanes({lane}, false);
           ++out.repaired;
         }
       } else if (holders.size() > 1) {
@@ -1598,7 +1634,7 @@ check_report queue_model::check(bool repair) {
         out.problems.push_back(parked_problem(group));
         if (repair) {
           q.parked.erase(group);
-          q.ready.push_back(lane);
+          q.push_lanes({lane}, false);
           ++out.repaired;
         }
       }

@@ -1302,8 +1302,8 @@ asio::awaitable<check_report> redis_backend::check(std::string queue, bool repai
         out.problems.push_back(detail::runs_problem(group, r.at(1).as_integer(), r.at(2).as_integer()));
       } else if (code == "unsure") {
         out.problems.push_back(
-            fmt::format("group {} has jobs and no lane, lease or parked lane in what one call searches (ready holds {} "
-                        "lanes; the first and last {} were searched): not confirmed",
+            fmt::format("group {} has jobs and no lane, lease or parked lane in what one call searches (a list of "
+                        "ready lanes holds {}; its first and last {} were searched): not confirmed",
                         group, r.at(1).as_integer(), search_bound));
       } else {
         std::vector<std::string> where;
