@@ -25,10 +25,12 @@
 //     Prints the quiet jobs' waits (enqueue to handler start), p50/p99 of each phase, the p99s'
 //     ratio (every quiet job measured: their counts, alone + beside), and the noisy jobs started
 //     and left (some are left when the backlog lasted).
-//   jobrt_bench_jobs URL priorities SECONDS
-//     as fairness, with ungrouped jobs: urgent ones (job_spec::priority 2) every 2 ms, alone, then
-//     beside a backlog of jobs of priority 0 enqueued first. Prints the urgent jobs' waits, p50/p99
-//     of each phase and the p99s' ratio, and the backlog's jobs started and left.
+//   jobrt_bench_jobs URL priorities SECONDS [GROUPS=0] [PRIORITY=2]
+//     as fairness, with ungrouped jobs: urgent ones (job_spec::priority PRIORITY: 0 for a baseline)
+//     every 2 ms, alone, then beside a backlog of jobs of priority 0 enqueued first. With GROUPS,
+//     grouped: the urgent jobs in 100 groups in turn, the backlog spread over GROUPS groups. Prints
+//     the urgent jobs' waits, p50/p99 of each phase and the p99s' ratio, and the backlog's jobs
+//     started and left.
 //   jobrt_bench_jobs URL weights SECONDS GROUPS [GROUP_CONC=1]
 //     one worker of concurrency 16 (burst 4), handlers that take 1 ms (a timer). GROUPS groups of
 //     each weight 1, 2 and 4 (job_spec::group_weight; up to GROUP_CONC of a group's jobs at once),
@@ -481,23 +483,29 @@ awaitable<void> fairness(asio::io_context& ctx, redis::config cfg, long seconds,
       r.noisy_started, r.noisy_backlog - r.noisy_started);
 }
 
-awaitable<void> priorities(asio::io_context& ctx, redis::config cfg, long seconds) {
+// Urgent jobs (priority `urgent`, 2 unless a baseline is asked for) beside a backlog of priority 0:
+// ungrouped, or with GROUPS > 0 the urgent ones in 100 groups in turn and the backlog spread over
+// GROUPS groups.
+awaitable<void> priorities(asio::io_context& ctx, redis::config cfg, long seconds, long groups, int urgent) {
   auto r = co_await contention(
       ctx, std::move(cfg), seconds,
-      [](long) {
+      [groups, urgent](long i) {
         job_spec s;
-        s.priority = 2;
+        s.priority = urgent;
+        if (groups > 0) s.group = fmt::format("u{}", i % 100);
         return s;
       },
-      [] {
+      [groups, n = 0L]() mutable {
         job_spec s;
         s.type = "noisy";
+        if (groups > 0) s.group = fmt::format("b{}", n++ % groups);
         return s;
       });
   fmt::print(
-      "priorities seconds={} urgent_jobs={}+{} alone_p50_us={:.0f} alone_p99_us={:.0f} beside_p50_us={:.0f} "
+      "priorities seconds={} groups={} priority={} urgent_jobs={}+{} alone_p50_us={:.0f} alone_p99_us={:.0f} "
+      "beside_p50_us={:.0f} "
       "beside_p99_us={:.0f} p99_ratio={:.2f} backlog_started={} backlog_left={}\n",
-      seconds, r.alone.size(), r.beside.size(), percentile(r.alone, 0.5), percentile(r.alone, 0.99),
+      seconds, groups, urgent, r.alone.size(), r.beside.size(), percentile(r.alone, 0.5), percentile(r.alone, 0.99),
       percentile(r.beside, 0.5), percentile(r.beside, 0.99), percentile(r.beside, 0.99) / percentile(r.alone, 0.99),
       r.noisy_started, r.noisy_backlog - r.noisy_started);
 }
@@ -695,7 +703,8 @@ int main(int argc, char** argv) {
         "pickup N "
         "GROUPED [GAP_US] [SHARDS] | wait N GROUPED [GAP_US] [SHARDS] | "
         "scale N C GROUPS SHARDS NODE_URL... | rate GROUPS MAX WINDOW_MS SECONDS | queue-rate WORKERS MAX "
-        "WINDOW_MS SECONDS | depth DEPTH | fairness SECONDS [NOISY_CONC] | priorities SECONDS | weights SECONDS GROUPS "
+        "WINDOW_MS SECONDS | depth DEPTH | fairness SECONDS [NOISY_CONC] | priorities SECONDS [GROUPS] [PRIORITY] | "
+        "weights SECONDS GROUPS "
         "[GROUP_CONC]\n",
         argv[0]);
     return 2;
@@ -748,7 +757,7 @@ int main(int argc, char** argv) {
   else if (mode == "fairness" && arg(3, 0) > 0)
     asio::co_spawn(ctx, fairness(ctx, cfg, arg(3, 0), static_cast<std::size_t>(std::max(1L, arg(4, 1)))), done);
   else if (mode == "priorities" && arg(3, 0) > 0)
-    asio::co_spawn(ctx, priorities(ctx, cfg, arg(3, 0)), done);
+    asio::co_spawn(ctx, priorities(ctx, cfg, arg(3, 0), arg(4, 0), static_cast<int>(arg(5, 2))), done);
   else if (mode == "weights" && arg(3, 0) > 0 && arg(4, 0) > 0)
     asio::co_spawn(ctx, weights(ctx, cfg, arg(3, 0), arg(4, 0), static_cast<std::size_t>(std::max(1L, arg(5, 1)))),
                    done);
