@@ -16,8 +16,9 @@
 # Then weights (jobrt_bench_jobs ... weights SECONDS GROUPS N): 16 or 160 groups of each weight
 # 1, 2 and 4, all backlogged, N = 1 or 4 of a group's jobs at once; prints each weight's starts
 # per group over its weight, against weight 1's (1.00: in proportion; the goal is within ±10%).
-# Then priorities (jobrt_bench_jobs ... priorities SECONDS): urgent ungrouped jobs' waits alone
-# and beside a backlog of jobs of priority 0; prints the p99s' ratio.
+# Then priorities (jobrt_bench_jobs ... priorities SECONDS [GROUPS PRIORITY]): urgent ungrouped
+# jobs' waits alone and beside a backlog of jobs of priority 0, then urgent groups' beside a
+# backlog over 1,000 groups, at priority 0 (the baseline) and 2; prints the p99s' ratio.
 # Usage: bench/group_controls.sh [SECONDS=10] [RUNS=3]   (BUILD=0 to use build/release as is)
 # Server on core 0, client on core 1.
 set -euo pipefail
@@ -60,4 +61,8 @@ for run in $(seq "$runs"); do
   done
   line=$(taskset -c 1 "$bin" "$url" priorities "$seconds")
   echo "run=$run $line"
+  for priority in 0 2; do
+    line=$(taskset -c 1 "$bin" "$url" priorities "$seconds" 1000 "$priority")
+    echo "run=$run $line"
+  done
 done
