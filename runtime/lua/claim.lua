@@ -232,7 +232,7 @@ while true do
       cut_followers(records, 2)
       if entry then
         -- (more to drop than this call may: the next one goes on)
-        if push_lanes({lane}, true) then any_levels = true end
+        if push_lanes({lane}, true, true) then any_levels = true end
       elseif #records == 0 then
         passed = passed + 1 -- a stale lane of an emptied group is dropped
       else
@@ -295,7 +295,7 @@ while true do
             elseif turn_on then
               table.insert(lanes, i + 1, lane) -- (met next, or first in the next claim)
             elseif runs + 1 < conc then
-              local leveled, list = push_lanes({lane})
+              local leveled, list = push_lanes({lane}, false, true)
               if leveled then any_levels = true end
               if list == home then
                 again = again + 1

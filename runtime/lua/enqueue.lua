@@ -87,8 +87,9 @@ local function push_list(key, lanes, at_head)
   return len
 end
 -- Pushes lanes to their levels' lists, in their order: at the tails, or (at_head) at the heads.
--- Returns whether any went to a level's list, and the list of the last lane.
-local function push_lanes(lanes, at_head)
+-- Returns whether any went to a level's list, and the list of the last lane. A claim pushes with
+-- no wake entry (quiet): it reads ready after, and wakes the levels once it is done.
+local function push_lanes(lanes, at_head, quiet)
   local of, leveled = {}, false
   for i, lane in ipairs(lanes) do
     of[i] = level_of(lane)
@@ -103,11 +104,11 @@ local function push_lanes(lanes, at_head)
     local list = by[of[i]]
     list[#list + 1] = lane
   end
-  local in_ready = #by[0] > 0 and push_list(ready, by[0], at_head) or redis.call('LLEN', ready)
+  if #by[0] > 0 then push_list(ready, by[0], at_head) end
   for _, level in ipairs({2, 1, -1, -2}) do
     if #by[level] > 0 then push_list(level_list(level), by[level], at_head) end
   end
-  if in_ready == 0 then redis.call('RPUSH', ready, 'w:') end
+  if #by[0] == 0 and not quiet and redis.call('LLEN', ready) == 0 then redis.call('RPUSH', ready, 'w:') end
   return true, level_list(of[#of])
 end
 -- After lanes left ready: the wake entry, when ready is empty and a level's list is not.

@@ -249,9 +249,11 @@ struct queue_model::queue_state {
     return std::any_of(levels.begin(), levels.end(), [](const auto& l) { return !l.empty(); });
   }
   // enqueue.lua's push_lanes: lanes to their levels' lists, in their order, at the tails or (at_head)
-  // the heads; the wake entry when a level's list got lanes and ready has none. Returns whether
-  // any went to a level's list, and the list of the last lane.
-  std::pair<bool, const std::deque<std::string>*> push_lanes(std::vector<std::string> lanes, bool at_head) {
+  // the heads; the wake entry when a level's list got lanes and ready has none (unless quiet: a
+  // claim's, which wakes the levels once it is done). Returns whether any went to a level's list,
+  // and the list of the last lane.
+  std::pair<bool, const std::deque<std::string>*> push_lanes(std::vector<std::string> lanes, bool at_head,
+                                                             bool quiet = false) {
     auto push = [&](std::deque<std::string>& list, auto first, auto last) {
       list.insert(at_head ? list.begin() : list.end(), std::make_move_iterator(first), std::make_move_iterator(last));
     };
@@ -267,7 +269,7 @@ struct queue_model::queue_state {
         if (of[i] == level) mine.push_back(std::move(lanes[i]));
       push(level_list(level), mine.begin(), mine.end());
     }
-    if (ready.empty()) ready.push_back("w:");
+    if (!quiet && ready.empty()) ready.push_back("w:");
     return {true, &level_list(of.back())};
   }
   // enqueue.lua's wake_levels: after lanes left ready.
@@ -557,7 +559,7 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
         group = q.groups.find(lane.substr(2));
       }
       if (more) {  // (the next claim goes on)
-        if (q.push_lanes({std::move(lane)}, true).first) any_levels = true;
+        if (q.push_lanes({std::move(lane)}, true, true).first) any_levels = true;
         continue;
       }
       if (group == q.groups.end()) {  // a stale lane of an emptied group is dropped
@@ -612,7 +614,7 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
         } else if (turn_on) {
           // (met again below)
         } else if (runs + 1 < conc) {
-          auto [leveled, to] = q.push_lanes({lane}, false);
+          auto [leveled, to] = q.push_lanes({lane}, false, true);
           if (leveled) any_levels = true;
           ++effects_.made_ready;
           if (to == home) {
