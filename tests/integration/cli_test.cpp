@@ -1191,22 +1191,23 @@ TEST_CASE("jobrt check reports a stuck group with exit code 1 and --repair fixes
 TEST_CASE(
     "jobrt demo passes its checks grouped on the embedded backend and on Redis and --no-groups shows lost updates") {
   auto grouped = jobrt_cli({"demo", "--jobs", "2000", "--commodities", "40"});
-  CHECK(grouped.status == 0);
-  CHECK(grouped.output.find("40/40 commodities   ok") != std::string::npos);
-  CHECK(grouped.output.find("FAILED") == std::string::npos);
+  CHECK_MESSAGE(grouped.status == 0, grouped.output);
+  CHECK_MESSAGE(grouped.output.find("40/40 commodities   ok") != std::string::npos, grouped.output);
+  CHECK_MESSAGE(grouped.output.find("FAILED") == std::string::npos, grouped.output);
   CHECK(grouped.output.find('\r') == std::string::npos);  // to a file: no progress bar redrawn in place
   auto loose = jobrt_cli({"demo", "--jobs", "2000", "--commodities", "40", "--no-groups"});
-  CHECK(loose.status == 0);
-  CHECK(loose.output.find("Without groups, concurrent read-yield-write runs lost") != std::string::npos);
+  CHECK_MESSAGE(loose.status == 0, loose.output);
+  CHECK_MESSAGE(loose.output.find("Without groups, concurrent read-yield-write runs lost") != std::string::npos,
+                loose.output);
   auto on_redis = jobrt_cli(
       {"demo", "--jobs", "1000", "--commodities", "20", "--redis", url_of(shared_redis()), "--processes", "2"});
   CHECK_MESSAGE(on_redis.status == 0, on_redis.output);
-  CHECK(on_redis.output.find("20/20 commodities   ok") != std::string::npos);
+  CHECK_MESSAGE(on_redis.output.find("20/20 commodities   ok") != std::string::npos, on_redis.output);
   CHECK(on_redis.output.find('\r') == std::string::npos);
   // It leaves nothing behind (it left 610 keys before) but the queue's fence and id counters,
   // which a purge keeps: a token or id given out before must never be given out again.
   auto left = redis_cli(shared_redis(), {"KEYS", redis_backend::key_prefix("demo") + "*"});
-  CHECK(left.starts_with("*2\r\n"));
+  CHECK_MESSAGE(left.starts_with("*2\r\n"), left);
   CHECK(left.find("jobrt:{demo}:fence") != std::string::npos);
   CHECK(left.find("jobrt:{demo}:seq") != std::string::npos);
 }
