@@ -209,7 +209,10 @@ end
 
 while true do
   for i, lane in ipairs(lanes) do
-    if #taken >= max then -- (a weighted group's turn took the room: the rest, it first, wait at the head)
+    -- (A weighted group's turn took the room, or the claim passed over as many lanes as it may:
+    -- the rest, the turn's lane first, wait at the head. Counted lane by lane, the bound stops
+    -- a claim at the same lane however the lanes came, moved by a blocking claim or popped.)
+    if #taken >= max or passed >= 100 then
       push_list(home, {unpack(lanes, i)}, true)
       break
     end
@@ -370,7 +373,10 @@ if #later > 0 then -- (as finish.lua: the promoters hear of a new earliest due t
     if type(redis.pcall('SPUBLISH', delayed, earliest)) == 'table' then redis.call('PUBLISH', delayed, earliest) end
   end
 end
-if #taken == 0 then return {} end
+-- Stopped by the bound with room left: the caller claims again (a trailing 'more'), so that a
+-- claim that returns fewer than it asked for leaves nothing it could take.
+local more = passed >= 100 and #taken < max
+if #taken == 0 then return more and {'more'} or {} end
 
 local deadline = string.format('%d', clock() + ttl)
 local fence = redis.call('INCRBY', fence_key, string.format('%d', fences)) - fences
@@ -403,4 +409,5 @@ if queue_rate then -- each lease is one start (no followers)
   redis.call('ZADD', queue_rate[1], unpack(starts))
   redis.call('PEXPIRE', queue_rate[1], string.format('%d', queue_rate[2]))
 end
+if more then out[#out + 1] = 'more' end
 return out

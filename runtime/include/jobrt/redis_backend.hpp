@@ -175,6 +175,8 @@ class redis_backend final : public backend {
                                                                  std::string marks);
   redis::blocking_connection& blocking_for(const std::string& worker, const redis::config& node);
   redis::request claim_request(const std::string& prefix, const claim_options& opts) const;
+  boost::asio::awaitable<void> claim_more(const std::string& prefix, claim_options opts,
+                                          std::vector<claimed_job>& jobs);
   // One finish call of at most max_batch items; its id is added to `calls`.
   boost::asio::awaitable<std::vector<finish_result>> finish_call(const std::string& queue, const std::string& worker,
                                                                  std::vector<finish_item> items,

@@ -175,7 +175,7 @@ asio::awaitable<std::vector<claimed_job>> memory_backend::claim_wait(std::string
       settle_locked(queue, q);
       // This wake may have stood for more lanes than this claim took.
       if (woken && q.model.has_ready()) wake_locked(q, 1);
-      // Nothing, though lanes are ready: the claim passed over claim_passes parked ones. Again.
+      // Nothing, though lanes are ready: again (as on Redis, where BLMOVE returns at once then).
       again = jobs.empty() && opts.max > 0 && q.model.has_ready();
       waiting = jobs.empty() && !again && opts.max > 0 && std::chrono::steady_clock::now() < deadline;
       if (waiting) {

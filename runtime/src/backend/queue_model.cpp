@@ -468,8 +468,30 @@ std::vector<enqueue_result> queue_model::enqueue(std::vector<encoded_job> jobs) 
   return out;
 }
 
+// A step passes over at most claim_passes lanes (claim.lua); stopped there with room left, the
+// claim goes on with another, as redis_backend's does, so that a claim that returns fewer jobs
+// than it asked for leaves nothing it could take.
 std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
+  bool more = false;
+  auto out = claim_step(opts, more);
+  auto want = std::min(opts.max, max_claim);
+  while (more && out.size() < want) {
+    auto rest = opts;
+    rest.max = want - out.size();
+    std::vector<claimed_job> next;
+    try {
+      next = claim_step(rest, more);
+    } catch (const rate_limited&) {  // (the queue's limit reached: what the steps before took)
+      break;
+    }
+    std::move(next.begin(), next.end(), std::back_inserter(out));
+  }
+  return out;
+}
+
+std::vector<claimed_job> queue_model::claim_step(const claim_options& opts, bool& stopped) {
   auto& q = *s_;
+  stopped = false;
   std::vector<claimed_job> out;
   auto max = std::min(opts.max, max_claim), ahead = std::min(opts.ahead, max_ahead);
   if (max == 0) return out;
@@ -526,7 +548,9 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
   std::vector<std::pair<std::int64_t, std::string>> later;  // lanes that may not start yet
   for (;;) {
     for (std::size_t at = 0; at < batch.size(); ++at) {
-      if (taken.size() >= max) {  // (a weighted group's turn took the room: the rest, it first, wait at the head)
+      // (A weighted group's turn took the room, or the claim passed over as many lanes as it may:
+      // the rest, the turn's lane first, wait at the head; lane by lane, as claim.lua.)
+      if (taken.size() >= max || passed >= claim_passes) {
         effects_.made_ready += batch.size() - at;
         home->insert(home->begin(), std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(at)),
                      std::make_move_iterator(batch.end()));
@@ -674,6 +698,7 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
   }
   if (any_levels) q.wake_levels();
   delay(std::move(later));
+  stopped = passed >= claim_passes && taken.size() < max;
   if (taken.empty()) return out;
   std::int64_t deadline = now + opts.lease_ttl.count();
   q.fence += fences;

@@ -92,6 +92,8 @@ class queue_model {
 
  private:
   struct queue_state;
+  // One claim.lua call: `stopped` when it stopped at its bound of lanes passed over with room left.
+  std::vector<claimed_job> claim_step(const claim_options& opts, bool& stopped);
   // finish.lua's and reap.lua's removal of kept jobs' entries that ran out: up to `max`.
   void drop_done(std::int64_t now, std::size_t max);
   // ZADD delayed, and (effects) PUBLISH when the earliest entry is new.

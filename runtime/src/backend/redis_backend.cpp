@@ -67,9 +67,12 @@ std::int64_t server_ms(const reply& time) {
   return std::stoll(e.at(0).as_string()) * 1000 + std::stoll(e.at(1).as_string()) / 1000;
 }
 
-std::vector<claimed_job> parse_claimed(const reply& r) {
+// claim.lua's reply; `more` when it ends with 'more': the script stopped at its bound of lanes
+// passed over with room left, and a claim goes on with another call.
+std::vector<claimed_job> parse_claimed(const reply& r, bool& more) {
   std::vector<claimed_job> out;
   const auto& e = r.as_array();
+  more = false;
   if (e.size() == 2 && e[0].as_string() == "limited") {  // (a token starts with digits)
     std::int64_t ms = 1;
     auto text = e[1].as_string();
@@ -77,12 +80,14 @@ std::vector<claimed_job> parse_claimed(const reply& r) {
     throw rate_limited(std::chrono::milliseconds(ms));
   }
   out.reserve(e.size() / 3);
-  for (std::size_t at = 0; at + 2 < e.size();) {
+  std::size_t at = 0;
+  while (at + 2 < e.size()) {
     const auto& token = e[at];
     const auto& record = e[at + 1];
     at += 2;
     out.push_back(from_token(token.as_string(), record, e, at));
   }
+  more = at + 1 == e.size() && e[at].as_string() == "more";
   return out;
 }
 
@@ -305,7 +310,31 @@ request redis_backend::claim_request(const std::string& p, const claim_options& 
 asio::awaitable<std::vector<claimed_job>> redis_backend::claim(std::string queue, claim_options opts) {
   auto p = key_prefix(queue);
   reply r = co_await link_->run(claim_, claim_request(p, opts), p);
-  co_return parse_claimed(r);
+  bool more = false;
+  auto jobs = parse_claimed(r, more);
+  if (more) co_await claim_more(p, opts, jobs);
+  co_return jobs;
+}
+
+// A claim the script stopped at its bound of lanes passed over, with room left, goes on in more
+// calls, each bounded, until it has what it asked for or a call stopped short of the bound. A
+// failure there (or the caller's stop) returns the jobs leased so far: they are the caller's.
+asio::awaitable<void> redis_backend::claim_more(const std::string& p, claim_options opts,
+                                                std::vector<claimed_job>& jobs) {
+  auto want = std::min(opts.max, max_claim);
+  for (bool more = true; more && jobs.size() < want;) {
+    opts.max = want - jobs.size();
+    std::vector<claimed_job> next;
+    try {
+      auto r = co_await link_->run(claim_, claim_request(p, opts), p);
+      next = parse_claimed(r, more);
+    } catch (const std::exception& e) {
+      if (jobs.empty()) throw;
+      jobrt::log(log_level::debug, "claim", "a claim's next step failed: {}", e.what());
+      co_return;
+    }
+    std::move(next.begin(), next.end(), std::back_inserter(jobs));
+  }
 }
 
 redis::blocking_connection& redis_backend::blocking_for(const std::string& worker, const redis::config& node) {
@@ -385,7 +414,9 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim_wait(std::string 
     if (!again) throw boost::system::system_error(errc::server_error, std::string(claimed.error_message()));
     co_return co_await claim(std::move(queue), std::move(opts));
   }
-  auto jobs = parse_claimed(claimed);
+  bool more = false;
+  auto jobs = parse_claimed(claimed, more);
+  if (more) co_await claim_more(p, opts, jobs);
   // A BLMOVE the server refuses (a user without it in its ACL, a proxy without blocking
   // commands) returns at once: taken for an empty wait, the worker would ask again and again.
   // The claim behind it still ran; its jobs come first, and the next call fails.
