@@ -6,8 +6,10 @@
 -- ARGV[1] max  ARGV[2] lease TTL (ms)  ARGV[3] ahead: followers of a grouped job to hand over
 --   with it, at most  ARGV[4] (optional) the queue's rate limit, '<max>:<window ms>' (below)
 -- Returns: per job: token, record ('' for an ungrouped job: its record is in the token), the
---   number of its followers, then their records (fences: the token's + 1, + 2, ...); or, when
---   the queue's rate limit lets nothing start, {'limited', ms until a start may}
+--   number of its followers, then their records (fences: the token's + 1, + 2, ...), and last
+--   'more' when the call stopped at its bound of lanes passed over with room left (the caller
+--   calls again); or, when the queue's rate limit lets nothing start, {'limited', ms until a
+--   start may}
 --
 -- A lease is the member '<fence>|<lane>' of active, scored by its deadline (server time, ms).
 -- One more member, at +inf and with no '|', is no lease: longer than zset-max-listpack-value, it

@@ -481,7 +481,8 @@ std::vector<claimed_job> queue_model::claim(const claim_options& opts) {
     std::vector<claimed_job> next;
     try {
       next = claim_step(rest, more);
-    } catch (const rate_limited&) {  // (the queue's limit reached: what the steps before took)
+    } catch (const rate_limited&) {  // (the queue's limit reached: what the steps before took, if any)
+      if (out.empty()) throw;
       break;
     }
     std::move(next.begin(), next.end(), std::back_inserter(out));

@@ -319,6 +319,8 @@ asio::awaitable<std::vector<claimed_job>> redis_backend::claim(std::string queue
 // A claim the script stopped at its bound of lanes passed over, with room left, goes on in more
 // calls, each bounded, until it has what it asked for or a call stopped short of the bound. A
 // failure there (or the caller's stop) returns the jobs leased so far: they are the caller's.
+// (That answer is short with work left: on a sharded queue the shard's mark is gone with it, and
+// the reapers' walk over the shards finds that work, as after a mark that failed.)
 asio::awaitable<void> redis_backend::claim_more(const std::string& p, claim_options opts,
                                                 std::vector<claimed_job>& jobs) {
   auto want = std::min(opts.max, max_claim);
