@@ -203,10 +203,10 @@ CONFORMANCE("cancel: a claim behind 120 cancelled jobs still leases the live one
       CHECK(co_await p.cancel(stored[static_cast<std::size_t>(i)].id) == cancel_outcome::cancelled);
     std::string live = stored[120].id + "[] " + stored[121].id + "[]";
     if (stored[121].id < stored[120].id) live = stored[121].id + "[] " + stored[120].id + "[]";
-    // One step of a claim (one script call on Redis) passes over 100 lanes at most, lane by lane
-    // (here it reads 3 at a time); the claim goes on with another step, which drops the other 20
-    // and leases both. A claim that stopped at the bound would leave them, and on a sharded
-    // queue their shard's mark would be gone with it: nobody would look there again.
+    // One step of a claim (one script call on Redis) stops once it has passed over 100 lanes,
+    // lane by lane (here it reads 3 at a time); the claim goes on with another step, which drops
+    // the other 20 and leases both. A claim that stopped at the bound would leave them, and on a
+    // sharded queue their shard's mark would be gone with it until the reapers' walk.
     auto [claimed, tokens] = co_await claim_all(store, b.queue(), 3);
     CHECK(claimed == live);
     co_await ack_all(store, b.queue(), tokens);

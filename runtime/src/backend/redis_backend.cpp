@@ -308,23 +308,22 @@ request redis_backend::claim_request(const std::string& p, const claim_options& 
 }
 
 asio::awaitable<std::vector<claimed_job>> redis_backend::claim(std::string queue, claim_options opts) {
-  auto p = key_prefix(queue);
-  reply r = co_await link_->run(claim_, claim_request(p, opts), p);
-  bool more = false;
-  auto jobs = parse_claimed(r, more);
-  if (more) co_await claim_more(p, opts, jobs);
+  std::vector<claimed_job> jobs;
+  co_await claim_more(key_prefix(queue), std::move(opts), jobs);
   co_return jobs;
 }
 
-// A claim the script stopped at its bound of lanes passed over, with room left, goes on in more
-// calls, each bounded, until it has what it asked for or a call stopped short of the bound. A
-// failure there (or the caller's stop) returns the jobs leased so far: they are the caller's.
+// Calls claim.lua, and again while a call stopped at its bound of lanes passed over with room
+// left, each call bounded, until `jobs` has what was asked for or a call stopped short of the
+// bound. A failure after jobs were leased (or the caller's stop then) returns them: they are the
+// caller's; before, it is the caller's failure.
 // (That answer is short with work left: on a sharded queue the shard's mark is gone with it, and
 // the reapers' walk over the shards finds that work, as after a mark that failed.)
 asio::awaitable<void> redis_backend::claim_more(const std::string& p, claim_options opts,
                                                 std::vector<claimed_job>& jobs) {
   auto want = std::min(opts.max, max_claim);
-  for (bool more = true; more && jobs.size() < want;) {
+  bool more = false;
+  do {
     opts.max = want - jobs.size();
     std::vector<claimed_job> next;
     try {
@@ -336,7 +335,7 @@ asio::awaitable<void> redis_backend::claim_more(const std::string& p, claim_opti
       co_return;
     }
     std::move(next.begin(), next.end(), std::back_inserter(jobs));
-  }
+  } while (more && jobs.size() < want);
 }
 
 redis::blocking_connection& redis_backend::blocking_for(const std::string& worker, const redis::config& node) {
