@@ -943,14 +943,21 @@ awaitable<std::optional<kept_job>> sharded_backend::wait_ended(std::string queue
     co_return co_await inner_.wait_ended(q->names[0], std::move(id), seen, timeout);
   }
   // (Over several shards each waits for news of this job, or a wake-up that may hide some, in
-  // its shard; the news is not kept: the caller looks the job up.)
+  // its shard. News of the job comes from its own shard only: the caller gets it, as from one
+  // shard, and need not look the job up.)
+  std::optional<kept_job> told;
+  std::mutex told_mutex;  // (the shards' waits may end on different threads)
   co_await wait_versions(
       q->names, seen, timeout, [this](const std::string& name) { return inner_.ended_version(name); },
-      [this, &id](std::string name, std::uint64_t v, std::chrono::milliseconds t) -> awaitable<void> {
-        co_await inner_.wait_ended(std::move(name), id, v, t);
+      [this, &id, &told, &told_mutex](std::string name, std::uint64_t v,
+                                      std::chrono::milliseconds t) -> awaitable<void> {
+        auto news = co_await inner_.wait_ended(std::move(name), id, v, t);
+        if (!news) co_return;
+        std::lock_guard lock(told_mutex);
+        told = std::move(news);
       },
       "wait_ended");
-  co_return std::nullopt;
+  co_return told;
 }
 
 // --- dead letters ---
