@@ -2,8 +2,10 @@
 -- KEYS[1] <prefix>ready  KEYS[2] <prefix>dead  KEYS[3] <prefix>dead:info  KEYS[4] <prefix>ids
 -- KEYS[5] <prefix>paused  KEYS[6] <prefix>parked  KEYS[7] <prefix>stats  KEYS[8] <prefix>jumped
 -- ARGV[1] 'tail' (behind the group's pending jobs, or the ready list's) or 'head' (next in its
---   group, after the job at the group's head, which may be running; ungrouped: the ready list's
---   head), then the dead letters' keys (the job id, or '<id>#<fence>': see finish.lua)
+--   group: after the job at the group's head, which may be running, or, when that head's group
+--   runs several at once, in front of it, since its running jobs are out of the list (claim.lua);
+--   ungrouped: the ready list's head), then the dead letters' keys (the job id, or
+--   '<id>#<fence>': see finish.lua)
 -- Several jobs to a head keep the order given (so a caller sends them in one call).
 -- A job put behind a group's head (which may be running a burst: see finish.lua) adds the group
 -- to jumped, so that the burst's keeps put their followers back in front of it.
@@ -74,17 +76,30 @@ for i = 2, #ARGV do
   end
 end
 push_lanes(front, true)
--- A group's records go behind its head as one block: the head comes off, the block goes on in
--- front (the last first), the head goes back on top. One push per record, wherever they land.
+-- Whether a group's head runs several at once ("conc":N, N > 1, as claim.lua's conc_of reads it).
+local function runs_several(record)
+  if not string.find(record, '"conc":', 1, true) then return false end
+  local n = string.match(record, '^%d+|[^|]*|{"conc":([1-9]%d*),') or
+    string.match(record, '^%d+|[^|]*|{"keep":%d+,"conc":([1-9]%d*),') or
+    string.match(record, '^%d+|[^|]*|{"rate":%[%d+,%d+%],"conc":([1-9]%d*),') or
+    string.match(record, '^%d+|[^|]*|{"keep":%d+,"rate":%[%d+,%d+%],"conc":([1-9]%d*),')
+  return (tonumber(n) or 1) > 1
+end
+-- A group's records go to its head as one block, the last pushed first: behind the head, which
+-- comes off and goes back on top, or, when the head's group runs several at once (its head is
+-- the next to start), in front of it. One push per record, wherever they land.
 for _, group in ipairs(head_groups) do
   local key, records = prefix .. 'g:' .. group, heads[group]
-  local head = redis.call('LPOP', key)
-  if head then
+  local head = redis.call('LINDEX', key, 0)
+  if not head then
+    for _, record in ipairs(records) do join(group, record) end
+  elseif runs_several(head) then
+    for i = #records, 1, -1 do redis.call('LPUSH', key, records[i]) end
+  else
+    redis.call('LPOP', key)
     for i = #records, 1, -1 do redis.call('LPUSH', key, records[i]) end
     redis.call('LPUSH', key, head)
     redis.call('SADD', KEYS[8], group)
-  else
-    for _, record in ipairs(records) do join(group, record) end
   end
 end
 return out

@@ -208,6 +208,30 @@ CONFORMANCE("group concurrency: a head of N = 1 behind several runs waits for al
   });
 }
 
+CONFORMANCE("group concurrency: a dead letter requeued to the head starts next, before the jobs that wait") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    co_await enqueue_wide(store, b.queue(), 5, 2);
+    std::vector<claimed_job> first, more, none;
+    CHECK(co_await claim_names(store, b.queue(), first) == "a1 a2");
+    co_await end(store, b.queue(), named(first, "a1"), finish_kind::fail);
+    CHECK(co_await claim_names(store, b.queue(), more) == "a3");  // a2 and a3 run, a4 and a5 wait
+    // The group's head is a4, which has not started: a1 goes in front of it, not behind.
+    std::vector<std::string> back{named(first, "a1").job.id};
+    CHECK((co_await store.requeue(b.queue(), back, true)) == back);
+    CHECK(co_await claim_names(store, b.queue(), none) == "");  // two run still
+    co_await end(store, b.queue(), named(first, "a2"), finish_kind::ack);
+    std::vector<claimed_job> next;
+    CHECK(co_await claim_names(store, b.queue(), next) == "a1");
+    CHECK(next[0].job.attempts == 0);
+    co_await end(store, b.queue(), more[0], finish_kind::ack);
+    CHECK(co_await claim_names(store, b.queue(), none) == "a4");
+    CHECK((co_await store.counts(b.queue())).running == 2);
+    CHECK((co_await store.check(b.queue(), false)).problems.empty());
+  });
+}
+
 CONFORMANCE("group concurrency: a worker runs up to N of a group at once and one of an exclusive group") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

@@ -464,8 +464,9 @@ class backend {
   virtual boost::asio::awaitable<std::optional<dead_letter>> dead_letter_of(std::string queue, std::string id) = 0;
   /// Puts dead-lettered jobs back with their attempts reset: at the tail of their group (or of the
   /// ready list), or at_head: next in their group (after the job at its head; while a worker
-  /// runs the group's followers it holds, after those) or at the head of the ready list; several
-  /// keep the order given.
+  /// runs the group's followers it holds, after those; in front of it when the group runs
+  /// several at once, whose running jobs are out of its list) or at the head of the ready list;
+  /// several keep the order given.
   /// Returns the keys requeued; a key that is not dead-lettered, or whose job's producer-given
   /// id a pending job has taken meanwhile, stays where it is.
   virtual boost::asio::awaitable<std::vector<std::string>> requeue(std::string queue, std::vector<std::string> ids,

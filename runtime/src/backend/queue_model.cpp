@@ -1309,7 +1309,10 @@ std::vector<std::string> queue_model::requeue(std::vector<std::string> ids, bool
   std::size_t made_ready = 0;
   // Several jobs to a head go there in the order given (as requeue.lua): behind the ones before.
   std::vector<std::string> front;
-  std::map<std::string, std::size_t, std::less<>> behind_head;
+  // Where a group's next record to its head goes: behind the head, which may be running, or in
+  // front of it when its group runs several at once (its running jobs are out of the list, and
+  // its head is the next to start). Decided on the head the group had.
+  std::map<std::string, std::size_t, std::less<>> head_at;
   // A record joins its group's tail; a group that had no jobs gets its lane (or is parked).
   auto join = [&](const std::string& group, std::string record) {
     auto& list = q.groups[group];
@@ -1343,9 +1346,9 @@ std::vector<std::string> queue_model::requeue(std::vector<std::string> ids, bool
     } else if (auto list = q.groups.find(group); list == q.groups.end() || list->second.empty()) {
       joins.emplace_back(group, std::move(record));
     } else {
-      auto& behind = behind_head[group];
-      list->second.insert(list->second.begin() + 1 + static_cast<std::ptrdiff_t>(behind++),
-                          std::move(record));  // LINSERT AFTER
+      auto at = head_at.find(group);
+      if (at == head_at.end()) at = head_at.emplace(group, conc_in(list->second.front()) > 1 ? 0 : 1).first;
+      list->second.insert(list->second.begin() + static_cast<std::ptrdiff_t>(at->second++), std::move(record));
     }
     q.dead.erase(found);
     out.push_back(id);
