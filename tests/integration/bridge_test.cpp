@@ -187,6 +187,49 @@ TEST_CASE("bridge: entries become jobs once, bad ones go to the dead-letter stre
   });
 }
 
+TEST_CASE("bridge: entries another consumer of its group read and left pending are taken over within a lock TTL") {
+  redis_server server;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis::connection c(ctx.get_executor(), server.config());
+    c.start();
+    redis_backend store(ctx.get_executor(), server.config());
+    producer to(store, "q");
+    co_await add(c, "s", "type", "t", "payload", R"({"n":0})");
+    auto from = stream_source::from_url(
+        fmt::format("redis-stream://127.0.0.1:{}/s?group=jobrt&lock_ttl_ms=300", server.port()));
+    stream_bridge bridge(ctx.get_executor(), from, to);
+    bool ended = false;
+    asio::co_spawn(ctx, bridge.run(), [&](std::exception_ptr e) {
+      ended = true;
+      if (e) std::rethrow_exception(e);
+    });
+    bridge_counters counts;
+    REQUIRE(co_await eventually([&]() -> awaitable<bool> {
+      counts = co_await bridge.sample();
+      co_return counts.enqueued == 1 && counts.pending == 0;
+    }));
+    // A bridge that lost the lock and did not know it yet reads an entry and does not store it.
+    // (In one transaction: the entry goes to it, not to the running bridge's blocked read.)
+    redis::request stale;
+    stale.push("MULTI")
+        .push("XADD", "s", "*", "type", "t", "payload", R"({"n":1})")
+        .push("XREADGROUP", "GROUP", "jobrt", "gone", "COUNT", "10", "STREAMS", "s", ">")
+        .push("EXEC");
+    redis::blocking_connection reads(ctx.get_executor(), server.config());  // (XREADGROUP goes on one)
+    reads.start();
+    auto took = co_await redis::exec(reads, std::move(stale));
+    REQUIRE(took.as_array().back().as_array().size() == 2);
+    REQUIRE_FALSE(took.as_array().back().as_array()[1].is_nil());  // "gone" has it pending
+    REQUIRE(co_await eventually([&]() -> awaitable<bool> {
+      counts = co_await bridge.sample();
+      co_return counts.enqueued == 2 && counts.pending == 0;
+    }));
+    CHECK(counts.taken_over == 1);
+    bridge.stop();
+    CHECK(co_await eventually([&] { return ended; }, 5s));
+  });
+}
+
 TEST_CASE("bridge: a bad stream URL is refused naming what is wrong") {
   auto refusal = [](std::string url) {
     try {

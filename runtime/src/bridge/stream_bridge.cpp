@@ -305,11 +305,18 @@ struct stream_bridge::impl {
     co_return false;
   }
 
-  // Consumes while it holds the lock.
+  // Consumes while it holds the lock. What the group has pending is taken over first, and again
+  // once a lock TTL: a bridge that lost the lock and did not know it yet may have read entries
+  // since, which it does not store, and which no read of new entries returns.
   asio::awaitable<void> consume(const lock_lease& held) {
     if (!co_await take_over(held)) co_return;
+    auto taken_at = std::chrono::steady_clock::now();
     auto block = std::max<std::int64_t>(from.lock_ttl.count() / 3, 10);
     while (!stopping && !held.lost()) {
+      if (std::chrono::steady_clock::now() - taken_at >= from.lock_ttl) {
+        if (!co_await take_over(held)) co_return;
+        taken_at = std::chrono::steady_clock::now();
+      }
       auto r = co_await read(redis::request("XREADGROUP", "GROUP", from.group, from.consumer, "COUNT", from.batch,
                                             "BLOCK", block, "STREAMS", from.stream, ">"));
       if (!r) co_return;
