@@ -172,6 +172,7 @@ TEST_CASE("amqp bridge: messages become jobs once, bad ones go to the dead-lette
   for (int n = 0; n < 3; ++n) publisher.publish("in", fmt::format("{{\"n\":{}}}", n), "t", {}, {{"group", "g"}});
   publisher.publish("in", R"({"tenant":3})", "t", "order-7");
   publisher.publish("in", R"({"tenant":3})", "t", "order-7");  // sent twice: one job
+  publisher.publish("in", R"({"tenant":4})", "t", "1001");     // a numbered message: job msg-1001
   publisher.publish("in", "{not json", "t");
   publisher.publish("in", "{}", "");                   // no type
   publisher.publish("in", R"({"same":"body"})", "t");  // no message_id: the body's hash
@@ -185,10 +186,10 @@ TEST_CASE("amqp bridge: messages become jobs once, bad ones go to the dead-lette
           ended = true;
           if (e) std::rethrow_exception(e);
         });
-        REQUIRE(co_await eventually([&] { return bridge->counters().received == 9; }));
+        REQUIRE(co_await eventually([&] { return bridge->counters().received == 10; }));
         REQUIRE(co_await eventually([&] { return publisher.ready("in") == 0 && publisher.ready("in.dead") == 2; }));
         auto counts = bridge->counters();
-        CHECK(counts.enqueued == 5);
+        CHECK(counts.enqueued == 6);
         CHECK(counts.duplicates == 2);
         CHECK(counts.rejected == 2);
         CHECK(counts.active);
@@ -197,17 +198,18 @@ TEST_CASE("amqp bridge: messages become jobs once, bad ones go to the dead-lette
         o.worker = "w";
         o.max = 10;
         auto claimed = co_await store.claim("q", o);
-        REQUIRE(claimed.size() == 3);  // g's head, order-7, the hashed one
+        REQUIRE(claimed.size() == 4);  // g's head, order-7, msg-1001, the hashed one
         CHECK(claimed[1].job.id == "order-7");
-        CHECK(claimed[2].job.id.starts_with("sha256-"));
-        CHECK(claimed[2].job.id.size() == 7 + 32);
+        CHECK(claimed[2].job.id == "msg-1001");
+        CHECK(claimed[3].job.id.starts_with("sha256-"));
+        CHECK(claimed[3].job.id.size() == 7 + 32);
         CHECK(publisher.next_reason("in.dead").starts_with("the message body is not JSON"));
         CHECK(publisher.next_reason("in.dead") == "no field type to give the job's type, and no default type");
         // The dead-letter queue deleted while the bridge runs: declared again before the next
         // dead letter, which is not dropped.
         publisher.remove("in.dead");
         publisher.publish("in", "[1,2", "t");
-        REQUIRE(co_await eventually([&] { return bridge->counters().received == 10; }));
+        REQUIRE(co_await eventually([&] { return bridge->counters().received == 11; }));
         bridge->stop();  // (it ends once what it read is stored, dead-lettered and acknowledged)
         CHECK(co_await eventually([&] { return ended; }, 5s));
         // All acknowledged: none came back to the queue when the bridge's connection closed.

@@ -4,6 +4,7 @@
 // outcome, then publishes the refused messages to the dead-letter queue and acknowledges the
 // batch. A failure ends the connection (the broker delivers its unacknowledged messages again)
 // and the thread connects again after a wait that stop() cuts short.
+#include "backend/job_codec.hpp"
 #include "bridge/storing.hpp"
 #include "strand.hpp"
 
@@ -94,7 +95,7 @@ std::optional<std::string> header_text(const amqp_field_value_t& v) {
 }
 
 // A delivery as the mapping sees it: its headers and its type and message_id properties as
-// fields, its body as the payload's text; no message_id: the body's hash is its id.
+// fields, its body as the payload's text; its id the message_id, or without one the body's hash.
 bridge_message message_of(const amqp_envelope_t& e) {
   bridge_message m;
   const auto& p = e.message.properties;
@@ -104,8 +105,14 @@ bridge_message message_of(const amqp_envelope_t& e) {
         m.fields.emplace_back(text_of(p.headers.entries[i].key), *v);
   if ((p._flags & AMQP_BASIC_TYPE_FLAG) != 0) m.fields.emplace_back("type", text_of(p.type));
   m.body = text_of(e.message.body);
-  m.default_id =
-      (p._flags & AMQP_BASIC_MESSAGE_ID_FLAG) != 0 && p.message_id.len > 0 ? text_of(p.message_id) : body_id(*m.body);
+  if ((p._flags & AMQP_BASIC_MESSAGE_ID_FLAG) != 0 && p.message_id.len > 0) {
+    m.default_id = text_of(p.message_id);
+    // Publishers often number their messages; the queue keeps all-digit ids for those it assigns,
+    // so such a message's job is "msg-" and its number (the same again when it comes again).
+    if (detail::assigned_id(m.default_id)) m.default_id.insert(0, "msg-");
+  } else {
+    m.default_id = body_id(*m.body);
+  }
   return m;
 }
 
