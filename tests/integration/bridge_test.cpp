@@ -230,6 +230,33 @@ TEST_CASE("bridge: entries another consumer of its group read and left pending a
   });
 }
 
+TEST_CASE("bridge: with its stream's server out of reach it keeps trying, answers a sample, and stops when asked") {
+  redis_server server;  // (the queue's)
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), server.config());
+    producer to(store, "q");
+    auto from = stream_source::from_url("redis-stream://127.0.0.1:1/s?group=jobrt&lock_ttl_ms=300");
+    stream_bridge bridge(ctx.get_executor(), from, to);
+    bool ended = false;
+    asio::co_spawn(ctx, bridge.run(), [&](std::exception_ptr e) {
+      ended = true;
+      if (e) std::rethrow_exception(e);
+    });
+    asio::steady_timer t(ctx, 1s);
+    co_await t.async_wait(asio::use_awaitable);
+    CHECK_FALSE(ended);  // (trying still)
+    auto began = std::chrono::steady_clock::now();
+    auto counts = co_await bridge.sample();  // bounded: the figures it cannot read are -1
+    CHECK(counts.pending == -1);
+    CHECK(counts.lag == -1);
+    CHECK(std::chrono::steady_clock::now() - began < 3s);
+    began = std::chrono::steady_clock::now();
+    bridge.stop();
+    CHECK(co_await eventually([&] { return ended; }, 5s));
+    CHECK(std::chrono::steady_clock::now() - began < 1s);
+  });
+}
+
 TEST_CASE("bridge: a bad stream URL is refused naming what is wrong") {
   auto refusal = [](std::string url) {
     try {

@@ -111,16 +111,38 @@ struct stream_bridge::impl {
     co_return !stopping;
   }
 
+  // A request on the shared connection (XGROUP, XACK, the dead letters' XADD), cut short by
+  // stop() (nullopt then) and bounded by a lock TTL: while the server cannot be reached it would
+  // wait for a reconnect, saying nothing, and a stop would wait with it.
+  using outcome = std::pair<boost::system::error_code, redis::reply>;
+  asio::awaitable<std::optional<outcome>> call(redis::request req, const std::string& key) {
+    req.options.timeout = from.lock_ttl;
+    auto done = co_await (link.try_exec(std::move(req), key) || wake.async_wait(asio::as_tuple(asio::use_awaitable)));
+    if (stopping || done.index() == 1) co_return std::nullopt;
+    co_return std::get<0>(std::move(done));
+  }
+
+  // What a failed call met: the server's error, or why there is no connection to it.
+  std::string problem_of(const boost::system::error_code& ec, const redis::reply& r) const {
+    if (r.is_error()) return std::string(r.error_message());
+    auto what = ec.message();
+    if (ec == errc::not_connected || ec == errc::timeout)
+      if (auto last = link.plain().last_error(); !last.empty()) what += " (" + last + ")";
+    return what;
+  }
+
   // Makes the consumer group if it is missing; a failure that waiting may mend is tried again.
   asio::awaitable<bool> make_group() {
     for (;;) {
-      redis::request req("XGROUP", "CREATE", from.stream, from.group, "0", "MKSTREAM");
-      auto [ec, r] = co_await link.try_exec(std::move(req), from.stream);
+      auto done =
+          co_await call(redis::request("XGROUP", "CREATE", from.stream, from.group, "0", "MKSTREAM"), from.stream);
+      if (!done) co_return false;
+      auto& [ec, r] = *done;
       if (!ec || r.error_message().starts_with("BUSYGROUP")) co_return true;
       if (r.error_message().starts_with("WRONGTYPE"))
         throw std::runtime_error(fmt::format("bridge: key {} at {} is not a stream", from.stream, source()));
       log(log_level::warn, source_name, "making consumer group {} of stream {} at {}: {}", from.group, from.stream,
-          source(), r.is_error() ? std::string(r.error_message()) : ec.message());
+          source(), problem_of(ec, r));
       if (!co_await pause(std::chrono::milliseconds(500))) co_return false;
     }
   }
@@ -215,8 +237,10 @@ struct stream_bridge::impl {
   // came first.
   asio::awaitable<bool> write(const redis::request& req, const std::string& key, std::string_view what) {
     for (std::chrono::milliseconds wait(100);;) {
-      auto [ec, r] = co_await link.try_exec(req, key);
-      std::string problem = ec ? (r.is_error() ? std::string(r.error_message()) : ec.message()) : std::string();
+      auto done = co_await call(req, key);
+      if (!done) co_return false;
+      auto& [ec, r] = *done;
+      std::string problem = ec ? problem_of(ec, r) : std::string();
       if (problem.empty() && r.kind() == redis::reply_kind::array)
         for (const auto& one : r.as_array())
           if (one.is_error() && problem.empty()) problem = one.error_message();
@@ -415,6 +439,7 @@ bridge_counters stream_bridge::counters() const {
 asio::awaitable<bridge_counters> stream_bridge::sample() {
   auto self = impl_;
   redis::request info("XINFO", "GROUPS", self->from.stream);
+  info.options.timeout = self->from.lock_ttl;  // (a server that cannot be reached: -1 for both)
   auto [ec, r] = co_await self->link.try_exec(std::move(info), self->from.stream);
   std::int64_t lag = -1, pending = -1;
   if (!ec && r.kind() == redis::reply_kind::array) {
