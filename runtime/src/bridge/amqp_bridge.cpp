@@ -138,7 +138,7 @@ using refusals = std::vector<std::pair<std::size_t, std::string>>;
 
 }  // namespace
 
-struct amqp_bridge::impl {
+struct amqp_bridge::impl : std::enable_shared_from_this<amqp_bridge::impl> {
   impl(asio::any_io_executor ex, amqp_source from_, producer to_, bridge_mapping how_)
       : strand(asio::make_strand(ex)),
         from(std::move(from_)),
@@ -190,17 +190,22 @@ struct amqp_bridge::impl {
 
   // On the thread: hands the batch to the io_context and waits for its outcome, sending the
   // broker heartbeats meanwhile (librabbitmq sends none while no call of it runs). nullopt when
-  // stop() came first, or the store did not end within 10 s of it.
+  // stop() came first, or the store did not end within 10 s of it. (The store holds this impl:
+  // when the thread gives up on it, run() returns, and the bridge may go, while it runs on.)
   std::optional<refusals> store_from_thread(shared_batch batch, amqp_connection_state_t conn) {
     // (Owned by the handler: an io_context gone before it ran breaks the promise, and get() throws.)
     auto promise = std::make_shared<std::promise<std::optional<refusals>>>();
     auto outcome = promise->get_future();
-    asio::co_spawn(strand, store(std::move(batch)), [promise](std::exception_ptr e, std::optional<refusals> refused) {
-      if (e)
-        promise->set_exception(e);
-      else
-        promise->set_value(std::move(refused));
-    });
+    auto held = [](std::shared_ptr<impl> self, shared_batch b) -> asio::awaitable<std::optional<refusals>> {
+      co_return co_await self->store(std::move(b));
+    };
+    asio::co_spawn(strand, held(shared_from_this(), std::move(batch)),
+                   [promise](std::exception_ptr e, std::optional<refusals> refused) {
+                     if (e)
+                       promise->set_exception(e);
+                     else
+                       promise->set_value(std::move(refused));
+                   });
     promise.reset();
     for (int after_stop = 0; outcome.wait_for(std::chrono::seconds(1)) != std::future_status::ready;) {
       amqp_frame_t heartbeat{};
