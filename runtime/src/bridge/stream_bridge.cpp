@@ -197,7 +197,13 @@ struct stream_bridge::impl {
     // (A migration deletes the key where it was: a read blocked there is UNBLOCKED.)
     bool moving = ec != errc::server_error || redirect != redis::detail::cluster_error::other ||
                   r.error_message().starts_with("UNBLOCKED");
-    if (r.error_message().starts_with("NOGROUP")) {  // (deleted under us: made again, from the stream's start)
+    if (r.error_message().starts_with("NOGROUP")) {
+      // Deleted under us (XGROUP DESTROY, or a failover to a replica that never had it): made
+      // again, from the stream's start, so every entry still in the stream is read again.
+      log(log_level::warn, source_name,
+          "consumer group {} of stream {} at {} is gone: making it again from the stream's start; entries read "
+          "before come again, and those whose jobs' ids are still taken (their keep) are duplicates",
+          from.group, from.stream, where);
       if (!co_await make_group()) co_return std::nullopt;
     } else if (auto* cluster = link.known_cluster(); cluster != nullptr && moving) {
       // The slot moved, moves, or its primary is away (failing over, say): the map read again,
