@@ -66,6 +66,28 @@ std::string problem_of(const amqp_rpc_reply_t& r, std::string_view what) {
   return fmt::format("{}: an unknown reply", what);
 }
 
+// What came instead of a delivery (amqp_consume_message's AMQP_STATUS_UNEXPECTED_STATE: the
+// frame waits to be read): the broker closing the channel or the connection, say, with its
+// reason (a delivery not acknowledged within its consumer_timeout, a queue deleted).
+std::string unexpected_frame(amqp_connection_state_t conn) {
+  amqp_frame_t frame{};
+  timeval limit{1, 0};
+  if (amqp_simple_wait_frame_noblock(conn, &frame, &limit) != AMQP_STATUS_OK) return "an unexpected frame";
+  if (frame.frame_type != AMQP_FRAME_METHOD) return fmt::format("an unexpected frame (type {})", frame.frame_type);
+  switch (frame.payload.method.id) {
+    case AMQP_CHANNEL_CLOSE_METHOD: {
+      const auto* m = static_cast<const amqp_channel_close_t*>(frame.payload.method.decoded);
+      return fmt::format("the server closed the channel: {}", text_of(m->reply_text));
+    }
+    case AMQP_CONNECTION_CLOSE_METHOD: {
+      const auto* m = static_cast<const amqp_connection_close_t*>(frame.payload.method.decoded);
+      return fmt::format("the server closed the connection: {}", text_of(m->reply_text));
+    }
+    case AMQP_BASIC_CANCEL_METHOD: return "the server cancelled the consumer (its queue deleted, say)";
+    default: return fmt::format("an unexpected method {:#x}", frame.payload.method.id);
+  }
+}
+
 // The id of a message without message_id: "sha256-" and the first 32 hex digits of its body's.
 std::string body_id(const std::string& body) {
   unsigned char digest[EVP_MAX_MD_SIZE];
@@ -350,7 +372,9 @@ struct amqp_bridge::impl : std::enable_shared_from_this<amqp_bridge::impl> {
         timeval limit = batch.empty() ? timeval{0, 250'000} : timeval{0, 1'000};
         auto r = amqp_consume_message(conn, &envelope, &limit, 0);
         if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION && r.library_error == AMQP_STATUS_TIMEOUT) break;
-        if (r.reply_type != AMQP_RESPONSE_NORMAL) return problem_of(r, "receiving");  // (nothing acked)
+        if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION && r.library_error == AMQP_STATUS_UNEXPECTED_STATE)
+          return "receiving: " + unexpected_frame(conn);  // (nothing acked)
+        if (r.reply_type != AMQP_RESPONSE_NORMAL) return problem_of(r, "receiving");
         batch.push_back(message_of(envelope));
         last_tag = envelope.delivery_tag;
         amqp_destroy_envelope(&envelope);
