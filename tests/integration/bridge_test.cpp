@@ -257,6 +257,39 @@ TEST_CASE("bridge: with its stream's server out of reach it keeps trying, answer
   });
 }
 
+TEST_CASE("bridge: with its queue's server out of reach, a stop ends the store after its grace and leaves the entry") {
+  redis_server streams;
+  redis_server queue;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis::connection c(ctx.get_executor(), streams.config());
+    c.start();
+    redis_backend store(ctx.get_executor(), queue.config());
+    producer to(store, "q");
+    auto from = stream_source::from_url(
+        fmt::format("redis-stream://127.0.0.1:{}/s?group=jobrt&lock_ttl_ms=300", streams.port()));
+    stream_bridge bridge(ctx.get_executor(), from, to);
+    bool ended = false;
+    asio::co_spawn(ctx, bridge.run(), [&](std::exception_ptr e) {
+      ended = true;
+      if (e) std::rethrow_exception(e);
+    });
+    REQUIRE(co_await eventually([&]() -> awaitable<bool> { co_return (co_await bridge.sample()).pending == 0; }));
+    queue.stop();  // (its calls wait for it to come back)
+    co_await add(c, "s", "type", "t", "payload", "{}");
+    REQUIRE(co_await eventually([&] { return bridge.counters().received == 1; }));
+    auto began = std::chrono::steady_clock::now();
+    bridge.stop();
+    CHECK(co_await eventually([&] { return ended; }, 10s));
+    auto took = std::chrono::steady_clock::now() - began;
+    CHECK(took >= 4s);  // (the store's grace: 5 s)
+    CHECK(took < 8s);
+    CHECK(bridge.counters().enqueued == 0);
+    // Not acknowledged: pending in the group, for the next bridge to take over.
+    auto pending = co_await redis::exec(c, redis::request("XPENDING", "s", "jobrt"));
+    CHECK(pending.as_array().at(0).as_integer() == 1);
+  });
+}
+
 TEST_CASE("bridge: a bad stream URL is refused naming what is wrong") {
   auto refusal = [](std::string url) {
     try {

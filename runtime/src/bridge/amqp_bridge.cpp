@@ -198,7 +198,7 @@ struct amqp_bridge::impl : std::enable_shared_from_this<amqp_bridge::impl> {
       co_await detail::pause_unless_woken(wake, d);
       co_return !stopping;
     };
-    auto results = co_await detail::store_jobs(to, std::move(sorted.jobs), pause, [] { return true; });
+    auto results = co_await detail::store_jobs(to, std::move(sorted.jobs), wake, pause, [] { return true; });
     if (!results) co_return std::nullopt;
     std::uint64_t duplicates = 0;
     for (const auto& r : *results) duplicates += r.duplicate ? 1 : 0;

@@ -5,14 +5,18 @@
 #include <jobrt/bridge.hpp>
 #include <jobrt/log.hpp>
 
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <exception>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace jobrt::detail {
@@ -34,16 +38,30 @@ boost::asio::awaitable<void> pause_unless_woken(boost::asio::steady_timer& wake,
 
 /// Stores `jobs` with `to`, each failure logged and tried again after a wait of 100 ms, doubling
 /// up to 5 s, that `pause(wait)` takes (awaitable<bool>: false when the bridge stops). Before
-/// each try `go_on()` must hold. The results, or nullopt when it gave up.
+/// each try `go_on()` must hold. The results, or nullopt when it gave up. A try on its way when
+/// `wake` expires (the bridge's stop()) has 5 s more to end; then it is cut short (the queue's
+/// server may be out of reach, and a call waits for it to come back): its messages are not
+/// acknowledged, and come again as the same jobs.
 template <class Pause, class GoOn>
 boost::asio::awaitable<std::optional<std::vector<enqueue_result>>> store_jobs(producer& to,
                                                                               std::vector<encoded_job> jobs,
+                                                                              boost::asio::steady_timer& wake,
                                                                               Pause pause, GoOn go_on) {
+  using namespace boost::asio::experimental::awaitable_operators;
+  using boost::asio::as_tuple;
+  using boost::asio::use_awaitable;
+  auto stopped = [&wake]() -> boost::asio::awaitable<void> {
+    co_await wake.async_wait(as_tuple(use_awaitable));
+    boost::asio::steady_timer grace(wake.get_executor(), std::chrono::seconds(5));
+    co_await grace.async_wait(as_tuple(use_awaitable));
+  };
   std::vector<enqueue_result> results;
   for (std::chrono::milliseconds wait(100); !jobs.empty();) {
     if (!go_on()) co_return std::nullopt;
     try {
-      results = co_await to.enqueue_encoded(jobs);
+      auto done = co_await (to.enqueue_encoded(jobs) || stopped());
+      if (done.index() == 1) co_return std::nullopt;
+      results = std::get<0>(std::move(done));
       break;
     } catch (const std::exception& failed) {
       log(log_level::warn, "bridge", "storing {} jobs on queue {}: {}; trying again in {} ms", jobs.size(), to.queue(),

@@ -279,7 +279,8 @@ struct stream_bridge::impl {
     count([&](bridge_counters& c) { c.received += entries.size(); });
     auto pause_for = [this](std::chrono::milliseconds d) { return pause(d); };
     // (A lock lost before the store: another bridge may consume already, and the order is its.)
-    auto results = co_await detail::store_jobs(to, std::move(sorted.jobs), pause_for, [&] { return !held.lost(); });
+    auto results =
+        co_await detail::store_jobs(to, std::move(sorted.jobs), wake, pause_for, [&] { return !held.lost(); });
     if (!results) co_return false;
     std::uint64_t duplicates = 0;
     for (const auto& r : *results) duplicates += r.duplicate ? 1 : 0;
