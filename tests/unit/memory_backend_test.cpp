@@ -1,6 +1,7 @@
 // The memory backend against the semantics of the Lua scripts (runtime/lua/), without a server.
 #include <jobrt/memory_backend.hpp>
 #include <jobrt/producer.hpp>
+#include <jobrt/sharded_backend.hpp>
 #include <jobrt/worker.hpp>
 
 #include "support/records.hpp"
@@ -592,4 +593,22 @@ TEST_CASE("a queue's name may not be empty, hold a brace or name a shard: produc
   CHECK_NOTHROW(jobrt::producer(b, "orders#eu"));
   CHECK_NOTHROW(jobrt::producer(b, "orders#"));
   CHECK_NOTHROW(jobrt::producer(b, "orders:eu|1 x"));  // anything else goes
+}
+
+TEST_CASE(
+    "a sharded_backend that looks at a queue before its producers stored a shard count follows the count they store") {
+  jobrt::test::run([](asio::io_context& ctx) -> asio::awaitable<void> {
+    memory_backend inner(ctx.get_executor());
+    jobrt::sharded_backend looks(inner, 0, jobrt::sharded_backend::when_unknown::look);  // (a dashboard)
+    CHECK((co_await looks.counts("orders")).enqueued == 0);
+    CHECK(co_await looks.shards_of("orders") == 1);
+    jobrt::sharded_backend writes(inner, 4);
+    jobrt::producer p(writes, "orders");
+    std::vector<jobrt::job_spec> specs(6);
+    for (auto& s : specs) s.type = "t";
+    co_await p.enqueue_bulk(std::move(specs));
+    CHECK(co_await looks.shards_of("orders") == 4);
+    CHECK((co_await looks.counts("orders")).enqueued == 6);
+    CHECK((co_await looks.counts("orders")).ready_lanes == 6);
+  });
 }

@@ -256,6 +256,9 @@ awaitable<std::shared_ptr<sharded_backend::queue_state>> sharded_backend::state_
   q->next_sweep = start_offset() % q->shards;
   q->promoted_version.assign(q->shards, 0);
   q->next_due.assign(q->shards, clock::time_point::min());
+  // A queue with no count stored yet, only looked at (a dashboard started before the queue's
+  // first producer): not kept, so that a later call follows the count its producers store.
+  if (stored == 0) co_return q;
   std::lock_guard lock(mutex_);
   co_return queues_.try_emplace(queue, std::move(q)).first->second;
 }
