@@ -884,14 +884,19 @@ awaitable<void> wait_versions(const std::vector<std::string>& names, std::uint64
   std::uint64_t sum = 0;
   for (const auto& name : names) sum += versions.emplace_back(version(name));
   if (sum != seen) co_return;
-  auto ex = co_await asio::this_coro::executor;
-  using wait_op = decltype(asio::co_spawn(ex, wait(std::string(), std::uint64_t{0}, timeout), asio::deferred));
-  std::vector<wait_op> waits;
-  waits.reserve(names.size());
-  for (std::size_t k = 0; k < names.size(); ++k)
-    waits.push_back(asio::co_spawn(ex, wait(names[k], versions[k], timeout), asio::deferred));
-  co_await asio::experimental::make_parallel_group(std::move(waits))
-      .async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
+  // On a strand, as at_once: a wait that ends at once (its version moved) must not end, on
+  // another thread, while the ranged group still launches the others.
+  auto strand = asio::make_strand(co_await asio::this_coro::executor);
+  auto group = [&]() -> awaitable<void> {
+    using wait_op = decltype(asio::co_spawn(strand, wait(std::string(), std::uint64_t{0}, timeout), asio::deferred));
+    std::vector<wait_op> waits;
+    waits.reserve(names.size());
+    for (std::size_t k = 0; k < names.size(); ++k)
+      waits.push_back(asio::co_spawn(strand, wait(names[k], versions[k], timeout), asio::deferred));
+    co_await asio::experimental::make_parallel_group(std::move(waits))
+        .async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
+  };
+  co_await detail::run_on(strand, group());
   auto cs = co_await asio::this_coro::cancellation_state;
   if (cs.cancelled() != asio::cancellation_type::none)
     throw boost::system::system_error(asio::error::operation_aborted, what);
