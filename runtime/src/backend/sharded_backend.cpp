@@ -1164,9 +1164,11 @@ awaitable<std::optional<kept_job>> sharded_backend::kept_job_of(std::string queu
   if (q->shards == 1) co_return co_await inner_.kept_job_of(q->names[0], std::move(id));
   auto found = co_await at_once<std::optional<kept_job>>(
       shards_of_id(id, q->shards), [&](std::size_t k) { return inner_.kept_job_of(q->names[k], id); });
-  found.rethrow();
+  // (A shard that found it answers, whatever another one met; without one, a failure says more
+  // than "not found".)
   for (auto& k : found.results)
     if (k) co_return std::move(k);
+  found.rethrow();
   co_return std::nullopt;
 }
 
@@ -1174,12 +1176,13 @@ awaitable<cancel_outcome> sharded_backend::cancel(std::string queue, std::string
   auto q = co_await state_of(queue);
   auto found = co_await at_once<cancel_outcome>(shards_of_id(id, q->shards),
                                                 [&](std::size_t k) { return inner_.cancel(q->names[k], id); });
-  found.rethrow();
   // (A producer's id may be in several shards, in groups of different shards: the first of
-  // cancelled, already cancelled, done says what happened.)
+  // cancelled, already cancelled, done says what happened, among the shards that answered; a
+  // failure says more than "not found".)
   auto out = cancel_outcome::not_found;
-  for (auto o : found.results)
-    if (o < out) out = o;
+  for (std::size_t i = 0; i < found.results.size(); ++i)
+    if (!found.errors[i] && found.results[i] < out) out = found.results[i];
+  if (out == cancel_outcome::not_found) found.rethrow();
   co_return out;
 }
 
