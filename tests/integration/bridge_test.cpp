@@ -290,6 +290,43 @@ TEST_CASE("bridge: with its queue's server out of reach, a stop ends the store a
   });
 }
 
+TEST_CASE("bridge: a store its queue's server refuses is tried again, and stored once the server takes it") {
+  redis_server streams;
+  redis_server queue;
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis::connection c(ctx.get_executor(), streams.config());
+    c.start();
+    redis::connection admin(ctx.get_executor(), queue.config());
+    admin.start();
+    redis_backend store(ctx.get_executor(), queue.config());
+    producer to(store, "q");
+    auto from = stream_source::from_url(
+        fmt::format("redis-stream://127.0.0.1:{}/s?group=jobrt&lock_ttl_ms=300", streams.port()));
+    stream_bridge bridge(ctx.get_executor(), from, to);
+    bool ended = false;
+    asio::co_spawn(ctx, bridge.run(), [&](std::exception_ptr e) {
+      ended = true;
+      if (e) std::rethrow_exception(e);
+    });
+    REQUIRE(co_await eventually([&]() -> awaitable<bool> { co_return (co_await bridge.sample()).pending == 0; }));
+    co_await redis::exec(admin, redis::request("CONFIG", "SET", "maxmemory", "1"));  // (writes refused: OOM)
+    co_await add(c, "s", "type", "t", "payload", "{}");
+    REQUIRE(co_await eventually([&] { return bridge.counters().received == 1; }));
+    asio::steady_timer t(ctx, 500ms);  // (refused and tried again meanwhile)
+    co_await t.async_wait(asio::use_awaitable);
+    CHECK(bridge.counters().enqueued == 0);
+    co_await redis::exec(admin, redis::request("CONFIG", "SET", "maxmemory", "0"));
+    CHECK(co_await eventually(
+        [&]() -> awaitable<bool> {
+          auto counts = co_await bridge.sample();
+          co_return counts.enqueued == 1 && counts.pending == 0;
+        },
+        10s));
+    bridge.stop();
+    CHECK(co_await eventually([&] { return ended; }, 5s));
+  });
+}
+
 TEST_CASE("bridge: a bad stream URL is refused naming what is wrong") {
   auto refusal = [](std::string url) {
     try {

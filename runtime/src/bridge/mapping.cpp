@@ -214,6 +214,12 @@ boost::asio::awaitable<void> detail::pause_unless_woken(boost::asio::steady_time
             wake.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable)));
 }
 
+boost::asio::awaitable<void> detail::stopped_for(boost::asio::steady_timer& wake, std::chrono::milliseconds grace) {
+  co_await wake.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+  boost::asio::steady_timer t(wake.get_executor(), grace);
+  co_await t.async_wait(boost::asio::use_awaitable);  // (a cancellation ends it: operation_aborted)
+}
+
 bridge::~bridge() = default;
 
 std::unique_ptr<bridge> make_bridge(boost::asio::any_io_executor ex, std::string_view url, producer to,

@@ -36,6 +36,30 @@ sorted_batch sort_batch(const std::vector<bridge_message>& batch, const bridge_m
 /// Waits `d`, or less when `wake` expires (a bridge's stop() sets it at its earliest).
 boost::asio::awaitable<void> pause_unless_woken(boost::asio::steady_timer& wake, std::chrono::milliseconds d);
 
+/// Ends `grace` after `wake` expires (a bridge's stop()). Cut short by cancellation.
+boost::asio::awaitable<void> stopped_for(boost::asio::steady_timer& wake, std::chrono::milliseconds grace);
+
+/// What `work` gave (or threw), or nullopt when the bridge stopped and `grace` passed before it
+/// ended: then it is cut short. (The awaitable operator || waits for a side that succeeds: `work`
+/// is caught, so that its failure ends the race too.)
+template <class T>
+boost::asio::awaitable<std::optional<T>> unless_stopped(boost::asio::awaitable<T> work, boost::asio::steady_timer& wake,
+                                                        std::chrono::milliseconds grace) {
+  using namespace boost::asio::experimental::awaitable_operators;
+  auto caught = [](boost::asio::awaitable<T> w) -> boost::asio::awaitable<std::variant<T, std::exception_ptr>> {
+    try {
+      co_return co_await std::move(w);
+    } catch (...) {
+      co_return std::current_exception();
+    }
+  };
+  // (The operator flattens the variants: T, the exception, or the stop's monostate.)
+  auto done = co_await (caught(std::move(work)) || stopped_for(wake, grace));
+  if (auto* failed = std::get_if<std::exception_ptr>(&done)) std::rethrow_exception(*failed);
+  if (auto* value = std::get_if<T>(&done)) co_return std::move(*value);
+  co_return std::nullopt;
+}
+
 /// Stores `jobs` with `to`, each failure logged and tried again after a wait of 100 ms, doubling
 /// up to 5 s, that `pause(wait)` takes (awaitable<bool>: false when the bridge stops). Before
 /// each try `go_on()` must hold. The results, or nullopt when it gave up. A try on its way when
@@ -47,21 +71,13 @@ boost::asio::awaitable<std::optional<std::vector<enqueue_result>>> store_jobs(pr
                                                                               std::vector<encoded_job> jobs,
                                                                               boost::asio::steady_timer& wake,
                                                                               Pause pause, GoOn go_on) {
-  using namespace boost::asio::experimental::awaitable_operators;
-  using boost::asio::as_tuple;
-  using boost::asio::use_awaitable;
-  auto stopped = [&wake]() -> boost::asio::awaitable<void> {
-    co_await wake.async_wait(as_tuple(use_awaitable));
-    boost::asio::steady_timer grace(wake.get_executor(), std::chrono::seconds(5));
-    co_await grace.async_wait(as_tuple(use_awaitable));
-  };
   std::vector<enqueue_result> results;
   for (std::chrono::milliseconds wait(100); !jobs.empty();) {
     if (!go_on()) co_return std::nullopt;
     try {
-      auto done = co_await (to.enqueue_encoded(jobs) || stopped());
-      if (done.index() == 1) co_return std::nullopt;
-      results = std::get<0>(std::move(done));
+      auto done = co_await unless_stopped(to.enqueue_encoded(jobs), wake, std::chrono::seconds(5));
+      if (!done) co_return std::nullopt;
+      results = std::move(*done);
       break;
     } catch (const std::exception& failed) {
       log(log_level::warn, "bridge", "storing {} jobs on queue {}: {}; trying again in {} ms", jobs.size(), to.queue(),

@@ -111,15 +111,14 @@ struct stream_bridge::impl {
     co_return !stopping;
   }
 
-  // A request on the shared connection (XGROUP, XACK, the dead letters' XADD), cut short by
-  // stop() (nullopt then) and bounded by a lock TTL: while the server cannot be reached it would
-  // wait for a reconnect, saying nothing, and a stop would wait with it.
+  // A request on the shared connection (XGROUP, XACK, the dead letters' XADD), bounded by a lock
+  // TTL (1 s at least), and cut short (nullopt) when `grace` has passed since stop(): while the
+  // server cannot be reached it would wait for a reconnect, saying nothing, and a stop with it.
   using outcome = std::pair<boost::system::error_code, redis::reply>;
-  asio::awaitable<std::optional<outcome>> call(redis::request req, const std::string& key) {
-    req.options.timeout = from.lock_ttl;
-    auto done = co_await (link.try_exec(std::move(req), key) || wake.async_wait(asio::as_tuple(asio::use_awaitable)));
-    if (stopping || done.index() == 1) co_return std::nullopt;
-    co_return std::get<0>(std::move(done));
+  asio::awaitable<std::optional<outcome>> call(redis::request req, const std::string& key,
+                                               std::chrono::milliseconds grace) {
+    req.options.timeout = std::max<std::chrono::milliseconds>(from.lock_ttl, std::chrono::seconds(1));
+    co_return co_await detail::unless_stopped(link.try_exec(std::move(req), key), wake, grace);
   }
 
   // What a failed call met: the server's error, or why there is no connection to it.
@@ -134,8 +133,8 @@ struct stream_bridge::impl {
   // Makes the consumer group if it is missing; a failure that waiting may mend is tried again.
   asio::awaitable<bool> make_group() {
     for (;;) {
-      auto done =
-          co_await call(redis::request("XGROUP", "CREATE", from.stream, from.group, "0", "MKSTREAM"), from.stream);
+      auto done = co_await call(redis::request("XGROUP", "CREATE", from.stream, from.group, "0", "MKSTREAM"),
+                                from.stream, std::chrono::milliseconds(0));
       if (!done) co_return false;
       auto& [ec, r] = *done;
       if (!ec || r.error_message().starts_with("BUSYGROUP")) co_return true;
@@ -240,10 +239,11 @@ struct stream_bridge::impl {
   }
 
   // Sends `req` on the shared connection until every reply in it is no error; false when stop()
-  // came first.
+  // came first. (A call on its way at the stop has 5 s more: the batch in hand is dead-lettered
+  // and acknowledged, as its jobs' store.)
   asio::awaitable<bool> write(const redis::request& req, const std::string& key, std::string_view what) {
     for (std::chrono::milliseconds wait(100);;) {
-      auto done = co_await call(req, key);
+      auto done = co_await call(req, key, std::chrono::seconds(5));
       if (!done) co_return false;
       auto& [ec, r] = *done;
       std::string problem = ec ? problem_of(ec, r) : std::string();
