@@ -953,16 +953,12 @@ awaitable<std::optional<kept_job>> sharded_backend::wait_ended(std::string queue
   // (Over several shards each waits for news of this job, or a wake-up that may hide some, in
   // its shard. News of the job comes from its own shard only: the caller gets it, as from one
   // shard, and need not look the job up.)
-  std::optional<kept_job> told;
-  std::mutex told_mutex;  // (the shards' waits may end on different threads)
+  std::optional<kept_job> told;  // (the shards' waits resume on wait_versions' strand, one at a time)
   co_await wait_versions(
       q->names, seen, timeout, [this](const std::string& name) { return inner_.ended_version(name); },
-      [this, &id, &told, &told_mutex](std::string name, std::uint64_t v,
-                                      std::chrono::milliseconds t) -> awaitable<void> {
+      [this, &id, &told](std::string name, std::uint64_t v, std::chrono::milliseconds t) -> awaitable<void> {
         auto news = co_await inner_.wait_ended(std::move(name), id, v, t);
-        if (!news) co_return;
-        std::lock_guard lock(told_mutex);
-        told = std::move(news);
+        if (news) told = std::move(news);
       },
       "wait_ended");
   co_return told;
@@ -1177,12 +1173,13 @@ awaitable<cancel_outcome> sharded_backend::cancel(std::string queue, std::string
   auto found = co_await at_once<cancel_outcome>(shards_of_id(id, q->shards),
                                                 [&](std::size_t k) { return inner_.cancel(q->names[k], id); });
   // (A producer's id may be in several shards, in groups of different shards: the first of
-  // cancelled, already cancelled, done says what happened, among the shards that answered; a
-  // failure says more than "not found".)
+  // cancelled, already cancelled, done says what happened, among the shards that answered. A
+  // failure is thrown unless a job was cancelled: a shard that did not answer may hold one that
+  // runs on.)
   auto out = cancel_outcome::not_found;
   for (std::size_t i = 0; i < found.results.size(); ++i)
     if (!found.errors[i] && found.results[i] < out) out = found.results[i];
-  if (out == cancel_outcome::not_found) found.rethrow();
+  if (out != cancel_outcome::cancelled) found.rethrow();
   co_return out;
 }
 
