@@ -218,7 +218,7 @@ CONFORMANCE("group concurrency: a dead letter requeued to the head starts next, 
     co_await end(store, b.queue(), named(first, "a1"), finish_kind::fail);
     CHECK(co_await claim_names(store, b.queue(), more) == "a3");  // a2 and a3 run, a4 and a5 wait
     // The group's head is a4, which has not started: a1 goes in front of it, not behind.
-    std::vector<std::string> back{named(first, "a1").job.id};
+    std::vector<std::string> back(1, named(first, "a1").job.id);  // (no braced list in a coroutine: GCC 12)
     CHECK((co_await store.requeue(b.queue(), back, true)) == back);
     CHECK(co_await claim_names(store, b.queue(), none) == "");  // two run still
     co_await end(store, b.queue(), named(first, "a2"), finish_kind::ack);

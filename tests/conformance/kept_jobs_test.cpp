@@ -29,6 +29,18 @@ awaitable<void> lease_and(backend& store, const std::string& queue, std::size_t 
   co_await store.finish(queue, "w", std::move(items), std::chrono::seconds(30));
 }
 
+// Once the waiters' subscriptions hold: their notices (one a shard, which move the version of
+// ends as an end does) have all come, and the version stays put for 200 ms. (At most 5 s.)
+awaitable<void> settled(backend& store, const std::string& queue) {
+  auto version = store.ended_version(queue);
+  for (int quiet = 0, i = 0; quiet < 4 && i < 100; ++i) {
+    co_await sleep_for(std::chrono::milliseconds(50));
+    auto now = store.ended_version(queue);
+    quiet = now == version ? quiet + 1 : 0;
+    version = now;
+  }
+}
+
 }  // namespace
 
 CONFORMANCE("kept jobs: found by id while pending, delayed, retrying and done, but not once dead nor when not kept") {
@@ -294,7 +306,7 @@ CONFORMANCE("kept jobs: enqueue_and_wait looks no job up before its end, and oth
     producer p(counted, b.queue());
     CHECK_FALSE(co_await p.wait("none", std::chrono::seconds(5)));  // (subscribed first, as above)
     CHECK_FALSE(co_await p.wait("none", std::chrono::seconds(5)));
-    co_await sleep_for(std::chrono::milliseconds(200));
+    co_await settled(counted, b.queue());
     worker w(ctx.get_executor(), b.make(), b.worker_opts(4));
     w.add_handler("slow", [](job_context& c) -> awaitable<void> {
       co_await sleep_for(std::chrono::milliseconds(300));
@@ -377,7 +389,7 @@ CONFORMANCE("kept jobs: a waiter takes a job's end from its message where the st
     // a sharded queue's versions are read once it knows the queue, which its first look does.)
     CHECK_FALSE(co_await p.wait("none", std::chrono::seconds(5)));
     CHECK_FALSE(co_await p.wait("none", std::chrono::seconds(5)));
-    co_await sleep_for(std::chrono::milliseconds(200));
+    co_await settled(counted, b.queue());
     worker w(ctx.get_executor(), b.make(), b.worker_opts(2));
     w.add_handler("slow", [](job_context& c) -> awaitable<void> {
       co_await sleep_for(std::chrono::milliseconds(300));  // (the waiter's first look comes before its end)
