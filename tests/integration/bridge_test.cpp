@@ -276,7 +276,7 @@ TEST_CASE("bridge: with its queue's server out of reach, a stop ends the store a
     REQUIRE(co_await eventually([&]() -> awaitable<bool> { co_return (co_await bridge.sample()).pending == 0; }));
     queue.stop();  // (its calls wait for it to come back)
     co_await add(c, "s", "type", "t", "payload", "{}");
-    REQUIRE(co_await eventually([&] { return bridge.counters().received == 1; }));
+    REQUIRE(co_await eventually([&] { return bridge.counters().received >= 1; }));
     auto began = std::chrono::steady_clock::now();
     bridge.stop();
     CHECK(co_await eventually([&] { return ended; }, 10s));
@@ -311,7 +311,7 @@ TEST_CASE("bridge: a store its queue's server refuses is tried again, and stored
     REQUIRE(co_await eventually([&]() -> awaitable<bool> { co_return (co_await bridge.sample()).pending == 0; }));
     co_await redis::exec(admin, redis::request("CONFIG", "SET", "maxmemory", "1"));  // (writes refused: OOM)
     co_await add(c, "s", "type", "t", "payload", "{}");
-    REQUIRE(co_await eventually([&] { return bridge.counters().received == 1; }));
+    REQUIRE(co_await eventually([&] { return bridge.counters().received >= 1; }));
     asio::steady_timer t(ctx, 500ms);  // (refused and tried again meanwhile)
     co_await t.async_wait(asio::use_awaitable);
     CHECK(bridge.counters().enqueued == 0);

@@ -36,12 +36,13 @@ sorted_batch sort_batch(const std::vector<bridge_message>& batch, const bridge_m
 /// Waits `d`, or less when `wake` expires (a bridge's stop() sets it at its earliest).
 boost::asio::awaitable<void> pause_unless_woken(boost::asio::steady_timer& wake, std::chrono::milliseconds d);
 
-/// Ends `grace` after `wake` expires (a bridge's stop()). Cut short by cancellation.
+/// Ends `grace` after `wake` expired (a bridge's stop()), counted from then or, when it had
+/// expired already, from the call. Cut short by cancellation.
 boost::asio::awaitable<void> stopped_for(boost::asio::steady_timer& wake, std::chrono::milliseconds grace);
 
-/// What `work` gave (or threw), or nullopt when the bridge stopped and `grace` passed before it
-/// ended: then it is cut short. (The awaitable operator || waits for a side that succeeds: `work`
-/// is caught, so that its failure ends the race too.)
+/// What `work` gave (or threw), or nullopt when the bridge stopped and `grace` passed (from the
+/// stop, or from the start of a call made after it) before it ended: then it is cut short. (The awaitable operator ||
+/// waits for a side that succeeds: `work` is caught, so that its failure ends the race too.)
 template <class T>
 boost::asio::awaitable<std::optional<T>> unless_stopped(boost::asio::awaitable<T> work, boost::asio::steady_timer& wake,
                                                         std::chrono::milliseconds grace) {
@@ -62,8 +63,8 @@ boost::asio::awaitable<std::optional<T>> unless_stopped(boost::asio::awaitable<T
 
 /// Stores `jobs` with `to`, each failure logged and tried again after a wait of 100 ms, doubling
 /// up to 5 s, that `pause(wait)` takes (awaitable<bool>: false when the bridge stops). Before
-/// each try `go_on()` must hold. The results, or nullopt when it gave up. A try on its way when
-/// `wake` expires (the bridge's stop()) has 5 s more to end; then it is cut short (the queue's
+/// each try `go_on()` must hold. The results, or nullopt when it gave up. A try has 5 s from the
+/// bridge's stop (`wake` expired), or from its start after it, to end; then it is cut short (the queue's
 /// server may be out of reach, and a call waits for it to come back): its messages are not
 /// acknowledged, and come again as the same jobs.
 template <class Pause, class GoOn>

@@ -112,7 +112,8 @@ struct stream_bridge::impl {
   }
 
   // A request on the shared connection (XGROUP, XACK, the dead letters' XADD), bounded by a lock
-  // TTL (1 s at least), and cut short (nullopt) when `grace` has passed since stop(): while the
+  // TTL (1 s at least), and cut short (nullopt) `grace` after stop(), or after its start when it
+  // came after the stop: while the
   // server cannot be reached it would wait for a reconnect, saying nothing, and a stop with it.
   using outcome = std::pair<boost::system::error_code, redis::reply>;
   asio::awaitable<std::optional<outcome>> call(redis::request req, const std::string& key,
