@@ -545,6 +545,52 @@ CONFORMANCE("dead letters: list, show, requeue to the tail or the head, purge, r
   });
 }
 
+CONFORMANCE("requeue by a producer's id brings back every job dead under it (sharded: in groups of two shards)") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    // A second group in another shard: there the id is free, as ids are kept shard by shard.
+    std::string other = "h";
+    for (int i = 1; sharded(kind) && sharded_backend::shard_of(other, shards_of(kind)) ==
+                                         sharded_backend::shard_of("g", shards_of(kind));
+         ++i)
+      other = fmt::format("h{}", i);
+    std::size_t stored = 0;
+    std::vector<std::string> groups{"g", other};
+    for (const auto& group : groups) {
+      auto s = named("twin", group);
+      s.id = "twin";
+      s.max_attempts = 1;
+      if (!(co_await p.enqueue(s)).duplicate) ++stored;
+    }
+    CHECK(stored == (sharded(kind) ? 2u : 1u));
+    claim_options co{"w", 10, std::chrono::seconds(30)};
+    std::size_t failed = 0;
+    for (int round = 0; round < 20 && failed < stored; ++round) {  // (sharded claims: in no set order)
+      auto claimed = co_await store.claim(b.queue(), co);
+      for (auto& j : claimed) {
+        std::vector<finish_item> items(1);
+        items[0].token = j.token;
+        items[0].kind = finish_kind::fail;
+        items[0].error = "e";
+        items[0].unique_id = j.job.id;
+        CHECK((co_await store.finish(b.queue(), "w", std::move(items), std::chrono::seconds(30))).at(0).lease_held);
+        ++failed;
+      }
+    }
+    REQUIRE(failed == stored);
+    REQUIRE((co_await store.dead_letters(b.queue(), 0, 10)).size() == stored);
+    std::vector<std::string> twin{"twin"};
+    CHECK(co_await store.requeue(b.queue(), twin, false) == twin);  // the key once, however many came back
+    CHECK((co_await store.dead_letters(b.queue(), 0, 10)).empty());
+    CHECK((co_await store.counts(b.queue())).dead == 0);
+    std::size_t back = 0;
+    for (int round = 0; round < 20 && back < stored; ++round) back += (co_await store.claim(b.queue(), co)).size();
+    CHECK(back == stored);
+  });
+}
+
 CONFORMANCE("a dead letter never overwrites another, even one whose id looks like '<id>#<fence>'") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

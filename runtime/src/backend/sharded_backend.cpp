@@ -23,6 +23,7 @@
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <unordered_set>
 
 namespace jobrt {
 
@@ -998,15 +999,26 @@ awaitable<std::vector<std::string>> sharded_backend::requeue(std::string queue, 
                                                              bool at_head) {
   auto q = co_await state_of(queue);
   if (q->shards == 1) co_return co_await inner_.requeue(q->names[0], std::move(ids), at_head);
-  std::vector<std::string> out;
-  for (std::size_t k = 0; k < q->shards && !ids.empty(); ++k) {
-    auto done = co_await inner_.requeue(q->names[k], ids, at_head);
-    if (done.empty()) continue;
-    co_await mark(queue, k);
-    for (auto& id : done) std::erase(ids, id);
-    out.insert(out.end(), std::make_move_iterator(done.begin()), std::make_move_iterator(done.end()));
+  // Each key asked of every shard that may hold it, all shards at once (a producer's id may be
+  // dead in several, in groups of different shards: each goes back). The shards that requeued
+  // are marked before a failure of another is thrown.
+  per_shard<std::string> asked(q->shards);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    for (auto k : shards_of_id(ids[i], q->shards)) asked.add(k, ids[i], i);
+  auto used = asked.used();
+  auto done = co_await at_once<std::vector<std::string>>(
+      used, [&](std::size_t k) { return inner_.requeue(q->names[k], asked.items[k], at_head); });
+  std::vector<std::size_t> moved;
+  std::unordered_set<std::string> requeued;
+  for (std::size_t u = 0; u < used.size(); ++u) {
+    if (done.errors[u] || done.results[u].empty()) continue;
+    moved.push_back(used[u]);
+    requeued.insert(done.results[u].begin(), done.results[u].end());
   }
-  co_return out;
+  co_await mark(queue, std::move(moved));
+  done.rethrow();
+  std::erase_if(ids, [&](const std::string& id) { return requeued.erase(id) == 0; });  // in the order given, once
+  co_return ids;
 }
 
 awaitable<std::int64_t> sharded_backend::purge(std::string queue, std::vector<std::string> ids) {
