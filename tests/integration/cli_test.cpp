@@ -1397,7 +1397,10 @@ TEST_CASE("jobrt enqueue --file checks every line, sizes and job options include
 TEST_CASE("jobrt dlq prints letters as JSON and requeues and purges every letter a filter selects, page by page") {
   auto cfg = shared_redis();
   auto url = url_of(cfg);
-  std::string queue = key_prefix() + "select";
+  std::string shards = "1";
+  SUBCASE("one queue") {}
+  SUBCASE("over 4 shards (the selection walks them by cursor)") { shards = "4"; }
+  std::string queue = key_prefix() + "select" + shards;
   auto file = fmt::format("/tmp/jobrt-cli-select-{}.jsonl", ::getpid());
   {
     std::ofstream out(file);
@@ -1412,7 +1415,7 @@ TEST_CASE("jobrt dlq prints letters as JSON and requeues and purges every letter
     // More than one page of dead_letters (500) and more than one requeue call (500).
     for (int i = 0; i < 1100; ++i) out << R"({"type":"nosuch-c","payload":{"n":)" << i << "}}\n";
   }
-  REQUIRE(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--file", file}).status == 0);
+  REQUIRE(jobrt_cli({"enqueue", "--redis", url, "--queue", queue, "--shards", shards, "--file", file}).status == 0);
   std::remove(file.c_str());
   auto out = fmt::format("/tmp/jobrt-cli-select-worker-{}.out", ::getpid());
   // (No worker runs the nosuch types: dead-lettered once the worker has asked.)
