@@ -85,10 +85,20 @@ int run_bridge(bridge_args& a) {
   std::unique_ptr<metrics_server> metrics;
   std::exception_ptr failure;
   asio::signal_set signals(ctx, SIGTERM, SIGINT);
-  signals.async_wait([&](boost::system::error_code ec, int) {
+  signals.async_wait([&](boost::system::error_code ec, int signal) {
     if (ec) return;
-    log(log_level::info, "bridge", "stopping: storing and acknowledging what was read");
+    log(log_level::info, "bridge", "{}: stopping: storing and acknowledging what was read ({} again stops at once)",
+        signal_name(signal), signal_name(signal));
     bridge->stop();  // (before run(): run() returns at once)
+    signals.async_wait([&](boost::system::error_code again, int forced) {
+      if (again) return;
+      // Ended by the signal, as a shell expects: what was read and not acknowledged is delivered
+      // again (to a bridge that starts), and stored once, by its id.
+      log(log_level::warn, "bridge", "{} again: stopping now; what was read and not acknowledged comes again",
+          signal_name(forced));
+      std::signal(forced, SIG_DFL);
+      std::raise(forced);
+    });
   });
   auto body = [&]() -> asio::awaitable<void> {
     co_await check_reachable(store.connection(), url);
@@ -163,7 +173,8 @@ void add_bridge(CLI::App& jobrt, action& chosen) {
       "<stream>@<entry id>. An AMQP message's body is the payload, its type property or header the\n"
       "type, its message_id (else a hash of the body) the id. One bridge of a stream's group consumes\n"
       "at a time; more stand by and take over when it dies. Messages that cannot be jobs go to\n"
-      "<stream>:dead or <queue>.dead with the reason. SIGTERM stops it after the batch in hand.");
+      "<stream>:dead or <queue>.dead with the reason. SIGTERM stops it after the batch in hand (its\n"
+      "store and acknowledgements get 5 s each with a server out of reach); a second SIGTERM at once.");
 }
 
 }  // namespace jobrt::cli

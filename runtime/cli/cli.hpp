@@ -118,5 +118,7 @@ std::string address_of(const std::string& url);
 /// stopped. An exception that escapes a handler on any thread stops it on all (a thread of its
 /// own that it left would end the process); the first one is rethrown once every thread is back.
 void run_threads(boost::asio::io_context& ctx, std::size_t threads);
+/// "SIGINT" or "SIGTERM", the signals the long-running commands stop on.
+const char* signal_name(int signal);
 
 }  // namespace jobrt::cli

@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -159,6 +160,8 @@ boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std:
   r = co_await ping_seeds(conn, url, whole_wait - first_look);
   if (!r.answered) throw std::runtime_error(fmt::format("redis at {} does not answer: {}", address, r.why));
 }
+
+const char* signal_name(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }
 
 void run_threads(boost::asio::io_context& ctx, std::size_t threads) {
   std::mutex mutex;

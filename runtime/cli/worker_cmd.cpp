@@ -50,8 +50,6 @@ namespace asio = boost::asio;
 volatile std::sig_atomic_t early_signal = 0;
 void remember_signal(int signal) { early_signal = signal; }
 
-const char* signal_name(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }
-
 // Threads running one io_context: more than a few per core only cost memory (and, by the
 // thousands, fail to start).
 constexpr std::size_t max_threads = 256;

@@ -53,7 +53,9 @@ std::string field_of(const redis::reply& fields, std::string_view field) {
 // `jobrt bridge` processes; each still running at the end is killed.
 class bridges {
  public:
-  explicit bridges(std::string url) : url_(std::move(url)) {}
+  // Bridges from stream "in" at `url` into the queue at `queue_url` (by default the same server).
+  explicit bridges(std::string url, std::string queue_url = {})
+      : url_(std::move(url)), queue_url_(queue_url.empty() ? url_ : std::move(queue_url)) {}
   ~bridges() {
     for (auto& [name, pid] : pids_) reap(pid, SIGKILL);
   }
@@ -69,7 +71,7 @@ class bridges {
                                   "-q",
                                   "bridged",
                                   "-u",
-                                  url_,
+                                  queue_url_,
                                   "--log-level",
                                   "warn"};
     std::vector<char*> argv;
@@ -81,6 +83,9 @@ class bridges {
     pids_[name] = pid;
   }
   void kill(const std::string& name) { reap(pids_.at(name), SIGKILL); }
+  void signal(const std::string& name, int signal) { ::kill(pids_.at(name), signal); }
+  // Its exit status, or minus the signal that ended it, once it has ended.
+  int wait(const std::string& name) { return reap(pids_.at(name), 0); }
   int terminate(const std::string& name) { return reap(pids_.at(name), SIGTERM); }
   // Whether each catches SIGTERM by now (a signal that comes earlier ends it by default).
   bool catching() const {
@@ -104,13 +109,13 @@ class bridges {
  private:
   static int reap(pid_t& pid, int signal) {
     if (pid <= 0) return -1;
-    ::kill(pid, signal);
+    if (signal != 0) ::kill(pid, signal);
     int status = 0;
     ::waitpid(pid, &status, 0);
     pid = -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
   }
-  std::string url_;
+  std::string url_, queue_url_;
   std::map<std::string, pid_t> pids_;
 };
 
@@ -413,6 +418,42 @@ TEST_CASE("bridge: a bad stream URL is refused naming what is wrong") {
   CHECK(refusal("redis-stream+sentinel://s1/m/s?group=g&sentinel_user=x").find("sentinel_user 'x' has no") !=
         std::string::npos);
   CHECK(refusal("redis-stream+sentinel:///m/s?group=g").find("not a URL") != std::string::npos);
+}
+
+TEST_CASE("jobrt bridge: a second SIGTERM ends it at once while a store waits for its queue's server") {
+  redis_server streams;
+  redis_server queue;
+  bridges running(fmt::format("redis://127.0.0.1:{}", streams.port()),
+                  fmt::format("redis://127.0.0.1:{}", queue.port()));
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis::connection c(ctx.get_executor(), streams.config());
+    c.start();
+    auto pending = [&]() -> awaitable<std::int64_t> {
+      auto p = co_await redis::exec(c, redis::request("XPENDING", "in", "jobrt"));
+      co_return p.as_array().at(0).as_integer();
+    };
+    co_await redis::exec(c, redis::request("XGROUP", "CREATE", "in", "jobrt", "0", "MKSTREAM"));
+    running.start("b0");
+    co_await add(c, "in", "type", "t", "payload", "{}");  // stored and acknowledged: the bridge is up
+    REQUIRE(co_await eventually(
+        [&]() -> awaitable<bool> {
+          auto read = co_await redis::exec(c, redis::request("XINFO", "GROUPS", "in"));
+          if (field_of(read.as_array().at(0), "last-delivered-id") == "0-0") co_return false;
+          co_return co_await pending() == 0 && running.catching();
+        },
+        10s));
+    queue.stop();  // (the next store waits for it)
+    co_await add(c, "in", "type", "t", "payload", "{}");
+    REQUIRE(co_await eventually([&]() -> awaitable<bool> { co_return co_await pending() == 1; }, 10s));
+    auto began = std::chrono::steady_clock::now();
+    running.signal("b0", SIGTERM);
+    asio::steady_timer t(ctx, 500ms);  // (the first one handled: its store has 5 s)
+    co_await t.async_wait(asio::use_awaitable);
+    running.signal("b0", SIGTERM);
+    CHECK(running.wait("b0") == -SIGTERM);
+    CHECK(std::chrono::steady_clock::now() - began < 3s);
+    CHECK(co_await pending() == 1);  // read, not acknowledged: for the next bridge
+  });
 }
 
 TEST_CASE("bridge: 50,000 entries over 1,000 groups, two bridges killed again and again: each one job, in order") {
