@@ -208,7 +208,7 @@ elseif what == 'worker' then
   if #lanes > 0 and not redis.call('ZSCORE', workers, worker) then
     problems[#problems + 1] = {'worker', #lanes}
     if repair then
-      for i = #lanes, 1, -1 do redis.call('LPUSH', ready, lanes[i]) end
+      push_list(ready, lanes, true)
       redis.call('DEL', key)
       repaired = repaired + 1
     end

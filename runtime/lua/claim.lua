@@ -67,7 +67,7 @@ if ARGV[4] and ARGV[4] ~= '' and max > 0 then
     local moved = redis.call('LRANGE', claimed, '0', '-1')
     if #moved > 0 then
       redis.call('DEL', claimed)
-      for i = #moved, 1, -1 do redis.call('LPUSH', ready, moved[i]) end
+      push_list(ready, moved, true)
     end
     -- (the start whose end leaves room: the oldest, unless a worker with a higher limit counted more)
     local at = string.format('%d', counted - limit)

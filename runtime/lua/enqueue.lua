@@ -73,9 +73,12 @@ local function level_list(level)
   return level_keys[level > 0 and 3 - level or 2 - level]
 end
 -- Pushes lanes to a list, in their order: at its tail, or (at_head) at its head. Returns its length.
+-- A wake entry at ready's head makes way for lanes pushed there: they wake the workers now, and
+-- the wake entry is only ever at the head (where counts and claims look for it).
 local function push_list(key, lanes, at_head)
   local len = 0
   if at_head then
+    if key == ready and #lanes > 0 and redis.call('LINDEX', ready, 0) == 'w:' then redis.call('LPOP', ready) end
     for last = #lanes, 1, -4000 do
       local part = {}
       for i = last, math.max(last - 3999, 1), -1 do part[#part + 1] = lanes[i] end

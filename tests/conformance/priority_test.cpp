@@ -351,3 +351,35 @@ CONFORMANCE("priority: counts skip a wake entry, and the next job's age is of th
     CHECK((co_await store.counts(b.queue())).next_enqueued_ms == 0);
   });
 }
+
+CONFORMANCE(
+    "priority: a lane that goes to ready's head in front of a wake entry replaces it (counts: no lane too many)") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    auto dead = prioritised(kind, "dead", 0);
+    dead.max_attempts = 1;
+    co_await p.enqueue(dead);
+    claim_options one{"w", 1, std::chrono::seconds(30)};
+    auto claimed = co_await store.claim(b.queue(), one);
+    REQUIRE(claimed.size() == 1);
+    co_await store.finish(b.queue(), "w", one_item(claimed[0], finish_kind::fail), std::chrono::seconds(30));
+    co_await p.enqueue(prioritised(kind, "high", 1));  // (ready empty: a wake entry there)
+    CHECK((co_await store.counts(b.queue())).ready_lanes == 1);
+    // To ready's head, and so does a job a worker hands back.
+    std::vector<std::string> back(1, claimed[0].job.id);
+    CHECK((co_await store.requeue(b.queue(), back, true)) == back);
+    CHECK((co_await store.counts(b.queue())).ready_lanes == 2);
+    auto first = co_await store.claim(b.queue(), one);
+    REQUIRE(first.size() == 1);
+    CHECK(name_of(first[0]) == "high");
+    std::vector<std::string> tokens(1, first[0].token);
+    co_await store.release(b.queue(), "w", tokens);
+    CHECK((co_await store.counts(b.queue())).ready_lanes == 2);
+    claim_options all{"w", 10, std::chrono::seconds(30)};
+    CHECK(names(co_await store.claim(b.queue(), all)) == "high dead");
+    CHECK((co_await store.counts(b.queue())).ready_lanes == 0);
+    CHECK((co_await store.check(b.queue(), false)).problems.empty());
+  });
+}

@@ -248,6 +248,12 @@ struct queue_model::queue_state {
   bool any_levels() const {
     return std::any_of(levels.begin(), levels.end(), [](const auto& l) { return !l.empty(); });
   }
+  // enqueue.lua's push_list to ready's head: a wake entry there makes way for the lanes.
+  template <class It>
+  void ready_front(It first, It last) {
+    if (first != last && !ready.empty() && ready.front() == "w:") ready.pop_front();
+    ready.insert(ready.begin(), first, last);
+  }
   // enqueue.lua's push_lanes: lanes to their levels' lists, in their order, at the tails or (at_head)
   // the heads; the wake entry when a level's list got lanes and ready has none (unless quiet: a
   // claim's, which wakes the levels once it is done). Returns whether any went to a level's list,
@@ -255,6 +261,7 @@ struct queue_model::queue_state {
   std::pair<bool, const std::deque<std::string>*> push_lanes(std::vector<std::string> lanes, bool at_head,
                                                              bool quiet = false) {
     auto push = [&](std::deque<std::string>& list, auto first, auto last) {
+      if (at_head && &list == &ready) return ready_front(std::make_move_iterator(first), std::make_move_iterator(last));
       list.insert(at_head ? list.begin() : list.end(), std::make_move_iterator(first), std::make_move_iterator(last));
     };
     std::vector<int> of(lanes.size());
@@ -509,7 +516,7 @@ std::vector<claimed_job> queue_model::claim_step(const claim_options& opts, bool
       // What the blocking claim moved to claimed:<worker> goes back to the head of ready.
       if (auto mine = q.claimed.find(opts.worker); mine != q.claimed.end()) {
         effects_.made_ready += mine->second.size();
-        q.ready.insert(q.ready.begin(), mine->second.begin(), mine->second.end());
+        q.ready_front(mine->second.begin(), mine->second.end());
         q.claimed.erase(mine);
       }
       auto oldest = std::next(st.by_time.begin(), static_cast<std::ptrdiff_t>(st.at.size() - opts.rate->max));
@@ -1719,7 +1726,7 @@ check_report queue_model::check(bool repair) {
     if (found == q.claimed.end() || found->second.empty() || q.workers.contains(worker)) continue;
     out.problems.push_back(dead_worker_problem(worker, found->second.size()));
     if (repair) {
-      q.ready.insert(q.ready.begin(), found->second.begin(), found->second.end());
+      q.ready_front(found->second.begin(), found->second.end());
       q.claimed.erase(found);
       ++out.repaired;
       q.wake_levels();
