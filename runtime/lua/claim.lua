@@ -145,19 +145,10 @@ end
 local function limited(record) return find(record, rate_mark, 1, true) and rate_of(record) end
 
 -- A group may run up to N jobs at once when its head's body says so ("conc":N, after a keep and
--- a rate limit). Such a head leaves the list when it starts and travels in its lease's lane,
+-- a rate limit: conc_of, see levels). Such a head leaves the list when it starts and travels in its lease's lane,
 -- 'c:<length of group>:<group><record>'; the group's lane goes back to the tail of ready (or of
 -- its next head's level's list, see levels) while fewer than N run, else waits in the set <prefix>full until one of them ends (finish.lua,
 -- reap.lua and release.lua put it back). A head of N = 1 behind such runs waits for all to end.
-local conc_mark = '"conc":'
-local function conc_of(record)
-  if not find(record, conc_mark, 1, true) then return 1 end
-  local n = string.match(record, '^%d+|[^|]*|{"conc":([1-9]%d*),') or
-    string.match(record, '^%d+|[^|]*|{"keep":%d+,"conc":([1-9]%d*),') or
-    string.match(record, '^%d+|[^|]*|{"rate":%[%d+,%d+%],"conc":([1-9]%d*),') or
-    string.match(record, '^%d+|[^|]*|{"keep":%d+,"rate":%[%d+,%d+%],"conc":([1-9]%d*),')
-  return tonumber(n) or 1
-end
 -- A weighted group ("weight":W after a concurrency, in its head's body) gets W times the
 -- followers of an unweighted one each time its lane is claimed: W × (ahead + 1) jobs a lease,
 -- at most 1,000. Its lane goes back to the tail of ready after them, as any lane, so when more

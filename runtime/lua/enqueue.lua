@@ -67,6 +67,16 @@ local function level_of(lane)
   local head = redis.call('LINDEX', prefix .. lane, 0)
   return head and record_level(head, 1) or 0
 end
+-- A record's "conc":N (after a keep and a rate limit; 1 without): its group may run up to N of
+-- its jobs at once (claim.lua).
+local function conc_of(record)
+  if not string.find(record, '"conc":', 1, true) then return 1 end
+  local n = string.match(record, '^%d+|[^|]*|{"conc":([1-9]%d*),') or
+    string.match(record, '^%d+|[^|]*|{"keep":%d+,"conc":([1-9]%d*),') or
+    string.match(record, '^%d+|[^|]*|{"rate":%[%d+,%d+%],"conc":([1-9]%d*),') or
+    string.match(record, '^%d+|[^|]*|{"keep":%d+,"rate":%[%d+,%d+%],"conc":([1-9]%d*),')
+  return tonumber(n) or 1
+end
 -- The list of a level's lanes.
 local function level_list(level)
   if level == 0 then return ready end

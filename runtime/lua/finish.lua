@@ -297,16 +297,9 @@ local function limited(record)
     (string.find(record, '^%d+|[^|]*|{"rate":%[[1-9]%d*,%d+%]') or
      string.find(record, '^%d+|[^|]*|{"keep":%d+,"rate":%[[1-9]%d*,%d+%]'))
 end
--- Nor a job of a group that runs several at once ("conc":N, N > 1, as claim.lua's conc_of reads
--- it): claim.lua starts each as a head.
-local function runs_several(record)
-  if not string.find(record, '"conc":', 1, true) then return false end
-  local n = string.match(record, '^%d+|[^|]*|{"conc":([1-9]%d*),') or
-    string.match(record, '^%d+|[^|]*|{"keep":%d+,"conc":([1-9]%d*),') or
-    string.match(record, '^%d+|[^|]*|{"rate":%[%d+,%d+%],"conc":([1-9]%d*),') or
-    string.match(record, '^%d+|[^|]*|{"keep":%d+,"rate":%[%d+,%d+%],"conc":([1-9]%d*),')
-  return (tonumber(n) or 1) > 1
-end
+-- Nor a job of a group that runs several at once (conc_of, see levels): claim.lua starts each as
+-- a head.
+local function runs_several(record) return conc_of(record) > 1 end
 -- A handler that throttled its group (job_context::throttle_group): the group's lane waits in
 -- delayed that long; a group with no job left is noted in <prefix>throttled until then, where
 -- claim.lua finds it when a new job gives it a lane (throttles that ended leave the set here).

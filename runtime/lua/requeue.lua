@@ -76,15 +76,6 @@ for i = 2, #ARGV do
   end
 end
 push_lanes(front, true)
--- Whether a group's head runs several at once ("conc":N, N > 1, as claim.lua's conc_of reads it).
-local function runs_several(record)
-  if not string.find(record, '"conc":', 1, true) then return false end
-  local n = string.match(record, '^%d+|[^|]*|{"conc":([1-9]%d*),') or
-    string.match(record, '^%d+|[^|]*|{"keep":%d+,"conc":([1-9]%d*),') or
-    string.match(record, '^%d+|[^|]*|{"rate":%[%d+,%d+%],"conc":([1-9]%d*),') or
-    string.match(record, '^%d+|[^|]*|{"keep":%d+,"rate":%[%d+,%d+%],"conc":([1-9]%d*),')
-  return (tonumber(n) or 1) > 1
-end
 -- A group's records go to its head as one block, the last pushed first: behind the head, which
 -- comes off and goes back on top, or, when the head's group runs several at once (its head is
 -- the next to start), in front of it. One push per record, wherever they land.
@@ -93,7 +84,7 @@ for _, group in ipairs(head_groups) do
   local head = redis.call('LINDEX', key, 0)
   if not head then
     for _, record in ipairs(records) do join(group, record) end
-  elseif runs_several(head) then
+  elseif conc_of(head) > 1 then -- (runs several at once: see levels)
     for i = #records, 1, -1 do redis.call('LPUSH', key, records[i]) end
   else
     redis.call('LPOP', key)
