@@ -591,6 +591,52 @@ CONFORMANCE("requeue by a producer's id brings back every job dead under it (sha
   });
 }
 
+CONFORMANCE("dead letters by page: the pages put together are the whole list, oldest first (sharded: merged)") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    backends b(ctx, kind);
+    auto& store = b.make();
+    producer p(store, b.queue());
+    constexpr std::size_t total = 30;
+    std::vector<job_spec> specs;
+    for (std::size_t i = 0; i < total; ++i) {  // (ungrouped: over every shard)
+      auto s = named(fmt::format("d{}", i), std::nullopt);
+      s.max_attempts = 1;
+      specs.push_back(s);
+    }
+    co_await p.enqueue_bulk(std::move(specs));
+    claim_options co{"w", 4, std::chrono::seconds(30)};  // (a few a call: letters of several times)
+    std::size_t failed = 0;
+    for (int round = 0; round < 100 && failed < total; ++round) {
+      std::vector<finish_item> items;
+      for (auto& j : co_await store.claim(b.queue(), co)) {
+        finish_item f;
+        f.token = j.token;
+        f.kind = finish_kind::fail;
+        f.error = "e";
+        f.unique_id = j.job.id;
+        items.push_back(std::move(f));
+      }
+      failed += items.size();
+      if (!items.empty()) co_await store.finish(b.queue(), "w", std::move(items), std::chrono::seconds(30));
+      asio::steady_timer t(ctx, std::chrono::milliseconds(2));
+      co_await t.async_wait(asio::use_awaitable);
+    }
+    REQUIRE(failed == total);
+    auto all = co_await store.dead_letters(b.queue(), 0, 100);
+    REQUIRE(all.size() == total);
+    CHECK(std::is_sorted(all.begin(), all.end(),
+                         [](const dead_letter& x, const dead_letter& y) { return x.at_ms < y.at_ms; }));
+    std::vector<std::string> whole, paged;
+    for (auto& d : all) whole.push_back(d.id);
+    for (std::size_t offset = 0; offset < total + 4; offset += 4)
+      for (auto& d : co_await store.dead_letters(b.queue(), offset, 4)) paged.push_back(d.id);
+    CHECK(paged == whole);
+    CHECK((co_await store.dead_letters(b.queue(), total - 1, 10)).size() == 1);
+    CHECK((co_await store.dead_letters(b.queue(), total, 10)).empty());
+    CHECK((co_await store.dead_letters(b.queue(), 3, 0)).empty());
+  });
+}
+
 CONFORMANCE("a dead letter never overwrites another, even one whose id looks like '<id>#<fence>'") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     backends b(ctx, kind);

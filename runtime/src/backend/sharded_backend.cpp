@@ -974,18 +974,38 @@ awaitable<std::vector<dead_letter>> sharded_backend::dead_letters(std::string qu
                                                                   std::size_t limit) {
   auto q = co_await state_of(queue);
   if (q->shards == 1) co_return co_await inner_.dead_letters(q->names[0], offset, limit);
-  // The first offset + limit of each shard, merged oldest first.
-  std::vector<dead_letter> all;
-  for (const auto& name : q->names) {
-    auto some = co_await inner_.dead_letters(name, 0, offset + limit);
-    all.insert(all.end(), std::make_move_iterator(some.begin()), std::make_move_iterator(some.end()));
+  // The shards' lists merged oldest first (of one time, the lower shard first), each read in
+  // pages of at most `step` as the merge reaches its end: offset + limit letters in all, in
+  // bounded calls, not offset + limit from every shard.
+  constexpr std::size_t max_step = 500;
+  const auto step = std::clamp<std::size_t>(offset + limit, 1, max_step);
+  std::vector<std::deque<dead_letter>> read(q->shards);
+  std::vector<std::size_t> next(q->shards, step);  // where each shard's next page starts
+  std::vector<bool> ended(q->shards);
+  auto first = co_await at_once<std::vector<dead_letter>>(
+      every_shard(q->shards), [&](std::size_t k) { return inner_.dead_letters(q->names[k], 0, step); });
+  first.rethrow();
+  for (std::size_t k = 0; k < q->shards; ++k) {
+    ended[k] = first.results[k].empty();
+    read[k].assign(std::make_move_iterator(first.results[k].begin()), std::make_move_iterator(first.results[k].end()));
   }
-  std::stable_sort(all.begin(), all.end(),
-                   [](const dead_letter& a, const dead_letter& b) { return a.at_ms < b.at_ms; });
-  if (offset >= all.size()) co_return std::vector<dead_letter>{};
-  all.erase(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(offset));
-  if (all.size() > limit) all.resize(limit);
-  co_return all;
+  std::vector<dead_letter> out;
+  for (std::size_t taken = 0; out.size() < limit; ++taken) {
+    std::optional<std::size_t> oldest;
+    for (std::size_t k = 0; k < q->shards; ++k) {
+      while (read[k].empty() && !ended[k]) {  // (a page may come short: letters purged meanwhile)
+        auto more = co_await inner_.dead_letters(q->names[k], next[k], step);
+        next[k] += step;
+        ended[k] = more.empty();
+        read[k].assign(std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+      }
+      if (!read[k].empty() && (!oldest || read[k].front().at_ms < read[*oldest].front().at_ms)) oldest = k;
+    }
+    if (!oldest) break;
+    if (taken >= offset) out.push_back(std::move(read[*oldest].front()));
+    read[*oldest].pop_front();
+  }
+  co_return out;
 }
 
 awaitable<std::optional<dead_letter>> sharded_backend::dead_letter_of(std::string queue, std::string id) {
@@ -1023,9 +1043,16 @@ awaitable<std::vector<std::string>> sharded_backend::requeue(std::string queue, 
 
 awaitable<std::int64_t> sharded_backend::purge(std::string queue, std::vector<std::string> ids) {
   auto q = co_await state_of(queue);
-  std::int64_t purged = 0;
-  for (const auto& name : q->names) purged += co_await inner_.purge(name, ids);
-  co_return purged;
+  if (q->shards == 1) co_return co_await inner_.purge(q->names[0], std::move(ids));
+  // (As requeue: each key asked of every shard that may hold it, all shards at once.)
+  per_shard<std::string> asked(q->shards);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    for (auto k : shards_of_id(ids[i], q->shards)) asked.add(k, ids[i], i);
+  auto used = asked.used();
+  auto purged =
+      co_await at_once<std::int64_t>(used, [&](std::size_t k) { return inner_.purge(q->names[k], asked.items[k]); });
+  purged.rethrow();
+  co_return std::accumulate(purged.results.begin(), purged.results.end(), std::int64_t{0});
 }
 
 // --- groups ---
