@@ -2,6 +2,7 @@
 #include <jobrt/sharded_backend.hpp>
 
 #include "backend/job_codec.hpp"
+#include "backend/views.hpp"
 #include "clock.hpp"
 #include "strand.hpp"
 
@@ -20,6 +21,7 @@
 #include <algorithm>
 #include <charconv>
 #include <deque>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -1258,14 +1260,98 @@ awaitable<std::vector<bool>> sharded_backend::cancelled(std::string queue, std::
   co_return out;
 }
 
+// find_dead over several shards: their lists merged newest first. The cursor holds each shard's
+// place: 'm', then for each shard 'x' (listed to its end) or '<length>.<its own cursor>' ("" to
+// start).
+namespace {
+
+std::vector<std::optional<std::string>> parse_merged_cursor(const std::string& cursor, std::size_t shards) {
+  std::vector<std::optional<std::string>> at(shards, std::string());
+  if (cursor.empty()) return at;
+  auto bad = [&] {
+    return std::invalid_argument("cursor '" + cursor + "' is not one that a listing of this queue gave");
+  };
+  if (!cursor.starts_with('m')) throw bad();
+  std::size_t pos = 1;
+  for (std::size_t k = 0; k < shards; ++k) {
+    if (pos < cursor.size() && cursor[pos] == 'x') {
+      at[k].reset();
+      ++pos;
+      continue;
+    }
+    std::size_t length = 0;
+    auto [end, ec] = std::from_chars(cursor.data() + pos, cursor.data() + cursor.size(), length);
+    pos = static_cast<std::size_t>(end - cursor.data());
+    if (ec != std::errc() || pos >= cursor.size() || cursor[pos] != '.' || length > cursor.size() - pos - 1)
+      throw bad();
+    at[k] = cursor.substr(pos + 1, length);
+    pos += 1 + length;
+  }
+  if (pos != cursor.size()) throw bad();
+  return at;
+}
+
+std::string merged_cursor(const std::vector<std::optional<std::string>>& at) {
+  std::string out = "m";
+  for (const auto& c : at) out += c ? fmt::format("{}.{}", c->size(), *c) : std::string("x");
+  return out;
+}
+
+}  // namespace
+
 awaitable<page<dead_letter>> sharded_backend::find_dead(std::string queue, dead_filter filter, std::string cursor,
                                                         std::size_t limit) {
   auto q = co_await state_of(queue);
   if (q->shards == 1) co_return co_await inner_.find_dead(q->names[0], std::move(filter), std::move(cursor), limit);
-  co_return co_await over_shards<dead_letter>(q->shards, cursor, limit,
-                                              [&](std::size_t k, std::string at, std::size_t n) {
-                                                return inner_.find_dead(q->names[k], filter, std::move(at), n);
-                                              });
+  limit = std::max<std::size_t>(limit, 1);
+  auto at = parse_merged_cursor(cursor, q->shards);
+  std::vector<std::size_t> open;
+  for (std::size_t k = 0; k < q->shards; ++k)
+    if (at[k]) open.push_back(k);
+  // A page from each shard not listed to its end, all at once.
+  auto pages = co_await at_once<page<dead_letter>>(
+      open, [&](std::size_t k) { return inner_.find_dead(q->names[k], filter, *at[k], limit); });
+  pages.rethrow();
+  // A shard's page holds its letters newer than where its cursor stopped (at or after `since`);
+  // older ones of other shards wait for its next page. So the letters at or after the latest
+  // such place go out, newest first, up to `limit`.
+  std::int64_t since = std::numeric_limits<std::int64_t>::min();
+  for (const auto& p : pages.results)
+    if (auto c = detail::parse_dead_cursor(p.cursor)) since = std::max(since, c->at_ms);
+  std::vector<std::size_t> taken(open.size());  // of each page's items (the first ones: newest first)
+  page<dead_letter> out;
+  while (out.items.size() < limit) {
+    std::optional<std::size_t> next;  // the newest letter left; of one time, the lower shard's
+    for (std::size_t u = 0; u < open.size(); ++u) {
+      const auto& items = pages.results[u].items;
+      if (taken[u] < items.size() && items[taken[u]].at_ms >= since &&
+          (!next || items[taken[u]].at_ms > pages.results[*next].items[taken[*next]].at_ms))
+        next = u;
+    }
+    if (!next) break;
+    out.items.push_back(pages.results[*next].items[taken[*next]++]);
+  }
+  // Each shard goes on after its page when all of it went out, else after the last letter that
+  // did (its skip counts the letters of that time this listing has seen there; a fallback for
+  // when that letter is gone meanwhile), else from where it was.
+  for (std::size_t u = 0; u < open.size(); ++u) {
+    auto k = open[u];
+    auto& p = pages.results[u];
+    if (taken[u] == p.items.size()) {
+      at[k] = p.cursor.empty() ? std::nullopt : std::optional<std::string>(std::move(p.cursor));
+    } else if (taken[u] > 0) {
+      const auto& last = p.items[taken[u] - 1];
+      detail::dead_cursor c;
+      c.at_ms = last.at_ms;
+      c.last_id = last.id;
+      auto was = detail::parse_dead_cursor(*at[k]);
+      c.skip = was && was->at_ms == last.at_ms ? was->skip : 0;
+      for (std::size_t i = 0; i < taken[u]; ++i) c.skip += p.items[i].at_ms == last.at_ms ? 1 : 0;
+      at[k] = detail::to_string(c);
+    }
+  }
+  if (std::any_of(at.begin(), at.end(), [](const auto& c) { return c.has_value(); })) out.cursor = merged_cursor(at);
+  co_return out;
 }
 
 // --- repeatable jobs ---
