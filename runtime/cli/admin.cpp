@@ -149,26 +149,21 @@ struct letter_filter {
 };
 
 // The keys of the matching dead letters, oldest first. They are all read before any is requeued
-// or purged (those calls remove letters), by find_dead's cursor: each call reads a bounded number,
-// on a sharded queue too, where paging by offset would read offset + limit from every shard.
+// or purged (those calls remove letters), by find_dead's cursor: each call reads a bounded number
+// from where the last stopped (pages by offset would read every letter before each page again).
 asio::awaitable<std::vector<std::string>> matching_letters(backend& store, const std::string& queue,
                                                            const letter_filter& filter) {
   constexpr std::size_t page = 500;
-  std::vector<std::pair<std::int64_t, std::string>> found;  // newest first, shard by shard
+  std::vector<std::string> ids;  // newest first
   std::string cursor;
   const dead_filter any;  // (a named one: GCC 12 frees a braced temporary in a co_await twice)
   do {
     auto letters = co_await store.find_dead(queue, any, std::move(cursor), page);
     for (auto& d : letters.items)
-      if (filter.matches(d)) found.emplace_back(d.at_ms, std::move(d.id));
+      if (filter.matches(d)) ids.push_back(std::move(d.id));
     cursor = std::move(letters.cursor);
   } while (!cursor.empty());
-  // Oldest first; of one time, as dead_letters lists them (a shard's letters reversed).
-  std::reverse(found.begin(), found.end());
-  std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<std::string> ids;
-  ids.reserve(found.size());
-  for (auto& f : found) ids.push_back(std::move(f.second));
+  std::reverse(ids.begin(), ids.end());
   co_return ids;
 }
 
