@@ -560,8 +560,11 @@ std::vector<claimed_job> queue_model::claim_step(const claim_options& opts, bool
       // the rest, the turn's lane first, wait at the head; lane by lane, as claim.lua.)
       if (taken.size() >= max || passed >= claim_passes) {
         effects_.made_ready += batch.size() - at;
-        home->insert(home->begin(), std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(at)),
-                     std::make_move_iterator(batch.end()));
+        auto rest = std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(at));
+        if (home == &q.ready)  // (push_list: a wake entry at ready's head makes way)
+          q.ready_front(rest, std::make_move_iterator(batch.end()));
+        else
+          home->insert(home->begin(), rest, std::make_move_iterator(batch.end()));
         break;
       }
       auto& lane = batch[at];
@@ -702,7 +705,7 @@ std::vector<claimed_job> queue_model::claim_step(const claim_options& opts, bool
   }
   if (!moved_read) {  // (the claim's room ran out before them: back at the head of ready)
     effects_.made_ready += moved.size();
-    q.ready.insert(q.ready.begin(), std::make_move_iterator(moved.begin()), std::make_move_iterator(moved.end()));
+    q.ready_front(std::make_move_iterator(moved.begin()), std::make_move_iterator(moved.end()));
   }
   if (any_levels) q.wake_levels();
   delay(std::move(later));
