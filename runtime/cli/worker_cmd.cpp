@@ -351,6 +351,15 @@ int run_worker(worker_args& a) {
       }
     }
     std::unique_ptr<metrics_server> metrics;
+    // A queue's counts for a scrape; none when the backend fails (said in the log).
+    auto counts_of = [&](std::size_t i) -> asio::awaitable<std::optional<queue_counts>> {
+      try {
+        co_return co_await sharded[i]->counts(queues[i].queue);
+      } catch (const std::exception& e) {
+        log(log_level::warn, "worker " + base_id, "metrics: the counts of queue {}: {}", queues[i].queue, e.what());
+      }
+      co_return std::nullopt;
+    };
     if (metrics_endpoint) {
       metrics = std::make_unique<metrics_server>(
           ctx.get_executor(), *metrics_endpoint, [&]() -> asio::awaitable<std::string> {
@@ -359,7 +368,15 @@ int run_worker(worker_args& a) {
               queue_metrics q;
               q.queue = queues[i].queue;
               q.workers.push_back(pool[i]->metrics());
-              q.counts = co_await sharded[i]->counts(q.queue);  // counters: no walk of the queue
+              // (Counters: no walk of the queue. Within 2 s: with the server out of reach the
+              // scrape still answers, with this process's series, and holds no connection.)
+              asio::steady_timer limit(ctx, std::chrono::seconds(2));
+              auto got = co_await (counts_of(i) || limit.async_wait(asio::use_awaitable));
+              if (got.index() == 0)
+                q.counts = std::move(std::get<0>(got));
+              else
+                log(log_level::warn, "worker " + base_id, "metrics: the counts of queue {} got no answer within 2 s",
+                    q.queue);
               all.push_back(std::move(q));
             }
             co_return prometheus_text(all);

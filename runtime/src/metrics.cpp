@@ -195,21 +195,23 @@ std::string prometheus_text(const std::vector<queue_metrics>& queues) {
   for (const auto& g : depth) {
     family(out, g.name, "gauge", fmt::format("{} Queue-wide.", g.help));
     for (const auto& q : queues)
-      out += fmt::format("{}{{queue=\"{}\"}} {}\n", g.name, label(q.queue), q.counts.*g.field);
+      if (q.counts) out += fmt::format("{}{{queue=\"{}\"}} {}\n", g.name, label(q.queue), (*q.counts).*g.field);
   }
   family(out, "jobrt_queue_latency_seconds", "gauge",
          "How long the job at the head of the ready list (the next to start) has waited; 0 when nothing is "
          "ready. Queue-wide.");
   auto now_ms = detail::unix_ms();
   for (const auto& q : queues) {
-    auto at = q.counts.next_enqueued_ms;
+    if (!q.counts) continue;
+    auto at = q.counts->next_enqueued_ms;
     double age = at > 0 ? static_cast<double>(std::max<std::int64_t>(0, now_ms - at)) / 1000.0 : 0.0;
     out += fmt::format("jobrt_queue_latency_seconds{{queue=\"{}\"}} {}\n", label(q.queue), age);
   }
   family(out, "jobrt_queue_recovered_total", "counter",
          "Expired leases recovered in this queue, by any process. Queue-wide.");
   for (const auto& q : queues)
-    out += fmt::format("jobrt_queue_recovered_total{{queue=\"{}\"}} {}\n", label(q.queue), q.counts.recovered);
+    if (q.counts)
+      out += fmt::format("jobrt_queue_recovered_total{{queue=\"{}\"}} {}\n", label(q.queue), q.counts->recovered);
   family(out, "jobrt_build_info", "gauge", "Always 1; its labels name the build.");
   out += fmt::format("jobrt_build_info{{version=\"{}\"}} 1\n", label(version()));
   process_lines(out);

@@ -571,6 +571,55 @@ TEST_CASE("jobrt worker serves Prometheus metrics on loopback") {
   CHECK(jobrt_cli({"worker", "--plugin", "x.so", "--metrics", "nohost"}).status == 2);
 }
 
+TEST_CASE("jobrt worker's metrics answer with its server out of reach, without the queue-wide series") {
+  redis_server server;  // private: stopped below
+  std::string queue = key_prefix() + "metrics-down";
+  auto out = fmt::format("/tmp/jobrt-cli-metrics-down-{}.out", ::getpid());
+  auto pid = start({"worker", "--redis", server.url(), "--queue", queue, "--plugin", JOBRT_HANDLERS "/jobrt_noop.so",
+                    "--metrics", ":0"},
+                   out);
+  std::string up, down;
+  std::chrono::steady_clock::duration took{};
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    unsigned short port = 0;
+    co_await eventually([&] {
+      std::ifstream in(out);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      auto at = text.find("metrics at http://127.0.0.1:");
+      if (at != std::string::npos) port = static_cast<unsigned short>(std::stoi(text.substr(at + 28)));
+      return port != 0;
+    });
+    REQUIRE(port != 0);
+    auto get = [&]() -> awaitable<std::string> {  // (given up after 10 s)
+      asio::ip::tcp::socket s(ctx);
+      co_await s.async_connect({asio::ip::make_address("127.0.0.1"), port}, asio::use_awaitable);
+      asio::steady_timer guard(ctx, std::chrono::seconds(10));
+      guard.async_wait([&](boost::system::error_code ec) {
+        if (!ec) s.close();
+      });
+      std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n", body;
+      co_await asio::async_write(s, asio::buffer(req), asio::use_awaitable);
+      co_await asio::async_read(s, asio::dynamic_buffer(body), asio::as_tuple(asio::use_awaitable));
+      guard.cancel();
+      co_return body;
+    };
+    up = co_await get();
+    server.stop();
+    auto began = std::chrono::steady_clock::now();
+    down = co_await get();
+    took = std::chrono::steady_clock::now() - began;
+  });
+  server.start();
+  ::kill(pid, SIGTERM);
+  CHECK(wait_at_most(pid, out, std::chrono::seconds(30)).status == 0);
+  CHECK(up.find(fmt::format("jobrt_queue_dead{{queue=\"{}\"}} 0\n", queue)) != std::string::npos);
+  CHECK(down.starts_with("HTTP/1.0 200 OK"));
+  CHECK(took < std::chrono::seconds(5));  // (the counts' bound: 2 s)
+  CHECK(down.find("\njobrt_build_info{") != std::string::npos);
+  CHECK(down.find("\nprocess_cpu_seconds_total ") != std::string::npos);
+  CHECK(down.find("jobrt_queue_dead{") == std::string::npos);  // (the queue's counts: not known)
+}
+
 TEST_CASE("the example HTTP server enqueues a job per POST and runs them on its own io_context") {
   auto out = fmt::format("/tmp/jobrt-example-{}.out", ::getpid());
   std::vector<std::string> args{JOBRT_EXAMPLE_HTTP_SERVER};

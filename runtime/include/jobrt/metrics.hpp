@@ -11,17 +11,19 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace jobrt {
 
 /// One queue's part of a scrape: its workers in this process, and its counts in the backend
-/// (counters kept as jobs move: nothing walks the queue).
+/// (counters kept as jobs move: nothing walks the queue) when the backend answered; without them
+/// the queue-wide series of that queue are left out.
 struct queue_metrics {
   std::string queue;
   std::vector<worker_metrics> workers;
-  queue_counts counts;
+  std::optional<queue_counts> counts;
 };
 
 /// jobrt's version, as the project's CMake names it ("0.1.0").
