@@ -21,7 +21,7 @@
 -- calls after this script ran comes after all of them.
 local ttl, fifo, waits, service = ARGV[1], ARGV[2] == 'fifo', ARGV[3] ~= '0', ARGV[4]
 
--- The server's time, asked for only when needed ('any' order needs it only for a lost counter).
+-- The server's time, asked for only when needed ('any' order only for a fence).
 local t, now_ms = nil, nil
 local function clock()
   if not t then
@@ -31,13 +31,15 @@ local function clock()
   return t
 end
 
--- A fence larger than any before, also after the server lost its data: a new counter starts at
--- the server's time in microseconds, beyond every count an earlier life of the counter reached.
+-- A fence larger than any before, also after the server lost some or all of its data (a restart
+-- from an older snapshot, a failover to a replica that lagged): never below the server's time in
+-- microseconds, beyond every fence handed out earlier unless more than a million a second were.
 local function next_fence()
   local f = redis.call('INCR', KEYS[2])
-  if f == 1 then
-    clock()
-    f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  clock()
+  local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if f < floor then
+    f = floor
     redis.call('SET', KEYS[2], string.format('%.0f', f))
   end
   return f
@@ -76,7 +78,7 @@ for i = 5, #ARGV do
     -- release's reply lost) may have been set long ago.
     redis.call('PEXPIRE', KEYS[1], ttl)
     out[#out + 1] = 1
-    out[#out + 1] = tonumber(redis.call('GET', KEYS[2]))
+    out[#out + 1] = tonumber(redis.call('GET', KEYS[2])) or next_fence() -- (the counter evicted: a new one)
   else
     if fifo and not current and not head_known then find_head() end
     if not current and (head == nil or head == token) then

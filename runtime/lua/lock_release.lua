@@ -30,11 +30,12 @@ local function wake(message)
   if type(redis.pcall('SPUBLISH', ARGV[2], message)) == 'table' then redis.call('PUBLISH', ARGV[2], message) end
 end
 
-local function new_fence()
+local function new_fence() -- (never below the server's time in µs: see lock_acquire.lua)
   local f = redis.call('INCR', KEYS[2])
-  if f == 1 then  -- the counter was lost with the server's data: see lock_acquire.lua
-    local t = redis.call('TIME')
-    f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local t = redis.call('TIME')
+  local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if f < floor then
+    f = floor
     redis.call('SET', KEYS[2], string.format('%.0f', f))
   end
   return f

@@ -419,6 +419,35 @@ TEST_CASE("redis lock: redis-server restart while locks are held and waiters wai
       std::chrono::seconds(30));
 }
 
+TEST_CASE(
+    "redis lock: fences stay above those handed out when the counter comes back older (a snapshot, a lagging "
+    "replica)") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    auto cfg = shared_redis();
+    redis_lock_service a(ctx.get_executor(), cfg), b(ctx.get_executor(), cfg);
+    auto name = key_prefix() + "restored";
+    auto fence_key = "jobrt:lock:{" + name + "}:fence";
+    auto first = co_await a.lock(name, opts(std::chrono::seconds(5)));
+    auto handed_out = first.fence();
+    CHECK(co_await first.unlock());
+    redis_cli(cfg, {"SET", fence_key, "3"});  // as an older copy of the data has it
+    auto fifo = opts(std::chrono::seconds(5), std::chrono::seconds(5));
+    fifo.order = lock_order::fifo;
+    auto second = co_await a.lock(name, fifo);  // (taken by the acquire)
+    CHECK(second.fence() > handed_out);
+    handed_out = second.fence();
+    // Handed on by the release, to a waiter of another service queued behind it.
+    std::optional<lock_lease> third;
+    asio::co_spawn(
+        ctx, [&]() -> awaitable<void> { third = co_await b.lock(name, fifo); }, asio::detached);
+    co_await eventually([&] { return redis_cli(cfg, {"EXISTS", "jobrt:lock:{" + name + "}:fq"}) == ":1\r\n"; });
+    redis_cli(cfg, {"SET", fence_key, "3"});
+    CHECK(co_await second.unlock());
+    CHECK(co_await eventually([&] { return third.has_value(); }));
+    if (third) CHECK(third->fence() > handed_out);
+  });
+}
+
 TEST_CASE("redis lock: an unreachable server fails with a clear error") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     auto cfg = redis::config::from_url("redis://127.0.0.1:1");
