@@ -125,12 +125,18 @@ LOCK_CONFORMANCE("lock and try_lock and unlock with growing fences") {
   });
 }
 
-LOCK_CONFORMANCE("bad input: empty name and zero ttl and zero segments") {
+LOCK_CONFORMANCE("bad input: empty name, a name that starts with a closing brace, zero ttl and zero segments") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     services s(ctx, kind);
     auto& a = s.make();
     CHECK(co_await error_of(a.lock("", opts(std::chrono::seconds(1)))) == lock_error::empty_name);
     CHECK(co_await error_of(a.try_lock("", opts(std::chrono::seconds(1)))) == lock_error::empty_name);
+    // ('}x' made the keys' hash tag empty: on a cluster each key hashed whole, to a slot of its own)
+    CHECK(co_await error_of(a.lock("}" + s.name("x"), opts(std::chrono::seconds(1)))) == lock_error::brace_first);
+    CHECK(co_await error_of(a.try_lock("}" + s.name("x"), opts(std::chrono::seconds(1)))) == lock_error::brace_first);
+    auto braced = co_await a.try_lock(s.name("{a}b}"), opts(std::chrono::seconds(1)));  // (one tag: "a")
+    CHECK(static_cast<bool>(braced));
+    CHECK(co_await braced.unlock());
     CHECK(co_await error_of(a.lock(s.name("x"), opts(std::chrono::milliseconds(0)))) == lock_error::invalid_ttl);
     try {
       co_await a.lock(s.name("x"), opts(std::chrono::milliseconds(0)));

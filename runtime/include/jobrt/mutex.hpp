@@ -42,6 +42,9 @@ enum class lock_error {
   invalid_segments,
   /// The lock service was closed.
   closed,
+  /// The lock name starts with '}': the hash tag of its keys, '{<name>}', would be empty, and on a
+  /// cluster its keys would hash whole, to different slots.
+  brace_first,
 };
 
 const boost::system::error_category& lock_error_category() noexcept;
@@ -138,7 +141,7 @@ class lock_service {
   lock_service& operator=(const lock_service&) = delete;
 
   /// Takes the lock, waiting up to o.wait. Throws boost::system::system_error: lock_error::timeout
-  /// when the wait ran out, lock_error::empty_name / invalid_ttl for bad input, jobrt::errc
+  /// when the wait ran out, lock_error::empty_name / brace_first / invalid_ttl for bad input, jobrt::errc
   /// codes when Redis cannot be reached (the message says why), operation_aborted when the
   /// awaiting coroutine is cancelled (nothing is left held).
   boost::asio::awaitable<lock_lease> lock(std::string name, lock_options o = {});

@@ -38,6 +38,7 @@ class lock_category final : public boost::system::error_category {
       case lock_error::invalid_ttl: return "lock_options::ttl must be at least 3 ms";
       case lock_error::invalid_segments: return "a striped_mutex needs at least one segment";
       case lock_error::closed: return "the lock service is closed";
+      case lock_error::brace_first: return "the lock name starts with '}', which leaves its keys' hash tag empty";
     }
     return "unknown lock error";
   }
@@ -262,6 +263,7 @@ void lock_core::wake_all(const std::function<bool(std::string_view name)>& which
 asio::awaitable<lock_lease> lock_core::lock(std::shared_ptr<lock_core> self, std::string name, lock_options o,
                                             bool wait) {
   if (name.empty()) throw system_error(lock_error::empty_name, "lock");
+  if (name.front() == '}') throw system_error(lock_error::brace_first, fmt::format("lock '{}'", name));
   if (o.ttl < 3ms)
     throw system_error(lock_error::invalid_ttl,
                        fmt::format("lock '{}': lock_options::ttl is {} ms", name, o.ttl.count()));
