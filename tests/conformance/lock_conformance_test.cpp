@@ -506,6 +506,26 @@ LOCK_CONFORMANCE("a cancelled waiter leaves nothing held and a dropped lease is 
   });
 }
 
+LOCK_CONFORMANCE("an unlock whose caller is cancelled releases the lock all the same") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto name = s.name("l");
+    auto& a = s.make();
+    auto& b = s.make();
+    auto held = co_await a.lock(name, opts(std::chrono::seconds(30)));
+    asio::cancellation_signal stop;  // (a worker stopping, say, while its handler unlocks)
+    bool ended = false;
+    asio::co_spawn(
+        ctx, [&]() -> awaitable<void> { co_await held.unlock(); },
+        asio::bind_cancellation_slot(stop.slot(), [&](std::exception_ptr) { ended = true; }));
+    stop.emit(asio::cancellation_type::all);
+    CHECK(co_await eventually([&] { return ended; }));
+    auto next = co_await b.try_lock(name, opts(std::chrono::seconds(5)));  // free now, not in 30 s
+    CHECK(next);
+    if (next) CHECK(co_await next.unlock());
+  });
+}
+
 LOCK_CONFORMANCE("threads: coroutines on a 4-thread io_context exclude each other") {
   asio::io_context ctx;
   auto svc = new_service(kind, ctx.get_executor());

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/async_result.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/deferred.hpp>
 #include <boost/asio/detached.hpp>
@@ -412,11 +413,19 @@ asio::awaitable<bool> lock_core::unlock(std::shared_ptr<lease_state> s) {
   auto next = core.pick_next(s->name, s->opts.order);
   release_result r;
   std::exception_ptr failure;
+  // The release goes out and its answer is awaited however the caller is cancelled (on a
+  // coroutine thread of its own, and without the throw a cancelled caller's co_await makes): cut
+  // short, it would leave the lock held until its TTL, the lease already let go.
+  auto ex = co_await asio::this_coro::executor;
+  bool throws = co_await asio::this_coro::throw_if_cancelled();
+  co_await asio::this_coro::throw_if_cancelled(false);
   try {
-    r = co_await core.release(s->name, s->token, s->opts.order, next ? &*next : nullptr);
+    r = co_await asio::co_spawn(ex, core.release(s->name, s->token, s->opts.order, next ? &*next : nullptr),
+                                asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
   } catch (...) {
     failure = std::current_exception();
   }
+  co_await asio::this_coro::throw_if_cancelled(throws);
   core.after_release(s->name, next, r);
   // A FIFO release that found the lock not ours (which is also the answer to a release sent
   // again after its first reply was lost) may have handed the lock to a waiter here that no

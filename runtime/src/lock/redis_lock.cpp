@@ -19,6 +19,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <algorithm>
@@ -477,7 +478,11 @@ class redis_lock_core final : public lock_core {
       }
     }
     if (cancelled) {
+      // (Without the throw a cancelled coroutine's co_await makes: the answer is waited for.)
+      bool throws = co_await asio::this_coro::throw_if_cancelled();
+      co_await asio::this_coro::throw_if_cancelled(false);
       co_await wait_done(asio::bind_cancellation_slot(asio::cancellation_slot(), asio::as_tuple(asio::use_awaitable)));
+      co_await asio::this_coro::throw_if_cancelled(throws);
       throw system_error(asio::error::operation_aborted, fmt::format("lock '{}'", name));
     }
     std::lock_guard lock(batch_mutex_);
