@@ -179,6 +179,9 @@ CONFORMANCE("views: groups are found by prefix page by page, and a group's state
     CHECK(std::set<std::string>(every.begin(), every.end()) == all);
     CHECK((co_await walk("zeta")).empty());
     CHECK_THROWS_AS(co_await b.make().groups(b.queue(), "", "not a cursor", 10), std::invalid_argument);
+    // (All digits, but past 2^64: refused here, not by the server)
+    CHECK_THROWS_AS(co_await b.make().groups(b.queue(), "", "99999999999999999999", 10), std::invalid_argument);
+    CHECK_THROWS_AS(co_await b.make().groups(b.queue(), "", "r99999999999999999999", 10), std::invalid_argument);
 
     auto s = co_await b.make().group_of(b.queue(), "acme:0");
     CHECK(s.group == "acme:0");

@@ -94,6 +94,13 @@ std::vector<claimed_job> parse_claimed(const reply& r, bool& more) {
 }  // namespace
 
 namespace {
+// Whether `text` is a SCAN cursor: an unsigned 64-bit number (the server refuses a larger one).
+bool scan_cursor(std::string_view text) {
+  std::uint64_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  return !text.empty() && ec == std::errc() && end == text.data() + text.size();
+}
+
 std::vector<redis::config> one(redis::config cfg) {
   std::vector<redis::config> seeds;
   seeds.push_back(std::move(cfg));
@@ -910,7 +917,7 @@ asio::awaitable<page<stored_schedule>> redis_backend::schedules(std::string queu
                                                                 std::size_t limit) {
   auto p = key_prefix(queue);
   if (cursor.empty()) cursor = "0";
-  if (cursor.size() > 20 || cursor.find_first_not_of("0123456789") != std::string::npos)
+  if (!scan_cursor(cursor))
     throw std::invalid_argument("schedule cursor '" + cursor + "' is not one that a listing gave");
   // One HSCAN step (bounded), then the next firings of what it found.
   request scan("HSCAN", p + "schedules", cursor, "COUNT", std::clamp<std::size_t>(limit, 1, 1000));
@@ -1518,7 +1525,7 @@ asio::awaitable<void> redis_backend::report_worker(std::string queue, worker_rep
 asio::awaitable<page<worker_report>> redis_backend::workers(std::string queue, std::string cursor, std::size_t limit) {
   auto p = key_prefix(queue);
   if (cursor.empty()) cursor = "0";
-  if (cursor.size() > 20 || cursor.find_first_not_of("0123456789") != std::string::npos)
+  if (!scan_cursor(cursor))
     throw std::invalid_argument("worker cursor '" + cursor + "' is not one that a listing gave");
   // Read only (a replica or a read-only user may list): the reports that ran out are skipped by
   // the server's clock, and removed by the next report (reports.lua).
@@ -1597,8 +1604,7 @@ asio::awaitable<page<std::string>> redis_backend::groups(std::string queue, std:
   // stored compactly, comes whole in one step).
   bool runs = cursor.starts_with('r');
   std::string at = runs ? cursor.substr(1) : cursor.empty() ? "0" : cursor;
-  if (at.empty() || at.size() > 20 || at.find_first_not_of("0123456789") != std::string::npos)
-    throw std::invalid_argument("group cursor '" + cursor + "' is not one that a listing gave");
+  if (!scan_cursor(at)) throw std::invalid_argument("group cursor '" + cursor + "' is not one that a listing gave");
   limit = std::max<std::size_t>(limit, 1);
   auto lists = glob_literal(p + "g:" + prefix) + "*";
   auto names = glob_literal(prefix) + "*";
