@@ -10,6 +10,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 
+#include <algorithm>
 #include <csignal>
 #include <memory>
 #include <random>
@@ -44,7 +45,12 @@ int run_dashboard(dashboard_args& a) {
   dashboard_options o;
   o.queues = a.queues.empty() ? std::vector<std::string>{"default"} : a.queues;
   o.read_only = a.read_only;
-  if (at.address().is_loopback()) o.hosts = {"localhost", "127.0.0.1", "[::1]"};
+  if (at.address().is_loopback()) {
+    o.hosts = {"localhost", "127.0.0.1", "[::1]"};
+    // (Another loopback address, 127.0.0.2 say: the one the printed URL names.)
+    auto bound = at.address().is_v6() ? "[" + at.address().to_string() + "]" : at.address().to_string();
+    if (std::find(o.hosts.begin(), o.hosts.end(), bound) == o.hosts.end()) o.hosts.push_back(bound);
+  }
   bool made_up = false;
   if (!a.read_only) {
     o.token = a.token;
