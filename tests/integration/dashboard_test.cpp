@@ -16,6 +16,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/read_until.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/json/parse.hpp>
@@ -469,5 +470,50 @@ TEST_CASE("dashboard API: the same over a real redis-server") {
     CHECK((co_await ask(port, "POST", base + "/group/resume?name=g%2Fwith%2Fslashes&skip=1", "tok")).status == 200);
     CHECK((co_await store.counts(queue)).dead == 1);  // skipped: its job went to the dead letters
     server.stop();
+  });
+}
+
+TEST_CASE("dashboard server: stop() closes the connections it serves; a body comes only with a POST") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    fixture f(ctx);
+    auto connect = [&]() -> awaitable<asio::ip::tcp::socket> {
+      asio::ip::tcp::socket s(ctx);
+      co_await s.async_connect({asio::ip::make_address("127.0.0.1"), f.port}, asio::use_awaitable);
+      co_return s;
+    };
+    // All it answers until it closes, given up after 5 s.
+    auto rest = [&](asio::ip::tcp::socket& s) -> awaitable<std::string> {
+      asio::steady_timer guard(ctx, std::chrono::seconds(5));
+      guard.async_wait([&](boost::system::error_code ec) {
+        if (!ec) s.close();
+      });
+      std::string text;
+      co_await asio::async_read(s, asio::dynamic_buffer(text), asio::as_tuple(asio::use_awaitable));
+      guard.cancel();
+      co_return text;
+    };
+    {
+      auto s = co_await connect();
+      std::string req = "GET /api/overview HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\r\nhello";
+      co_await asio::async_write(s, asio::buffer(req), asio::use_awaitable);
+      CHECK((co_await rest(s)).empty());  // closed, its body not read
+    }
+    // A keep-alive connection, idle after its answer, ends with stop().
+    auto s = co_await connect();
+    std::string req = "GET /api/overview HTTP/1.1\r\nHost: localhost\r\n\r\n", text;
+    co_await asio::async_write(s, asio::buffer(req), asio::use_awaitable);
+    auto head = co_await asio::async_read_until(s, asio::dynamic_buffer(text), "\r\n\r\n", asio::use_awaitable);
+    CHECK(text.starts_with("HTTP/1.1 200"));
+    auto at = text.find("Content-Length: ");
+    REQUIRE(at != std::string::npos);
+    auto length = std::stoul(text.substr(at + 16));
+    if (text.size() < head + length) {
+      std::string more(head + length - text.size(), '\0');
+      co_await asio::async_read(s, asio::buffer(more), asio::use_awaitable);
+    }
+    auto began = std::chrono::steady_clock::now();
+    f.server->stop();
+    CHECK((co_await rest(s)).empty());
+    CHECK(std::chrono::steady_clock::now() - began < std::chrono::seconds(2));
   });
 }

@@ -4,11 +4,16 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/read.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <set>
 #include <stdexcept>
 
 namespace jobrt::detail {
@@ -18,26 +23,55 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
+// Everything of a listener runs on one strand: the accept loop, each connection, stop().
 struct http_listener::state {
-  state(asio::any_io_executor ex, handler h) : acceptor(std::move(ex)), handle(std::move(h)) {}
+  state(asio::any_io_executor ex, handler h) : strand(asio::make_strand(ex)), acceptor(strand), handle(std::move(h)) {}
+
+  // Connections served at once; one more is closed as soon as it is accepted.
+  static constexpr std::size_t max_connections = 256;
 
   static asio::awaitable<void> accept_loop(std::shared_ptr<state> self) {
+    asio::steady_timer pause(self->strand);
+    std::chrono::milliseconds wait{0};
     for (;;) {
       auto [ec, socket] = co_await self->acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
       if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) co_return;
+      if (ec == asio::error::no_descriptors || ec == boost::system::errc::too_many_files_open_in_system ||
+          ec == asio::error::no_buffer_space || ec == asio::error::no_memory) {
+        // Out of descriptors or memory: the next accept would fail at once too. It waits, 5 ms
+        // at first and twice as long each time up to 1 s, while this lasts.
+        wait = std::clamp(wait * 2, std::chrono::milliseconds(5), std::chrono::milliseconds(1000));
+        pause.expires_after(wait);
+        co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
+        continue;
+      }
       if (ec) continue;  // a client that went away: accept the next
-      asio::co_spawn(self->acceptor.get_executor(), serve(self, beast::tcp_stream(std::move(socket))), asio::detached);
+      wait = std::chrono::milliseconds(0);
+      if (self->open.size() >= max_connections) continue;  // (closed as `socket` goes)
+      asio::co_spawn(self->strand, serve(self, beast::tcp_stream(std::move(socket))), asio::detached);
     }
   }
 
   static asio::awaitable<void> serve(std::shared_ptr<state> self, beast::tcp_stream stream) {
+    if (!self->acceptor.is_open()) co_return;  // stopped meanwhile
+    self->open.insert(&stream);
+    struct leave {
+      state& s;
+      beast::tcp_stream* stream;
+      ~leave() { s.open.erase(stream); }
+    } guard{*self, &stream};
     beast::flat_buffer buffer;
     for (;;) {
       http::request_parser<http::string_body> parser;
       parser.body_limit(1 << 20);  // (an action's body is a list of ids)
       stream.expires_after(std::chrono::seconds(30));
+      auto [hec, hn] = co_await http::async_read_header(stream, buffer, parser, asio::as_tuple(asio::use_awaitable));
+      if (hec) co_return;  // closed, timed out, too big, or not HTTP
+      // A body only where one is read: an action's (POST).
+      if (parser.get().method() != http::verb::post && (parser.chunked() || parser.content_length().value_or(0) > 0))
+        co_return;
       auto [ec, n] = co_await http::async_read(stream, buffer, parser, asio::as_tuple(asio::use_awaitable));
-      if (ec) co_return;  // closed, timed out, too big, or not HTTP
+      if (ec) co_return;
       // The handler's answer, written within the same bound (a client that stops reading is
       // let go); a handler that streams sets its own per write.
       stream.expires_after(std::chrono::seconds(30));
@@ -52,8 +86,17 @@ struct http_listener::state {
     }
   }
 
+  // Closes the acceptor and every connection (a request on its way ends with an error).
+  void close() {
+    boost::system::error_code ec;
+    acceptor.close(ec);
+    for (auto* stream : open) stream->socket().close(ec);
+  }
+
+  asio::strand<asio::any_io_executor> strand;
   tcp::acceptor acceptor;
   handler handle;
+  std::set<beast::tcp_stream*> open;  // the connections being served
 };
 
 http_listener::http_listener(asio::any_io_executor ex, const tcp::endpoint& at, handler h, std::string what)
@@ -78,8 +121,7 @@ void http_listener::start() {
 }
 
 void http_listener::stop() {
-  boost::system::error_code ec;
-  state_->acceptor.close(ec);
+  asio::dispatch(state_->strand, [self = state_] { self->close(); });
 }
 
 }  // namespace jobrt::detail

@@ -31,7 +31,8 @@ class http_listener {
 
   boost::asio::ip::tcp::endpoint local_endpoint() const;
   void start();
-  /// Stops accepting; connections end with their current request.
+  /// Stops accepting and closes every connection (a request being answered ends with it), on
+  /// the listener's strand: at once when called there, else as soon as the strand runs it.
   void stop();
 
  private:
