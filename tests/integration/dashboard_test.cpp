@@ -246,6 +246,11 @@ TEST_CASE("dashboard API: dead letters by filter, one by id, requeued and purged
     auto empty = co_await ask(f.port, "POST", "/api/queues/q/dead/purge", "t0ken", R"({"ids":[]})");
     CHECK(empty.status == 400);
     CHECK((co_await ask(f.port, "POST", "/api/queues/q/dead/purge", "t0ken", "not json")).status == 400);
+    std::string too_many = R"({"ids":[)";  // (one script call an action: at most 1,000 ids)
+    for (int i = 0; i < 1001; ++i) too_many += (i > 0 ? ",\"x" : "\"x") + std::to_string(i) + "\"";
+    auto refused = co_await ask(f.port, "POST", "/api/queues/q/dead/purge", "t0ken", too_many + "]}");
+    CHECK(refused.status == 400);
+    CHECK(refused.json().at("error").as_string() == "\"ids\" holds 1001 ids: at most 1000 an action");
     auto all = (co_await ask(f.port, "GET", "/api/queues/q/dead?limit=100")).json();
     std::string ids = "[";
     for (const auto& d : all.at("letters").as_array())

@@ -109,6 +109,10 @@ std::size_t limit_param(const boost::urls::url_view& u, std::size_t fallback, st
   return n;
 }
 
+// The most dead letters one action takes: one script call, short enough not to keep Redis busy
+// (a page of them, as the pages send).
+constexpr std::size_t max_action_ids = 1000;
+
 // The ids of an action's body: {"ids": ["...", ...]}.
 std::vector<std::string> ids_of(const std::string& body) {
   boost::system::error_code ec;
@@ -116,6 +120,9 @@ std::vector<std::string> ids_of(const std::string& body) {
   if (ec || !v.is_object()) throw refusal(http::status::bad_request, "the body is not a JSON object");
   auto* ids = v.as_object().if_contains("ids");
   if (!ids || !ids->is_array()) throw refusal(http::status::bad_request, "the body has no \"ids\" array");
+  if (ids->as_array().size() > max_action_ids)
+    throw refusal(http::status::bad_request,
+                  fmt::format("\"ids\" holds {} ids: at most {} an action", ids->as_array().size(), max_action_ids));
   std::vector<std::string> out;
   for (const auto& id : ids->as_array()) {
     if (!id.is_string()) throw refusal(http::status::bad_request, "an entry of \"ids\" is not a string");

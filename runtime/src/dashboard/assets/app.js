@@ -316,9 +316,11 @@ async function deadPage() {
   const selected = () => shown.filter((s) => s.box.checked).map((s) => s.id);
   const all = () => shown.map((s) => s.id);
   const run = (what, ids) => async () => {
-    if (ids().length === 0) return;
+    const chosen = ids();
+    if (chosen.length === 0) return;
     try {
-      await act(q() + 'dead/' + what, { ids: ids() });
+      // (at most 1,000 an action)
+      for (let i = 0; i < chosen.length; i += 1000) await act(q() + 'dead/' + what, { ids: chosen.slice(i, i + 1000) });
     } catch (e) {
       return;  // (shown by api())
     }
