@@ -209,6 +209,21 @@ LOCK_CONFORMANCE("a holder that works for 5x the ttl keeps the lock") {
   });
 }
 
+LOCK_CONFORMANCE("a service closed under a held lease tells its holder the lease is lost") {
+  run([kind](asio::io_context& ctx) -> awaitable<void> {
+    services s(ctx, kind);
+    auto& a = s.make();
+    auto held = co_await a.lock(s.name("l"), opts(std::chrono::seconds(5)));
+    bool signalled = false;
+    asio::steady_timer work(ctx, std::chrono::steady_clock::time_point::max());
+    work.async_wait(asio::bind_cancellation_slot(held.cancellation_slot(),
+                                                 [&](boost::system::error_code ec) { signalled = bool(ec); }));
+    a.close();  // (nothing renews it now)
+    CHECK(held.lost());
+    CHECK(co_await eventually([&] { return signalled; }));
+  });
+}
+
 LOCK_CONFORMANCE("an expired holder cannot delete the next holder's lock") {
   run([kind](asio::io_context& ctx) -> awaitable<void> {
     services s(ctx, kind);

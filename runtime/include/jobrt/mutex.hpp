@@ -149,6 +149,8 @@ class lock_service {
   boost::asio::awaitable<lock_lease> try_lock(std::string name, lock_options o = {});
 
   /// Stops the watchdog and closes connections; later operations fail with lock_error::closed.
+  /// Leases still held are lost (lock_lease::lost(), their cancellation slots fire): nothing
+  /// renews them, and their locks run out with their TTLs.
   void close();
 
  protected:

@@ -165,10 +165,17 @@ void lock_core::start() { asio::co_spawn(strand_, watchdog_loop(weak_from_this()
 
 void lock_core::close() {
   if (closed_.exchange(true)) return;
+  std::vector<std::shared_ptr<lease_state>> dropped;
   {
     std::lock_guard lock(held_mutex_);
-    while (held_first_ != nullptr) unlink_held_locked(held_first_);
+    while (held_first_ != nullptr) {
+      if (auto s = held_first_->weak_from_this().lock()) dropped.push_back(std::move(s));
+      unlink_held_locked(held_first_);
+    }
   }
+  // Renewed no more: each holder is told its lease is lost (lost(), its cancellation slot), as
+  // when one runs out, rather than work on unguarded.
+  for (const auto& s : dropped) mark_lost(s);
   asio::post(strand_, [self = shared_from_this()] { self->watchdog_timer_.cancel(); });
   on_close();
   wake_all();  // waiters find the service closed
