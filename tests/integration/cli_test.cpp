@@ -121,6 +121,20 @@ queue_counts wait_counts(const redis::config& cfg, const std::string& queue, Don
   return counts;
 }
 
+// The port a worker started with --metrics :0 prints that it listens on (port 0 picked one);
+// 0 when it prints none in time.
+awaitable<unsigned short> metrics_port(const std::string& out) {
+  unsigned short port = 0;
+  co_await eventually([&] {
+    std::ifstream in(out);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto at = text.find("metrics at http://127.0.0.1:");
+    if (at != std::string::npos) port = static_cast<unsigned short>(std::stoi(text.substr(at + 28)));
+    return port != 0;
+  });
+  co_return port;
+}
+
 std::string url_of(const redis::config& cfg) { return fmt::format("redis://{}:{}", cfg.host, cfg.port); }
 
 // wait_for, bounded: a process still running after `limit` is killed (status -1).
@@ -515,15 +529,7 @@ TEST_CASE("jobrt worker serves Prometheus metrics on loopback") {
                    out);
   std::string page, not_found;
   run([&](asio::io_context& ctx) -> awaitable<void> {
-    // The worker prints where it listens (port 0 picked one).
-    unsigned short port = 0;
-    co_await eventually([&] {
-      std::ifstream in(out);
-      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      auto at = text.find("metrics at http://127.0.0.1:");
-      if (at != std::string::npos) port = static_cast<unsigned short>(std::stoi(text.substr(at + 28)));
-      return port != 0;
-    });
+    auto port = co_await metrics_port(out);
     REQUIRE(port != 0);
     redis_backend store(ctx.get_executor(), cfg);
     co_await eventually([&]() -> awaitable<bool> {  // both finished: the 25 noops and the failing sleep
@@ -581,14 +587,7 @@ TEST_CASE("jobrt worker's metrics answer with its server out of reach, without t
   std::string up, down;
   std::chrono::steady_clock::duration took{};
   run([&](asio::io_context& ctx) -> awaitable<void> {
-    unsigned short port = 0;
-    co_await eventually([&] {
-      std::ifstream in(out);
-      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      auto at = text.find("metrics at http://127.0.0.1:");
-      if (at != std::string::npos) port = static_cast<unsigned short>(std::stoi(text.substr(at + 28)));
-      return port != 0;
-    });
+    auto port = co_await metrics_port(out);
     REQUIRE(port != 0);
     auto get = [&]() -> awaitable<std::string> {  // (given up after 10 s)
       asio::ip::tcp::socket s(ctx);

@@ -478,7 +478,7 @@ TEST_CASE("dashboard API: the same over a real redis-server") {
   });
 }
 
-TEST_CASE("dashboard server: stop() closes the connections it serves; a body comes only with a POST") {
+TEST_CASE("dashboard server: stop() closes the connections it serves, and a body comes only with a POST") {
   run([](asio::io_context& ctx) -> awaitable<void> {
     fixture f(ctx);
     auto connect = [&]() -> awaitable<asio::ip::tcp::socket> {
