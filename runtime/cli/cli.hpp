@@ -2,6 +2,7 @@
 #pragma once
 
 #include <jobrt/redis/connection.hpp>
+#include <jobrt/worker.hpp>
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -11,6 +12,7 @@
 #include <cstddef>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -120,5 +122,10 @@ std::string address_of(const std::string& url);
 void run_threads(boost::asio::io_context& ctx, std::size_t threads);
 /// "SIGINT" or "SIGTERM", the signals the long-running commands stop on.
 const char* signal_name(int signal);
+/// Stops all of `workers` at once, each with `grace`, and waits for every one. The caller's
+/// cancellation does not cut it short (a worker would be left half stopped): to force a stop
+/// under way, stop them again with no grace.
+boost::asio::awaitable<void> stop_workers(std::vector<std::unique_ptr<worker>>& workers,
+                                          std::chrono::milliseconds grace);
 
 }  // namespace jobrt::cli

@@ -7,6 +7,13 @@
 #include <jobrt/redis/request.hpp>
 
 #include <fmt/format.h>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/deferred.hpp>
+#include <boost/asio/experimental/parallel_group.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
 
 #include <unistd.h>
 
@@ -162,6 +169,26 @@ boost::asio::awaitable<void> check_reachable(redis::connection& conn, const std:
 }
 
 const char* signal_name(int signal) { return signal == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+boost::asio::awaitable<void> stop_workers(std::vector<std::unique_ptr<worker>>& workers,
+                                          std::chrono::milliseconds grace) {
+  namespace asio = boost::asio;
+  if (workers.empty()) co_return;
+  // On a strand: a ranged parallel_group reads its operations while it launches them, and on an
+  // executor of several threads a stop that ended at once could free them under it. Launched
+  // from the strand, the stops' ends wait for the launch.
+  auto strand = asio::make_strand(co_await asio::this_coro::executor);
+  auto all = [&]() -> asio::awaitable<void> {
+    using stop_op = decltype(asio::co_spawn(strand, workers.front()->stop(grace), asio::deferred));
+    std::vector<stop_op> ops;
+    ops.reserve(workers.size());
+    for (auto& w : workers) ops.push_back(asio::co_spawn(strand, w->stop(grace), asio::deferred));
+    co_await asio::experimental::make_parallel_group(std::move(ops))
+        .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
+  };
+  // Bound to no cancellation slot: the caller's cancellation must not cut a stop short.
+  co_await asio::co_spawn(strand, all(), asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+}
 
 void run_threads(boost::asio::io_context& ctx, std::size_t threads) {
   std::mutex mutex;

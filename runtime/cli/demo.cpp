@@ -19,9 +19,7 @@
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/deferred.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
-#include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -473,16 +471,6 @@ int run_demo_processes(const demo_options& o) {
   return summarize(o, a, r);
 }
 
-// Stops every worker at once, each with its grace period.
-asio::awaitable<void> stop_all(std::vector<std::unique_ptr<worker>>& workers, std::chrono::milliseconds grace) {
-  auto ex = co_await asio::this_coro::executor;
-  using stop_op = decltype(asio::co_spawn(ex, workers.front()->stop(grace), asio::deferred));
-  std::vector<stop_op> ops;
-  for (auto& w : workers) ops.push_back(asio::co_spawn(ex, w->stop(grace), asio::deferred));
-  co_await asio::experimental::make_parallel_group(std::move(ops))
-      .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
-}
-
 // What `jobrt demo` and `jobrt demo-worker` were given.
 struct demo_args {
   demo_options o;
@@ -589,7 +577,7 @@ int run_demo_worker(const demo_args& a) {
         for (auto& w : pool) w->start();
         co_await store.exec(redis::request("RPUSH", keys->ready(), ::getpid()), keys->prefix);
         co_await signals.async_wait(asio::use_awaitable);
-        co_await stop_all(pool, std::chrono::seconds(5));
+        co_await stop_workers(pool, std::chrono::seconds(5));
         worker_counters total;
         for (auto& w : pool) {
           auto c = w->counters();

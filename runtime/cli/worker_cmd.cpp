@@ -13,16 +13,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <boost/asio/as_tuple.hpp>
-#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/deferred.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
-#include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/strand.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/json/parse.hpp>
@@ -395,24 +391,13 @@ int run_worker(worker_args& a) {
     if (metrics) metrics->stop();
     log(log_level::info, "worker " + base_id, "{}: stopping (grace {} ms; {} again forces it)", signal_name(signal),
         grace.count(), signal_name(signal));
-    auto stop_all = [&](std::chrono::milliseconds within) -> asio::awaitable<void> {  // all drain at once
-      auto ex = ctx.get_executor();
-      using stop_op = decltype(asio::co_spawn(ex, pool.front()->stop(within), asio::deferred));
-      std::vector<stop_op> ops;
-      for (auto& w : pool) ops.push_back(asio::co_spawn(ex, w->stop(within), asio::deferred));
-      // Bound to no cancellation slot: the `||` below must not cut a stop short (it would leave
-      // the worker half stopped); a forced stop ends it with a second stop of no grace.
-      co_await asio::experimental::make_parallel_group(std::move(ops))
-          .async_wait(asio::experimental::wait_for_all(),
-                      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
-    };
     auto force_on_signal = [&]() -> asio::awaitable<void> {
       forced_by = co_await signals.async_wait(asio::use_awaitable);
       log(log_level::warn, "worker " + base_id,
           "{} again: forcing the stop: running jobs are cancelled and handed back", signal_name(forced_by));
-      co_await stop_all(std::chrono::milliseconds(0));  // cuts the grace under way short
+      co_await stop_workers(pool, std::chrono::milliseconds(0));  // cuts the grace under way short
     };
-    co_await (stop_all(grace) || force_on_signal());
+    co_await (stop_workers(pool, grace) || force_on_signal());
     for (std::size_t i = 0; i < pool.size(); ++i) {
       auto c = pool[i]->counters();
       log(log_level::info, "worker " + queues[i].id,

@@ -147,23 +147,13 @@ void prefix_token(std::string& token, std::size_t k) { token = fmt::format("{}/{
 
 // What at_once's calls gave, in the order of its shards: a failure, or else a result.
 template <class T>
-struct outcomes {
-  std::vector<std::exception_ptr> errors;
-  std::vector<T> results;
+struct outcomes : detail::all_outcomes<T> {
   // The first failure, thrown (after all have ended: the others' results are in).
   void rethrow() const {
-    for (const auto& e : errors)
+    for (const auto& e : this->errors)
       if (e) std::rethrow_exception(e);
   }
 };
-
-// One of at_once's calls, on a coroutine thread of its own that takes the caller's
-// throw_if_cancelled (a worker's finish sets it false: its acks must go on through a stop).
-template <class T, class Call>
-awaitable<T> one_shard(Call& call, std::size_t k, bool throws) {
-  co_await asio::this_coro::throw_if_cancelled(throws);
-  co_return co_await call(k);
-}
 
 // Runs `call(k)` for each of `shards` at once and waits for all: on a cluster they go to several
 // nodes together, on one server down one connection in one write. (One shard: called here.)
@@ -180,24 +170,10 @@ awaitable<outcomes<T>> at_once(std::vector<std::size_t> shards, Call call) {
     }
     co_return out;
   }
-  if (shards.empty()) co_return out;
-  // On a strand: a ranged parallel_group reads its operations while it launches them, and on an
-  // executor of several threads one that ended at once could free them under it (ASan saw it).
-  // Launched from the strand, the calls and their ends take turns with the launch.
-  bool throws = co_await asio::this_coro::throw_if_cancelled();
-  auto strand = asio::make_strand(co_await asio::this_coro::executor);
-  auto group = [&]() -> awaitable<void> {
-    co_await asio::this_coro::throw_if_cancelled(throws);
-    using op = decltype(asio::co_spawn(strand, one_shard<T>(call, 0, throws), asio::deferred));
-    std::vector<op> ops;
-    ops.reserve(shards.size());
-    for (auto k : shards) ops.push_back(asio::co_spawn(strand, one_shard<T>(call, k, throws), asio::deferred));
-    auto all = co_await asio::experimental::make_parallel_group(std::move(ops))
-                   .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
-    out.errors = std::move(std::get<1>(all));
-    out.results = std::move(std::get<2>(all));
-  };
-  co_await detail::run_on(strand, group());
+  auto ex = co_await asio::this_coro::executor;
+  auto all = co_await detail::all_at_once<T>(ex, shards.size(), [&](std::size_t i) { return call(shards[i]); });
+  out.errors = std::move(all.errors);
+  out.results = std::move(all.results);
   co_return out;
 }
 

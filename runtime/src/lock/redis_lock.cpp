@@ -7,6 +7,7 @@
 #include "redis/cluster_map.hpp"
 #include "redis/redis_link.hpp"
 #include "redis/shard_listener.hpp"
+#include "strand.hpp"
 
 #include <jobrt/redis/connection.hpp>
 #include <jobrt/redis/script.hpp>
@@ -17,7 +18,6 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/deferred.hpp>
 #include <boost/asio/detached.hpp>
-#include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -253,17 +253,11 @@ class redis_lock_core final : public lock_core {
       co_return r.as_integer() == 1;
     };
     auto within = std::min(limit, opts_.io_timeout);
-    using op = decltype(asio::co_spawn(get_executor(), one_lock(this, renew_item{}, within), asio::deferred));
-    std::vector<op> ops;
-    for (auto& item : items)
-      ops.push_back(asio::co_spawn(get_executor(), one_lock(this, item, within), asio::deferred));
-    auto [order, failures, held] =
-        co_await asio::experimental::make_parallel_group(std::move(ops))
-            .async_wait(asio::experimental::wait_for_all(),
-                        asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
-    for (auto& f : failures)
+    auto all = co_await detail::all_at_once<bool>(get_executor(), items.size(),
+                                                  [&](std::size_t i) { return one_lock(this, items[i], within); });
+    for (auto& f : all.errors)
       if (f) std::rethrow_exception(f);
-    co_return std::vector<bool>(held.begin(), held.end());
+    co_return std::move(all.results);
   }
 
   static std::string make_service_id() {
