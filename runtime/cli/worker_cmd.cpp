@@ -398,6 +398,7 @@ int run_worker(worker_args& a) {
       co_await stop_workers(pool, std::chrono::milliseconds(0));  // cuts the grace under way short
     };
     co_await (stop_workers(pool, grace) || force_on_signal());
+    if (metrics) co_await metrics->async_stop();  // a scrape under way reads the workers: it ends first
     for (std::size_t i = 0; i < pool.size(); ++i) {
       auto c = pool[i]->counters();
       log(log_level::info, "worker " + queues[i].id,

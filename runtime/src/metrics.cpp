@@ -268,6 +268,8 @@ void metrics_server::start() { state_->listener.start(); }
 
 void metrics_server::stop() { state_->listener.stop(); }
 
+asio::awaitable<void> metrics_server::async_stop() { co_await state_->listener.async_stop(); }
+
 tcp::endpoint parse_listen_address(const std::string& text) {
   auto colon = text.rfind(':');
   if (colon == std::string::npos) throw std::invalid_argument(fmt::format("listen address '{}' has no :PORT", text));

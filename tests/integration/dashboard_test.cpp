@@ -6,6 +6,7 @@
 
 #include <jobrt/dashboard.hpp>
 #include <jobrt/memory_backend.hpp>
+#include <jobrt/metrics.hpp>
 #include <jobrt/producer.hpp>
 #include <jobrt/redis_backend.hpp>
 #include <jobrt/scheduler.hpp>
@@ -13,6 +14,7 @@
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/read_until.hpp>
@@ -520,5 +522,38 @@ TEST_CASE("dashboard server: stop() closes the connections it serves, and a body
     f.server->stop();
     CHECK((co_await rest(s)).empty());
     CHECK(std::chrono::steady_clock::now() - began < std::chrono::seconds(2));
+  });
+}
+
+TEST_CASE("metrics server: async_stop() completes only once the scrape under way has ended") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    bool entered = false, rendered = false;
+    asio::steady_timer gate(ctx, asio::steady_timer::time_point::max());  // holds the scrape
+    metrics_server server(ctx.get_executor(), asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0),
+                          [&]() -> awaitable<std::string> {
+                            entered = true;
+                            co_await gate.async_wait(asio::as_tuple(asio::use_awaitable));
+                            rendered = true;
+                            co_return std::string("up 1\n");
+                          });
+    server.start();
+    asio::ip::tcp::socket s(ctx);
+    co_await s.async_connect(server.local_endpoint(), asio::use_awaitable);
+    std::string req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    co_await asio::async_write(s, asio::buffer(req), asio::use_awaitable);
+    REQUIRE(co_await eventually([&] { return entered; }));
+    // Stopped while the scrape waits: the stop waits for it, not for the client.
+    bool stopped = false, rendered_when_stopped = false;
+    asio::co_spawn(ctx, server.async_stop(), [&](std::exception_ptr) {
+      stopped = true;
+      rendered_when_stopped = rendered;
+    });
+    co_await sleep_for(std::chrono::milliseconds(100));
+    CHECK_FALSE(stopped);
+    gate.cancel();
+    REQUIRE(co_await eventually([&] { return stopped; }, std::chrono::seconds(5)));
+    CHECK(rendered_when_stopped);
+    // And with nothing under way it completes at once.
+    co_await server.async_stop();
   });
 }

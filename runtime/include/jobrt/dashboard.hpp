@@ -64,7 +64,8 @@ class dashboard {
 };
 
 /// `jobrt dashboard`: a dashboard at its own address. Binds at construction (throws naming the
-/// address when it cannot); start() accepts until stop().
+/// address when it cannot); start() accepts until stop(). A request being answered goes on after
+/// stop(): to destroy the backend the dashboard reads, co_await async_stop() first.
 class dashboard_server {
  public:
   dashboard_server(boost::asio::any_io_executor ex, const boost::asio::ip::tcp::endpoint& at,
@@ -76,6 +77,8 @@ class dashboard_server {
   boost::asio::ip::tcp::endpoint local_endpoint() const;
   void start();
   void stop();
+  /// Stops, and completes once no request is being answered.
+  boost::asio::awaitable<void> async_stop();
 
  private:
   struct state;

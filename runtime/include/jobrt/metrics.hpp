@@ -37,7 +37,8 @@ std::string prometheus_text(const std::vector<queue_metrics>& queues);
 
 /// Serves GET /metrics (anything else: 404) with what `render` makes, one connection at a time
 /// per client, keep-alive honoured. Binds at construction (throws naming the address when it
-/// cannot); start() accepts until stop().
+/// cannot); start() accepts until stop(). A scrape being answered goes on after stop(): to
+/// destroy what `render` uses, co_await async_stop() first.
 class metrics_server {
  public:
   using render_fn = std::function<boost::asio::awaitable<std::string>()>;
@@ -49,6 +50,8 @@ class metrics_server {
   boost::asio::ip::tcp::endpoint local_endpoint() const;
   void start();
   void stop();
+  /// Stops, and completes once no scrape is being answered: `render` runs no more.
+  boost::asio::awaitable<void> async_stop();
 
  private:
   struct state;

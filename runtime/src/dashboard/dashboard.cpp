@@ -549,4 +549,9 @@ void dashboard_server::stop() {
   state_->board->stop();
 }
 
+asio::awaitable<void> dashboard_server::async_stop() {
+  stop();
+  co_await state_->listener.async_stop();
+}
+
 }  // namespace jobrt

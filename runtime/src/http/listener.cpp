@@ -58,7 +58,10 @@ struct http_listener::state {
     struct leave {
       state& s;
       beast::tcp_stream* stream;
-      ~leave() { s.open.erase(stream); }
+      ~leave() {
+        s.open.erase(stream);
+        if (s.open.empty()) s.idle.cancel();  // (async_stop waits for it)
+      }
     } guard{*self, &stream};
     beast::flat_buffer buffer;
     for (;;) {
@@ -97,6 +100,8 @@ struct http_listener::state {
   tcp::acceptor acceptor;
   handler handle;
   std::set<beast::tcp_stream*> open;  // the connections being served
+  // Never expires: its waits end, cancelled, when the last connection ends.
+  asio::steady_timer idle{strand, asio::steady_timer::time_point::max()};
 };
 
 http_listener::http_listener(asio::any_io_executor ex, const tcp::endpoint& at, handler h, std::string what)
@@ -122,6 +127,17 @@ void http_listener::start() {
 
 void http_listener::stop() {
   asio::dispatch(state_->strand, [self = state_] { self->close(); });
+}
+
+asio::awaitable<void> http_listener::async_stop() {
+  // On the strand, where `open` changes. A connection accepted but not yet served ends without
+  // a request once the acceptor is closed.
+  auto self = state_;
+  auto close_and_wait = [self]() -> asio::awaitable<void> {
+    self->close();
+    while (!self->open.empty()) co_await self->idle.async_wait(asio::as_tuple(asio::use_awaitable));
+  };
+  co_await asio::co_spawn(self->strand, close_and_wait(), asio::use_awaitable);
 }
 
 }  // namespace jobrt::detail

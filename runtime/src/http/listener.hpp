@@ -34,6 +34,9 @@ class http_listener {
   /// Stops accepting and closes every connection (a request being answered ends with it), on
   /// the listener's strand: at once when called there, else as soon as the strand runs it.
   void stop();
+  /// Stops as stop() does, and completes once no connection is left: the handler runs no more
+  /// (one that was answering a request has ended). What the handler uses may go after it.
+  boost::asio::awaitable<void> async_stop();
 
  private:
   struct state;
