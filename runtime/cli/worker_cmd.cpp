@@ -347,13 +347,17 @@ int run_worker(worker_args& a) {
       }
     }
     std::unique_ptr<metrics_server> metrics;
-    // A queue's counts for a scrape; none when the backend fails (said in the log).
+    // A queue's counts for a scrape; none when the backend fails (said in the log, unless it
+    // failed for being cut short at 2 s: the scrape says that).
     auto counts_of = [&](std::size_t i) -> asio::awaitable<std::optional<queue_counts>> {
+      std::string failure;
       try {
         co_return co_await sharded[i]->counts(queues[i].queue);
       } catch (const std::exception& e) {
-        log(log_level::warn, "worker " + base_id, "metrics: the counts of queue {}: {}", queues[i].queue, e.what());
+        failure = e.what();
       }
+      if ((co_await asio::this_coro::cancellation_state).cancelled() == asio::cancellation_type::none)
+        log(log_level::warn, "worker " + base_id, "metrics: the counts of queue {}: {}", queues[i].queue, failure);
       co_return std::nullopt;
     };
     if (metrics_endpoint) {
