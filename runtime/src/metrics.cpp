@@ -233,10 +233,15 @@ struct metrics_server::state {
     http::response<http::string_body> res;
     res.version(req.version());
     res.keep_alive(req.keep_alive());
-    if (req.method() != http::verb::get || req.target() != "/metrics") {
+    if (req.target() != "/metrics") {
       res.result(http::status::not_found);
       res.set(http::field::content_type, "text/plain");
       res.body() = "jobrt serves only GET /metrics\n";
+    } else if (req.method() != http::verb::get) {
+      res.result(http::status::method_not_allowed);
+      res.set(http::field::allow, "GET");
+      res.set(http::field::content_type, "text/plain");
+      res.body() = "jobrt: /metrics takes GET\n";
     } else {
       std::string body;
       try {

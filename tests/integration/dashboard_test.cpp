@@ -151,6 +151,12 @@ TEST_CASE("dashboard API: overview, groups by prefix, a group, and its pause and
     CHECK((co_await ask(f.port, "DELETE", "/api/queues/q/groups")).status == 405);
     CHECK((co_await ask(f.port, "GET", "/api/queues/q/group/pause?name=g")).status == 405);
     CHECK((co_await ask(f.port, "POST", "/api/overview")).status == 405);
+    auto events_posted = co_await ask(f.port, "POST", "/api/events");
+    CHECK(events_posted.status == 405);
+    CHECK(events_posted.head.find("\r\nAllow: GET") != std::string::npos);
+    auto acted_with_get = co_await ask(f.port, "GET", "/api/queues/q/group/resume?name=g");
+    CHECK(acted_with_get.head.find("\r\nAllow: POST") != std::string::npos);
+    CHECK((co_await ask(f.port, "PUT", "/app.js")).head.find("\r\nAllow: GET") != std::string::npos);
     auto nameless = co_await ask(f.port, "GET", "/api/queues/q/group");
     CHECK(nameless.status == 400);
     CHECK(nameless.json().at("error") == "parameter 'name' is missing");
@@ -401,13 +407,17 @@ TEST_CASE("dashboard API: workers, their running jobs, a group's lease holder, h
     co_await s.async_connect({asio::ip::make_address("127.0.0.1"), f.port}, asio::use_awaitable);
     std::string req = "GET /api/events HTTP/1.1\r\nHost: localhost\r\n\r\n";
     co_await asio::async_write(s, asio::buffer(req), asio::use_awaitable);
-    std::string text;
+    std::string text, first;
     int events = 0;
     while (events < 3) {
       auto n = co_await asio::async_read_until(s, asio::dynamic_buffer(text), "\n\n", asio::use_awaitable);
+      if (first.empty()) first = text.substr(0, n);  // the head and the first event
       if (text.substr(0, n).find("event: overview\n") != std::string::npos) ++events;
       text.erase(0, n);
     }
+    CHECK(first.find("\r\nContent-Type: text/event-stream\r\n") != std::string::npos);
+    CHECK(first.find("\r\nX-Content-Type-Options: nosniff\r\n") != std::string::npos);
+    CHECK(first.find("\r\nContent-Security-Policy: ") != std::string::npos);
     CHECK(events == 3);
     f.board->stop();  // ends the stream
     auto [ec, n] = co_await asio::async_read(s, asio::dynamic_buffer(text), asio::as_tuple(asio::use_awaitable));
@@ -554,6 +564,31 @@ TEST_CASE("metrics server: async_stop() completes only once the scrape under way
     REQUIRE(co_await eventually([&] { return stopped; }, std::chrono::seconds(5)));
     CHECK(rendered_when_stopped);
     // And with nothing under way it completes at once.
+    co_await server.async_stop();
+  });
+}
+
+TEST_CASE("metrics server: /metrics takes GET (405 and Allow for another method), another path is 404") {
+  run([](asio::io_context& ctx) -> awaitable<void> {
+    metrics_server server(ctx.get_executor(), asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0),
+                          []() -> awaitable<std::string> { co_return std::string("up 1\n"); });
+    server.start();
+    auto ask_raw = [&](std::string method, std::string target) -> awaitable<std::string> {
+      asio::ip::tcp::socket s(ctx);
+      co_await s.async_connect(server.local_endpoint(), asio::use_awaitable);
+      auto req = fmt::format("{} {} HTTP/1.0\r\nHost: localhost\r\n\r\n", method, target);
+      co_await asio::async_write(s, asio::buffer(req), asio::use_awaitable);
+      std::string text;
+      co_await asio::async_read(s, asio::dynamic_buffer(text), asio::as_tuple(asio::use_awaitable));
+      co_return text;
+    };
+    auto got = co_await ask_raw("GET", "/metrics");
+    CHECK(got.starts_with("HTTP/1.0 200"));
+    CHECK(got.ends_with("\r\n\r\nup 1\n"));
+    auto posted = co_await ask_raw("POST", "/metrics");
+    CHECK(posted.starts_with("HTTP/1.0 405"));
+    CHECK(posted.find("\r\nAllow: GET\r\n") != std::string::npos);
+    CHECK((co_await ask_raw("GET", "/other")).starts_with("HTTP/1.0 404"));
     co_await server.async_stop();
   });
 }

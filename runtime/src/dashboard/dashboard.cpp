@@ -50,19 +50,28 @@ using response = http::response<http::string_body>;
 
 namespace {
 
-// A request the API refuses, with the status and the words it answers with.
+// A request the API refuses, with the status and the words it answers with (and for 405, the
+// method the route takes).
 struct refusal : std::runtime_error {
-  refusal(http::status s, const std::string& what) : std::runtime_error(what), status(s) {}
+  refusal(http::status s, const std::string& what, std::string_view allowed = {})
+      : std::runtime_error(what), status(s), allow(allowed) {}
   http::status status;
+  std::string allow;
 };
 
-response make_response(const dashboard::request& req, http::status status, std::string_view type, std::string body) {
-  response res(status, req.version());
+// What every answer says besides its body: its type (to be taken as given), not to be stored,
+// and that the pages load nothing from elsewhere, run no inline script and go in no frame.
+template <class Body>
+void set_headers(http::response<Body>& res, std::string_view type) {
   res.set(http::field::content_type, type);
   res.set(http::field::cache_control, "no-store");
   res.set("X-Content-Type-Options", "nosniff");
-  // The pages load nothing from elsewhere and run no inline script.
   res.set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'");
+}
+
+response make_response(const dashboard::request& req, http::status status, std::string_view type, std::string body) {
+  response res(status, req.version());
+  set_headers(res, type);
   res.keep_alive(req.keep_alive());
   res.body() = std::move(body);
   res.prepare_payload();
@@ -353,7 +362,8 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
       throw refusal(http::status::not_found, fmt::format("no route '{}' in the dashboard's API", route));
     if (req.method() != (reading ? http::verb::get : http::verb::post))
       throw refusal(http::status::method_not_allowed,
-                    fmt::format("'{}' takes {}", route, reading ? "GET" : "POST (with the token)"));
+                    fmt::format("'{}' takes {}", route, reading ? "GET" : "POST (with the token)"),
+                    reading ? "GET" : "POST");
     if (acting) may_act(req);
     if (route == "history") co_return co_await history(q, u);
     if (route == "groups") co_return co_await group_page(q, u);
@@ -410,19 +420,22 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
     std::vector<std::string> seg;
     for (auto s : u.segments()) seg.emplace_back(s);
     if (seg.size() == 1 && seg[0].empty()) seg.clear();  // "/"
-    if (seg.empty() || (seg.size() == 1 && (seg[0] == "app.js" || seg[0] == "style.css"))) {
-      if (req.method() != http::verb::get)
-        co_return json_response(req, http::status::method_not_allowed, error_object("the pages take GET"));
-      if (seg.empty())
-        co_return make_response(req, http::status::ok, "text/html; charset=utf-8", dashboard_assets::index);
-      if (seg[0] == "app.js")
-        co_return make_response(req, http::status::ok, "text/javascript; charset=utf-8", dashboard_assets::app);
-      co_return make_response(req, http::status::ok, "text/css; charset=utf-8", dashboard_assets::style);
-    }
     try {
+      if (seg.empty() || (seg.size() == 1 && (seg[0] == "app.js" || seg[0] == "style.css"))) {
+        if (req.method() != http::verb::get)
+          throw refusal(http::status::method_not_allowed, "the pages take GET", "GET");
+        if (seg.empty())
+          co_return make_response(req, http::status::ok, "text/html; charset=utf-8", dashboard_assets::index);
+        if (seg[0] == "app.js")
+          co_return make_response(req, http::status::ok, "text/javascript; charset=utf-8", dashboard_assets::app);
+        co_return make_response(req, http::status::ok, "text/css; charset=utf-8", dashboard_assets::style);
+      }
       if (seg.size() < 2 || seg[0] != "api") throw refusal(http::status::not_found, "no such page");
+      if (seg.size() == 2 && seg[1] == "events")  // (a GET is served in serve(), as a stream)
+        throw refusal(http::status::method_not_allowed, "'events' takes GET", "GET");
       if (seg.size() == 2 && seg[1] == "overview") {
-        if (req.method() != http::verb::get) throw refusal(http::status::method_not_allowed, "'overview' takes GET");
+        if (req.method() != http::verb::get)
+          throw refusal(http::status::method_not_allowed, "'overview' takes GET", "GET");
         co_return json_response(req, http::status::ok, co_await overview());
       }
       if (seg.size() >= 4 && seg[1] == "queues") {
@@ -433,7 +446,9 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
       }
       throw refusal(http::status::not_found, fmt::format("no {} in the dashboard's API", u.path()));
     } catch (const refusal& e) {
-      co_return json_response(req, e.status, error_object(e.what()));
+      auto res = json_response(req, e.status, error_object(e.what()));
+      if (!e.allow.empty()) res.set(http::field::allow, e.allow);
+      co_return res;
     }
   }
 
@@ -441,8 +456,7 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
   // goes or stop().
   awaitable<void> events(beast::tcp_stream& stream, const request& req) {
     http::response<http::empty_body> head(http::status::ok, req.version());
-    head.set(http::field::content_type, "text/event-stream");
-    head.set(http::field::cache_control, "no-store");
+    set_headers(head, "text/event-stream");
     head.keep_alive(false);  // (the events end with the connection)
     http::response_serializer<http::empty_body> sr(head);
     auto [hec, hn] = co_await http::async_write_header(stream, sr, asio::as_tuple(asio::use_awaitable));
