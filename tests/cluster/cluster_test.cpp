@@ -30,8 +30,11 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <array>
@@ -322,6 +325,62 @@ TEST_CASE("cluster connection: a cluster of one node, which knows no IP of its o
         }
         CHECK(c.primaries() == std::vector<std::string>{fmt::format("127.0.0.1:{}", alone.port())});
         CHECK(c.refreshes() >= 2);
+      },
+      30s);
+}
+
+TEST_CASE("cluster connection: requests that wait for a slow first map read wait without spinning") {
+  // A seed that accepts and never answers: the map read waits for its connect timeout (2 s), and
+  // every request meanwhile waits for that read. Four of them used to cancel one another's
+  // waits in turn, a core's worth of CPU for as long as the read took.
+  run(
+      [&](asio::io_context& ctx) -> awaitable<void> {
+        asio::ip::tcp::acceptor mute(ctx, {asio::ip::make_address("127.0.0.1"), 0});
+        std::vector<asio::ip::tcp::socket> held;
+        asio::co_spawn(
+            ctx,
+            [&]() -> awaitable<void> {
+              for (;;) {
+                auto [ec, s] = co_await mute.async_accept(asio::as_tuple(asio::use_awaitable));
+                if (ec) co_return;
+                held.push_back(std::move(s));
+              }
+            },
+            asio::detached);
+        redis::config seed;
+        seed.host = "127.0.0.1";
+        seed.port = std::to_string(mute.local_endpoint().port());
+        std::vector<redis::config> seeds(1, seed);
+        cluster_connection c(ctx.get_executor(), seeds);
+        c.start();
+        auto cpu = [] {
+          rusage u{};
+          ::getrusage(RUSAGE_SELF, &u);
+          return std::chrono::seconds(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+                 std::chrono::microseconds(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+        };
+        auto began = cpu();
+        auto wall = steady::now();
+        int failed = 0;
+        auto one = [&]() -> awaitable<void> {
+          request ping("PING");
+          ping.options.timeout = 1500ms;
+          try {
+            co_await c.exec(std::move(ping));
+          } catch (const std::exception&) {
+            ++failed;  // (a timeout: nobody answered)
+          }
+        };
+        for (int i = 0; i < 4; ++i) asio::co_spawn(ctx, one(), asio::detached);
+        co_await eventually([&] { return failed == 4; }, 10s);
+        auto used = cpu() - began;
+        auto took = steady::now() - wall;
+        CHECK(failed == 4);
+        MESSAGE("CPU " << std::chrono::duration_cast<std::chrono::milliseconds>(used).count() << " ms in "
+                       << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+        CHECK(used < took / 4);
+        c.close();
+        mute.close();
       },
       30s);
 }

@@ -9,6 +9,7 @@
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
@@ -251,10 +252,13 @@ class cluster_impl : public std::enable_shared_from_this<cluster_impl> {
   // One read at a time; a caller that comes during one waits for it (up to its deadline).
   asio::awaitable<void> refresh(clock::time_point deadline) {
     if (refreshing_) {
-      while (refreshing_ && !closed_ && clock::now() < deadline) {
-        refreshed_.expires_at(deadline);
-        co_await refreshed_.async_wait(use_tuple);
-      }
+      // Until the refresh ends (refreshed_, which never expires, is cancelled) or this caller's
+      // deadline: each waiter has a timer of its own, since moving refreshed_'s expiry would
+      // cancel every other waiter's wait, and they would wake one another in turn until the end.
+      using namespace asio::experimental::awaitable_operators;
+      asio::steady_timer limit(strand_, deadline);
+      while (refreshing_ && !closed_ && clock::now() < deadline)
+        co_await (refreshed_.async_wait(use_tuple) || limit.async_wait(use_tuple));
       co_return;
     }
     refreshing_ = true;
