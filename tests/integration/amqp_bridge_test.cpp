@@ -15,6 +15,8 @@
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
 #include <fmt/format.h>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/json.hpp>
 
@@ -247,16 +249,19 @@ TEST_CASE("amqp bridge: over amqps:// the broker's certificate is checked agains
         redis_backend store(ctx.get_executor(), server.config());
         auto bridge = make_bridge(ctx.get_executor(), broker.tls_url("in", "&ca=" + broker.ca()), producer(store, "q"));
         bool ended = false;
-        asio::co_spawn(ctx, bridge->run(), [&](std::exception_ptr e) {
-          ended = true;
-          if (e) std::rethrow_exception(e);
-        });
+        asio::cancellation_signal cut;
+        asio::co_spawn(ctx, bridge->run(), asio::bind_cancellation_slot(cut.slot(), [&](std::exception_ptr e) {
+                         ended = true;
+                         if (e) std::rethrow_exception(e);
+                       }));
         REQUIRE(co_await eventually([&] { return publisher.ready("in") == 0 && publisher.ready("in.dead") == 1; }));
         CHECK(bridge->counters().enqueued == 3);
         CHECK(bridge->counters().rejected == 1);
         CHECK(bridge->source().starts_with("amqps://guest@127.0.0.1:"));
         CHECK((co_await store.counts("q")).enqueued == 3);
-        bridge->stop();
+        // run() cancelled by its caller stops the bridge as stop() would (it joined a consumer
+        // thread that went on, and blocked this io_context for good).
+        cut.emit(asio::cancellation_type::terminal);
         CHECK(co_await eventually([&] { return ended; }, 5s));
       },
       60s);

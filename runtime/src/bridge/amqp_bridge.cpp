@@ -25,6 +25,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <atomic>
@@ -427,6 +428,16 @@ struct amqp_bridge::impl : std::enable_shared_from_this<amqp_bridge::impl> {
     return {};
   }
 
+  // Asks the thread to end (it stores and acknowledges what it read first) and wakes its waits.
+  void ask_stop() {
+    {
+      std::lock_guard lock(mutex);
+      stopping = true;
+    }
+    stopped.notify_all();
+    asio::post(strand, [self = shared_from_this()] { self->wake.expires_at(asio::steady_timer::time_point::min()); });
+  }
+
   static void consume(const std::shared_ptr<impl>& self) {
     try {
       for (std::chrono::milliseconds wait(100); !self->stopping;) {
@@ -458,8 +469,16 @@ amqp_bridge::~amqp_bridge() {
 asio::awaitable<void> amqp_bridge::run() {
   auto self = impl_;
   self->thread = std::thread([self] { impl::consume(self); });
-  auto ended = [self]() -> asio::awaitable<void> {  // (on the strand, where the thread sets it)
-    co_await self->ended.async_wait(asio::as_tuple(asio::use_awaitable));
+  // On the strand, where the thread sets `ended`. A run() cancelled by its caller stops the
+  // bridge as stop() does and still waits for the thread: joined before it ended, it would block
+  // this io_context, which the thread's stores wait for.
+  auto ended = [self]() -> asio::awaitable<void> {
+    for (;;) {
+      co_await self->ended.async_wait(asio::as_tuple(asio::use_awaitable));
+      if (self->ended.expiry() == asio::steady_timer::time_point::min()) co_return;
+      self->ask_stop();
+      co_await asio::this_coro::reset_cancellation_state();
+    }
   };
   co_await detail::run_on(self->strand, ended());
   self->thread.join();
@@ -467,14 +486,7 @@ asio::awaitable<void> amqp_bridge::run() {
   if (self->failure) std::rethrow_exception(self->failure);
 }
 
-void amqp_bridge::stop() {
-  {
-    std::lock_guard lock(impl_->mutex);
-    impl_->stopping = true;
-  }
-  impl_->stopped.notify_all();
-  asio::post(impl_->strand, [self = impl_] { self->wake.expires_at(asio::steady_timer::time_point::min()); });
-}
+void amqp_bridge::stop() { impl_->ask_stop(); }
 
 bridge_counters amqp_bridge::counters() const {
   std::lock_guard lock(impl_->mutex);
