@@ -339,6 +339,81 @@ TEST_CASE("a finish across shards that fails in one is sent again whole and gets
   });
 }
 
+TEST_CASE("a sharded requeue or purge that fails in one shard says what the others did") {
+  auto cfg = shared_redis();
+  std::string queue = key_prefix() + "sharded-requeue-partial";
+  constexpr std::size_t shards = 2;
+  std::string in0, in1;  // a group of each shard
+  for (int i = 0; in0.empty() || in1.empty(); ++i) {
+    auto g = fmt::format("g{}", i);
+    auto& slot = sharded_backend::shard_of(g, shards) == 0 ? in0 : in1;
+    if (slot.empty()) slot = g;
+  }
+  // Shard 1's calls fail while its dead letters' info is a string (WRONGTYPE, before any write).
+  auto info = redis_backend::key_prefix(sharded_backend::shard_queue(queue, 1)) + "dead:info";
+  auto aside = info + ":aside";
+  std::vector<job_spec> specs;  // (g++ 12: braced lists outside the coroutine)
+  for (auto [id, group] : {std::pair{"a1", in0}, std::pair{"a2", in0}, std::pair{"b1", in1}}) {
+    job_spec s;
+    s.type = "t";
+    s.id = id;
+    s.group = group;
+    specs.push_back(std::move(s));
+  }
+  std::vector<std::string> requeue_ids{"a1", "b1"}, purge_ids{"a2", "b1"};
+  run([&](asio::io_context& ctx) -> awaitable<void> {
+    redis_backend store(ctx.get_executor(), cfg);
+    sharded_backend sharded(store, shards);
+    producer p(sharded, queue);
+    co_await p.enqueue_bulk(specs);
+    claim_options co;
+    co.worker = "w";
+    co.max = 10;
+    std::size_t failed = 0;
+    for (int i = 0; i < 20 && failed < 3; ++i) {  // each fails at once: dead-lettered
+      auto got = co_await sharded.claim(queue, co);
+      std::vector<finish_item> items(got.size());
+      for (std::size_t k = 0; k < got.size(); ++k) {
+        items[k].token = got[k].token;
+        items[k].unique_id = got[k].job.id;  // (its producer's id, given back)
+        items[k].kind = finish_kind::fail;
+        items[k].error = "no";
+      }
+      if (!items.empty()) co_await sharded.finish(queue, "w", items, std::chrono::seconds(30));
+      failed += items.size();
+    }
+    REQUIRE(failed == 3);
+    redis_cli(cfg, {"RENAME", info, aside});
+    redis_cli(cfg, {"SET", info, "x"});
+    std::string said;
+    try {
+      co_await sharded.requeue(queue, requeue_ids, false);
+    } catch (const boost::system::system_error& e) {
+      said = e.what();
+    }
+    CHECK_MESSAGE(
+        said.find(fmt::format("requeue in queue '{}': 1 of the 2 ids went back, then shard 1 failed: ", queue)) == 0,
+        said);
+    CHECK(said.find("WRONGTYPE") != std::string::npos);
+    said.clear();
+    try {
+      co_await sharded.purge(queue, purge_ids);
+    } catch (const boost::system::system_error& e) {
+      said = e.what();
+    }
+    CHECK_MESSAGE(said.find(fmt::format("purge in queue '{}': shard 1 failed after the others removed 1 dead letters: ",
+                                        queue)) == 0,
+                  said);
+    redis_cli(cfg, {"DEL", info});
+    redis_cli(cfg, {"RENAME", aside, info});
+    // Mended, what was left goes: b1 back, and nothing else is dead.
+    std::vector<std::string> last{"b1"};
+    CHECK(co_await sharded.requeue(queue, last, false) == last);
+    CHECK((co_await sharded.counts(queue)).dead == 0);
+    co_await sharded.purge_queue(queue);
+  });
+}
+
 TEST_CASE("a worker's finish calls across a sharded queue drop their records in each shard as answers come") {
   auto cfg = shared_redis();
   std::string queue = key_prefix() + "sharded-answers";

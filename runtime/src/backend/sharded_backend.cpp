@@ -4,6 +4,7 @@
 #include "backend/job_codec.hpp"
 #include "backend/views.hpp"
 #include "clock.hpp"
+#include "reason.hpp"
 #include "strand.hpp"
 
 #include <jobrt/error.hpp>
@@ -23,6 +24,7 @@
 #include <deque>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <unordered_set>
@@ -143,6 +145,14 @@ struct per_shard {
   }
 };
 
+// Each of `ids` under every shard that may hold it.
+per_shard<std::string> ids_by_shard(const std::vector<std::string>& ids, std::size_t shards) {
+  per_shard<std::string> out(shards);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    for (auto k : shards_of_id(ids[i], shards)) out.add(k, ids[i], i);
+  return out;
+}
+
 void prefix_token(std::string& token, std::size_t k) { token = fmt::format("{}/{}", k, token); }
 
 // What at_once's calls gave, in the order of its shards: a failure, or else a result.
@@ -152,6 +162,23 @@ struct outcomes : detail::all_outcomes<T> {
   void rethrow() const {
     for (const auto& e : this->errors)
       if (e) std::rethrow_exception(e);
+  }
+  // Which call failed first (its place in the shards given), if one did.
+  std::optional<std::size_t> first_failed() const {
+    for (std::size_t u = 0; u < this->errors.size(); ++u)
+      if (this->errors[u]) return u;
+    return std::nullopt;
+  }
+  // The first failure thrown with its words after `before` (what went through all the same): a
+  // system_error keeps its code, another exception is thrown as it was.
+  void rethrow(const std::string& before) const {
+    auto u = first_failed();
+    if (!u) return;
+    try {
+      std::rethrow_exception(this->errors[*u]);
+    } catch (const boost::system::system_error& failure) {
+      throw boost::system::system_error(failure.code(), before + detail::reason_of(failure));
+    }
   }
 };
 
@@ -1000,9 +1027,7 @@ awaitable<std::vector<std::string>> sharded_backend::requeue(std::string queue, 
   // Each key asked of every shard that may hold it, all shards at once (a producer's id may be
   // dead in several, in groups of different shards: each goes back). The shards that requeued
   // are marked before a failure of another is thrown.
-  per_shard<std::string> asked(q->shards);
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    for (auto k : shards_of_id(ids[i], q->shards)) asked.add(k, ids[i], i);
+  auto asked = ids_by_shard(ids, q->shards);
   auto used = asked.used();
   auto done = co_await at_once<std::vector<std::string>>(
       used, [&](std::size_t k) { return inner_.requeue(q->names[k], asked.items[k], at_head); });
@@ -1014,6 +1039,9 @@ awaitable<std::vector<std::string>> sharded_backend::requeue(std::string queue, 
     requeued.insert(done.results[u].begin(), done.results[u].end());
   }
   co_await mark(queue, std::move(moved));
+  if (auto u = done.first_failed(); u && !requeued.empty())
+    done.rethrow(fmt::format("requeue in queue '{}': {} of the {} ids went back, then shard {} failed: ", queue,
+                             requeued.size(), ids.size(), used[*u]));
   done.rethrow();
   std::erase_if(ids, [&](const std::string& id) { return requeued.erase(id) == 0; });  // in the order given, once
   co_return ids;
@@ -1023,14 +1051,16 @@ awaitable<std::int64_t> sharded_backend::purge(std::string queue, std::vector<st
   auto q = co_await state_of(queue);
   if (q->shards == 1) co_return co_await inner_.purge(q->names[0], std::move(ids));
   // (As requeue: each key asked of every shard that may hold it, all shards at once.)
-  per_shard<std::string> asked(q->shards);
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    for (auto k : shards_of_id(ids[i], q->shards)) asked.add(k, ids[i], i);
+  auto asked = ids_by_shard(ids, q->shards);
   auto used = asked.used();
   auto purged =
       co_await at_once<std::int64_t>(used, [&](std::size_t k) { return inner_.purge(q->names[k], asked.items[k]); });
+  auto removed = std::accumulate(purged.results.begin(), purged.results.end(), std::int64_t{0});
+  if (auto u = purged.first_failed(); u && removed > 0)
+    purged.rethrow(fmt::format("purge in queue '{}': shard {} failed after the others removed {} dead letters: ", queue,
+                               used[*u], removed));
   purged.rethrow();
-  co_return std::accumulate(purged.results.begin(), purged.results.end(), std::int64_t{0});
+  co_return removed;
 }
 
 // --- groups ---
