@@ -4,6 +4,7 @@
 // heard at the node serving that slot (detail::shard_listener).
 #include "lock/lock_core.hpp"
 #include "lock/lock_lua.hpp"
+#include "reason.hpp"
 #include "redis/cluster_map.hpp"
 #include "redis/redis_link.hpp"
 #include "redis/shard_listener.hpp"
@@ -231,7 +232,7 @@ class redis_lock_core final : public lock_core {
       try {
         co_await link_->cluster(req.options.timeout);
       } catch (const system_error& e) {
-        co_return std::tuple(e.code(), redis::reply());
+        co_return std::tuple(e.code(), redis::reply::make_string(detail::reason_of(e), redis::reply_kind::error));
       }
     }
     auto [ec, r] = co_await link_->try_exec(std::move(req), route);

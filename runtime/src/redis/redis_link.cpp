@@ -1,5 +1,6 @@
 #include "redis/redis_link.hpp"
 
+#include "reason.hpp"
 #include "redis/cluster_map.hpp"
 
 #include <jobrt/error.hpp>
@@ -192,7 +193,8 @@ asio::awaitable<std::pair<boost::system::error_code, reply>> redis_link::try_exe
       co_return co_await c->try_exec(std::move(req), std::move(keys));
     }
   } catch (const boost::system::system_error& e) {
-    co_return std::pair(e.code(), reply());
+    // (As the cluster's own failures: the reply says why.)
+    co_return std::pair(e.code(), reply::make_string(reason_of(e), redis::reply_kind::error));
   }
   auto [ec, r] = co_await plain_.async_exec(std::move(req), asio::as_tuple(asio::use_awaitable));
   co_return std::pair(ec, std::move(r));
@@ -215,7 +217,7 @@ void redis_link::exec_at(const redis::config& node, request req,
                    try {
                      std::rethrow_exception(e);
                    } catch (const boost::system::system_error& failed) {
-                     done(failed.code(), reply());
+                     done(failed.code(), reply::make_string(reason_of(failed), redis::reply_kind::error));
                    } catch (...) {
                      done(errc::closed, reply());
                    }
