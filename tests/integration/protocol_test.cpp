@@ -395,6 +395,8 @@ TEST_CASE("a sharded requeue or purge that fails in one shard says what the othe
         said.find(fmt::format("requeue in queue '{}': 1 of the 2 ids went back, then shard 1 failed: ", queue)) == 0,
         said);
     CHECK(said.find("WRONGTYPE") != std::string::npos);
+    auto code_said = make_error_code(errc::server_error).message();  // once, at the end
+    CHECK_MESSAGE((said.find(code_said) != std::string::npos && said.find(code_said) == said.rfind(code_said)), said);
     said.clear();
     try {
       co_await sharded.purge(queue, purge_ids);

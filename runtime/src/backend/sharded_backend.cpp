@@ -169,15 +169,16 @@ struct outcomes : detail::all_outcomes<T> {
       if (this->errors[u]) return u;
     return std::nullopt;
   }
-  // The first failure thrown with its words after `before` (what went through all the same): a
-  // system_error keeps its code, another exception is thrown as it was.
+  // The first failure thrown with its words after `before` (what went through all the same) and
+  // ": ": a system_error keeps its code, another exception is thrown as it was.
   void rethrow(const std::string& before) const {
     auto u = first_failed();
     if (!u) return;
     try {
       std::rethrow_exception(this->errors[*u]);
     } catch (const boost::system::system_error& failure) {
-      throw boost::system::system_error(failure.code(), before + detail::reason_of(failure));
+      auto why = detail::reason_of(failure);
+      throw boost::system::system_error(failure.code(), why.empty() ? before : before + ": " + why);
     }
   }
 };
@@ -1040,7 +1041,7 @@ awaitable<std::vector<std::string>> sharded_backend::requeue(std::string queue, 
   }
   co_await mark(queue, std::move(moved));
   if (auto u = done.first_failed(); u && !requeued.empty())
-    done.rethrow(fmt::format("requeue in queue '{}': {} of the {} ids went back, then shard {} failed: ", queue,
+    done.rethrow(fmt::format("requeue in queue '{}': {} of the {} ids went back, then shard {} failed", queue,
                              requeued.size(), ids.size(), used[*u]));
   done.rethrow();
   std::erase_if(ids, [&](const std::string& id) { return requeued.erase(id) == 0; });  // in the order given, once
@@ -1057,7 +1058,7 @@ awaitable<std::int64_t> sharded_backend::purge(std::string queue, std::vector<st
       co_await at_once<std::int64_t>(used, [&](std::size_t k) { return inner_.purge(q->names[k], asked.items[k]); });
   auto removed = std::accumulate(purged.results.begin(), purged.results.end(), std::int64_t{0});
   if (auto u = purged.first_failed(); u && removed > 0)
-    purged.rethrow(fmt::format("purge in queue '{}': shard {} failed after the others removed {} dead letters: ", queue,
+    purged.rethrow(fmt::format("purge in queue '{}': shard {} failed after the others removed {} dead letters", queue,
                                used[*u], removed));
   purged.rethrow();
   co_return removed;

@@ -4,7 +4,6 @@
 // heard at the node serving that slot (detail::shard_listener).
 #include "lock/lock_core.hpp"
 #include "lock/lock_lua.hpp"
-#include "reason.hpp"
 #include "redis/cluster_map.hpp"
 #include "redis/redis_link.hpp"
 #include "redis/shard_listener.hpp"
@@ -232,15 +231,15 @@ class redis_lock_core final : public lock_core {
       try {
         co_await link_->cluster(req.options.timeout);
       } catch (const system_error& e) {
-        co_return std::tuple(e.code(), redis::reply::make_string(detail::reason_of(e), redis::reply_kind::error));
+        co_return std::tuple(e.code(), detail::reply_of(e));
       }
     }
     auto [ec, r] = co_await link_->try_exec(std::move(req), route);
     co_return std::tuple(ec, std::move(r));
   }
 
-  // On a cluster: each lock's renewal a call of its own (its slot's primary), all at once. (Not
-  // cancelled from outside: each ends by its timeout; see on_strand in redis/cluster.cpp.)
+  // On a cluster: each lock's renewal a call of its own (its slot's primary), all at once. (Its
+  // caller, the watchdog, is never cancelled: each ends by its timeout.)
   asio::awaitable<std::vector<bool>> renew_each(std::vector<renew_item> items, std::chrono::milliseconds limit) {
     auto one_lock = [](redis_lock_core* self, renew_item item,
                        std::chrono::milliseconds within) -> asio::awaitable<bool> {

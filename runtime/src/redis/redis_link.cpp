@@ -185,6 +185,11 @@ void redis_link::drop_former_primaries_locked(const std::string& keep) {
   });
 }
 
+reply reply_of(const boost::system::system_error& e) {
+  auto why = reason_of(e);
+  return why.empty() ? reply() : reply::make_string(std::move(why), redis::reply_kind::error);
+}
+
 asio::awaitable<std::pair<boost::system::error_code, reply>> redis_link::try_exec(request req,
                                                                                   const std::string& route) {
   try {
@@ -193,8 +198,7 @@ asio::awaitable<std::pair<boost::system::error_code, reply>> redis_link::try_exe
       co_return co_await c->try_exec(std::move(req), std::move(keys));
     }
   } catch (const boost::system::system_error& e) {
-    // (As the cluster's own failures: the reply says why.)
-    co_return std::pair(e.code(), reply::make_string(reason_of(e), redis::reply_kind::error));
+    co_return std::pair(e.code(), reply_of(e));
   }
   auto [ec, r] = co_await plain_.async_exec(std::move(req), asio::as_tuple(asio::use_awaitable));
   co_return std::pair(ec, std::move(r));
@@ -217,7 +221,7 @@ void redis_link::exec_at(const redis::config& node, request req,
                    try {
                      std::rethrow_exception(e);
                    } catch (const boost::system::system_error& failed) {
-                     done(failed.code(), reply::make_string(reason_of(failed), redis::reply_kind::error));
+                     done(failed.code(), reply_of(failed));
                    } catch (...) {
                      done(errc::closed, reply());
                    }

@@ -9,6 +9,7 @@
 #include <jobrt/redis/script.hpp>
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/system/system_error.hpp>
 
 #include <atomic>
 #include <functional>
@@ -19,6 +20,10 @@
 #include <vector>
 
 namespace jobrt::detail {
+
+/// A failure caught on the way to a server, as a reply: an error reply of its words (nil when it
+/// says nothing but its code), as the cluster client's own failures come.
+redis::reply reply_of(const boost::system::system_error& e);
 
 class redis_link {
  public:
