@@ -174,6 +174,9 @@ boost::asio::awaitable<void> stop_workers(std::vector<std::unique_ptr<worker>>& 
                                           std::chrono::milliseconds grace) {
   namespace asio = boost::asio;
   if (workers.empty()) co_return;
+  // (A caller cancelled already would have the spawn below throw before any stop began.)
+  bool throws = co_await asio::this_coro::throw_if_cancelled();
+  co_await asio::this_coro::throw_if_cancelled(false);
   // On a strand: a ranged parallel_group reads its operations while it launches them, and on an
   // executor of several threads a stop that ended at once could free them under it. Launched
   // from the strand, the stops' ends wait for the launch.
@@ -188,6 +191,7 @@ boost::asio::awaitable<void> stop_workers(std::vector<std::unique_ptr<worker>>& 
   };
   // Bound to no cancellation slot: the caller's cancellation must not cut a stop short.
   co_await asio::co_spawn(strand, all(), asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+  co_await asio::this_coro::throw_if_cancelled(throws);
 }
 
 void run_threads(boost::asio::io_context& ctx, std::size_t threads) {

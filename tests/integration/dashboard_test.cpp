@@ -154,6 +154,7 @@ TEST_CASE("dashboard API: overview, groups by prefix, a group, and its pause and
     auto events_posted = co_await ask(f.port, "POST", "/api/events");
     CHECK(events_posted.status == 405);
     CHECK(events_posted.head.find("\r\nAllow: GET") != std::string::npos);
+    CHECK((co_await ask(f.port, "GET", "/api/events?x=1")).status == 404);  // (the stream takes no query)
     auto acted_with_get = co_await ask(f.port, "GET", "/api/queues/q/group/resume?name=g");
     CHECK(acted_with_get.head.find("\r\nAllow: POST") != std::string::npos);
     CHECK((co_await ask(f.port, "PUT", "/app.js")).head.find("\r\nAllow: GET") != std::string::npos);

@@ -471,16 +471,25 @@ asio::awaitable<void> amqp_bridge::run() {
   self->thread = std::thread([self] { impl::consume(self); });
   // On the strand, where the thread sets `ended`. A run() cancelled by its caller stops the
   // bridge as stop() does and still waits for the thread: joined before it ended, it would block
-  // this io_context, which the thread's stores wait for.
+  // this io_context, which the thread's stores wait for. (A cancellation that came before a wait
+  // began is looked for before each: the wait would not see it.)
   auto ended = [self]() -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
     for (;;) {
+      if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none) {
+        self->ask_stop();
+        co_await asio::this_coro::reset_cancellation_state();
+      }
       co_await self->ended.async_wait(asio::as_tuple(asio::use_awaitable));
       if (self->ended.expiry() == asio::steady_timer::time_point::min()) co_return;
-      self->ask_stop();
-      co_await asio::this_coro::reset_cancellation_state();
     }
   };
+  // The same for a caller cancelled before the wait was handed over.
+  bool throws = co_await asio::this_coro::throw_if_cancelled();
+  co_await asio::this_coro::throw_if_cancelled(false);
+  if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none) self->ask_stop();
   co_await detail::run_on(self->strand, ended());
+  co_await asio::this_coro::throw_if_cancelled(throws);
   self->thread.join();
   self->count([](bridge_counters& c) { c.active = false; });
   if (self->failure) std::rethrow_exception(self->failure);

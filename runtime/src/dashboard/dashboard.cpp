@@ -431,7 +431,7 @@ struct dashboard::impl : std::enable_shared_from_this<impl> {
         co_return make_response(req, http::status::ok, "text/css; charset=utf-8", dashboard_assets::style);
       }
       if (seg.size() < 2 || seg[0] != "api") throw refusal(http::status::not_found, "no such page");
-      if (seg.size() == 2 && seg[1] == "events")  // (a GET is served in serve(), as a stream)
+      if (seg.size() == 2 && seg[1] == "events" && req.method() != http::verb::get)  // (a GET: serve())
         throw refusal(http::status::method_not_allowed, "'events' takes GET", "GET");
       if (seg.size() == 2 && seg[1] == "overview") {
         if (req.method() != http::verb::get)

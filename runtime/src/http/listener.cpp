@@ -1,5 +1,7 @@
 #include "http/listener.hpp"
 
+#include "strand.hpp"
+
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -137,7 +139,7 @@ asio::awaitable<void> http_listener::async_stop() {
     self->close();
     while (!self->open.empty()) co_await self->idle.async_wait(asio::as_tuple(asio::use_awaitable));
   };
-  co_await asio::co_spawn(self->strand, close_and_wait(), asio::use_awaitable);
+  co_await run_on(self->strand, close_and_wait());
 }
 
 }  // namespace jobrt::detail
