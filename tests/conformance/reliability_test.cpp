@@ -357,25 +357,27 @@ CONFORMANCE("delayed jobs run when due and an earlier one wakes the promoter") {
     co_await sleep_for(milliseconds(50));
     auto start = clock_type::now();
     auto soon = named("soon", std::nullopt);
-    soon.delay = milliseconds(300);
+    soon.delay = milliseconds(600);
     auto grouped = named("grouped");  // joins group g when due, behind what g has then
-    grouped.delay = milliseconds(300);
+    grouped.delay = milliseconds(600);
     auto now_in_g = named("now");
     auto past = named("past", std::nullopt);
     past.run_at = std::chrono::system_clock::now() - std::chrono::seconds(5);
     std::vector<job_spec> specs{soon, grouped, now_in_g, past};
-    co_await p.enqueue_bulk(std::move(specs));  // ...and is woken for one due in 300 ms
+    co_await p.enqueue_bulk(std::move(specs));  // ...and is woken for one due in 600 ms
     CHECK((co_await b.make().counts(b.queue())).delayed == 3);
     CHECK(co_await eventually([&] { return log.entries.size() == 4; }, std::chrono::seconds(5)));
     co_await w.stop(std::chrono::seconds(5));
     std::map<std::string, clock_type::duration> when;
     for (auto& e : log.entries) when[e.name] = e.at - start;
     CHECK(when.count("late") == 0);
-    CHECK(when["now"] < milliseconds(250));
-    CHECK(when["past"] < milliseconds(250));
-    CHECK(when["soon"] >= milliseconds(300) - slack);
-    CHECK(when["soon"] < milliseconds(1500));
-    CHECK(when["grouped"] >= milliseconds(300) - slack);
+    // (Those due now run long before those due in 600 ms, with room for a loaded ASan run:
+    // a sharded cluster's bulk enqueue and pickup took 330 ms there.)
+    CHECK(when["now"] < milliseconds(500));
+    CHECK(when["past"] < milliseconds(500));
+    CHECK(when["soon"] >= milliseconds(600) - slack);
+    CHECK(when["soon"] < milliseconds(1800));
+    CHECK(when["grouped"] >= milliseconds(600) - slack);
     CHECK(w.counters().promoted == 2);
     CHECK((co_await b.make().counts(b.queue())).delayed == 1);
   });
