@@ -67,6 +67,30 @@ std::string redis_cli_process(const std::vector<std::string>& args) {
   return text;
 }
 
+// A group of each of two shards.
+std::pair<std::string, std::string> group_of_each_shard() {
+  std::string in0, in1;
+  for (int i = 0; in0.empty() || in1.empty(); ++i) {
+    auto g = fmt::format("g{}", i);
+    auto& slot = sharded_backend::shard_of(g, 2) == 0 ? in0 : in1;
+    if (slot.empty()) slot = g;
+  }
+  return {in0, in1};
+}
+
+// Jobs a1 and a2 of group in0 and b1 of group in1 (g++ 12: braced lists outside the coroutine).
+std::vector<job_spec> jobs_over_both_shards(const std::string& in0, const std::string& in1) {
+  std::vector<job_spec> specs;
+  for (auto [id, group] : {std::pair{"a1", in0}, std::pair{"a2", in0}, std::pair{"b1", in1}}) {
+    job_spec s;
+    s.type = "t";
+    s.id = id;
+    s.group = group;
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
+
 }  // namespace
 
 TEST_CASE("jobs enqueued with redis-cli by the protocol document run on a C++ worker") {
@@ -277,24 +301,12 @@ TEST_CASE("a finish across shards that fails in one is sent again whole and gets
   auto cfg = shared_redis();
   std::string queue = key_prefix() + "sharded-partial";
   constexpr std::size_t shards = 2;
-  std::string in0, in1;  // a group of each shard
-  for (int i = 0; in0.empty() || in1.empty(); ++i) {
-    auto g = fmt::format("g{}", i);
-    auto& slot = sharded_backend::shard_of(g, shards) == 0 ? in0 : in1;
-    if (slot.empty()) slot = g;
-  }
+  auto [in0, in1] = group_of_each_shard();
   // Shard 1's finish fails while its answers key holds a string (WRONGTYPE).
   auto broken = redis_backend::key_prefix(sharded_backend::shard_queue(queue, 1)) + "answers:w";
   auto break_shard = [&] { redis_cli(cfg, {"SET", broken, "x"}); };
   auto mend_shard = [&] { redis_cli(cfg, {"DEL", broken}); };
-  std::vector<job_spec> specs;  // (g++ 12: braced lists outside the coroutine)
-  for (auto [id, group] : {std::pair{"a1", in0}, std::pair{"a2", in0}, std::pair{"b1", in1}}) {
-    job_spec s;
-    s.type = "t";
-    s.id = id;
-    s.group = group;
-    specs.push_back(std::move(s));
-  }
+  auto specs = jobs_over_both_shards(in0, in1);
   run([&](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), cfg);
     sharded_backend sharded(store, shards);
@@ -343,23 +355,11 @@ TEST_CASE("a sharded requeue or purge that fails in one shard says what the othe
   auto cfg = shared_redis();
   std::string queue = key_prefix() + "sharded-requeue-partial";
   constexpr std::size_t shards = 2;
-  std::string in0, in1;  // a group of each shard
-  for (int i = 0; in0.empty() || in1.empty(); ++i) {
-    auto g = fmt::format("g{}", i);
-    auto& slot = sharded_backend::shard_of(g, shards) == 0 ? in0 : in1;
-    if (slot.empty()) slot = g;
-  }
+  auto [in0, in1] = group_of_each_shard();
   // Shard 1's calls fail while its dead letters' info is a string (WRONGTYPE, before any write).
   auto info = redis_backend::key_prefix(sharded_backend::shard_queue(queue, 1)) + "dead:info";
   auto aside = info + ":aside";
-  std::vector<job_spec> specs;  // (g++ 12: braced lists outside the coroutine)
-  for (auto [id, group] : {std::pair{"a1", in0}, std::pair{"a2", in0}, std::pair{"b1", in1}}) {
-    job_spec s;
-    s.type = "t";
-    s.id = id;
-    s.group = group;
-    specs.push_back(std::move(s));
-  }
+  auto specs = jobs_over_both_shards(in0, in1);
   std::vector<std::string> requeue_ids{"a1", "b1"}, purge_ids{"a2", "b1"};
   run([&](asio::io_context& ctx) -> awaitable<void> {
     redis_backend store(ctx.get_executor(), cfg);
