@@ -84,7 +84,7 @@ TEST_CASE("a queue of a million jobs over 100,000 groups: no call over 20 ms, ch
           }
           co_await big.enqueue_bulk(std::move(specs));
         }
-        // The seeding: 2,000 calls of 500 jobs, back to back, each about 3.5 ms of the server's
+        // The seeding: 2,000 calls of 500 jobs, back to back, each about 3 ms of the server's
         // time (INFO commandstats) while this process builds the next ones. On two cores a few of
         // them, at random places in the run, pass 20 ms of wall time, which is what the slow log
         // counts. What such a call must never do is grow with the queue (an O(N) step in a call
